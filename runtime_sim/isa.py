@@ -1,0 +1,474 @@
+"""The machine program: buffers, access patterns, instructions and queues.
+
+This module is the *grammar* of the NeuronCore ISA that the simulator executes. It is named after
+NKI's ``nki.isa`` so that Neuron users recognise the vocabulary (partition, free, stationary,
+moving, PSUM). It holds data only: what an instruction *means* lives in ``semantics.py`` and what
+it *costs* in ``costs.py``; one function per op in each table.
+
+Invariants
+- Every instruction type is frozen; a program is an immutable value that can be printed, diffed
+  and re-run.
+- An access pattern (AP) addresses one buffer. For SBUF/PSUM the first (implicit) axis is the
+  partition axis ``[partition_start, partition_start + partitions)``; the free axes are up to 4
+  ``(stride, size)`` pairs in *elements* of ``dtype`` starting at ``byte_offset`` within each
+  partition. HBM buffers have one partition; their whole layout is described by the free axes.
+- An AP's logical shape is ``(partitions, *sizes)``; elements are visited in row-major order of
+  that shape. DMA copies element ``i`` of the source to element ``i`` of the destination, so the
+  two sides must hold the same number of elements (their shapes may differ).
+- Queues run in order. Cross-queue ordering exists only through semaphores: an instruction may
+  wait until a semaphore's count reaches a value, and increments the semaphores in ``signals`` by
+  one when it completes.
+- Offsets of SBUF/PSUM buffers are decided by the memory planner (``Buffer.offset``), never by
+  the code that emits the instructions.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+import ml_dtypes
+import numpy as np
+
+
+class Memory(enum.Enum):
+    HBM = "hbm"
+    SBUF = "sbuf"
+    PSUM = "psum"
+
+
+class DType(enum.Enum):
+    """Element types the machine knows. ``value`` is the numpy dtype name."""
+
+    FP32 = "float32"
+    BF16 = "bfloat16"
+    FP16 = "float16"
+    FP8_E4M3 = "float8_e4m3fn"
+    FP8_E5M2 = "float8_e5m2"
+    INT32 = "int32"
+    INT64 = "int64"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    BOOL = "bool"  # stored as one byte, 0 or 1
+
+    @property
+    def np(self) -> np.dtype:
+        return _NP_DTYPES[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _NP_DTYPES[self].itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2)
+
+    @staticmethod
+    def from_numpy(dt: np.dtype) -> "DType":
+        for k, v in _NP_DTYPES.items():
+            if v == np.dtype(dt):
+                return k
+        raise ValueError(f"no machine dtype for numpy dtype {dt}")
+
+
+_NP_DTYPES = {
+    DType.FP32: np.dtype(np.float32),
+    DType.BF16: np.dtype(ml_dtypes.bfloat16),
+    DType.FP16: np.dtype(np.float16),
+    DType.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    DType.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    DType.INT32: np.dtype(np.int32),
+    DType.INT64: np.dtype(np.int64),
+    DType.INT8: np.dtype(np.int8),
+    DType.UINT8: np.dtype(np.uint8),
+    DType.BOOL: np.dtype(np.uint8),
+}
+
+
+class EngineKind(enum.Enum):
+    TENSOR = "pe"      # TensorE: matmul, transpose
+    VECTOR = "dve"     # VectorE: tensor_tensor, tensor_scalar, reductions, copies
+    SCALAR = "act"     # ScalarE: activation functions
+    GPSIMD = "pool"    # GpSimdE: iota, select, general elementwise
+    DMA = "dma"        # one of the DMA engines' queues
+
+
+@dataclass(frozen=True, order=True)
+class Queue:
+    """An in-order instruction stream: a compute engine, or DMA queue ``index`` (engine index //
+    16 is the DMA engine, index % 16 the queue in it)."""
+
+    engine: EngineKind
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.engine is EngineKind.DMA:
+            return f"dma{self.index}"
+        return self.engine.value
+
+    def __str__(self) -> str:
+        return self.name
+
+
+TENSOR = Queue(EngineKind.TENSOR)
+VECTOR = Queue(EngineKind.VECTOR)
+SCALAR = Queue(EngineKind.SCALAR)
+GPSIMD = Queue(EngineKind.GPSIMD)
+
+
+def dma_queue(i: int) -> Queue:
+    return Queue(EngineKind.DMA, i)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named region of one memory. SBUF/PSUM buffers span partitions ``[0, partitions)`` and
+    bytes ``[offset, offset + bytes_per_partition)`` of each; ``offset`` is assigned by the
+    planner (None until then). HBM buffers have ``partitions == 1`` and offset 0 in their own
+    address space."""
+
+    name: str
+    memory: Memory
+    partitions: int
+    bytes_per_partition: int
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        off = "?" if self.offset is None else self.offset
+        return f"{self.memory.value}:{self.name}[{self.partitions}p x {self.bytes_per_partition}B @{off}]"
+
+
+@dataclass(frozen=True)
+class AP:
+    """Access pattern: ``buffer[partition_start : +partitions, byte_offset + sum(i_k*stride_k*itemsize)]``."""
+
+    buffer: str
+    memory: Memory
+    partition_start: int
+    partitions: int
+    byte_offset: int
+    dims: tuple[tuple[int, int], ...]  # (stride in elements, size), outermost first
+    dtype: DType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.partitions,) + tuple(s for _, s in self.dims)
+
+    @property
+    def free_size(self) -> int:
+        n = 1
+        for _, s in self.dims:
+            n *= s
+        return n
+
+    @property
+    def num_elements(self) -> int:
+        return self.partitions * self.free_size
+
+    @property
+    def bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize
+
+    def byte_extent(self) -> tuple[int, int]:
+        """Half-open byte range ``[lo, hi)`` touched within each partition (bounding box)."""
+        isz = self.dtype.itemsize
+        lo = hi = self.byte_offset
+        for stride, size in self.dims:
+            if size == 0:
+                return (self.byte_offset, self.byte_offset)
+            span = stride * (size - 1) * isz
+            if span >= 0:
+                hi += span
+            else:
+                lo += span
+        return (lo, hi + isz)
+
+    def __str__(self) -> str:
+        dims = ",".join(f"[{st},{sz}]" for st, sz in self.dims)
+        return (f"{self.memory.value}:{self.buffer}[p{self.partition_start}:+{self.partitions}"
+                f" @{self.byte_offset} {dims} {self.dtype.value}]")
+
+
+class Op(enum.Enum):
+    DMA_COPY = "dma_copy"
+    MATMUL = "matmul"
+    TRANSPOSE = "transpose"
+    ACTIVATION = "activation"
+    TENSOR_TENSOR = "tensor_tensor"
+    TENSOR_SCALAR = "tensor_scalar"
+    TENSOR_REDUCE = "tensor_reduce"
+    TENSOR_COPY = "tensor_copy"
+    MEMSET = "memset"
+    IOTA = "iota"
+    SELECT = "select"
+    BN_STATS = "bn_stats"
+    BN_AGGR = "bn_aggr"
+    SEM = "sem"  # no datapath: waits and signals only (a barrier)
+
+
+class AluOp(enum.Enum):
+    BYPASS = "bypass"
+    ADD = "add"
+    SUBTRACT = "subtract"
+    MULTIPLY = "multiply"
+    DIVIDE = "divide"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    MOD = "mod"
+    IS_EQUAL = "is_equal"
+    NOT_EQUAL = "not_equal"
+    IS_GT = "is_gt"
+    IS_GE = "is_ge"
+    IS_LT = "is_lt"
+    IS_LE = "is_le"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    LOGICAL_XOR = "logical_xor"
+    ABS_MAX = "abs_max"
+
+
+class ActFunc(enum.Enum):
+    IDENTITY = "identity"
+    COPY = "copy"
+    EXP = "exp"
+    LOG = "log"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    RELU = "relu"
+    GELU = "gelu"            # erf form
+    GELU_TANH = "gelu_apprx_tanh"
+    SILU = "silu"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    RECIPROCAL = "reciprocal"
+    SQUARE = "square"
+    ABS = "abs"
+    SIGN = "sign"
+    ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
+    NEG = "neg"
+
+
+# ---- typed attributes, one dataclass per op ------------------------------------------------
+
+@dataclass(frozen=True)
+class DmaAttrs:
+    transpose: bool = False  # use the DMA engine's 2-byte transpose path (trn2+)
+
+
+@dataclass(frozen=True)
+class MatmulAttrs:
+    """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]``; srcs = (stationary, moving).
+    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it."""
+
+    accumulate: bool = False
+
+
+@dataclass(frozen=True)
+class TransposeAttrs:
+    """``dst[F, P] = src[P, F].T``; on TENSOR the destination is PSUM (matmul against identity)."""
+
+
+@dataclass(frozen=True)
+class ActivationAttrs:
+    """``dst = func(src * scale + bias)``; ``bias``/``scale`` are constants unless the
+    corresponding ``*_from_src`` is set, in which case they are the next source APs (shape
+    [P, 1], broadcast along the free axes) in the order (bias, scale). When ``reduce`` is set,
+    the result is also reduced with it along all free axes into ``Instr.accum`` ([P, 1])."""
+
+    func: ActFunc
+    scale: float = 1.0
+    bias: float = 0.0
+    bias_from_src: bool = False
+    scale_from_src: bool = False
+    reduce: AluOp | None = None
+
+
+@dataclass(frozen=True)
+class TensorTensorAttrs:
+    op: AluOp
+
+
+@dataclass(frozen=True)
+class TensorScalarAttrs:
+    """``dst = (src op0 operand0) op1 operand1``; an operand is a constant or, when the matching
+    ``*_from_src`` flag is set, a per-partition [P, 1] source AP (srcs[1], then srcs[2]).
+    ``reverse`` swaps the operands (``operand op src``)."""
+
+    op0: AluOp
+    operand0: float = 0.0
+    operand0_from_src: bool = False
+    reverse0: bool = False
+    op1: AluOp | None = None
+    operand1: float = 0.0
+    operand1_from_src: bool = False
+    reverse1: bool = False
+
+
+@dataclass(frozen=True)
+class TensorReduceAttrs:
+    """Reduce the innermost ``num_axes`` free axes of the source with ``op``; the destination has
+    the source's shape without those axes (or with them of size 1)."""
+
+    op: AluOp
+    num_axes: int = 1
+    negate: bool = False
+
+
+@dataclass(frozen=True)
+class TensorCopyAttrs:
+    """Copy with cast to the destination dtype (PSUM evacuation, layout change)."""
+
+
+@dataclass(frozen=True)
+class MemsetAttrs:
+    value: float
+
+
+@dataclass(frozen=True)
+class IotaAttrs:
+    """``dst[p, i_0..i_k] = base + p * partition_step + sum(i_j * steps[j])``."""
+
+    base: int = 0
+    partition_step: int = 0
+    steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SelectAttrs:
+    """``dst = where(srcs[0] != 0, srcs[1], srcs[2])``."""
+
+
+@dataclass(frozen=True)
+class BnStatsAttrs:
+    """Per-partition mean and variance of the free axis: dst = [P, 2] (mean, var)."""
+
+
+@dataclass(frozen=True)
+class BnAggrAttrs:
+    """Aggregate ``k`` (mean, var) pairs of equal counts into one: src [P, 2k] -> dst [P, 2]."""
+
+
+@dataclass(frozen=True)
+class SemAttrs:
+    """No datapath."""
+
+
+OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
+                TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs, MemsetAttrs, IotaAttrs,
+                SelectAttrs, BnStatsAttrs, BnAggrAttrs, SemAttrs]
+
+ATTRS_OF_OP: dict[Op, type] = {
+    Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
+    Op.ACTIVATION: ActivationAttrs, Op.TENSOR_TENSOR: TensorTensorAttrs,
+    Op.TENSOR_SCALAR: TensorScalarAttrs, Op.TENSOR_REDUCE: TensorReduceAttrs,
+    Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
+    Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs, Op.SEM: SemAttrs,
+}
+
+# Which queues may run which op (the engines that have the datapath).
+ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
+    Op.DMA_COPY: frozenset({EngineKind.DMA}),
+    Op.MATMUL: frozenset({EngineKind.TENSOR}),
+    Op.TRANSPOSE: frozenset({EngineKind.TENSOR, EngineKind.VECTOR}),
+    Op.ACTIVATION: frozenset({EngineKind.SCALAR}),
+    Op.TENSOR_TENSOR: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
+    Op.TENSOR_SCALAR: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR}),
+    Op.TENSOR_REDUCE: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
+    Op.TENSOR_COPY: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR}),
+    Op.MEMSET: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
+    Op.IOTA: frozenset({EngineKind.GPSIMD}),
+    Op.SELECT: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
+    Op.BN_STATS: frozenset({EngineKind.VECTOR}),
+    Op.BN_AGGR: frozenset({EngineKind.VECTOR}),
+    Op.SEM: frozenset(EngineKind),
+}
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction of one queue. ``waits``: (semaphore, count) pairs that must all hold
+    before it starts; ``signals``: semaphores incremented by one when it completes. ``tag`` is a
+    free-form label for traces (e.g. the ATen node it came from)."""
+
+    op: Op
+    dst: AP | None
+    srcs: tuple[AP, ...]
+    attrs: OpAttrs
+    waits: tuple[tuple[str, int], ...] = ()
+    signals: tuple[str, ...] = ()
+    tag: str = ""
+    accum: AP | None = None  # second destination: the [P, 1] free-axis reduction of activation
+
+    @property
+    def writes(self) -> tuple[AP, ...]:
+        return tuple(a for a in (self.dst, self.accum) if a is not None)
+
+    def __str__(self) -> str:
+        a = self.attrs
+        attrs = ", ".join(f"{k}={getattr(a, k).value if isinstance(getattr(a, k), enum.Enum) else getattr(a, k)}"
+                          for k in a.__dataclass_fields__)
+        s = f"{self.op.value}({attrs}) {self.dst} <- {', '.join(map(str, self.srcs))}"
+        if self.accum is not None:
+            s += f" accum {self.accum}"
+        if self.waits:
+            s += " waits " + ",".join(f"{n}>={c}" for n, c in self.waits)
+        if self.signals:
+            s += " signals " + ",".join(self.signals)
+        if self.tag:
+            s += f"  # {self.tag}"
+        return s
+
+
+@dataclass(frozen=True)
+class Program:
+    """A complete machine program for one NeuronCore.
+
+    ``inputs``/``outputs`` name HBM buffers that the host fills / reads. ``streams`` maps each
+    queue to its in-order instruction list. ``target`` names the target description
+    (``runtime_sim.targets.get_target``)."""
+
+    target: str
+    buffers: tuple[Buffer, ...]
+    streams: dict[Queue, tuple[Instr, ...]] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"program has no buffer named {name!r}")
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(s) for s in self.streams.values())
+
+    def __str__(self) -> str:
+        lines = [f"program target={self.target} inputs={list(self.inputs)} outputs={list(self.outputs)}"]
+        lines += [f"  buffer {b}" for b in self.buffers]
+        for q in sorted(self.streams):
+            lines.append(f"  queue {q.name}:")
+            lines += [f"    {i:4d}: {ins}" for i, ins in enumerate(self.streams[q])]
+        return "\n".join(lines)
+
+
+# ---- convenience constructors (used by tests and lowerings alike) ---------------------------
+
+def ap(buf: Buffer, dtype: DType, dims: tuple[tuple[int, int], ...] | list, *,
+       partition_start: int = 0, partitions: int | None = None, byte_offset: int = 0) -> AP:
+    """An AP on ``buf``. For HBM ``partitions`` is 1 and ``dims`` covers the whole layout."""
+    if partitions is None:
+        partitions = 1 if buf.memory is Memory.HBM else buf.partitions
+    return AP(buf.name, buf.memory, partition_start, partitions, byte_offset,
+              tuple((int(st), int(sz)) for st, sz in dims), dtype)
+
+
+def tile_ap(buf: Buffer, dtype: DType, partitions: int, free: int, *, partition_start: int = 0,
+            elem_offset: int = 0) -> AP:
+    """A contiguous [partitions, free] tile of an SBUF/PSUM buffer."""
+    return AP(buf.name, buf.memory, partition_start, partitions, elem_offset * dtype.itemsize,
+              ((1, free),), dtype)

@@ -1,0 +1,177 @@
+"""Target descriptions: every hardware number the project uses, in one place, with its source.
+
+Sources are paths in the public ``aws-neuron/aws-neuron-sdk`` documentation (as collected in
+``shared/hardware.md``); ``sdk@2.26:`` marks the Neuron 2.26 version of the docs. Where AWS
+documents disagree, the chosen value is used and the other is named in the comment; a caller can
+override any field with ``dataclasses.replace(get_target("trn2"), field=value)``.
+
+Invariants
+- A ``Target`` is frozen; the simulator, the cost table and the compiler read numbers only from it.
+- Clocks are in GHz (cycles per ns); bandwidths in bytes per ns (== GB/s); sizes in bytes.
+- A number fitted to measurements (not read from a document) says ``FITTED`` and what it was
+  fitted on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    neuron_core: str
+    cores_per_chip: int
+
+    # --- clocks (GHz) -----------------------------------------------------------------------
+    tensor_clock_ghz: float
+    vector_clock_ghz: float
+    scalar_clock_ghz: float
+    gpsimd_clock_ghz: float
+
+    # --- TensorE ------------------------------------------------------------------------------
+    pe_rows: int                 # contraction (K) per pass: partitions of stationary/moving
+    pe_cols: int                 # stationary free size M
+    moving_free_max: int         # N per matmul instruction
+    fp32_matmul_slowdown: int    # fp32 runs at 1/this of the bf16 rate
+    fp8_matmul_speedup: int      # fp8 rate multiple over bf16 (trn2 double-row, trn3 MX)
+
+    # --- Vector / Scalar / GpSimd ------------------------------------------------------------
+    lanes: int                   # elements per cycle in the base mode (one per partition)
+    min_ii_cycles: int           # minimum initiation interval of a Vector/Scalar/GpSimd instr
+    access_overhead_cycles: int  # fixed cycles per tensor access
+    dependent_vector_penalty_cycles: int  # extra cycles of a dependent/tiny Vector instruction
+    vector_fast_copy_factor: int   # tensor_copy/tensor_scalar bf16->bf16 SBUF contiguous
+    vector_fast_tt_factor: int     # tensor_tensor all-bf16 both SBUF
+    scalar_bf16_factor: int        # ScalarE elements/cycle multiple for 2-byte types (trn3)
+
+    # --- on-chip memory ---------------------------------------------------------------------
+    sbuf_partitions: int
+    sbuf_bytes_per_partition: int
+    psum_bytes_per_partition: int
+    psum_banks: int
+
+    # --- HBM and DMA ------------------------------------------------------------------------
+    hbm_bytes_per_ns: float      # per chip
+    dma_engines: int             # per core
+    dma_queues_per_engine: int
+    dma_engine_bytes_per_ns: float
+    dma_fixed_latency_ns: float  # setup + semaphore write per transfer
+    dma_descriptor_ns: float     # hardware descriptor generation per instruction (NC-v3+)
+    dma_partitions_per_engine: int
+    dma_transpose_efficiency: float  # HBM->SBUF DMA transpose throughput / plain throughput
+
+    # --- host link (not in hardware.md) -----------------------------------------------------
+    host_link_bytes_per_ns: float
+
+    # --- derived ------------------------------------------------------------------------------
+    @property
+    def psum_bank_bytes(self) -> int:
+        return self.psum_bytes_per_partition // self.psum_banks
+
+    @property
+    def sbuf_bytes(self) -> int:
+        return self.sbuf_partitions * self.sbuf_bytes_per_partition
+
+    @property
+    def hbm_bytes_per_ns_per_core(self) -> float:
+        return self.hbm_bytes_per_ns / self.cores_per_chip
+
+    @property
+    def dma_bytes_per_ns(self) -> float:
+        return self.dma_engines * self.dma_engine_bytes_per_ns
+
+    @property
+    def tensor_peak_flops_per_ns(self) -> float:
+        """bf16 peak FLOP/ns of one core: 128 x 128 PEs x 2 FLOP x clock (hardware.md)."""
+        return self.pe_rows * self.pe_cols * 2 * self.tensor_clock_ghz
+
+    def peak_flops_per_ns(self, itemsize: int) -> float:
+        if itemsize >= 4:
+            return self.tensor_peak_flops_per_ns / self.fp32_matmul_slowdown
+        if itemsize == 1:
+            return self.tensor_peak_flops_per_ns * self.fp8_matmul_speedup
+        return self.tensor_peak_flops_per_ns
+
+
+# Sources used below (hardware.md):
+#  ARCH1 = nki/guides/architecture/trainium_inferentia2_arch.rst
+#  ARCH2 = nki/guides/architecture/trainium2_arch.rst, about-neuron/arch/neuron-hardware/neuron-core-v3.rst
+#  ARCH3 = nki/guides/architecture/trainium3_arch.rst, about-neuron/arch/neuron-hardware/neuron-core-v4.rst
+#  DMA   = nki/deep-dives/nki-dma-bandwidth-guide.rst
+#  ISA   = sdk@2.26:general/nki/api/nki/isa/__init__.py ("Estimated instruction cost" notes)
+
+TRN1 = Target(
+    name="trn1", neuron_core="NeuronCore-v2", cores_per_chip=2,           # ARCH1
+    tensor_clock_ghz=2.8,                                                # ARCH1: 92 TF bf16 = 128*128*2*2.8
+    vector_clock_ghz=1.12, scalar_clock_ghz=1.4, gpsimd_clock_ghz=1.4,   # ARCH1
+    pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH1; ISA nc_matmul limits
+    fp32_matmul_slowdown=4, fp8_matmul_speedup=1,                        # ARCH1: 23 TF fp32 vs 92 bf16
+    lanes=128, min_ii_cycles=64, access_overhead_cycles=60,              # ISA (MIN_II); hardware.md memory rules
+    dependent_vector_penalty_cycles=100,                                 # ISA / nki_perf_guide.rst
+    vector_fast_copy_factor=1, vector_fast_tt_factor=1, scalar_bf16_factor=1,  # fast modes are trn2+
+    sbuf_partitions=128, sbuf_bytes_per_partition=192 * KIB,             # ARCH1: 24 MiB
+    psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH1: 2 MiB, 8 x 2 KiB
+    hbm_bytes_per_ns=820.0,                                              # ARCH1: 820 GB/s per chip
+    dma_engines=16, dma_queues_per_engine=16,                            # ARCH1
+    dma_engine_bytes_per_ns=17.0,                                        # DMA: 272 GB/s per core
+    dma_fixed_latency_ns=1300.0,                                         # DMA: ~1.3 us per transfer
+    dma_descriptor_ns=0.0,                                               # software DGE on NC-v2
+    dma_partitions_per_engine=8,                                         # DMA
+    dma_transpose_efficiency=0.0,                                        # no DMA transpose on trn1
+    host_link_bytes_per_ns=32.0,  # ASSUMED (not in hardware.md): PCIe Gen4 x16 ~32 GB/s
+)
+
+TRN2 = Target(
+    name="trn2", neuron_core="NeuronCore-v3", cores_per_chip=8,           # ARCH2
+    tensor_clock_ghz=2.4,                                                # ARCH2: 79 TF bf16 = 128*128*2*2.4
+    vector_clock_ghz=0.96, scalar_clock_ghz=1.2, gpsimd_clock_ghz=1.2,   # ARCH2
+    pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH2
+    fp32_matmul_slowdown=4, fp8_matmul_speedup=2,                        # ARCH2: 20 TF fp32, 158 TF fp8
+    lanes=128, min_ii_cycles=64, access_overhead_cycles=60,              # ISA
+    dependent_vector_penalty_cycles=100,                                 # ISA
+    vector_fast_copy_factor=4, vector_fast_tt_factor=2, scalar_bf16_factor=1,  # ISA (trn2 fast modes)
+    sbuf_partitions=128, sbuf_bytes_per_partition=224 * KIB,             # ARCH2: 28 MiB
+    psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH2
+    hbm_bytes_per_ns=2900.0,                                             # ARCH2: 2.9 TB/s (NKI guide: 3 TB/s)
+    dma_engines=16, dma_queues_per_engine=16,                            # ARCH2
+    dma_engine_bytes_per_ns=23.0,                                        # DMA: 368 GB/s per core; 32 KiB in 1,416 ns
+    dma_fixed_latency_ns=1300.0,                                         # DMA
+    dma_descriptor_ns=600.0,                                             # DMA: hardware DGE ~600 ns/instr
+    dma_partitions_per_engine=8,                                         # DMA
+    dma_transpose_efficiency=0.9,                                        # DMA: HBM->SBUF transpose up to 90%
+    host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
+)
+
+TRN3 = Target(
+    name="trn3", neuron_core="NeuronCore-v4", cores_per_chip=8,           # ARCH3
+    tensor_clock_ghz=2.4,                                                # ARCH3: 79 TF bf16
+    vector_clock_ghz=1.2, scalar_clock_ghz=1.2, gpsimd_clock_ghz=1.2,    # ARCH3
+    pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH3 (NC-v4 allows more across banks)
+    fp32_matmul_slowdown=4, fp8_matmul_speedup=4,                        # ARCH3: 20 TF fp32, 315 TF mxfp8
+    lanes=128, min_ii_cycles=64, access_overhead_cycles=60,              # ISA
+    dependent_vector_penalty_cycles=100,                                 # ISA
+    vector_fast_copy_factor=4, vector_fast_tt_factor=2, scalar_bf16_factor=2,  # ARCH3: ScalarE 256 bf16/cycle
+    sbuf_partitions=128, sbuf_bytes_per_partition=256 * KIB,             # ARCH3: 32 MiB
+    psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH3
+    hbm_bytes_per_ns=4900.0,                                             # ARCH3: 4.9 TB/s (NKI guide: 4.7 TB/s)
+    dma_engines=16, dma_queues_per_engine=16,                            # ARCH3
+    dma_engine_bytes_per_ns=33.0,                                        # DMA: 528 GB/s per core
+    dma_fixed_latency_ns=1300.0,                                         # DMA
+    dma_descriptor_ns=600.0,                                             # DMA
+    dma_partitions_per_engine=8,                                         # DMA
+    dma_transpose_efficiency=0.9,                                        # DMA (trn2 figure; none published for trn3)
+    host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
+)
+
+TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}
+DEFAULT_TARGET = "trn2"
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; expected one of {sorted(TARGETS)}") from None
