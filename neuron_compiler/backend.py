@@ -1,0 +1,133 @@
+"""The Dynamo backends ``neuron`` and ``neuron_sim`` (entry points; no import needed).
+
+    torch.compile(model, backend="neuron", options={"target": "trn3"})
+
+Path of a graph: Dynamo FX graph -> ``aot_autograd`` with the core-ATen decompositions ->
+forward / backward / inference ATen graphs -> ``compile_aten_graph``: partition (device regions
+vs eager fallback), optional dump, wrap -> boxed callable.
+
+Invariants
+- Options are validated here, once per Dynamo graph, before anything else happens (``options=``
+  reaches the backend only when the user sets it; ``aot_autograd`` would drop it, so it is bound
+  into the compilers before ``aot_autograd`` is built).
+- The compilers return boxed callables (``make_boxed_func``), as AOTAutograd requires.
+- ``fallback="error"`` raises ``NeuronFallbackError`` from the compiler, naming every op that
+  cannot run on the device with its reason (after the dump, so it can be inspected).
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from neuron_compiler.errors import NeuronFallbackError, NeuronOptionError
+from neuron_compiler.options import NeuronOptions
+from neuron_compiler.profile import GraphRecord
+
+OUR_ENTRY_POINT_PREFIX = "neuron_compiler."
+
+
+def decomposition_table() -> dict:
+    """Core-ATen decompositions: what the lowering registry is keyed on."""
+    from torch._decomp import core_aten_decompositions
+    return core_aten_decompositions()
+
+
+def _warn_if_shadowed() -> None:
+    """AWS's torch-neuronx also registers a backend named ``neuron``: say so if it is here."""
+    others: list[str] = []
+    try:
+        from importlib.metadata import entry_points
+        for ep in entry_points(group="torch_dynamo_backends"):
+            if ep.name == "neuron" and not ep.value.startswith(OUR_ENTRY_POINT_PREFIX):
+                others.append(f"entry point {ep.value}")
+    except Exception:  # a broken distribution must not break compilation
+        pass
+    from torch._dynamo.backends import registry
+    fn = registry._COMPILER_FNS.get("neuron")
+    if fn is not None and getattr(fn, "__module__", "") != __name__:
+        others.append(f"registered function {getattr(fn, '__module__', '?')}."
+                      f"{getattr(fn, '__qualname__', fn)}")
+    if others:
+        warnings.warn(
+            "another torch.compile backend named 'neuron' is installed (" + "; ".join(others)
+            + "), probably AWS torch-neuronx; backend='neuron' may resolve to it. Use "
+            "backend='neuron_sim' to select this simulator backend unambiguously.",
+            stacklevel=3)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
+                   options: dict | None = None, mode: str | None = None,
+                   **unexpected: object) -> Callable:
+    """Dynamo backend: compile ``gm`` for a simulated Trainium NeuronCore."""
+    if unexpected:
+        raise NeuronOptionError(
+            f"the neuron backend takes options=... (keys: "
+            f"{', '.join(NeuronOptions.valid_keys())}); got unexpected keyword argument(s) "
+            f"{sorted(unexpected)}")
+    opts = NeuronOptions.from_user(options)
+    if mode not in (None, "default"):
+        warnings.warn(f"torch.compile mode={mode!r} has no effect on the neuron backend",
+                      stacklevel=2)
+    _warn_if_shadowed()
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind: str) -> Callable:
+        def compile_fn(aten_gm: GraphModule, aten_inputs: Sequence[object]) -> Callable:
+            runner = compile_aten_graph(aten_gm, kind, opts)
+            return make_boxed_func(runner)
+        return compile_fn
+
+    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                           inference_compiler=compiler("inference"),
+                           decompositions=decomposition_table())
+    return backend(gm, example_inputs)
+
+
+def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
+                       options: dict | None = None, mode: str | None = None,
+                       **unexpected: object) -> Callable:
+    """The same backend under the unambiguous name ``neuron_sim``."""
+    return neuron_backend(gm, example_inputs, options=options, mode=mode, **unexpected)
+
+
+def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Callable:
+    """Partition one ATen graph and return the callable that runs it (device + fallback)."""
+    from neuron_compiler.dump import CompileDump, readable
+    from neuron_compiler.partition import format_plan, partition_graph
+    from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
+
+    original_code = readable(gm)
+    name = f"{kind}_{hashlib.sha1(original_code.encode()).hexdigest()[:8]}"
+    dump = CompileDump.create(opts.dump_dir, name) if opts.dump_dir else None
+    if dump is not None:
+        dump.write("fx_graph_readable.py", original_code)
+    plan = partition_graph(gm)
+    record = GraphRecord(name=name, kind=kind, target=opts.target,
+                         device_nodes=plan.device_nodes, fallback_nodes=plan.fallback_nodes,
+                         fallbacks=plan.fallbacks, partitions=plan.device_partitions,
+                         dump_dir=dump.path if dump is not None else None)
+    if dump is not None:
+        dump.write("fx_graph_partitioned.py", readable(plan.gm))
+        dump.write("partitions.txt", format_plan(plan, title=f"{name} (target {opts.target})"))
+        dump.write_json("compile.json", {
+            "name": name, "kind": kind, "target": opts.target, "options": opts.to_dict(),
+            "device_nodes": plan.device_nodes, "fallback_nodes": plan.fallback_nodes,
+            "fallbacks": [{"op": e.op, "count": e.count, "reason": e.reason}
+                          for e in plan.fallbacks],
+            "partitions": {p: dict(sorted(plan.partition_ops[p].items()))
+                           for p in plan.device_partitions},
+        })
+    if opts.fallback == "error" and plan.fallbacks:
+        raise NeuronFallbackError([(e.op, e.count, e.reason) for e in plan.fallbacks])
+    outer = plan.gm
+    for pname in plan.device_partitions:
+        sub = getattr(outer, pname)
+        setattr(outer, pname, DevicePartition(sub, pname, record, opts, dump,
+                                              plan.partition_ops[pname]))
+    wrap_fallback_nodes(outer, plan.node_reasons, record, default_reason="unknown")
+    return NeuronGraph(outer, record)

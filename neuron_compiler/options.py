@@ -1,0 +1,94 @@
+"""Backend options: parsed once per compile, validated strictly, frozen afterwards.
+
+Invariants
+- ``NeuronOptions`` is frozen; every field holds a validated value (no "maybe valid" state).
+- An unknown key is an error that lists every valid key; a bad value is an error naming the
+  key, the allowed values and the value that was given.
+- ``dump_dir`` comes from ``options["dump_dir"]`` when that key is given (even as ``None``, which
+  disables dumping), else from the ``NEURON_DUMP_DIR`` environment variable, else ``None``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from neuron_compiler.errors import NeuronOptionError
+
+TARGETS: tuple[str, ...] = ("trn2", "trn3", "trn1")
+SIM_MODES: tuple[str, ...] = ("functional", "timing")
+FALLBACK_POLICIES: tuple[str, ...] = ("allow", "error")
+DUMP_DIR_ENV = "NEURON_DUMP_DIR"
+
+
+@dataclass(frozen=True)
+class NeuronOptions:
+    """The ``options=`` of ``torch.compile(..., backend="neuron", options={...})``.
+
+    - ``target``: ``"trn2"`` (default), ``"trn3"`` or ``"trn1"``: the NeuronCore generation
+      whose program is built and timed.
+    - ``sim_mode``: ``"functional"`` (default; output values come from executing the tiled
+      program) or ``"timing"`` (the program is built, checked and timed, values come from eager
+      PyTorch).
+    - ``fallback``: ``"allow"`` (default; unsupported ops run in eager PyTorch) or ``"error"``
+      (compiling raises, naming every op that cannot run on the device).
+    - ``dump_dir``: directory for per-compile dumps, or ``None`` (default: ``$NEURON_DUMP_DIR``).
+    """
+
+    target: str = "trn2"
+    sim_mode: str = "functional"
+    fallback: str = "allow"
+    dump_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("target", self.target, TARGETS)
+        _check_choice("sim_mode", self.sim_mode, SIM_MODES)
+        _check_choice("fallback", self.fallback, FALLBACK_POLICIES)
+        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
+            raise NeuronOptionError(
+                f"option 'dump_dir' must be a directory path (str or os.PathLike) or None, "
+                f"got {self.dump_dir!r} of type {type(self.dump_dir).__name__}")
+        if self.dump_dir is not None:
+            object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
+
+    @classmethod
+    def valid_keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_user(cls, options: Mapping[str, object] | None = None) -> "NeuronOptions":
+        """Validate a user's ``options=`` mapping (``None`` means all defaults)."""
+        if options is None:
+            options = {}
+        if isinstance(options, NeuronOptions):
+            return options
+        if not isinstance(options, Mapping):
+            raise NeuronOptionError(
+                f"options must be a dict with keys from {list(cls.valid_keys())}, "
+                f"got {type(options).__name__}: {options!r}")
+        valid = cls.valid_keys()
+        unknown = [k for k in options if k not in valid]
+        if unknown:
+            names = ", ".join(repr(k) for k in unknown)
+            raise NeuronOptionError(
+                f"unknown neuron option{'s' if len(unknown) > 1 else ''} {names}; "
+                f"valid options are: {', '.join(valid)}")
+        kwargs = dict(options)
+        if "dump_dir" not in kwargs:
+            kwargs["dump_dir"] = os.environ.get(DUMP_DIR_ENV) or None
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise NeuronOptionError(
+            f"option {key!r} must be one of {', '.join(repr(a) for a in allowed)}; "
+            f"got {value!r}")
+
+
+def validate_options(options: Mapping[str, object] | None = None) -> NeuronOptions:
+    """Validate ``options`` as ``torch.compile(..., options=...)`` would; returns the frozen form."""
+    return NeuronOptions.from_user(options)

@@ -1,0 +1,179 @@
+"""Split an ATen graph into device partitions and eager fallback nodes.
+
+The lowering registry decides (``lowering.api.why_unsupported``); ``CapabilityBasedPartitioner``
+fuses connected supported regions into submodules ``fused_0``, ``fused_1``, ... (single-node
+partitions allowed: every supported node runs on the device). Everything else stays in the outer
+graph and runs in eager PyTorch.
+
+What is counted ("ATen compute nodes")
+- A ``call_function`` node whose target is an ATen/prims ``OpOverload`` (or a higher-order op)
+  and that produces at least one tensor. Views (view, permute, expand, ...) count: they are ATen
+  ops that must run somewhere.
+- Not counted: placeholders, outputs, ``get_attr``, ``operator.getitem`` (it only unpacks a
+  multi-output node; it follows its producer), shape queries (``aten.sym_size`` & co.) and
+  Python arithmetic on SymInts. Those never go into a device partition and are never asked
+  about: they run on the host as part of the outer graph at no recorded cost.
+
+Invariants
+- Every node that ``why_unsupported`` accepted ends up in a device partition; every counted
+  node outside the partitions has a reason in ``PartitionPlan.fallbacks``.
+- ``device_nodes + fallback_nodes`` equals the number of counted nodes of the input graph.
+"""
+from __future__ import annotations
+
+import importlib
+import operator
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
+
+from neuron_compiler.profile import FallbackEntry
+
+DEVICE_PREFIX = "fused_"
+NOT_PARTITIONED = "supported by the lowering, but left outside every device partition"
+
+_aten = torch.ops.aten
+SHAPE_QUERY_OPS = frozenset({
+    _aten.sym_size.int, _aten.sym_stride.int, _aten.sym_numel.default,
+    _aten.sym_storage_offset.default,
+})
+
+
+def lowering_api():
+    """The lowering's public face, imported lazily (so ``import neuron_compiler`` stays light)."""
+    return importlib.import_module("lowering.api")
+
+
+def op_name(node: Node) -> str:
+    """How an op is named in reports: ``aten.add.Tensor`` (as in the printed graph)."""
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    return getattr(t, "__name__", str(t))
+
+
+def _has_tensor(val: object) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (tuple, list)):
+        return any(_has_tensor(v) for v in val)
+    return False
+
+
+def is_compute_node(node: Node) -> bool:
+    """True for the nodes counted as ATen compute nodes (see the module docstring)."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    if node.target in SHAPE_QUERY_OPS:
+        return False
+    if "val" in node.meta:
+        return _has_tensor(node.meta["val"])
+    return isinstance(node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator))
+
+
+class NeuronOperatorSupport(OperatorSupport):
+    """Asks the lowering registry about each compute node once and remembers the reason."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._why = lowering_api().why_unsupported
+        self._unsupported_exc = lowering_api().Unsupported
+        self.reasons: dict[Node, str | None] = {}
+
+    def reason(self, node: Node) -> str | None:
+        """None if ``node`` can run on the device, else why not."""
+        if node in self.reasons:
+            return self.reasons[node]
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            r = self.reason(src) if isinstance(src, Node) else "getitem of a non-node"
+        elif not is_compute_node(node):
+            r = "not an ATen compute node (runs on the host)"
+        else:
+            try:
+                r = self._why(node)
+            except self._unsupported_exc as exc:  # a lowering may raise instead of returning
+                r = str(exc)
+        self.reasons[node] = r
+        return r
+
+    def is_node_supported(self, submodules: dict, node: Node) -> bool:
+        return node.op == "call_function" and self.reason(node) is None
+
+
+@dataclass
+class PartitionPlan:
+    """The outer graph after fusion, and the accounting of where each compute node runs."""
+
+    gm: GraphModule                         # outer graph; device partitions are submodules
+    device_partitions: tuple[str, ...]      # submodule names, in graph order
+    partition_ops: dict[str, Counter]       # per device partition: op -> compute-node count
+    device_nodes: int
+    fallback_nodes: int
+    fallbacks: tuple[FallbackEntry, ...]
+    node_reasons: dict[str, str]            # outer-graph fallback node name -> reason
+
+
+def partition_graph(gm: GraphModule) -> PartitionPlan:
+    """Fuse the device-supported regions of ``gm`` (modified in place) into submodules."""
+    support = NeuronOperatorSupport()
+    n_compute = sum(1 for n in gm.graph.nodes if is_compute_node(n))
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    # Drop partitions without a compute node (e.g. only getitems): nothing to run on the device.
+    partitions = [p for p in partitions if any(is_compute_node(n) for n in p.nodes)]
+    reasons_by_name = {n.name: r for n, r in support.reasons.items() if r is not None}
+    fused = partitioner.fuse_partitions(partitions, prefix=DEVICE_PREFIX)
+
+    device: list[str] = []
+    partition_ops: dict[str, Counter] = {}
+    fallback_count: Counter = Counter()
+    node_reasons: dict[str, str] = {}
+    for node in fused.graph.nodes:
+        if node.op == "call_module" and str(node.target).startswith(DEVICE_PREFIX):
+            sub = getattr(fused, str(node.target))
+            device.append(str(node.target))
+            partition_ops[str(node.target)] = Counter(
+                op_name(n) for n in sub.graph.nodes if is_compute_node(n))
+        elif is_compute_node(node):
+            reason = reasons_by_name.get(node.name, NOT_PARTITIONED)
+            node_reasons[node.name] = reason
+            fallback_count[(op_name(node), reason)] += 1
+    device_nodes = sum(sum(c.values()) for c in partition_ops.values())
+    fallback_nodes = sum(fallback_count.values())
+    if device_nodes + fallback_nodes != n_compute:
+        raise AssertionError(
+            f"partitioning lost compute nodes: {device_nodes} device + {fallback_nodes} "
+            f"fallback != {n_compute} in the input graph")
+    fallbacks = tuple(FallbackEntry(op, c, r) for (op, r), c in
+                      sorted(fallback_count.items(), key=lambda kv: (-kv[1], kv[0])))
+    return PartitionPlan(fused, tuple(device), partition_ops, device_nodes, fallback_nodes,
+                         fallbacks, node_reasons)
+
+
+def format_plan(plan: PartitionPlan, title: str = "") -> str:
+    """The readable ``partitions.txt``: device partitions with their ops, then the fallbacks."""
+    lines = [title] if title else []
+    total = plan.device_nodes + plan.fallback_nodes
+    lines.append(f"ATen compute nodes: {total}  device: {plan.device_nodes}  "
+                 f"fallback: {plan.fallback_nodes}")
+    lines.append("")
+    lines.append(f"device partitions ({len(plan.device_partitions)}):")
+    for name in plan.device_partitions:
+        ops = plan.partition_ops[name]
+        lines.append(f"  {name}: {sum(ops.values())} nodes")
+        for op, c in sorted(ops.items()):
+            lines.append(f"    {op} x{c}")
+    lines.append("")
+    lines.append(f"fallback ops ({plan.fallback_nodes} nodes, eager PyTorch):")
+    for e in plan.fallbacks:
+        lines.append(f"  {e.op} x{e.count}: {e.reason}")
+    lines.append("")
+    lines.append("fallback nodes:")
+    for name, reason in plan.node_reasons.items():
+        lines.append(f"  {name}: {reason}")
+    return "\n".join(lines) + "\n"

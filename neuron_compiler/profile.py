@@ -1,0 +1,297 @@
+"""``neuron_compiler.profile()``: what ran where, and how long it took (simulated or measured).
+
+Usage::
+
+    with neuron_compiler.profile() as prof:
+        y = compiled_model(x)
+    print(prof.summary()); json.dump(prof.to_dict(), f); prof.export_chrome_trace("t.json")
+
+Invariants
+- The stack of open profiles lives in one ``ContextVar`` (the only module state of the package).
+  Profiles nest: every record goes to every open profile, so an outer profile sees everything an
+  inner one sees.
+- Compile-time facts (node counts, the fallback table) live on the compiled graph
+  (``GraphRecord``) and are added to each open profile whenever that graph is *called*,
+  de-duplicated per compiled graph. So a profile opened after compilation still sees the node
+  counts and fallbacks of every graph that runs inside it; a graph that is compiled but never
+  called inside the block is not counted.
+- ``device_nodes`` / ``fallback_nodes`` count ATen compute nodes (see ``partition.py``) of the
+  distinct graphs that ran; a device partition whose lowering raised ``Unsupported`` at its
+  first call moves its nodes from device to fallback (once per partition).
+- Times: ``simulated_time_us`` is the sum over device-partition calls of the simulated program
+  time; ``transfer_time_us`` the sum of host<->device copies at partition boundaries (bytes in +
+  out / the target's assumed host-link bandwidth); ``fallback_time_us`` the measured host wall
+  time of eager fallback ops. The three are disjoint; none includes compile time.
+- ``to_dict()`` is JSON-ready: only str/int/float/bool/None/list/dict.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from runtime_sim.stats import SimResult, SimStats
+
+
+@dataclass(frozen=True)
+class FallbackEntry:
+    """``count`` ATen compute nodes of op ``op`` run in eager PyTorch, for ``reason``."""
+
+    op: str
+    count: int
+    reason: str
+
+
+@dataclass(eq=False)
+class GraphRecord:
+    """Compile-time facts about one compiled ATen graph (forward, backward or inference)."""
+
+    name: str                     # "<kind>_<hash of the graph code>", for display
+    kind: str                     # "forward" | "backward" | "inference"
+    target: str
+    device_nodes: int
+    fallback_nodes: int
+    fallbacks: tuple[FallbackEntry, ...]
+    partitions: tuple[str, ...]   # device partition submodule names
+    dump_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionFailure:
+    """A device partition whose lowering raised ``Unsupported`` for some input signature: all
+    its compute nodes run in eager PyTorch, each with the reason in ``entries``."""
+
+    graph: GraphRecord
+    partition: str
+    entries: tuple[FallbackEntry, ...]
+
+    @property
+    def nodes(self) -> int:
+        return sum(e.count for e in self.entries)
+
+
+@dataclass
+class _PartitionStats:
+    graph: GraphRecord
+    partition: str
+    input_shapes: list[list[int]]
+    ops: list[str]
+    compiled: object                  # lowering CompiledGraph (re-run in timing mode for traces)
+    stats: SimStats
+    calls: int = 0
+    transfer_ns: float = 0.0          # total over calls
+
+    def total_ns(self) -> float:
+        return self.stats.total_ns * self.calls
+
+
+@dataclass
+class Profile:
+    """Everything recorded while this profile was open. Build reports with ``summary()``,
+    ``to_dict()`` and ``export_chrome_trace(path)``."""
+
+    _graphs: dict[int, GraphRecord] = field(default_factory=dict)
+    _graph_calls: Counter = field(default_factory=Counter)
+    _failures: dict[tuple[int, str], PartitionFailure] = field(default_factory=dict)
+    _parts: dict[tuple[int, str, tuple], _PartitionStats] = field(default_factory=dict)
+    _fallback_ns: Counter = field(default_factory=Counter)  # (graph id, op, reason) -> ns
+    compiles: int = 0
+    compile_time_s: float = 0.0
+
+    # ---- recording (called by the runtime) ---------------------------------------------------
+    def note_graph_call(self, graph: GraphRecord) -> None:
+        self._graphs[id(graph)] = graph
+        self._graph_calls[id(graph)] += 1
+
+    def note_compile(self, seconds: float) -> None:
+        self.compiles += 1
+        self.compile_time_s += seconds
+
+    def note_failure(self, failure: PartitionFailure) -> None:
+        self._failures.setdefault((id(failure.graph), failure.partition), failure)
+
+    def note_fallback_time(self, graph: GraphRecord, op: str, reason: str, ns: int) -> None:
+        self._fallback_ns[(id(graph), op, reason)] += ns
+
+    def note_partition_call(self, graph: GraphRecord, partition: str, signature: tuple,
+                            input_shapes: list[list[int]], compiled: object,
+                            result: SimResult, transfer_ns: float) -> None:
+        key = (id(graph), partition, signature)
+        rec = self._parts.get(key)
+        if rec is None:
+            rec = _PartitionStats(graph, partition, input_shapes,
+                                  list(getattr(compiled, "ops", ())), compiled, result.stats)
+            self._parts[key] = rec
+        rec.calls += 1
+        rec.transfer_ns += transfer_ns
+
+    # ---- reports -----------------------------------------------------------------------------
+    def _graph_names(self) -> dict[int, str]:
+        seen: Counter = Counter()
+        names: dict[int, str] = {}
+        for gid, g in self._graphs.items():
+            seen[g.name] += 1
+            names[gid] = g.name if seen[g.name] == 1 else f"{g.name}#{seen[g.name]}"
+        return names
+
+    def _fallback_rows(self) -> list[dict]:
+        rows: dict[tuple[str, str], dict] = {}
+
+        def add(gid: int, op: str, count: int, reason: str) -> None:
+            row = rows.setdefault((op, reason), {"op": op, "count": 0, "reason": reason,
+                                                 "time_us": 0.0})
+            row["count"] += count
+            row["time_us"] += self._fallback_ns.get((gid, op, reason), 0) / 1e3
+
+        for gid, g in self._graphs.items():
+            for e in g.fallbacks:
+                add(gid, e.op, e.count, e.reason)
+        for (gid, _), f in self._failures.items():
+            for e in f.entries:
+                add(gid, e.op, e.count, e.reason)
+        return sorted(rows.values(), key=lambda r: (-r["count"], r["op"]))
+
+    def to_dict(self) -> dict:
+        names = self._graph_names()
+        failed_nodes = sum(f.nodes for f in self._failures.values())
+        device_nodes = sum(g.device_nodes for g in self._graphs.values()) - failed_nodes
+        fallback_nodes = sum(g.fallback_nodes for g in self._graphs.values()) + failed_nodes
+        parts = []
+        for rec in self._parts.values():
+            s = rec.stats
+            parts.append({
+                "name": f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition}",
+                "graph": names.get(id(rec.graph), rec.graph.name),
+                "partition": rec.partition,
+                "input_shapes": rec.input_shapes,
+                "ops": rec.ops,
+                "calls": rec.calls,
+                "simulated_time_us": rec.total_ns() / 1e3,
+                "simulated_time_per_call_us": s.total_ns / 1e3,
+                "roofline_time_us": s.roofline_ns * rec.calls / 1e3,
+                "roofline_time_per_call_us": s.roofline_ns / 1e3,
+                "transfer_time_us": rec.transfer_ns / 1e3,
+                "instructions": int(s.instructions),
+                "flops": int(s.flops),
+                "hbm_bytes": int(s.hbm_bytes),
+                "dma_bytes": int(s.dma_bytes),
+                "spill_bytes": int(s.spill_bytes),
+                "sbuf_peak_bytes": int(s.sbuf_peak_bytes),
+                "psum_peak_bytes": int(s.psum_peak_bytes),
+                "engine_busy": {k: float(v) for k, v in sorted(s.busy_fraction().items())},
+            })
+        targets = sorted({g.target for g in self._graphs.values()})
+        fallback_ns = sum(self._fallback_ns.values())
+        return {
+            "target": ", ".join(targets) if targets else None,
+            "simulated_time_us": sum(p["simulated_time_us"] for p in parts),
+            "roofline_time_us": sum(p["roofline_time_us"] for p in parts),
+            "fallback_time_us": fallback_ns / 1e3,
+            "transfer_time_us": sum(p["transfer_time_us"] for p in parts),
+            "device_nodes": device_nodes,
+            "fallback_nodes": fallback_nodes,
+            "device_fraction": (device_nodes / (device_nodes + fallback_nodes)
+                                if device_nodes + fallback_nodes else None),
+            "compiles": self.compiles,
+            "compile_time_s": self.compile_time_s,
+            "graphs": [{"name": names[gid], "kind": g.kind, "target": g.target,
+                        "calls": self._graph_calls[gid], "device_nodes": g.device_nodes,
+                        "fallback_nodes": g.fallback_nodes, "partitions": list(g.partitions),
+                        "dump_dir": g.dump_dir}
+                       for gid, g in self._graphs.items()],
+            "fallbacks": self._fallback_rows(),
+            "partitions": parts,
+        }
+
+    def summary(self) -> str:
+        d = self.to_dict()
+        total = d["device_nodes"] + d["fallback_nodes"]
+        lines = [
+            f"neuron profile  target: {d['target'] or '-'}",
+            f"  simulated device time : {d['simulated_time_us']:12.2f} us"
+            f"   (roofline {d['roofline_time_us']:.2f} us)",
+            f"  host<->device transfer: {d['transfer_time_us']:12.2f} us   (assumed host link)",
+            f"  eager fallback (wall) : {d['fallback_time_us']:12.2f} us",
+            f"  ATen compute nodes    : {d['device_nodes']} on device, {d['fallback_nodes']} "
+            f"fallback" + (f" ({100.0 * d['device_nodes'] / total:.1f}% on device)" if total
+                           else ""),
+            f"  graphs: {len(d['graphs'])}   compiles: {d['compiles']} "
+            f"({d['compile_time_s']:.2f} s)",
+        ]
+        if d["fallbacks"]:
+            lines += ["", "Fallbacks (run in eager PyTorch):"]
+            rows = [("op", "count", "time us", "reason")]
+            rows += [(f["op"], str(f["count"]), f"{f['time_us']:.1f}", f["reason"])
+                     for f in d["fallbacks"]]
+            lines += _table(rows, left={0, 3})
+        if d["partitions"]:
+            lines += ["", "Device partitions (simulated):"]
+            engines = sorted({e for p in d["partitions"] for e in p["engine_busy"]})
+            rows = [("partition", "calls", "us/call", "roofline", "instrs", "MFLOP",
+                     "xfer us") + tuple(f"{e} %" for e in engines)]
+            for p in d["partitions"]:
+                rows.append((p["name"], str(p["calls"]), f"{p['simulated_time_per_call_us']:.2f}",
+                             f"{p['roofline_time_per_call_us']:.2f}", str(p["instructions"]),
+                             f"{p['flops'] / 1e6:.2f}", f"{p['transfer_time_us']:.2f}")
+                            + tuple(f"{100.0 * p['engine_busy'].get(e, 0.0):.0f}"
+                                    for e in engines))
+            lines += _table(rows, left={0})
+        return "\n".join(lines)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
+        device partition (per input signature), one thread per engine / DMA queue, time in
+        simulated microseconds from the start of one call of that partition."""
+        events: list[dict] = []
+        names = self._graph_names()
+        for pid, rec in enumerate(self._parts.values(), start=1):
+            _, result = rec.compiled.run(None, mode="timing", trace=True)  # type: ignore[attr-defined]
+            pname = f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition} {rec.input_shapes}"
+            events.append({"ph": "M", "pid": pid, "name": "process_name",
+                           "args": {"name": pname}})
+            tids: dict[str, int] = {}
+            for ev in result.trace:
+                if ev.queue not in tids:
+                    tids[ev.queue] = len(tids) + 1
+                    events.append({"ph": "M", "pid": pid, "tid": tids[ev.queue],
+                                   "name": "thread_name", "args": {"name": ev.queue}})
+                events.append({"ph": "X", "pid": pid, "tid": tids[ev.queue], "name": ev.name,
+                               "ts": ev.start_ns / 1e3, "dur": ev.dur_ns / 1e3,
+                               "args": dict(ev.args)})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+
+
+def _table(rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, r in enumerate(rows):
+        cells = [c.ljust(w) if i in left else c.rjust(w)
+                 for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  " + "  ".join(cells).rstrip())
+        if n == 0:
+            out.append("  " + "  ".join("-" * w for w in widths))
+    return out
+
+
+_ACTIVE: contextvars.ContextVar[tuple[Profile, ...]] = contextvars.ContextVar(
+    "neuron_compiler_profiles", default=())
+
+
+def active_profiles() -> tuple[Profile, ...]:
+    """The open profiles, outermost first (empty when none is open)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def profile() -> Iterator[Profile]:
+    """Open a profile for the calls of neuron-compiled code made inside the ``with`` block."""
+    prof = Profile()
+    token = _ACTIVE.set(_ACTIVE.get() + (prof,))
+    try:
+        yield prof
+    finally:
+        _ACTIVE.reset(token)
