@@ -93,13 +93,33 @@ class EngineKind(enum.Enum):
     DMA = "dma"        # one of the DMA engines' queues
 
 
-@dataclass(frozen=True, order=True)
+_ENGINE_ORDER = {EngineKind.TENSOR: 0, EngineKind.VECTOR: 1, EngineKind.SCALAR: 2,
+                 EngineKind.GPSIMD: 3, EngineKind.DMA: 4}
+
+
+@dataclass(frozen=True)
 class Queue:
     """An in-order instruction stream: a compute engine, or DMA queue ``index`` (engine index //
-    16 is the DMA engine, index % 16 the queue in it)."""
+    16 is the DMA engine, index % 16 the queue in it). Queues sort as pe, dve, act, pool, then
+    DMA queues by index."""
 
     engine: EngineKind
     index: int = 0
+
+    def _key(self) -> tuple[int, int]:
+        return (_ENGINE_ORDER[self.engine], self.index)
+
+    def __lt__(self, other: "Queue") -> bool:
+        return self._key() < other._key()
+
+    def __le__(self, other: "Queue") -> bool:
+        return self._key() <= other._key()
+
+    def __gt__(self, other: "Queue") -> bool:
+        return self._key() > other._key()
+
+    def __ge__(self, other: "Queue") -> bool:
+        return self._key() >= other._key()
 
     @property
     def name(self) -> str:

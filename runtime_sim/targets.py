@@ -66,6 +66,15 @@ class Target:
     # --- host link (not in hardware.md) -----------------------------------------------------
     host_link_bytes_per_ns: float
 
+    # --- DMA efficiency model (defaulted; used by runtime_sim.costs) ------------------------
+    # Each contiguous chunk of a transfer costs as much engine time as this many extra bytes:
+    # 256 B chunks run at 50% of peak, 2 KiB at 89%, 4 KiB at 94% -- DMA guide: "< 256 B per
+    # partition is overhead-bound; >= 2 KiB approaches peak; >= 4 KiB saturates". FITTED to
+    # those three statements, not to a measurement.
+    dma_chunk_overhead_bytes: float = 256.0
+    # SBUF->SBUF DMA transpose throughput / plain throughput (DMA: "SBUF->SBUF up to 50%").
+    dma_transpose_sbuf_efficiency: float = 0.5
+
     # --- derived ------------------------------------------------------------------------------
     @property
     def psum_bank_bytes(self) -> int:

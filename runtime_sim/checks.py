@@ -1,0 +1,554 @@
+"""Machine errors and the static checks of a program.
+
+Every error the machine raises is a :class:`MachineError`; its subclasses name the rule that was
+broken. When the error is about an instruction it names the instruction as ``<queue> #<index>:
+<instruction text>``, then the rule and the actual values, e.g.::
+
+    dve #12: tensor_tensor(op=add) sbuf:x[p32:+48 ...] <- ...
+      partition alignment: Pattern accesses 48 (> 32) partitions starting at partition 32
+
+Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them)
+- Buffers: unique names; SBUF/PSUM buffers have ``1 <= partitions <= 128``, an ``offset`` that is
+  set and non-negative, and ``offset + bytes_per_partition`` within the partition size
+  (CapacityError). Buffers may overlap in address space (the planner reuses memory over time);
+  races between aliasing buffers are found at run time by physical address.
+- Access patterns (AccessPatternError / BoundsError / AlignmentError):
+  * SBUF/PSUM: at most 4 free dims, sizes in [1, 65535] (uint16), strides in int16
+    [-32768, 32767] elements; partitions within the buffer; partition start aligned: > 64
+    partitions start at 0, 33-64 start at 0 or 64, <= 32 start at 0/32/64/96 (hardware.md).
+  * HBM: one partition, at most 5 free dims (the HBM side of a DMA has no partition axis, so it
+    gets one more free dim), any positive size and any stride (DMA descriptors carry 64-bit
+    addresses).
+  * The bytes touched lie within the buffer. A written AP never names one element twice.
+- Engines (EngineError): an op runs only on an engine that has its datapath
+  (``isa.ENGINES_OF_OP``); DMA queue indices are below ``dma_engines * dma_queues_per_engine``;
+  compute engines touch only SBUF/PSUM; DMA never touches PSUM. PSUM is written by TensorE
+  (matmul, transpose) and may also be written by Vector/Scalar/GpSimd instructions (memset,
+  tensor_copy, ...), but a matmul may only accumulate onto bytes a matmul wrote (run-time check).
+- Operands (OperandError): operand counts and shapes per op, matmul limits (K <= 128 partitions,
+  M <= 128, N <= 512 and one fp32 PSUM bank, stationary and moving of one float dtype in SBUF,
+  destination fp32 in PSUM), TensorE transpose <= 128 x 128 into PSUM, VectorE transpose <= 32 x
+  32, DMA sides of one dtype (DMA does not cast) and equal element counts, DMA transpose only on
+  2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
+  elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512.
+
+Run-time rules (raised by the simulator): UninitializedReadError (functional mode),
+PsumAccumulateError (functional mode), RaceError, DeadlockError, InputError.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
+                  EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue, TensorReduceAttrs,
+                  TensorScalarAttrs)
+from .targets import Target
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+class MachineError(Exception):
+    """Base of every machine error. ``rule`` names the broken rule; ``queue``/``index``/``instr``
+    name the instruction when there is one."""
+
+    rule: str = "machine rule"
+
+    def __init__(self, message: str, *, rule: str | None = None, queue: Queue | str | None = None,
+                 index: int | None = None, instr: Instr | str | None = None) -> None:
+        self.message = message
+        if rule is not None:
+            self.rule = rule
+        self.queue = queue
+        self.index = index
+        self.instr = instr
+        super().__init__(message)
+
+    def with_context(self, queue: Queue | str, index: int, instr: Instr | str) -> "MachineError":
+        if self.queue is None:
+            self.queue, self.index, self.instr = queue, index, instr
+        return self
+
+    def __str__(self) -> str:
+        head = ""
+        if self.queue is not None:
+            head = f"{self.queue} #{self.index}: {self.instr}\n  "
+        return f"{head}{self.rule}: {self.message}"
+
+
+class ProgramError(MachineError):
+    rule = "program structure"
+
+
+class CapacityError(MachineError):
+    rule = "capacity"
+
+
+class AlignmentError(MachineError):
+    rule = "partition alignment"
+
+
+class BoundsError(MachineError):
+    rule = "access out of bounds"
+
+
+class AccessPatternError(MachineError):
+    rule = "access pattern"
+
+
+class OperandError(MachineError):
+    rule = "operands"
+
+
+class EngineError(MachineError):
+    rule = "engine datapath"
+
+
+class UninitializedReadError(MachineError):
+    rule = "read of never-written memory"
+
+
+class PsumAccumulateError(MachineError):
+    rule = "PSUM accumulation"
+
+
+class RaceError(MachineError):
+    rule = "race"
+
+
+class DeadlockError(MachineError):
+    rule = "deadlock"
+
+
+class InputError(MachineError):
+    rule = "program inputs"
+
+
+ERRORS = (MachineError, ProgramError, CapacityError, AlignmentError, BoundsError,
+          AccessPatternError, OperandError, EngineError, UninitializedReadError,
+          PsumAccumulateError, RaceError, DeadlockError, InputError)
+
+
+# ---- geometry of an access pattern ----------------------------------------------------------
+
+class APGeom(NamedTuple):
+    """Where an AP lands physically. ``space`` is ``Memory.SBUF``, ``Memory.PSUM`` or
+    ``("hbm", name)``; ``lo``/``hi`` is the absolute per-partition byte range (bounding box);
+    ``dense`` says every byte of that box is touched (so the box is exact); ``base`` is the
+    absolute byte address of element 0; ``key`` identifies the exact pattern."""
+
+    space: object
+    p0: int
+    p1: int
+    lo: int
+    hi: int
+    dense: bool
+    base: int
+    dims: tuple[tuple[int, int], ...]
+    itemsize: int
+    key: tuple
+
+
+def ap_geom(ap: AP, buf: Buffer) -> APGeom:
+    off = 0 if buf.memory is Memory.HBM else (buf.offset or 0)
+    lo, hi = ap.byte_extent()
+    isz = ap.dtype.itemsize
+    space: object = ("hbm", buf.name) if buf.memory is Memory.HBM else buf.memory
+    base = off + ap.byte_offset
+    return APGeom(space, ap.partition_start, ap.partition_start + ap.partitions, off + lo, off + hi,
+                  _is_dense(ap.dims, isz, hi - lo), base, ap.dims, isz,
+                  (space, ap.partition_start, ap.partitions, base, ap.dims, isz))
+
+
+def _is_dense(dims: tuple[tuple[int, int], ...], isz: int, span: int) -> bool:
+    n = 1
+    for _, s in dims:
+        n *= s
+    return n * isz == span and is_injective(dims)
+
+
+def is_injective(dims: tuple[tuple[int, int], ...]) -> bool:
+    """True when no two index tuples address the same element (sufficient test: with the axes
+    sorted by |stride|, each stride exceeds the reach of all smaller ones; falls back to
+    enumeration for small patterns)."""
+    ds = sorted((abs(st), sz) for st, sz in dims if sz > 1)
+    reach = 0
+    ok = True
+    for st, sz in ds:
+        if st <= reach:
+            ok = False
+            break
+        reach += st * (sz - 1)
+    if ok:
+        return True
+    n = 1
+    for _, sz in ds:
+        n *= sz
+    if n > 1 << 20:
+        return False
+    import numpy as np
+    offs = np.zeros(1, dtype=np.int64)
+    for st, sz in dims:
+        offs = (offs[:, None] + np.arange(sz, dtype=np.int64)[None, :] * st).ravel()
+    return len(np.unique(offs)) == len(offs)
+
+
+def contiguous_run_elems(dims: tuple[tuple[int, int], ...]) -> int:
+    """Elements in the innermost contiguous run of a pattern (within one partition)."""
+    run = 1
+    for st, sz in reversed(dims):
+        if sz == 1:
+            continue
+        if st == run:
+            run *= sz
+        else:
+            break
+    return run
+
+
+# ---- static checks --------------------------------------------------------------------------
+
+def _align_error(start: int, n: int) -> str | None:
+    if n > 64:
+        return None if start == 0 else f"Pattern accesses {n} (> 64) partitions starting at partition {start}; must start at 0"
+    if n > 32:
+        return None if start in (0, 64) else f"Pattern accesses {n} (> 32) partitions starting at partition {start}; must start at 0 or 64"
+    return None if start % 32 == 0 else f"Pattern accesses {n} (<= 32) partitions starting at partition {start}; must start at 0, 32, 64 or 96"
+
+
+def check_buffers(program: Program, target: Target) -> dict[str, Buffer]:
+    bufs: dict[str, Buffer] = {}
+    for b in program.buffers:
+        if b.name in bufs:
+            raise ProgramError(f"two buffers are named {b.name!r}")
+        bufs[b.name] = b
+        if b.bytes_per_partition < 0:
+            raise CapacityError(f"buffer {b}: bytes_per_partition must be >= 0, got {b.bytes_per_partition}")
+        if b.memory is Memory.HBM:
+            if b.partitions != 1:
+                raise ProgramError(f"HBM buffer {b}: partitions must be 1, got {b.partitions}")
+            continue
+        cap = target.sbuf_bytes_per_partition if b.memory is Memory.SBUF else target.psum_bytes_per_partition
+        if not 1 <= b.partitions <= target.sbuf_partitions:
+            raise CapacityError(f"buffer {b}: partitions must be in [1, {target.sbuf_partitions}], got {b.partitions}")
+        if b.offset is None:
+            raise CapacityError(f"buffer {b}: offset not assigned (the memory planner must set it)")
+        if b.offset < 0:
+            raise CapacityError(f"buffer {b}: offset must be >= 0, got {b.offset}")
+        if b.offset + b.bytes_per_partition > cap:
+            raise CapacityError(f"buffer {b}: offset {b.offset} + {b.bytes_per_partition} B = "
+                                f"{b.offset + b.bytes_per_partition} B exceeds the {b.memory.value.upper()} "
+                                f"partition size {cap} B on {target.name}")
+    for kind, names in (("input", program.inputs), ("output", program.outputs)):
+        for n in names:
+            if n not in bufs:
+                raise ProgramError(f"{kind} {n!r} is not a buffer of the program")
+            if bufs[n].memory is not Memory.HBM:
+                raise ProgramError(f"{kind} {n!r} must be an HBM buffer, got {bufs[n].memory.value}")
+    return bufs
+
+
+def check_ap(ap: AP, bufs: dict[str, Buffer], role: str) -> APGeom:
+    buf = bufs.get(ap.buffer)
+    if buf is None:
+        raise ProgramError(f"{role} {ap}: no buffer named {ap.buffer!r}")
+    if ap.memory is not buf.memory:
+        raise ProgramError(f"{role} {ap}: AP says {ap.memory.value} but buffer {buf.name!r} is {buf.memory.value}")
+    hbm = buf.memory is Memory.HBM
+    maxd = 5 if hbm else 4
+    if len(ap.dims) > maxd:
+        raise AccessPatternError(f"{role} {ap}: at most {maxd} free dims, got {len(ap.dims)}")
+    for st, sz in ap.dims:
+        if sz < 1 or (not hbm and sz > 65535):
+            raise AccessPatternError(f"{role} {ap}: free size must be in [1, {'inf' if hbm else 65535}], got {sz}")
+        if not hbm and not -32768 <= st <= 32767:
+            raise AccessPatternError(f"{role} {ap}: stride must fit int16 [-32768, 32767] elements, got {st}")
+    if hbm:
+        if ap.partition_start != 0 or ap.partitions != 1:
+            raise AccessPatternError(f"{role} {ap}: HBM APs have one partition starting at 0, got "
+                                     f"start {ap.partition_start}, {ap.partitions} partitions")
+    else:
+        if ap.partitions < 1 or ap.partition_start < 0 or ap.partition_start + ap.partitions > buf.partitions:
+            raise BoundsError(f"{role} {ap}: partitions [{ap.partition_start}, {ap.partition_start + ap.partitions}) "
+                              f"outside buffer {buf.name!r} with {buf.partitions} partitions")
+        msg = _align_error(ap.partition_start, ap.partitions)
+        if msg:
+            raise AlignmentError(f"{role} {ap}: {msg}")
+    lo, hi = ap.byte_extent()
+    if lo < 0 or hi > buf.bytes_per_partition:
+        raise BoundsError(f"{role} {ap}: bytes [{lo}, {hi}) outside buffer {buf.name!r} of "
+                          f"{buf.bytes_per_partition} B per partition")
+    return ap_geom(ap, buf)
+
+
+_REDUCIBLE = frozenset({AluOp.ADD, AluOp.MULTIPLY, AluOp.MAX, AluOp.MIN, AluOp.ABS_MAX,
+                        AluOp.LOGICAL_AND, AluOp.LOGICAL_OR, AluOp.LOGICAL_XOR})
+
+
+def _nsrcs(ins: Instr, n: int) -> None:
+    if len(ins.srcs) != n:
+        raise OperandError(f"{ins.op.value} takes {n} source APs here, got {len(ins.srcs)}")
+
+
+def _same_pf(a: AP, b: AP, what: str) -> None:
+    if a.partitions != b.partitions or a.free_size != b.free_size:
+        raise OperandError(f"{what}: expected [{b.partitions} partitions x {b.free_size}] elements, "
+                           f"got [{a.partitions} x {a.free_size}] ({a})")
+
+
+def _col(a: AP, p: int, what: str) -> None:
+    if a.partitions != p or a.free_size != 1:
+        raise OperandError(f"{what}: expected a [{p}, 1] per-partition operand, got [{a.partitions} x {a.free_size}] ({a})")
+
+
+def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Target) -> list[APGeom]:
+    """Check one instruction; return the geometry of its operands (dst, accum, srcs order)."""
+    op = ins.op
+    if not isinstance(ins.attrs, ATTRS_OF_OP[op]):
+        raise ProgramError(f"{op.value} needs {ATTRS_OF_OP[op].__name__}, got {type(ins.attrs).__name__}")
+    eng = queue.engine
+    if eng not in ENGINES_OF_OP[op]:
+        raise EngineError(f"{op.value} cannot run on {queue.name}; engines with the datapath: "
+                          f"{sorted(e.value for e in ENGINES_OF_OP[op])}")
+    if eng is EngineKind.DMA and not 0 <= queue.index < target.dma_engines * target.dma_queues_per_engine:
+        raise EngineError(f"DMA queue index must be in [0, {target.dma_engines * target.dma_queues_per_engine}), got {queue.index}")
+    for s, n in ins.waits:
+        if not s or not isinstance(n, int) or n < 1:
+            raise ProgramError(f"wait ({s!r}, {n!r}): semaphore name must be non-empty and count >= 1")
+    geoms = []
+    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
+        if a is not None:
+            geoms.append(check_ap(a, bufs, role))
+    for k, a in enumerate(ins.srcs):
+        geoms.append(check_ap(a, bufs, f"src{k}"))
+    if op is Op.SEM:
+        if ins.dst is not None or ins.srcs or ins.accum is not None:
+            raise OperandError("sem has no operands")
+        return geoms
+    if ins.dst is None:
+        raise OperandError(f"{op.value} needs a destination AP")
+    if ins.accum is not None and op is not Op.ACTIVATION:
+        raise OperandError(f"only activation has an accum destination, got one on {op.value}")
+    for a in ins.writes:
+        if not is_injective(a.dims):
+            raise AccessPatternError(f"written AP {a} addresses some element more than once")
+    all_aps = ins.writes + ins.srcs
+    if eng is EngineKind.DMA:
+        if any(a.memory is Memory.PSUM for a in all_aps):
+            raise EngineError("DMA cannot access PSUM (evacuate with tensor_copy first)")
+    elif any(a.memory is Memory.HBM for a in all_aps):
+        raise EngineError(f"{queue.name} cannot access HBM; only DMA queues can")
+    if eng in (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD):
+        for a in all_aps:
+            lim = 4096 if a.memory is Memory.PSUM else 65536
+            if a.free_size > lim:
+                raise OperandError(f"{queue.name} operand {a}: free size {a.free_size} > {lim} elements "
+                                   f"from {a.memory.value.upper()}")
+    _OPERAND_RULES[op](ins, queue, target)
+    return geoms
+
+
+def _r_dma(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 1)
+    s, d = ins.srcs[0], ins.dst
+    assert d is not None
+    if s.dtype is not d.dtype:
+        raise OperandError(f"DMA does not cast: src dtype {s.dtype.value} != dst dtype {d.dtype.value} "
+                           f"(cast with tensor_copy)")
+    if s.num_elements != d.num_elements:
+        raise OperandError(f"DMA element counts differ: src {s.num_elements} {s.shape} vs dst {d.num_elements} {d.shape}")
+    assert isinstance(ins.attrs, DmaAttrs)
+    if ins.attrs.transpose:
+        if t.dma_transpose_efficiency <= 0:
+            raise EngineError(f"DMA transpose is not available on {t.name}")
+        if s.dtype.itemsize != 2:
+            raise OperandError(f"DMA transpose handles 2-byte types, got {s.dtype.value}")
+        (r, c), (dr, dc) = dma_2d(s), dma_2d(d)
+        if (dr, dc) != (c, r):
+            raise OperandError(f"DMA transpose: src is {r}x{c}, dst must be {c}x{r}, got {dr}x{dc}")
+
+
+def dma_2d(a: AP) -> tuple[int, int]:
+    """The 2-D view a DMA transpose uses: HBM drops its single partition axis; then (first axis,
+    product of the rest)."""
+    shape = a.shape[1:] if a.memory is Memory.HBM else a.shape
+    if not shape:
+        return (1, 1)
+    rest = 1
+    for x in shape[1:]:
+        rest *= x
+    return (shape[0], rest)
+
+
+def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 2)
+    st, mv = ins.srcs
+    d = ins.dst
+    assert d is not None
+    for name, a in (("stationary", st), ("moving", mv)):
+        if a.memory is not Memory.SBUF:
+            raise OperandError(f"matmul {name} must be in SBUF, got {a.memory.value}")
+        if not a.dtype.is_float:
+            raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
+    if st.dtype is not mv.dtype:
+        raise OperandError(f"matmul stationary and moving must share a dtype, got {st.dtype.value} and {mv.dtype.value}")
+    k, m, n = st.partitions, st.free_size, mv.free_size
+    if mv.partitions != k:
+        raise OperandError(f"matmul contraction: stationary has K={k} partitions, moving has {mv.partitions}")
+    if k > t.pe_rows:
+        raise OperandError(f"matmul K={k} > {t.pe_rows} partitions")
+    if m > t.pe_cols:
+        raise OperandError(f"matmul stationary free size M={m} > {t.pe_cols}")
+    if n > t.moving_free_max:
+        raise OperandError(f"matmul moving free size N={n} > {t.moving_free_max}")
+    if d.memory is not Memory.PSUM or d.dtype.value != "float32":
+        raise OperandError(f"matmul destination must be fp32 in PSUM, got {d.dtype.value} in {d.memory.value}")
+    if d.partitions != m or d.free_size != n:
+        raise OperandError(f"matmul destination must be [M={m}, N={n}], got [{d.partitions}, {d.free_size}]")
+    _one_bank(d, t)
+
+
+def _one_bank(d: AP, t: Target) -> None:
+    lo, hi = d.byte_extent()
+    bank = t.psum_bank_bytes
+    # d.byte_offset is relative to the buffer; banks are absolute: checked again in simulate via geometry
+    if hi - lo > bank:
+        raise OperandError(f"PSUM destination spans {hi - lo} B per partition > one {bank} B bank")
+
+
+def check_psum_bank(g: APGeom, t: Target, what: str) -> None:
+    bank = t.psum_bank_bytes
+    if g.lo // bank != (g.hi - 1) // bank:
+        raise OperandError(f"{what} destination bytes [{g.lo}, {g.hi}) cross a {bank} B PSUM bank boundary")
+
+
+def _r_transpose(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 1)
+    s, d = ins.srcs[0], ins.dst
+    assert d is not None
+    p, f = s.partitions, s.free_size
+    if d.partitions != f or d.free_size != p:
+        raise OperandError(f"transpose of [{p}, {f}] needs a [{f}, {p}] destination, got [{d.partitions}, {d.free_size}]")
+    if q.engine is EngineKind.TENSOR:
+        if s.memory is not Memory.SBUF or d.memory is not Memory.PSUM:
+            raise OperandError(f"TensorE transpose reads SBUF and writes PSUM, got {s.memory.value} -> {d.memory.value}")
+        if p > t.pe_rows or f > t.pe_cols:
+            raise OperandError(f"TensorE transpose handles up to {t.pe_rows}x{t.pe_cols}, got {p}x{f}")
+        if d.dtype is not s.dtype and d.dtype.value != "float32":
+            raise OperandError(f"TensorE transpose writes the source dtype or fp32, got {d.dtype.value}")
+        _one_bank(d, t)
+    elif p > 32 or f > 32:
+        raise OperandError(f"VectorE transpose handles 32x32 blocks, got {p}x{f}")
+
+
+def _r_activation(ins: Instr, q: Queue, t: Target) -> None:
+    a = ins.attrs
+    assert isinstance(a, ActivationAttrs) and ins.dst is not None
+    _nsrcs(ins, 1 + int(a.bias_from_src) + int(a.scale_from_src))
+    _same_pf(ins.dst, ins.srcs[0], "activation dst")
+    for k in range(1, len(ins.srcs)):
+        _col(ins.srcs[k], ins.srcs[0].partitions, "activation bias/scale")
+    if (a.reduce is None) != (ins.accum is None):
+        raise OperandError("activation: reduce and accum must be given together")
+    if ins.accum is not None:
+        _col(ins.accum, ins.srcs[0].partitions, "activation accum")
+        if a.reduce not in _REDUCIBLE:
+            raise OperandError(f"activation reduce op {a.reduce} is not a reduction")
+
+
+def _r_tt(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 2)
+    assert ins.dst is not None
+    _same_pf(ins.srcs[0], ins.dst, "tensor_tensor src0")
+    _same_pf(ins.srcs[1], ins.dst, "tensor_tensor src1")
+
+
+def _r_ts(ins: Instr, q: Queue, t: Target) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorScalarAttrs) and ins.dst is not None
+    _nsrcs(ins, 1 + int(a.operand0_from_src) + int(a.operand1_from_src and a.op1 is not None))
+    _same_pf(ins.srcs[0], ins.dst, "tensor_scalar src")
+    for k in range(1, len(ins.srcs)):
+        _col(ins.srcs[k], ins.dst.partitions, "tensor_scalar operand")
+
+
+def _r_reduce(ins: Instr, q: Queue, t: Target) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorReduceAttrs) and ins.dst is not None
+    _nsrcs(ins, 1)
+    s = ins.srcs[0]
+    if not 1 <= a.num_axes <= len(s.dims):
+        raise OperandError(f"tensor_reduce num_axes must be in [1, {len(s.dims)}], got {a.num_axes}")
+    if a.op not in _REDUCIBLE:
+        raise OperandError(f"tensor_reduce op {a.op.value} is not a reduction")
+    keep = 1
+    for _, sz in s.dims[:len(s.dims) - a.num_axes]:
+        keep *= sz
+    if ins.dst.partitions != s.partitions or ins.dst.free_size != keep:
+        raise OperandError(f"tensor_reduce destination must be [{s.partitions}, {keep}], got "
+                           f"[{ins.dst.partitions}, {ins.dst.free_size}]")
+
+
+def _r_copy(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 1)
+    assert ins.dst is not None
+    _same_pf(ins.srcs[0], ins.dst, "tensor_copy src")
+
+
+def _r_none(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 0)
+    if ins.op is Op.IOTA:
+        a = ins.attrs
+        assert isinstance(a, IotaAttrs) and ins.dst is not None
+        if len(a.steps) > len(ins.dst.dims):
+            raise OperandError(f"iota has {len(a.steps)} steps for {len(ins.dst.dims)} free dims")
+
+
+def _r_select(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 3)
+    assert ins.dst is not None
+    for k in range(3):
+        _same_pf(ins.srcs[k], ins.dst, f"select src{k}")
+
+
+def _r_bn_stats(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 1)
+    assert ins.dst is not None
+    s = ins.srcs[0]
+    if s.free_size > 512:
+        raise OperandError(f"bn_stats free size must be <= 512, got {s.free_size}")
+    _col_n(ins.dst, s.partitions, 2, "bn_stats dst")
+
+
+def _r_bn_aggr(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 1)
+    assert ins.dst is not None
+    s = ins.srcs[0]
+    if s.free_size < 2 or s.free_size % 2:
+        raise OperandError(f"bn_aggr source holds (mean, var) pairs: free size must be even >= 2, got {s.free_size}")
+    _col_n(ins.dst, s.partitions, 2, "bn_aggr dst")
+
+
+def _col_n(a: AP, p: int, n: int, what: str) -> None:
+    if a.partitions != p or a.free_size != n:
+        raise OperandError(f"{what}: expected [{p}, {n}], got [{a.partitions}, {a.free_size}]")
+
+
+_OPERAND_RULES = {
+    Op.DMA_COPY: _r_dma, Op.MATMUL: _r_matmul, Op.TRANSPOSE: _r_transpose,
+    Op.ACTIVATION: _r_activation, Op.TENSOR_TENSOR: _r_tt, Op.TENSOR_SCALAR: _r_ts,
+    Op.TENSOR_REDUCE: _r_reduce, Op.TENSOR_COPY: _r_copy, Op.MEMSET: _r_none, Op.IOTA: _r_none,
+    Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
+}
+
+
+def check_program(program: Program, target: Target) -> None:
+    """Run every static rule over a program; raise the first violation (naming the instruction)."""
+    bufs = check_buffers(program, target)
+    for q, stream in program.streams.items():
+        for i, ins in enumerate(stream):
+            try:
+                geoms = check_instr(ins, q, bufs, target)
+                if ins.op in (Op.MATMUL, Op.TRANSPOSE) and q.engine is EngineKind.TENSOR:
+                    check_psum_bank(geoms[0], target, ins.op.value)
+            except MachineError as e:
+                raise e.with_context(q, i, ins) from None

@@ -1,0 +1,319 @@
+"""What each instruction costs: ONE table, ``COSTS: Op -> function(instr, engine, target) -> Cost``.
+
+Every constant comes from the ``Target`` (targets.py, sources in hardware.md); the formulas are
+the "Instruction costs" table of hardware.md (``sdk@2.26`` "Estimated instruction cost" notes).
+Cycles are on the issuing engine's clock; ``Cost`` holds nanoseconds.
+
+Timing model of a compute instruction (TensorE, VectorE, ScalarE, GpSimdE)
+- ``busy_ns`` = cycles / clock: the queue can issue its next instruction after it (throughput).
+- ``latency_ns`` = ``access_overhead_cycles`` (~60) / clock: the fixed tensor-access overhead is
+  modelled as pipeline latency; the instruction completes (and signals its semaphores)
+  ``busy + latency`` after it starts, but it does not occupy the engine.
+- A Vector/Scalar/GpSimd instruction that reads bytes written by the previous instruction of
+  the same queue (bounding boxes of the same buffer) costs ``dependent_vector_penalty_cycles``
+  (~100) more busy cycles ("dependent or tiny Vector instructions add ~100 cycles"; applied to
+  all three engines, since the ScalarE chain measurement shows the same effect).
+- ``work_ns`` is the pure streaming time (no MIN_II floor, overhead or penalty): the element
+  work used by the roofline.
+
+Rules applied (N = free elements per partition of the streamed source, of dst for memset/iota;
+MIN_II = ``min_ii_cycles``; every Vector/Scalar/GpSimd cost is floored at MIN_II; "2-byte" means
+every operand is a 2-byte float type)
+- matmul: ``max(min(64, M), N)`` with M = stationary free size, N = moving free size (the
+  back-to-back average, LoadStationary included); x ``fp32_matmul_slowdown`` (4) for fp32
+  operands; fp8 costs as bf16 (the 2x fp8 rate needs K = 256 double-row, which K <= 128 excludes).
+  The trn2/trn3 TensorE power ramp is not modelled (steady state after warm-up).
+- transpose: TensorE ``max(P, min(64, F))`` (x4 for fp32, it is a matmul against identity);
+  VectorE ``max(MIN_II, N)``.
+- activation: ``max(MIN_II, N / f) + (MIN_II if reduce)``; f = ``scalar_bf16_factor`` when
+  2-byte (trn3: 256 bf16 elements/cycle) else 1.
+- tensor_scalar, tensor_copy: ``max(MIN_II, N / f)``. On VectorE f = ``vector_fast_copy_factor``
+  (trn2/trn3: 4) when 2-byte, all operands in SBUF and contiguous, else half of it (2x: "2x
+  otherwise or with PSUM", matching 256 non-bf16 elements/cycle); on ScalarE f as activation;
+  on GpSimdE f = 1. A tensor_scalar whose divisor is the tensor (reverse divide) is a
+  reciprocal: ``max(MIN_II, 8N)``.
+- tensor_tensor: ``N`` if an input is in PSUM; else if 2-byte with both inputs in SBUF:
+  ``2N / vector_fast_tt_factor`` on a VectorE that has the fast mode (trn2/trn3), or ``N`` for
+  contiguous add/subtract/multiply (trn1 / GpSimdE); else ``2N``. The table's "all-bf16
+  contiguous add/mul/sub" rule and the trn2 "2x when both inputs SBUF and all bf16" fast mode
+  describe the same path, so it is applied once. divide: ``8N`` (reciprocal rate).
+- tensor_reduce: ``N/2`` for 2-byte in and out with add or max, else ``N``.
+- memset: ``N/2`` for value 0 into a 2-byte type, else ``N``. iota: ``150 + N`` (no floor).
+- select: ``2N`` (three streamed inputs, like tensor_tensor). bn_stats ``N``; bn_aggr ``13N/3``.
+- Strided streaming: when any operand's innermost stride exceeds 16 bytes (and that axis has
+  more than one element) the streamed element count doubles ("larger strides halve it").
+- sem: 0.
+
+DMA model (``DmaModel`` keeps the dynamic state; queue ``i`` is on DMA engine ``i // 16``)
+- Descriptor generation: ``dma_descriptor_ns`` (~600 ns on NC-v3+, 0 on trn1 where the compiler
+  pre-builds descriptors) occupies the *queue*; the queue can issue its next DMA after it.
+- Data phase: starts when descriptors are ready and the DMA engine is free (one engine serves its
+  16 queues one transfer at a time, in issue order; a queue's transfers stay in order). It takes
+  ``(bytes + chunks * dma_chunk_overhead_bytes) / dma_engine_bytes_per_ns``, where a chunk is a
+  contiguous run (the shorter of the source's and destination's innermost contiguous runs, i.e.
+  bytes per partition for a dense SBUF tile). DMA transposes instead run at
+  ``dma_transpose_efficiency`` (from HBM) or ``dma_transpose_sbuf_efficiency`` (SBUF->SBUF).
+- HBM: every DMA that reads or writes HBM also passes its HBM bytes (HBM->HBM counts twice)
+  through one FIFO fluid server of the core's share of HBM bandwidth
+  (``hbm_bytes_per_ns / cores_per_chip``); the data phase ends no earlier than that reservation.
+- Fixed latency: ``dma_fixed_latency_ns`` (~1.3 us, setup + semaphore write) is added after the
+  data phase before the DMA completes. It is latency, not occupancy: it overlaps other transfers
+  on every queue (and the next transfer of the same queue), which is how one trn2 engine moves
+  32 KiB in 1,416 ns in steady state (hardware.md) although a lone transfer takes ~1.3 us more.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from .checks import contiguous_run_elems
+from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
+                  Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs)
+from .targets import Target
+
+
+class Cost(NamedTuple):
+    busy_ns: float      # compute: queue occupancy. DMA: data phase on its DMA engine
+    latency_ns: float   # after busy until completion (access overhead / DMA fixed latency)
+    work_ns: float      # streaming time for the roofline (compute engines only)
+    issue_ns: float = 0.0   # DMA: descriptor generation, occupies the queue
+    hbm_ns: float = 0.0     # DMA: time on the core's share of HBM bandwidth
+
+
+def clock_ghz(eng: EngineKind, t: Target) -> float:
+    if eng is EngineKind.TENSOR:
+        return t.tensor_clock_ghz
+    if eng is EngineKind.VECTOR:
+        return t.vector_clock_ghz
+    if eng is EngineKind.SCALAR:
+        return t.scalar_clock_ghz
+    return t.gpsimd_clock_ghz
+
+
+def _two_byte(aps: tuple[AP, ...]) -> bool:
+    return all(a.dtype.itemsize == 2 and a.dtype.is_float for a in aps)
+
+
+def _contiguous(a: AP) -> bool:
+    for st, sz in reversed(a.dims):
+        if sz > 1:
+            return st == 1
+    return True
+
+
+def _stride_factor(aps: tuple[AP, ...]) -> float:
+    for a in aps:
+        for st, sz in reversed(a.dims):
+            if sz > 1:
+                if abs(st) * a.dtype.itemsize > 16:
+                    return 2.0
+                break
+    return 1.0
+
+
+def _compute(cycles: float, stream: float, eng: EngineKind, t: Target) -> Cost:
+    clk = clock_ghz(eng, t)
+    return Cost(cycles / clk, t.access_overhead_cycles / clk, stream / clk)
+
+
+def _aps(ins: Instr) -> tuple[AP, ...]:
+    return ins.writes + ins.srcs
+
+
+# ---- one function per op --------------------------------------------------------------------
+
+def c_matmul(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    st, mv = ins.srcs
+    c = max(min(64, st.free_size), mv.free_size)
+    if st.dtype.itemsize >= 4:
+        c *= t.fp32_matmul_slowdown
+    return _compute(c, 0.0, eng, t)
+
+
+def c_transpose(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    s = ins.srcs[0]
+    if eng is EngineKind.TENSOR:
+        c = max(s.partitions, min(64, s.free_size))
+        if s.dtype.itemsize >= 4:
+            c *= t.fp32_matmul_slowdown
+        return _compute(c, 0.0, eng, t)
+    n = s.free_size
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_activation(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    a = ins.attrs
+    assert isinstance(a, ActivationAttrs)
+    aps = (ins.srcs[0],) + ins.writes[:1]
+    f = t.scalar_bf16_factor if _two_byte(aps) else 1
+    n = ins.srcs[0].free_size * _stride_factor(aps) / f
+    c = max(t.min_ii_cycles, n) + (t.min_ii_cycles if a.reduce is not None else 0)
+    return _compute(c, n, eng, t)
+
+
+def _copy_factor(ins: Instr, eng: EngineKind, t: Target) -> float:
+    aps = (ins.srcs[0],) + ins.writes
+    if eng is EngineKind.VECTOR and t.vector_fast_copy_factor > 1:
+        if _two_byte(aps) and all(a.memory is Memory.SBUF and _contiguous(a) for a in _aps(ins)):
+            return t.vector_fast_copy_factor
+        return max(1, t.vector_fast_copy_factor // 2)
+    if eng is EngineKind.SCALAR and _two_byte(aps):
+        return t.scalar_bf16_factor
+    return 1
+
+
+def c_tensor_scalar(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    a = ins.attrs
+    assert isinstance(a, TensorScalarAttrs)
+    n = ins.srcs[0].free_size * _stride_factor(_aps(ins))
+    recip = eng is not EngineKind.SCALAR and (
+        (a.op0 is AluOp.DIVIDE and a.reverse0) or (a.op1 is AluOp.DIVIDE and a.reverse1))
+    if recip:
+        return _compute(max(t.min_ii_cycles, 8 * n), 8 * n, eng, t)
+    n /= _copy_factor(ins, eng, t)
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_tensor_copy(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    n = ins.srcs[0].free_size * _stride_factor(_aps(ins)) / _copy_factor(ins, eng, t)
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_tensor_tensor(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    a = ins.attrs
+    assert isinstance(a, TensorTensorAttrs)
+    n = ins.srcs[0].free_size * _stride_factor(_aps(ins))
+    srcs = ins.srcs
+    if a.op is AluOp.DIVIDE:
+        c = 8 * n
+    elif any(s.memory is Memory.PSUM for s in srcs):
+        c = n
+    elif _two_byte(_aps(ins)) and all(s.memory is Memory.SBUF for s in srcs):
+        if eng is EngineKind.VECTOR and t.vector_fast_tt_factor > 1:
+            c = 2 * n / t.vector_fast_tt_factor
+        elif a.op in (AluOp.ADD, AluOp.SUBTRACT, AluOp.MULTIPLY) and all(_contiguous(x) for x in _aps(ins)):
+            c = n
+        else:
+            c = 2 * n
+    else:
+        c = 2 * n
+    return _compute(max(t.min_ii_cycles, c), c, eng, t)
+
+
+def c_tensor_reduce(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    a = ins.attrs
+    assert isinstance(a, TensorReduceAttrs)
+    n = ins.srcs[0].free_size * _stride_factor(ins.srcs)
+    if _two_byte(_aps(ins)) and a.op in (AluOp.ADD, AluOp.MAX):
+        n /= 2
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_memset(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    a = ins.attrs
+    assert isinstance(a, MemsetAttrs) and ins.dst is not None
+    n = float(ins.dst.free_size)
+    if a.value == 0 and _two_byte((ins.dst,)):
+        n /= 2
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_iota(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    assert ins.dst is not None
+    n = ins.dst.free_size
+    return _compute(150 + n, n, eng, t)
+
+
+def c_select(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    n = 2 * ins.srcs[0].free_size * _stride_factor(_aps(ins))
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_bn_stats(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    n = ins.srcs[0].free_size * _stride_factor(ins.srcs)
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_bn_aggr(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    n = 13 * ins.srcs[0].free_size / 3
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    return Cost(0.0, 0.0, 0.0)
+
+
+def c_dma(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    s, d = ins.srcs[0], ins.dst
+    assert d is not None and isinstance(ins.attrs, DmaAttrs)
+    nbytes = s.bytes
+    bw = t.dma_engine_bytes_per_ns
+    if ins.attrs.transpose:
+        eff = t.dma_transpose_efficiency if s.memory is Memory.HBM else t.dma_transpose_sbuf_efficiency
+        data = nbytes / (bw * max(eff, 1e-9))
+    else:
+        run = min(contiguous_run_elems(s.dims) * s.dtype.itemsize,
+                  contiguous_run_elems(d.dims) * d.dtype.itemsize)
+        chunks = nbytes / max(run, 1)
+        data = (nbytes + chunks * t.dma_chunk_overhead_bytes) / bw
+    hbm = nbytes * ((s.memory is Memory.HBM) + (d.memory is Memory.HBM))
+    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_descriptor_ns, hbm / t.hbm_bytes_per_ns_per_core)
+
+
+COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
+    Op.DMA_COPY: c_dma, Op.MATMUL: c_matmul, Op.TRANSPOSE: c_transpose,
+    Op.ACTIVATION: c_activation, Op.TENSOR_TENSOR: c_tensor_tensor,
+    Op.TENSOR_SCALAR: c_tensor_scalar, Op.TENSOR_REDUCE: c_tensor_reduce,
+    Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
+    Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.SEM: c_sem,
+}
+assert set(COSTS) == set(Op), "every op needs a cost function"
+
+
+def depends_on_previous(ins: Instr, prev: Instr | None) -> bool:
+    """Does ``ins`` read bytes (bounding boxes, same buffer) that ``prev`` wrote?"""
+    if prev is None:
+        return False
+    for w in prev.writes:
+        for r in ins.srcs:
+            if r.buffer == w.buffer and r.partition_start < w.partition_start + w.partitions \
+                    and w.partition_start < r.partition_start + r.partitions:
+                rl, rh = r.byte_extent()
+                wl, wh = w.byte_extent()
+                if rl < wh and wl < rh:
+                    return True
+    return False
+
+
+def instr_cost(ins: Instr, queue: Queue, t: Target, prev: Instr | None = None) -> Cost:
+    """The cost of ``ins`` on ``queue``, including the dependent-instruction penalty."""
+    eng = queue.engine
+    c = COSTS[ins.op](ins, eng, t)
+    if eng in (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD) and ins.op is not Op.SEM \
+            and depends_on_previous(ins, prev):
+        c = c._replace(busy_ns=c.busy_ns + t.dependent_vector_penalty_cycles / clock_ghz(eng, t))
+    return c
+
+
+class DmaModel:
+    """Dynamic DMA state: per-engine free time and the HBM fluid server's backlog."""
+
+    def __init__(self, t: Target) -> None:
+        self.engine_free = [0.0] * t.dma_engines
+        self.qpe = t.dma_queues_per_engine
+        self.hbm_free = 0.0
+
+    def issue(self, start: float, queue_index: int, c: Cost) -> tuple[float, float, float, float]:
+        """Issue a DMA at ``start``; return (queue free again, data start, data end, completion)."""
+        e = queue_index // self.qpe
+        ready = start + c.issue_ns
+        ef = self.engine_free[e]
+        data_start = ready if ready > ef else ef
+        data_end = data_start + c.busy_ns
+        if c.hbm_ns:
+            h = self.hbm_free
+            h = (data_start if data_start > h else h) + c.hbm_ns
+            self.hbm_free = h
+            if h > data_end:
+                data_end = h
+        self.engine_free[e] = data_end
+        return ready, data_start, data_end, data_end + c.latency_ns

@@ -1,0 +1,323 @@
+"""What each instruction computes: ONE table, ``SEMANTICS: Op -> function(instr, memory, engine)``.
+
+Conventions (the executable spec of the ISA)
+- Vector, Scalar and GpSimd compute in fp32: sources are converted to fp32 on input and the
+  result is rounded once to the destination dtype (``memory.cast_to``: round-to-nearest-even for
+  floats via ml_dtypes; float -> int truncates toward zero, NaN -> 0, saturates). Transcendental
+  functions are evaluated in float64 and rounded to fp32 (a correctly rounded fp32 library).
+- Shapes: element-wise ops pair elements by (partition, position in the row-major order of the
+  free axes); destination and sources need the same partition count and the same number of free
+  elements, but their free shapes may differ.
+- ``dma_copy``: element i of the source goes to element i of the destination in the row-major
+  order of each AP's shape ``(partitions, *sizes)``; both sides have one dtype (DMA never casts;
+  bytes are copied exactly). With ``transpose`` the 2-D views ``(first axis, rest)`` (HBM drops
+  its single partition axis) are transposed.
+- ``matmul``: ``dst[M, N] = stationary[K, M].T @ moving[K, N]`` computed in fp32 (bf16/fp8
+  products are exact in fp32, sums are fp32); ``accumulate=False`` overwrites the PSUM bytes,
+  ``True`` adds to them (and they must have been written by a matmul).
+- ``transpose``: ``dst[F, P] = src[P, F].T``, exact (values are copied, then stored in the dst
+  dtype). On TensorE the result counts as a matmul write of PSUM.
+- ``activation``: ``y = func(x * scale + bias)`` (affine in fp32); bias/scale are constants or
+  [P, 1] source APs in the order (bias, scale); with ``reduce`` the fp32 ``y`` is reduced over all
+  free axes into ``accum`` [P, 1]. ``identity`` and ``copy`` both return ``x * scale + bias``.
+  GELU (erf form) is ``0.5 x (1 + erf(x / sqrt 2))``, GELU_TANH is
+  ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, SiLU ``x * sigmoid(x)``, as torch defines.
+- ALU ops (``tensor_tensor``, ``tensor_scalar``): ``bypass(a, b) = a``; ``subtract = a - b``;
+  ``divide = a / b`` (IEEE); ``pow = a ** b``; ``mod`` = floor modulo (sign of the divisor, like
+  ``torch.remainder``); comparisons and logical ops (non-zero is true) yield 1.0 / 0.0;
+  ``abs_max = max(|a|, |b|)``. ``tensor_scalar`` computes ``(x op0 c0) op1 c1``; ``reverse``
+  swaps the operands of that step (``c op x``); operands are constants or [P, 1] sources.
+- Reductions (``tensor_reduce``, activation ``reduce``): add, multiply, max, min (NaN
+  propagates), abs_max, logical and/or/xor; ``tensor_reduce`` reduces the innermost ``num_axes``
+  free axes and ``negate`` negates the result.
+- ``iota``: int64 ``base + p * partition_step + sum(i_j * steps[j])`` (p counts from the AP's
+  first partition; missing steps are 0), then stored in the dst dtype.
+- ``select``: ``where(src0 != 0, src1, src2)``. ``memset``: every element = value.
+- ``tensor_copy``: same dtype -> exact copy; int -> int exact (saturating); otherwise through fp32.
+- ``bn_stats``: [P, 2] = (mean, population variance) of the free elements; ``bn_aggr``: combine
+  k (mean, var) pairs of equal counts: mean = avg(mean_i), var = avg(var_i + (mean_i - mean)^2).
+- ``sem``: nothing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, IotaAttrs,
+                  MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs, TensorScalarAttrs,
+                  TensorTensorAttrs)
+from .checks import dma_2d
+from .memory import MachineMemory
+
+F32 = np.float32
+
+
+# ---- erf in float64 (numpy has none; no scipy dependency) -----------------------------------
+
+def erf64(x: np.ndarray) -> np.ndarray:
+    """erf to ~1e-15 relative: a positive power series for |x| <= 2, the Laplace continued
+    fraction of erfc beyond."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    out = np.empty_like(a)
+    small = a <= 2.0
+    xs = a[small]
+    if xs.size:
+        x2 = 2.0 * xs * xs
+        t = xs.copy()
+        s = xs.copy()
+        n = 1
+        while True:
+            t *= x2 / (2 * n + 1)
+            s += t
+            n += 1
+            if n % 8 == 0 and not np.any(t > 1e-17 * s):
+                break
+        out[small] = 2.0 / math.sqrt(math.pi) * np.exp(-xs * xs) * s
+    if xs.size != a.size:
+        xl = np.minimum(a[~small], 30.0)
+        f = xl.copy()
+        for k in range(50, 0, -1):
+            f = xl + (k / 2.0) / f
+        out[~small] = 1.0 - np.exp(-xl * xl) / math.sqrt(math.pi) / f
+    out = np.copysign(out, x)
+    out[np.isnan(x)] = np.nan
+    return out
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
+    ActFunc.IDENTITY: lambda x: x,
+    ActFunc.COPY: lambda x: x,
+    ActFunc.EXP: np.exp,
+    ActFunc.LOG: np.log,
+    ActFunc.TANH: np.tanh,
+    ActFunc.SIGMOID: _sigmoid,
+    ActFunc.RELU: lambda x: np.where(x > 0, x, np.where(np.isnan(x), x, 0.0)),
+    ActFunc.GELU: lambda x: 0.5 * x * (1.0 + erf64(x / math.sqrt(2.0))),
+    ActFunc.GELU_TANH: lambda x: 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))),
+    ActFunc.SILU: lambda x: x * _sigmoid(x),
+    ActFunc.SQRT: np.sqrt,
+    ActFunc.RSQRT: lambda x: 1.0 / np.sqrt(x),
+    ActFunc.RECIPROCAL: lambda x: 1.0 / x,
+    ActFunc.SQUARE: lambda x: x * x,
+    ActFunc.ABS: np.abs,
+    ActFunc.SIGN: np.sign,
+    ActFunc.ERF: erf64,
+    ActFunc.SIN: np.sin,
+    ActFunc.COS: np.cos,
+    ActFunc.NEG: np.negative,
+}
+
+
+def _b(x: np.ndarray) -> np.ndarray:
+    return x.astype(F32)
+
+
+ALU: dict[AluOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    AluOp.BYPASS: lambda a, b: np.array(np.broadcast_to(a, np.broadcast_shapes(np.shape(a), np.shape(b))), dtype=F32),
+    AluOp.ADD: np.add,
+    AluOp.SUBTRACT: np.subtract,
+    AluOp.MULTIPLY: np.multiply,
+    AluOp.DIVIDE: np.divide,
+    AluOp.MAX: np.maximum,
+    AluOp.MIN: np.minimum,
+    AluOp.POW: np.power,
+    AluOp.MOD: np.mod,
+    AluOp.IS_EQUAL: lambda a, b: _b(a == b),
+    AluOp.NOT_EQUAL: lambda a, b: _b(a != b),
+    AluOp.IS_GT: lambda a, b: _b(a > b),
+    AluOp.IS_GE: lambda a, b: _b(a >= b),
+    AluOp.IS_LT: lambda a, b: _b(a < b),
+    AluOp.IS_LE: lambda a, b: _b(a <= b),
+    AluOp.LOGICAL_AND: lambda a, b: _b((a != 0) & (b != 0)),
+    AluOp.LOGICAL_OR: lambda a, b: _b((a != 0) | (b != 0)),
+    AluOp.LOGICAL_XOR: lambda a, b: _b((a != 0) ^ (b != 0)),
+    AluOp.ABS_MAX: lambda a, b: np.maximum(np.abs(a), np.abs(b)),
+}
+
+REDUCE: dict[AluOp, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
+    AluOp.ADD: lambda x, ax: np.sum(x, axis=ax, dtype=F32),
+    AluOp.MULTIPLY: lambda x, ax: np.prod(x, axis=ax, dtype=F32),
+    AluOp.MAX: lambda x, ax: np.max(x, axis=ax),
+    AluOp.MIN: lambda x, ax: np.min(x, axis=ax),
+    AluOp.ABS_MAX: lambda x, ax: np.max(np.abs(x), axis=ax),
+    AluOp.LOGICAL_AND: lambda x, ax: _b(np.all(x != 0, axis=ax)),
+    AluOp.LOGICAL_OR: lambda x, ax: _b(np.any(x != 0, axis=ax)),
+    AluOp.LOGICAL_XOR: lambda x, ax: _b(np.sum(x != 0, axis=ax) % 2 == 1),
+}
+
+
+def _rows(m: MachineMemory, a: AP) -> np.ndarray:
+    """fp32 [P, F] view of a source."""
+    return m.read_f32(a).reshape(a.partitions, -1)
+
+
+def _dst(ins: Instr) -> AP:
+    assert ins.dst is not None
+    return ins.dst
+
+
+# ---- one function per op --------------------------------------------------------------------
+
+def dma_copy(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    src, dst = ins.srcs[0], _dst(ins)
+    x = m.read(src)
+    assert isinstance(ins.attrs, DmaAttrs)
+    if ins.attrs.transpose:
+        x = x.reshape(dma_2d(src)).T
+    m.write(dst, np.ascontiguousarray(x).reshape(-1))
+
+
+def matmul(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    st, mv = ins.srcs
+    dst = _dst(ins)
+    k = st.partitions
+    s = m.read_f32(st).reshape(k, -1)
+    v = m.read_f32(mv).reshape(k, -1)
+    r = np.matmul(s.T, v, dtype=F32)
+    assert isinstance(ins.attrs, MatmulAttrs)
+    if ins.attrs.accumulate:
+        m.check_accumulate(dst)
+        r = m.read_f32(dst).reshape(r.shape) + r
+    m.write(dst, r, by_matmul=True)
+
+
+def transpose(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    src = ins.srcs[0]
+    x = m.read(src).reshape(src.partitions, -1)
+    m.write(_dst(ins), np.ascontiguousarray(x.T), by_matmul=eng is EngineKind.TENSOR)
+
+
+def activation(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, ActivationAttrs)
+    x = _rows(m, ins.srcs[0])
+    k = 1
+    bias: np.ndarray | F32 = F32(a.bias)
+    scale: np.ndarray | F32 = F32(a.scale)
+    if a.bias_from_src:
+        bias = _rows(m, ins.srcs[k])
+        k += 1
+    if a.scale_from_src:
+        scale = _rows(m, ins.srcs[k])
+    with np.errstate(all="ignore"):
+        z = x * scale + bias
+        y = ACT_FUNCS[a.func](z.astype(np.float64)).astype(F32)
+        m.write(_dst(ins), y)
+        if a.reduce is not None and ins.accum is not None:
+            m.write(ins.accum, REDUCE[a.reduce](y, (1,)))
+
+
+def tensor_tensor(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorTensorAttrs)
+    x, y = _rows(m, ins.srcs[0]), _rows(m, ins.srcs[1])
+    with np.errstate(all="ignore"):
+        m.write(_dst(ins), ALU[a.op](x, y).astype(F32, copy=False))
+
+
+def _step(x: np.ndarray, op: AluOp, c: np.ndarray | F32, reverse: bool) -> np.ndarray:
+    f = ALU[op]
+    return (f(c, x) if reverse else f(x, c)).astype(F32, copy=False)
+
+
+def tensor_scalar(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorScalarAttrs)
+    x = _rows(m, ins.srcs[0])
+    k = 1
+    c0: np.ndarray | F32 = F32(a.operand0)
+    if a.operand0_from_src:
+        c0 = _rows(m, ins.srcs[k])
+        k += 1
+    with np.errstate(all="ignore"):
+        y = _step(x, a.op0, c0, a.reverse0)
+        if a.op1 is not None:
+            c1: np.ndarray | F32 = _rows(m, ins.srcs[k]) if a.operand1_from_src else F32(a.operand1)
+            y = _step(y, a.op1, c1, a.reverse1)
+    m.write(_dst(ins), y)
+
+
+def tensor_reduce(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorReduceAttrs)
+    src = ins.srcs[0]
+    x = m.read_f32(src)
+    axes = tuple(range(x.ndim - a.num_axes, x.ndim))
+    with np.errstate(all="ignore"):
+        r = REDUCE[a.op](x, axes).astype(F32, copy=False)
+        if a.negate:
+            r = -r
+    m.write(_dst(ins), r)
+
+
+def tensor_copy(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    src, dst = ins.srcs[0], _dst(ins)
+    if src.dtype is dst.dtype or (not src.dtype.is_float and not dst.dtype.is_float):
+        x = m.read(src)
+    else:
+        x = m.read_f32(src)
+    m.write(dst, x.reshape(-1))
+
+
+def memset(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, MemsetAttrs)
+    dst = _dst(ins)
+    m.write(dst, np.full(dst.num_elements, a.value, dtype=F32 if dst.dtype.is_float else np.float64))
+
+
+def iota(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, IotaAttrs)
+    dst = _dst(ins)
+    v = np.full(dst.shape, a.base, dtype=np.int64)
+    v += (np.arange(dst.partitions, dtype=np.int64) * a.partition_step).reshape((-1,) + (1,) * len(dst.dims))
+    for j, (_, sz) in enumerate(dst.dims):
+        step = a.steps[j] if j < len(a.steps) else 0
+        if step:
+            shape = [1] * (len(dst.dims) + 1)
+            shape[j + 1] = sz
+            v += (np.arange(sz, dtype=np.int64) * step).reshape(shape)
+    m.write(dst, v)
+
+
+def select(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    c, x, y = (_rows(m, s) for s in ins.srcs)
+    m.write(_dst(ins), np.where(c != 0, x, y))
+
+
+def bn_stats(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    x = _rows(m, ins.srcs[0]).astype(np.float64)
+    mean = x.mean(axis=1)
+    var = ((x - mean[:, None]) ** 2).mean(axis=1)
+    m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
+
+
+def bn_aggr(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    s = _rows(m, ins.srcs[0]).astype(np.float64)
+    means, vars_ = s[:, 0::2], s[:, 1::2]
+    mean = means.mean(axis=1)
+    var = (vars_ + (means - mean[:, None]) ** 2).mean(axis=1)
+    m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
+
+
+def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    return None
+
+
+SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
+    Op.DMA_COPY: dma_copy, Op.MATMUL: matmul, Op.TRANSPOSE: transpose,
+    Op.ACTIVATION: activation, Op.TENSOR_TENSOR: tensor_tensor, Op.TENSOR_SCALAR: tensor_scalar,
+    Op.TENSOR_REDUCE: tensor_reduce, Op.TENSOR_COPY: tensor_copy, Op.MEMSET: memset,
+    Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr, Op.SEM: sem,
+}
+assert set(SEMANTICS) == set(Op), "every op needs a semantics function"

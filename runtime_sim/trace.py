@@ -1,0 +1,61 @@
+"""Chrome trace-event export (opens in Perfetto / chrome://tracing).
+
+Invariants
+- One process per SimResult, one thread (track) per queue, named by ``thread_name`` metadata
+  events; tracks sort pe, dve, act, pool, dma0, dma1, ...
+- Each executed instruction is one complete (``ph: "X"``) event; ``ts`` and ``dur`` are in
+  microseconds of simulated time. Compute instructions span start .. completion; DMAs span their
+  data phase (issue and completion times are in ``args``).
+- ``args`` carry the operands, waits, signals and tag as strings.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from .stats import SimResult
+
+_ORDER = {"pe": 0, "dve": 1, "act": 2, "pool": 3}
+
+
+def _tid_key(name: str) -> tuple[int, int]:
+    if name in _ORDER:
+        return (_ORDER[name], 0)
+    if name.startswith("dma") and name[3:].isdigit():
+        return (4, int(name[3:]))
+    return (5, 0)
+
+
+def to_chrome_trace(result: SimResult, process_name: str = "neuron", pid: int = 1) -> dict:
+    names = sorted({e.queue for e in result.trace}, key=_tid_key)
+    tid = {n: k + 1 for k, n in enumerate(names)}
+    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"name": f"{process_name} ({result.stats.target})"}}]
+    for n in names:
+        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid[n], "args": {"name": n}})
+        ev.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid[n],
+                   "args": {"sort_index": tid[n]}})
+    for e in result.trace:
+        ev.append({"name": e.name, "cat": e.queue, "ph": "X", "pid": pid, "tid": tid[e.queue],
+                   "ts": e.start_ns / 1000.0, "dur": e.dur_ns / 1000.0, "args": dict(e.args)})
+    return {"traceEvents": ev, "displayTimeUnit": "ns",
+            "otherData": {"target": result.stats.target, "total_ns": result.stats.total_ns}}
+
+
+def write_chrome_trace(path: str | Path,
+                       results: SimResult | Iterable[SimResult] | Mapping[str, SimResult]) -> Path:
+    """Write one or several results (a mapping gives each process its name) as one JSON file."""
+    if isinstance(results, SimResult):
+        items: list[tuple[str, SimResult]] = [("neuron", results)]
+    elif isinstance(results, Mapping):
+        items = list(results.items())
+    else:
+        items = [(f"neuron{k}", r) for k, r in enumerate(results)]
+    events: list[dict] = []
+    for k, (name, r) in enumerate(items):
+        events += to_chrome_trace(r, process_name=name, pid=k + 1)["traceEvents"]
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+    return p
