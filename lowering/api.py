@@ -1,0 +1,25 @@
+"""The lowering's public face: what ``neuron_compiler`` may call.
+
+- ``why_unsupported(node) -> str | None``: None when the lowering registry can lower this FX node
+  (op, dtypes, shapes as in ``node.meta['val']``), else a one-line reason for the fallback table.
+- ``compile_graph(gm, input_specs, target, dump=None) -> CompiledGraph``: lower one device
+  partition (an FX GraphModule of ATen nodes that all passed ``why_unsupported``), specialised on
+  concrete input shapes/dtypes. Raises ``Unsupported`` when something can only be discovered at
+  this point (the caller then runs the partition eagerly and records the reason).
+- ``CompiledGraph.run(inputs, mode)``: ``inputs`` are C-contiguous numpy arrays in placeholder
+  order (bf16 as ``ml_dtypes.bfloat16``); returns ``(outputs or None, SimResult)``. In
+  ``"timing"`` mode no values are computed and outputs is None.
+
+Invariants
+- This module and everything under ``lowering`` may import torch and ``runtime_sim`` but never
+  ``neuron_compiler``.
+"""
+from __future__ import annotations
+
+from lowering.errors import LoweringError, Unsupported
+from lowering.compiled import CompiledGraph, TensorSpec
+from lowering.registry import why_unsupported
+from lowering.pipeline import compile_graph
+
+__all__ = ["why_unsupported", "compile_graph", "CompiledGraph", "TensorSpec", "Unsupported",
+           "LoweringError"]

@@ -1,0 +1,86 @@
+"""A compiled device partition: the machine program plus how to feed it and read it back.
+
+Invariants
+- ``program.inputs[i]`` is the HBM buffer of placeholder ``i``; it receives the C-contiguous
+  bytes of that input. ``outputs[j]`` describes graph output ``j``: which HBM buffer holds it and
+  its (shape, strides, element offset) view within that buffer, so several outputs may share a
+  buffer (views) and an output may be a view of an input.
+- A timing result depends only on the program, so it is computed once and reused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from runtime_sim.isa import DType, Program
+from runtime_sim.simulator import simulate
+from runtime_sim.stats import SimResult
+
+TORCH_TO_DTYPE: dict[torch.dtype, DType] = {
+    torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16,
+    torch.float8_e4m3fn: DType.FP8_E4M3, torch.float8_e5m2: DType.FP8_E5M2,
+    torch.int32: DType.INT32, torch.int64: DType.INT64, torch.int8: DType.INT8,
+    torch.uint8: DType.UINT8, torch.bool: DType.BOOL,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class OutputView:
+    buffer: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]   # in elements
+    offset: int                # in elements
+    dtype: torch.dtype
+
+
+@dataclass
+class CompiledGraph:
+    name: str
+    program: Program
+    input_specs: tuple[TensorSpec, ...]
+    outputs: tuple[OutputView, ...]
+    ops: tuple[str, ...]            # ATen op names that this program computes
+    spill_bytes: int = 0
+    _timing: SimResult | None = field(default=None, repr=False)
+
+    def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
+            *, trace: bool = False) -> tuple[list[np.ndarray] | None, SimResult]:
+        if mode == "timing":
+            if self._timing is None or (trace and not self._timing.trace):
+                self._timing = simulate(self.program, None, mode="timing", trace=trace)
+            return None, self._timing
+        if mode != "functional":
+            raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
+        assert inputs is not None and len(inputs) == len(self.input_specs)
+        feed = {name: np.ascontiguousarray(x) for name, x in zip(self.program.inputs, inputs)}
+        result = simulate(self.program, feed, mode="functional", trace=trace)
+        if self._timing is None:
+            self._timing = result
+        outs = []
+        for o in self.outputs:
+            if o.buffer in result.outputs:
+                raw = result.outputs[o.buffer]
+            else:  # an output that is (a view of) an input buffer
+                raw = feed[o.buffer].reshape(-1).view(np.uint8)
+            npdt = TORCH_TO_DTYPE[o.dtype].np
+            flat = raw.view(npdt)
+            itemsize = npdt.itemsize
+            view = np.lib.stride_tricks.as_strided(
+                flat[o.offset:], shape=o.shape, strides=tuple(s * itemsize for s in o.strides))
+            outs.append(np.ascontiguousarray(view))
+        return outs, result

@@ -1,0 +1,140 @@
+"""ATen FX graph -> kernel-level IR (``kir.KProgram``), one registry rule per node.
+
+The partition is specialised on concrete input shapes: node values are recomputed with fake
+tensors from the concrete ``input_specs`` (the graph's own ``meta['val']`` may be symbolic and is
+left untouched).
+
+Invariants
+- Every placeholder becomes an INPUT buffer holding the C-contiguous input.
+- Every value a rule returns is a ``TensorRef``, a tuple/list of them, or a Python scalar.
+- A rule may raise ``Unsupported`` (-> the whole partition falls back, with that reason) but
+  never returns a wrong value silently.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lowering.compiled import TORCH_TO_DTYPE, TensorSpec
+from lowering.errors import LoweringError, Unsupported
+from lowering.kir import HbmTensor, KOp, KProgram, Role, TensorRef, contiguous_strides
+from lowering.registry import get_rule, op_name
+from runtime_sim.isa import DType
+
+
+def machine_dtype(dt: torch.dtype, op: str = "") -> DType:
+    try:
+        return TORCH_TO_DTYPE[dt]
+    except KeyError:
+        raise Unsupported(op or "tensor", f"dtype {dt} has no machine type") from None
+
+
+class LowerCtx:
+    """What a lowering rule may do: allocate HBM tensors, emit kernels, read node values."""
+
+    def __init__(self, vals: dict[fx.Node, Any]):
+        self.kp = KProgram()
+        self.vals = vals
+        self.node: fx.Node | None = None
+        self._n = 0
+
+    # -- values ---------------------------------------------------------------------------
+    def val(self, node: fx.Node) -> Any:
+        """The fake-tensor value (concrete shapes) of ``node``."""
+        return self.vals[node]
+
+    @property
+    def out_val(self) -> Any:
+        assert self.node is not None
+        return self.vals[self.node]
+
+    @property
+    def op(self) -> str:
+        return op_name(self.node.target) if self.node is not None else "?"
+
+    # -- buffers and kernels -------------------------------------------------------------
+    def new_tensor(self, shape: tuple[int, ...], dtype: DType | torch.dtype,
+                   role: Role = Role.TEMP, hint: str = "t") -> TensorRef:
+        if isinstance(dtype, torch.dtype):
+            dtype = machine_dtype(dtype, self.op)
+        name = f"{hint}{self._n}"
+        self._n += 1
+        shape = tuple(int(s) for s in shape)
+        numel = 1
+        for s in shape:
+            numel *= s
+        self.kp.buffers[name] = HbmTensor(name, numel, dtype, role)
+        return TensorRef(name, dtype, shape, contiguous_strides(shape), 0)
+
+    def new_like_out(self, hint: str = "t") -> TensorRef:
+        v = self.out_val
+        return self.new_tensor(tuple(v.shape), v.dtype, hint=hint)
+
+    def emit(self, kop: KOp) -> None:
+        if self.node is not None and not kop.origin:
+            kop = KOp(kop.kind, kop.outs, kop.ins, kop.attrs, (self.node.name,))
+        self.kp.kernels.append(kop)
+
+
+def fake_values(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> dict[fx.Node, Any]:
+    """Run the graph on fake tensors of the concrete input specs; return every node's value."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    vals: dict[fx.Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(input_specs):
+        raise LoweringError(f"graph has {len(placeholders)} inputs, got {len(input_specs)} specs")
+    with mode:
+        for n, spec in zip(placeholders, input_specs):
+            vals[n] = torch.empty(spec.shape, dtype=spec.dtype)
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            if n.op != "call_function":
+                raise LoweringError(f"unexpected {n.op} node {n.name} in a device partition")
+            args = fx.node.map_arg(n.args, lambda a: vals[a])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: vals[a])
+            vals[n] = n.target(*args, **kwargs)
+    return vals
+
+
+def build_kir(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> KProgram:
+    vals = fake_values(gm, input_specs)
+    ctx = LowerCtx(vals)
+    env: dict[fx.Node, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = vals[n]
+            ref = ctx.new_tensor(tuple(v.shape), v.dtype, Role.INPUT, hint="in")
+            ctx.kp.inputs.append(ref.buffer)
+            env[n] = ref
+        elif n.op == "call_function":
+            ctx.node = n
+            args = fx.node.map_arg(n.args, lambda a: env[a])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+            if n.target is operator.getitem:
+                env[n] = args[0][args[1]]
+                continue
+            rule = get_rule(n.target)
+            try:
+                env[n] = rule.lower(ctx, n, *args, **kwargs)
+            except Unsupported:
+                raise
+            except Exception as e:  # an internal bug: crash with the node as context
+                raise LoweringError(f"lowering {n.format_node()} failed: {e}") from e
+        elif n.op == "output":
+            ctx.node = None
+            outs = n.args[0]
+            flat = outs if isinstance(outs, (list, tuple)) else (outs,)
+            for o in flat:
+                ref = env[o] if isinstance(o, fx.Node) else o
+                if not isinstance(ref, TensorRef):
+                    raise Unsupported("output", f"graph output of type {type(ref).__name__} is not a tensor")
+                buf = ctx.kp.buffers[ref.buffer]
+                if buf.role is Role.TEMP:
+                    ctx.kp.buffers[ref.buffer] = HbmTensor(buf.name, buf.numel, buf.dtype, Role.OUTPUT)
+                ctx.kp.outputs.append(ref)
+    return ctx.kp

@@ -1,0 +1,277 @@
+"""Kernel-level IR: whole-tensor kernels over strided HBM tensors.
+
+Grammar
+```
+KProgram = (buffers: {name: HbmTensor}, kernels: KOp*, inputs: name*, outputs: TensorRef*)
+HbmTensor = (name, numel, dtype, role: input|output|temp)
+TensorRef = (buffer, dtype, shape, strides, offset)          # a strided view, in elements
+KOp      = (kind: KKind, outs: TensorRef*, ins: TensorRef*, attrs, origin)
+Expr     = (op: EOp, args: Expr*, dtype, index, value)        # pointwise expression tree
+```
+
+Invariants
+- Views never move data: a view op yields a new ``TensorRef`` on the same buffer.
+- A POINTWISE kernel's inputs are already broadcast to its output shape (stride 0 on broadcast
+  axes), so input ``i`` at output index ``idx`` is ``ins[i]`` at ``idx``. Its expression's LOAD
+  leaves index ``ins``; INDEX leaves read the output coordinate along ``Expr.index``.
+- A MATMUL kernel computes ``outs[0][b] = ins[0][b] @ ins[1][b]`` over 3-D views
+  ``[B, M, K] @ [B, K, N]``; its optional epilogue expression has one ACC leaf (the fp32
+  product) and LOAD leaves indexing ``ins[2:]``, which are views of the output's shape.
+- A kernel never reads a buffer that a later kernel writes (program order is execution order).
+- Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
+  produce in eager), so fusion does not change rounding.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from runtime_sim.isa import DType
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    buffer: str
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape) or self.numel <= 1
+
+    def __str__(self) -> str:
+        st = "" if self.is_contiguous() else f" strides={list(self.strides)}"
+        off = f" +{self.offset}" if self.offset else ""
+        return f"%{self.buffer}{list(self.shape)}:{self.dtype.value}{st}{off}"
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+class Role(enum.Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    TEMP = "temp"
+
+
+@dataclass(frozen=True)
+class HbmTensor:
+    name: str
+    numel: int
+    dtype: DType
+    role: Role
+
+    @property
+    def bytes(self) -> int:
+        return max(1, self.numel) * self.dtype.itemsize
+
+
+class EOp(enum.Enum):
+    # leaves
+    LOAD = "load"
+    CONST = "const"
+    INDEX = "index"
+    ACC = "acc"
+    # unary
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    RECIPROCAL = "reciprocal"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    RELU = "relu"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
+    SIGN = "sign"
+    LOGICAL_NOT = "logical_not"
+    CAST = "cast"
+    # binary
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    AND = "and"
+    OR = "or"
+    # ternary
+    WHERE = "where"
+
+
+LEAF_OPS = frozenset({EOp.LOAD, EOp.CONST, EOp.INDEX, EOp.ACC})
+UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, EOp.RECIPROCAL,
+                       EOp.TANH, EOp.SIGMOID, EOp.RELU, EOp.GELU, EOp.GELU_TANH, EOp.SILU,
+                       EOp.ERF, EOp.SIN, EOp.COS, EOp.SIGN, EOp.LOGICAL_NOT, EOp.CAST})
+BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
+                        EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR})
+COMPARE_OPS = frozenset({EOp.EQ, EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE})
+
+
+@dataclass(frozen=True)
+class Expr:
+    op: EOp
+    args: tuple["Expr", ...] = ()
+    dtype: DType = DType.FP32
+    index: int = 0        # LOAD: input number; INDEX: output axis
+    value: float = 0.0    # CONST value
+
+    def size(self) -> int:
+        return 1 + sum(a.size() for a in self.args)
+
+    def loads(self) -> set[int]:
+        if self.op is EOp.LOAD:
+            return {self.index}
+        out: set[int] = set()
+        for a in self.args:
+            out |= a.loads()
+        return out
+
+    def map_loads(self, fn) -> "Expr":
+        """Rebuild with every LOAD leaf replaced by ``fn(leaf)``."""
+        if self.op is EOp.LOAD:
+            return fn(self)
+        if not self.args:
+            return self
+        return replace(self, args=tuple(a.map_loads(fn) for a in self.args))
+
+    def __str__(self) -> str:
+        if self.op is EOp.LOAD:
+            return f"in{self.index}"
+        if self.op is EOp.CONST:
+            return repr(self.value)
+        if self.op is EOp.INDEX:
+            return f"idx{self.index}"
+        if self.op is EOp.ACC:
+            return "acc"
+        inner = ", ".join(str(a) for a in self.args)
+        return f"{self.op.value}({inner}):{self.dtype.value}"
+
+
+def const(value: float, dtype: DType = DType.FP32) -> Expr:
+    return Expr(EOp.CONST, (), dtype, 0, float(value))
+
+
+def load(i: int, dtype: DType) -> Expr:
+    return Expr(EOp.LOAD, (), dtype, i)
+
+
+class KKind(enum.Enum):
+    POINTWISE = "pointwise"
+    MATMUL = "matmul"
+    REDUCE = "reduce"
+    SOFTMAX = "softmax"
+    LAYER_NORM = "layer_norm"
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True)
+class PointwiseAttrs:
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class MatmulKAttrs:
+    epilogue: Expr | None = None
+
+
+@dataclass(frozen=True)
+class ReduceKAttrs:
+    """Reduce ``ins[0]`` over ``dims`` with ``op`` then multiply by ``scale`` (mean);
+    ``outs[0]`` has the input's rank with the reduced dims of size 1."""
+
+    op: ReduceOp
+    dims: tuple[int, ...]
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class SoftmaxKAttrs:
+    dim: int
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class LayerNormKAttrs:
+    """outs = (y, mean, rstd) over the trailing ``normalized_ndim`` dims of ins[0];
+    ins = (x, weight?, bias?) with weight/bias present per the flags."""
+
+    normalized_ndim: int
+    eps: float
+    has_weight: bool
+    has_bias: bool
+
+
+KAttrs = PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs
+
+
+@dataclass(frozen=True)
+class KOp:
+    kind: KKind
+    outs: tuple[TensorRef, ...]
+    ins: tuple[TensorRef, ...]
+    attrs: KAttrs
+    origin: tuple[str, ...] = ()   # names of the ATen nodes this kernel computes
+
+    def __str__(self) -> str:
+        outs = ", ".join(map(str, self.outs))
+        ins = ", ".join(map(str, self.ins))
+        if isinstance(self.attrs, PointwiseAttrs):
+            a = str(self.attrs.expr)
+        elif isinstance(self.attrs, MatmulKAttrs):
+            a = f"epilogue={self.attrs.epilogue}" if self.attrs.epilogue else ""
+        else:
+            a = ", ".join(f"{k}={getattr(self.attrs, k)}" for k in self.attrs.__dataclass_fields__)
+        return f"{outs} = {self.kind.value}[{a}]({ins})  # {','.join(self.origin)}"
+
+
+@dataclass
+class KProgram:
+    buffers: dict[str, HbmTensor] = field(default_factory=dict)
+    kernels: list[KOp] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[TensorRef] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"inputs: {', '.join(self.inputs)}"]
+        for b in self.buffers.values():
+            lines.append(f"buffer %{b.name}: {b.numel} x {b.dtype.value} ({b.role.value})")
+        for k in self.kernels:
+            lines.append(str(k))
+        lines.append("outputs: " + ", ".join(map(str, self.outputs)))
+        return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""Fusion on the kernel-level IR: keep elementwise intermediates out of HBM.
+
+1. Pointwise into pointwise: a POINTWISE kernel whose output is read only by POINTWISE kernels
+   (as an aligned, possibly broadcast view) is inlined into each reader's expression; its inputs
+   become the reader's inputs (broadcast through the reader's view).
+2. Pointwise into a matmul epilogue: a POINTWISE kernel that reads a MATMUL output (the whole
+   output, same shape) that nobody else reads becomes the matmul's epilogue, evaluated while
+   PSUM is evacuated.
+
+Invariants
+- A fused producer disappears only when every reader inlined it and it is not a graph output.
+- Inlining never changes rounding: every expression node keeps the dtype of its ATen op.
+- Expressions stay below ``MAX_EXPR`` nodes (recomputation is bounded).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lowering.kir import (EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs, PointwiseAttrs, Role,
+                          TensorRef, contiguous_strides)
+
+MAX_EXPR = 48
+
+
+def _readers(kp: KProgram) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, k in enumerate(kp.kernels):
+        for r in k.ins:
+            out.setdefault(r.buffer, []).append(i)
+    return out
+
+
+def _writers(kp: KProgram) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, k in enumerate(kp.kernels):
+        for r in k.outs:
+            out.setdefault(r.buffer, []).append(i)
+    return out
+
+
+def _is_whole(kp: KProgram, ref: TensorRef) -> bool:
+    return (ref.offset == 0 and ref.strides == contiguous_strides(ref.shape)
+            and ref.numel == kp.buffers[ref.buffer].numel)
+
+
+def _compose(view: TensorRef, src_shape: tuple[int, ...], inner: TensorRef) -> TensorRef | None:
+    """``view`` reads a contiguous tensor of ``src_shape`` broadcast to ``view.shape``; return
+    ``inner`` (a ref with shape ``src_shape``) broadcast the same way, or None if ``view`` is
+    not such a broadcast."""
+    S = view.shape
+    lead = len(S) - len(src_shape)
+    if lead < 0 or view.offset != 0:
+        return None
+    cs = contiguous_strides(src_shape)
+    strides = []
+    for d, n in enumerate(S):
+        if d < lead:
+            if view.strides[d] != 0 and n != 1:
+                return None
+            strides.append(0)
+            continue
+        dx = d - lead
+        if src_shape[dx] == n:
+            if n != 1 and view.strides[d] != cs[dx]:
+                return None
+            strides.append(inner.strides[dx] if n != 1 else 0)
+        elif src_shape[dx] == 1:
+            if view.strides[d] != 0:
+                return None
+            strides.append(0)
+        else:
+            return None
+    return TensorRef(inner.buffer, inner.dtype, S, tuple(strides), inner.offset)
+
+
+def _inline(consumer: KOp, j_list: list[int], producer: KOp) -> KOp | None:
+    """Replace LOAD j (j in j_list, all reading the producer's output) in the consumer."""
+    assert isinstance(producer.attrs, PointwiseAttrs)
+    ins = list(consumer.ins)
+    pexpr = producer.attrs.expr
+    src_shape = producer.outs[0].shape
+    subst: dict[int, Expr] = {}
+    for j in j_list:
+        mapping: dict[int, int] = {}
+        for pi, pin in enumerate(producer.ins):
+            if pi not in pexpr.loads():
+                continue
+            ref = _compose(consumer.ins[j], src_shape, pin)
+            if ref is None:
+                return None
+            mapping[pi] = len(ins)
+            ins.append(ref)
+        subst[j] = pexpr.map_loads(lambda x, m=mapping: replace(x, index=m[x.index]))
+    if isinstance(consumer.attrs, PointwiseAttrs):
+        expr = consumer.attrs.expr.map_loads(lambda x: subst.get(x.index, x))
+        if expr.size() > MAX_EXPR:
+            return None
+        attrs = PointwiseAttrs(expr)
+    else:
+        return None
+    return KOp(consumer.kind, consumer.outs, tuple(ins), attrs, consumer.origin + producer.origin)
+
+
+def _indices_of(ins: tuple[TensorRef, ...], buf: str) -> list[int]:
+    return [i for i, r in enumerate(ins) if r.buffer == buf]
+
+
+def fuse_pointwise_chains(kp: KProgram) -> bool:
+    readers, writers = _readers(kp), _writers(kp)
+    outputs = {r.buffer for r in kp.outputs}
+    for pi, prod in enumerate(kp.kernels):
+        if prod.kind is not KKind.POINTWISE or len(prod.outs) != 1:
+            continue
+        X = prod.outs[0].buffer
+        if X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
+            continue
+        if not _is_whole(kp, prod.outs[0]):
+            continue
+        users = readers.get(X, [])
+        if not users or any(kp.kernels[u].kind is not KKind.POINTWISE for u in users):
+            continue
+        new = {}
+        for u in set(users):
+            fused = _inline(kp.kernels[u], _indices_of(kp.kernels[u].ins, X), prod)
+            if fused is None:
+                break
+            new[u] = fused
+        else:
+            for u, k in new.items():
+                kp.kernels[u] = _drop_unused_inputs(k)
+            del kp.kernels[pi]
+            del kp.buffers[X]
+            return True
+    return False
+
+
+def _drop_unused_inputs(k: KOp) -> KOp:
+    if not isinstance(k.attrs, PointwiseAttrs):
+        return k
+    used = sorted(k.attrs.expr.loads())
+    remap = {old: new for new, old in enumerate(used)}
+    expr = k.attrs.expr.map_loads(lambda x: replace(x, index=remap[x.index]))
+    return KOp(k.kind, k.outs, tuple(k.ins[i] for i in used), PointwiseAttrs(expr), k.origin)
+
+
+def fuse_matmul_epilogues(kp: KProgram) -> bool:
+    readers, writers = _readers(kp), _writers(kp)
+    outputs = {r.buffer for r in kp.outputs}
+    for mi, mm in enumerate(kp.kernels):
+        if mm.kind is not KKind.MATMUL:
+            continue
+        X = mm.outs[0].buffer
+        if X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
+            continue
+        users = readers.get(X, [])
+        if len(users) != 1:
+            continue
+        c = kp.kernels[users[0]]
+        js = _indices_of(c.ins, X)
+        if c.kind is not KKind.POINTWISE or users[0] < mi:
+            continue
+        cout = c.outs[0]
+        if not _is_whole(kp, cout) or cout.numel != mm.outs[0].numel:
+            continue
+        if any(c.ins[j].shape != cout.shape or not _is_whole(kp, c.ins[j]) for j in js):
+            continue
+        # matmul output is [B, M, N]; the consumer works on the same elements in its own shape
+        out3 = TensorRef(cout.buffer, cout.dtype, mm.outs[0].shape, mm.outs[0].strides, 0)
+        ins = list(mm.ins)
+        remap: dict[int, int] = {}
+        for ci, r in enumerate(c.ins):
+            if ci in js:
+                continue
+            if r.shape != cout.shape or any(w > mi for w in writers.get(r.buffer, ())):
+                break
+            r3 = _reshape_view(r, cout.shape, mm.outs[0].shape)
+            if r3 is None:
+                break
+            remap[ci] = len(ins)
+            ins.append(r3)
+        else:
+            mm_epi = mm.attrs.epilogue or Expr(EOp.ACC)
+            expr = c.attrs.expr.map_loads(
+                lambda x: mm_epi if x.index in js else replace(x, index=remap[x.index]))
+            if expr.size() > MAX_EXPR:
+                continue
+            kp.kernels[mi] = KOp(KKind.MATMUL, (out3,), tuple(ins), MatmulKAttrs(expr),
+                                 mm.origin + c.origin)
+            del kp.kernels[users[0]]
+            del kp.buffers[X]
+            return True
+    return False
+
+
+def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:
+    """View ``r`` (of ``shape``) as ``shape3`` when that is a pure leading-dims regrouping."""
+    if shape == shape3:
+        return r
+    if len(shape) == 2 and shape3 == (1,) + tuple(shape):
+        return TensorRef(r.buffer, r.dtype, shape3, (0,) + r.strides, r.offset)
+    if len(shape) == 3 and len(shape3) == 3 and shape == shape3:
+        return r
+    return None
+
+
+def fuse(kp: KProgram) -> KProgram:
+    """Run both fusions to a fixed point (in place); return the program."""
+    changed = True
+    while changed:
+        changed = fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
+    return kp

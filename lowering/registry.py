@@ -1,0 +1,113 @@
+"""The lowering registry: ATen ``OpOverload`` -> rule. Membership IS the support table.
+
+A rule turns one FX node into kernel-level IR through a ``LowerCtx`` (see ``frontend.py``).
+``why_unsupported`` answers the partitioner: None when the node can be lowered, else a reason
+naming the op, the constraint and the actual value.
+
+Invariants
+- One rule per overload; registering twice is an error (one file per op family registers).
+- A rule's ``check`` sees only what is known before shapes are concrete (``meta['val']`` may have
+  symbolic sizes); constraints that need concrete sizes raise ``Unsupported`` in the rule itself.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+FLOAT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+MASK_DTYPES = frozenset({torch.bool})
+INDEX_DTYPES = frozenset({torch.int64, torch.int32})
+
+LowerFn = Callable[..., Any]
+CheckFn = Callable[[fx.Node], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    target: Any
+    lower: LowerFn
+    dtypes: frozenset
+    check: CheckFn | None
+    family: str
+
+
+REGISTRY: dict[Any, Rule] = {}
+
+
+def register(*targets, dtypes: frozenset = FLOAT_DTYPES, check: CheckFn | None = None):
+    """Decorator: ``@register(aten.mul.Tensor, aten.mul.Scalar)`` on ``fn(ctx, node, *args,
+    **kwargs)``. ``dtypes`` bounds every tensor input and output of the node."""
+
+    def deco(fn: LowerFn) -> LowerFn:
+        family = fn.__module__.rsplit(".", 1)[-1]
+        for t in targets:
+            if t in REGISTRY:
+                raise RuntimeError(f"two lowerings registered for {t}")
+            REGISTRY[t] = Rule(t, fn, dtypes, check, family)
+        return fn
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    import lowering.ops  # noqa: F401  (registers every op family)
+
+
+def op_name(target: Any) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    return str(target)
+
+
+def _tensor_vals(node: fx.Node) -> list[torch.Tensor]:
+    vals: list[torch.Tensor] = []
+
+    def add(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            vals.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+
+    for a in node.all_input_nodes:
+        add(a.meta.get("val"))
+    add(node.meta.get("val"))
+    return vals
+
+
+def why_unsupported(node: fx.Node) -> str | None:
+    """None if ``node`` can run on the device, else the reason it falls back."""
+    _ensure_loaded()
+    if node.op != "call_function":
+        return f"{node.op} nodes are not lowered"
+    if node.target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, fx.Node) and src.op == "call_function":
+            return why_unsupported(src)
+        return "getitem of a non-call value"
+    rule = REGISTRY.get(node.target)
+    name = op_name(node.target)
+    if rule is None:
+        return f"{name}: no lowering registered for this op"
+    if "val" not in node.meta:
+        return f"{name}: node has no meta['val'] (no shape/dtype information)"
+    for t in _tensor_vals(node):
+        if t.dtype not in rule.dtypes:
+            allowed = ", ".join(sorted(str(d).replace("torch.", "") for d in rule.dtypes))
+            return f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported (supported: {allowed})"
+        if t.is_complex():
+            return f"{name}: complex tensors are not supported"
+    if rule.check is not None:
+        reason = rule.check(node)
+        if reason:
+            return f"{name}: {reason}"
+    return None
+
+
+def get_rule(target: Any) -> Rule:
+    _ensure_loaded()
+    return REGISTRY[target]

@@ -1,0 +1,97 @@
+"""Tiling of POINTWISE kernels: load inputs by DMA, evaluate the expression, store by DMA.
+
+Any shape and any strides (broadcast inputs have stride 0, outputs may be strided views such as
+a slice of a ``cat``). The iteration space is laid out by ``layout.plan_2d``; row tiles of up to
+128 partitions, free tiles of up to ``free_max`` elements (shrunk when the expression needs many
+tiles at once). Pools have two slots per tile so the next tile's loads overlap this tile's work.
+"""
+from __future__ import annotations
+
+from lowering.kir import EOp, Expr, KOp, PointwiseAttrs
+from lowering.tiling.builder import TileBuilder
+from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.layout import Region, hbm_ap, plan_2d
+from runtime_sim.isa import AP, Memory
+
+TILE_BUDGET = 96 * 1024  # bytes per partition for one kernel's pools
+
+
+def free_chunks(region: Region, free_max: int):
+    """Yield (col_offset_elems, free_sizes) chunks of the region's free axes: a single free axis
+    is split into chunks of ``free_max``; several free axes are taken whole."""
+    if len(region.free) == 1:
+        n = region.free[0][0]
+        for c0 in range(0, n, free_max):
+            yield c0, (min(free_max, n - c0),)
+    else:
+        yield 0, tuple(s for s, _ in region.free)
+
+
+def index_axes(expr: Expr) -> list[int]:
+    out: set[int] = set()
+
+    def walk(x: Expr) -> None:
+        if x.op is EOp.INDEX:
+            out.add(x.index)
+        for a in x.args:
+            walk(a)
+
+    walk(expr)
+    return sorted(out)
+
+
+def tile_pointwise(b: TileBuilder, k: KOp) -> None:
+    assert isinstance(k.attrs, PointwiseAttrs)
+    expr = k.attrs.expr
+    out = k.outs[0]
+    used = sorted(expr.loads())
+    idx_axes = index_axes(expr)
+    rank = out.rank
+    strides = [out.strides] + [k.ins[i].strides for i in used] + \
+        [tuple(1 if d == a else 0 for d in range(rank)) for a in idx_axes]
+    offsets = [out.offset] + [k.ins[i].offset for i in used] + [0] * len(idx_axes)
+    n_tiles = 2 * (len(used) + count_intermediates(expr))
+    free_max = max(128, min(2048, TILE_BUDGET // (4 * n_tiles)))
+    regions = plan_2d(out.shape, strides, offsets, free_max=free_max)
+    if not regions:
+        return
+    in_pools = {i: b.pool(f"in{i}", Memory.SBUF, 2, free_max * k.ins[i].dtype.itemsize) for i in used}
+    work = b.pool("work", Memory.SBUF, n_tiles, free_max * 4)
+    P = b.target.sbuf_partitions
+    slot_of = {i: 1 + j for j, i in enumerate(used)}
+    idx_slot = {a: 1 + len(used) + j for j, a in enumerate(idx_axes)}
+
+    for reg in regions:
+        for bases in reg.outer_offsets():
+            for r0 in range(0, reg.rows, P):
+                p = min(P, reg.rows - r0)
+                for c0, fsz in free_chunks(reg, free_max):
+                    def off(slot: int) -> int:
+                        return (bases[slot] + r0 * reg.row_strides[slot]
+                                + c0 * reg.free[-1][1][slot])
+
+                    def free_of(slot: int) -> tuple[tuple[int, int], ...]:
+                        return tuple((sz, st[slot]) for sz, (_, st) in zip(fsz, reg.free))
+
+                    tiles: dict[int, AP] = {}
+                    for i in used:
+                        s = slot_of[i]
+                        t = b.tile(in_pools[i], p, fsz, k.ins[i].dtype)
+                        src = hbm_ap(k.ins[i].buffer, k.ins[i].dtype, off(s), p,
+                                     reg.row_strides[s], free_of(s))
+                        b.dma(t.ap(), src)
+                        tiles[i] = t.ap()
+
+                    def leaf(x: Expr, tiles=tiles, p=p, fsz=fsz, off=off, free_of=free_of) -> AP:
+                        if x.op is EOp.LOAD:
+                            return tiles[x.index]
+                        s = idx_slot[x.index]
+                        t = b.tile(work, p, fsz, x.dtype).ap()
+                        steps = tuple(st for _, st in free_of(s))
+                        b.iota(t, off(s), reg.row_strides[s], steps)
+                        return t
+
+                    gen = ExprGen(b, work, p, fsz, leaf)
+                    res = gen.tile_of(expr, out.dtype)
+                    dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
+                    b.dma(dst, res)

@@ -1,0 +1,154 @@
+"""Tiling of row-wise kernels: SOFTMAX (and log-softmax) and LAYER_NORM.
+
+Rows (every axis but the normalised ones) go on partitions, 128 per tile; a whole row sits in
+the free dim of one tile, so each row is read from HBM once and written once.
+
+softmax:     mx = reduce_max(x)                      VectorE tensor_reduce
+             e, s = exp(x - mx), sum(e)               ScalarE activation, bias=-mx, reduce=add
+             y = e * (1/s)   | log: y = x - mx - ln(s) VectorE tensor_scalar (per-partition operands)
+layer_norm:  mean = sum(x)/C                          VectorE tensor_reduce + tensor_scalar
+             ss = sum((x - mean)^2)                   ScalarE activation(square), bias=-mean, reduce
+             rstd = rsqrt(ss/C + eps)                 VectorE tensor_scalar + ScalarE rsqrt
+             y = (x - mean) * rstd [* w] [+ b]        VectorE tensor_scalar, tensor_tensor
+Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA.
+
+Limit: a row of more than ``ROW_MAX`` elements raises ``Unsupported`` naming the row length.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lowering.errors import Unsupported
+from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
+from lowering.tiling.builder import TileBuilder
+from lowering.tiling.layout import hbm_ap, plan_rows
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
+
+ROW_MAX = 8192
+F32 = DType.FP32
+
+
+def _row_plan(k: KOp, red_dims: tuple[int, ...], operands):
+    x = k.ins[0]
+    strides = [tuple(0 if d in red_dims and o is not x else s for d, s in enumerate(o.strides))
+               for o in operands]
+    plan = plan_rows(x.shape, red_dims, strides, [o.offset for o in operands])
+    if len(plan.red) > 3:
+        raise Unsupported(",".join(k.origin), f"normalised axes do not collapse to 3 strided axes "
+                                              f"(got {len(plan.red)})")
+    C = plan.red_size
+    if C > ROW_MAX:
+        raise Unsupported(",".join(k.origin), f"row of {C} elements exceeds the single-tile limit "
+                                              f"of {ROW_MAX} elements per partition")
+    return plan, C
+
+
+def _free(plan, slot: int) -> tuple[tuple[int, int], ...]:
+    return tuple((s, st[slot]) for s, st in plan.red)
+
+
+def tile_softmax(b: TileBuilder, k: KOp) -> None:
+    assert isinstance(k.attrs, SoftmaxKAttrs)
+    x, out = k.ins[0], k.outs[0]
+    if x.numel == 0:
+        return
+    d = k.attrs.dim
+    plan, C = _row_plan(k, (d,), [x, out])
+    P = b.target.sbuf_partitions
+    xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
+    ep = b.pool("se", Memory.SBUF, 2, C * 4)
+    op = b.pool("sy", Memory.SBUF, 2, C * out.dtype.itemsize)
+    small = b.pool("sstat", Memory.SBUF, 8, 4)
+    for bases in plan.outer_offsets():
+        for r0 in range(0, plan.rows, P):
+            p = min(P, plan.rows - r0)
+            xt = b.tile(xp, p, C, x.dtype)
+            b.dma(xt.ap(), hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
+                                  plan.row_strides[0], _free(plan, 0)))
+            mx = b.tile(small, p, 1, F32).ap()
+            b.tensor_reduce(mx, xt.ap(), AluOp.MAX)
+            nmx = b.tile(small, p, 1, F32).ap()
+            b.tensor_scalar(nmx, mx, AluOp.MULTIPLY, -1.0)
+            e = b.tile(ep, p, C, F32).ap()
+            s = b.tile(small, p, 1, F32).ap()
+            b.activation(e, xt.ap(), ActFunc.EXP, bias_ap=nmx, reduce=AluOp.ADD, accum=s)
+            y = b.tile(op, p, C, out.dtype).ap()
+            if k.attrs.log:
+                ls = b.tile(small, p, 1, F32).ap()
+                b.activation(ls, s, ActFunc.LOG)
+                b.tensor_scalar(y, xt.ap(), AluOp.SUBTRACT, mx, op1=AluOp.SUBTRACT, operand1=ls)
+            else:
+                rs = b.tile(small, p, 1, F32).ap()
+                b.activation(rs, s, ActFunc.RECIPROCAL)
+                b.tensor_scalar(y, e, AluOp.MULTIPLY, rs)
+            b.dma(hbm_ap(out.buffer, out.dtype, bases[1] + r0 * plan.row_strides[1], p,
+                         plan.row_strides[1], _free(plan, 1)), y)
+
+
+def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
+    a = k.attrs
+    assert isinstance(a, LayerNormKAttrs)
+    x = k.ins[0]
+    y, mean, rstd = k.outs
+    if x.numel == 0:
+        return
+    red = tuple(range(x.rank - a.normalized_ndim, x.rank))
+    plan, C = _row_plan(k, red, [x, y, mean, rstd])
+    P = b.target.sbuf_partitions
+    params = []
+    pp = b.pool("lnw", Memory.SBUF, 1 + int(a.has_weight) + int(a.has_bias), C * 4)
+    for j, flag in ((1, a.has_weight), (2 if a.has_weight else 1, a.has_bias)):
+        if flag:
+            w = k.ins[j]
+            wt = b.tile(pp, P, C, w.dtype)
+            # every partition reads the same row: partition stride 0
+            wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
+            wplan = plan_rows(x.shape, red, wst, [w.offset])
+            b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, _free(wplan, 0)))
+            params.append(wt.ap())
+    xp = b.pool("lx", Memory.SBUF, 2, C * x.dtype.itemsize)
+    wk = b.pool("lwork", Memory.SBUF, 4, C * 4)
+    yp = b.pool("ly", Memory.SBUF, 2, C * y.dtype.itemsize)
+    small = b.pool("lstat", Memory.SBUF, 12, 4)
+    for bases in plan.outer_offsets():
+        for r0 in range(0, plan.rows, P):
+            p = min(P, plan.rows - r0)
+            xt = b.tile(xp, p, C, x.dtype)
+            b.dma(xt.ap(), hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
+                                  plan.row_strides[0], _free(plan, 0)))
+            s = b.tile(small, p, 1, F32).ap()
+            b.tensor_reduce(s, xt.ap(), AluOp.ADD)
+            mu = b.tile(small, p, 1, F32).ap()
+            b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
+            nmu = b.tile(small, p, 1, F32).ap()
+            b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
+            sq = b.tile(wk, p, C, F32).ap()
+            ss = b.tile(small, p, 1, F32).ap()
+            b.activation(sq, xt.ap(), ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
+            var = b.tile(small, p, 1, F32).ap()
+            b.tensor_scalar(var, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=a.eps)
+            rs = b.tile(small, p, 1, F32).ap()
+            b.activation(rs, var, ActFunc.RSQRT)
+            if params:
+                cur = b.tile(wk, p, C, F32).ap()
+                b.tensor_scalar(cur, xt.ap(), AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
+                for j, prm in enumerate(params):
+                    is_w = a.has_weight and j == 0
+                    last = j == len(params) - 1
+                    nxt = b.tile(yp, p, C, y.dtype).ap() if last else b.tile(wk, p, C, F32).ap()
+                    b.tensor_tensor(nxt, cur, replace(prm, partitions=p),
+                                    AluOp.MULTIPLY if is_w else AluOp.ADD)
+                    cur = nxt
+                yt = cur
+            else:
+                yt = b.tile(yp, p, C, y.dtype).ap()
+                b.tensor_scalar(yt, xt.ap(), AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
+            b.dma(hbm_ap(y.buffer, y.dtype, bases[1] + r0 * plan.row_strides[1], p,
+                         plan.row_strides[1], _free(plan, 1)), yt)
+            for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
+                if val.dtype != ref.dtype:
+                    c = b.tile(small, p, 1, ref.dtype).ap()
+                    b.tensor_copy(c, val)
+                    val = c
+                b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot], p,
+                             plan.row_strides[slot], ()), val)

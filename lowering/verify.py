@@ -1,0 +1,65 @@
+"""Verifiers run between passes (always in tests and debug runs; they are cheap).
+
+- ``verify_kir``: every ref names a known buffer, stays within it, and each kernel's operand
+  shapes agree with its kind's rule; no kernel reads a buffer before some kernel wrote it
+  (inputs excepted).
+- ``verify_program``: the machine program passes the simulator's static checks (capacity,
+  alignment, bounds, access-pattern limits, engine datapaths).
+Errors name the kernel or instruction and what was expected.
+"""
+from __future__ import annotations
+
+from lowering.errors import LoweringError
+from lowering.kir import KKind, KProgram, PointwiseAttrs, Role, TensorRef
+from runtime_sim.isa import Program
+
+
+def _check_ref(kp: KProgram, r: TensorRef, where: str) -> None:
+    if r.buffer not in kp.buffers:
+        raise LoweringError(f"{where}: unknown buffer %{r.buffer}")
+    if r.numel == 0:
+        return
+    hi = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides))
+    lo = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides) if st < 0)
+    n = kp.buffers[r.buffer].numel
+    if lo < 0 or hi >= max(n, 1):
+        raise LoweringError(f"{where}: view {r} reaches element {hi} of %{r.buffer} "
+                            f"which has {n} elements")
+
+
+def verify_kir(kp: KProgram) -> None:
+    written = {n for n, b in kp.buffers.items() if b.role is Role.INPUT}
+    for i, k in enumerate(kp.kernels):
+        where = f"kernel {i} ({k})"
+        for r in k.ins + k.outs:
+            _check_ref(kp, r, where)
+        for r in k.ins:
+            if r.buffer not in written:
+                raise LoweringError(f"{where}: reads %{r.buffer} before any kernel writes it")
+        if k.kind is KKind.POINTWISE:
+            assert isinstance(k.attrs, PointwiseAttrs)
+            for r in k.ins:
+                if r.shape != k.outs[0].shape:
+                    raise LoweringError(f"{where}: pointwise input {r} does not have the output "
+                                        f"shape {k.outs[0].shape}")
+            if any(j >= len(k.ins) for j in k.attrs.expr.loads()):
+                raise LoweringError(f"{where}: expression loads a missing input")
+        if k.kind is KKind.MATMUL:
+            a, b = k.ins[0], k.ins[1]
+            o = k.outs[0]
+            if not (a.rank == b.rank == o.rank == 3 and a.shape[2] == b.shape[1]
+                    and o.shape == (a.shape[0], a.shape[1], b.shape[2])):
+                raise LoweringError(f"{where}: expected [B,M,K] @ [B,K,N] -> [B,M,N], got "
+                                    f"{a.shape} @ {b.shape} -> {o.shape}")
+        for r in k.outs:
+            written.add(r.buffer)
+    for r in kp.outputs:
+        _check_ref(kp, r, "outputs")
+        if r.buffer not in written:
+            raise LoweringError(f"output {r} is never written")
+
+
+def verify_program(program: Program) -> None:
+    from runtime_sim.checks import check_program
+    from runtime_sim.targets import get_target
+    check_program(program, get_target(program.target))
