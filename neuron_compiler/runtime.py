@@ -75,9 +75,21 @@ def from_numpy(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
                                f"expected shape {shape}")
         t = t.reshape(shape)
     strides = tuple(int(s) for s in like.stride())
-    if t.stride() != strides and torch._prims_common.is_non_overlapping_and_dense(like):
+    if t.stride() != strides and _is_dense_permutation(shape, strides):
         t = torch.empty_strided(shape, strides, dtype=t.dtype).copy_(t)
     return t
+
+
+def _is_dense_permutation(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when ``strides`` lay ``shape`` out densely, without overlap, in some dim order."""
+    expected = 1
+    for size, stride in sorted(zip(shape, strides), key=lambda d: (d[1], d[0])):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def signature(args: tuple) -> Signature:
