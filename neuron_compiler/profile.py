@@ -243,24 +243,17 @@ class Profile:
 
     def export_chrome_trace(self, path: str) -> None:
         """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
-        device partition (per input signature), one thread per engine / DMA queue, time in
-        simulated microseconds from the start of one call of that partition."""
+        device partition and input signature, one track per engine / DMA queue, times in
+        simulated microseconds from the start of one call of that partition (the program's
+        timing does not depend on the data, so every call looks the same)."""
+        from runtime_sim.trace import to_chrome_trace
         events: list[dict] = []
         names = self._graph_names()
         for pid, rec in enumerate(self._parts.values(), start=1):
             _, result = rec.compiled.run(None, mode="timing", trace=True)  # type: ignore[attr-defined]
-            pname = f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition} {rec.input_shapes}"
-            events.append({"ph": "M", "pid": pid, "name": "process_name",
-                           "args": {"name": pname}})
-            tids: dict[str, int] = {}
-            for ev in result.trace:
-                if ev.queue not in tids:
-                    tids[ev.queue] = len(tids) + 1
-                    events.append({"ph": "M", "pid": pid, "tid": tids[ev.queue],
-                                   "name": "thread_name", "args": {"name": ev.queue}})
-                events.append({"ph": "X", "pid": pid, "tid": tids[ev.queue], "name": ev.name,
-                               "ts": ev.start_ns / 1e3, "dur": ev.dur_ns / 1e3,
-                               "args": dict(ev.args)})
+            pname = (f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition} "
+                     f"{rec.input_shapes} x{rec.calls}")
+            events += to_chrome_trace(result, process_name=pname, pid=pid)["traceEvents"]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
 
