@@ -314,18 +314,19 @@ def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Targe
     for s, n in ins.waits:
         if not s or not isinstance(n, int) or n < 1:
             raise ProgramError(f"wait ({s!r}, {n!r}): semaphore name must be non-empty and count >= 1")
+    if op is Op.SEM:
+        if ins.dst is not None or ins.srcs or ins.accum is not None:
+            raise OperandError("sem has no operands")
+        return []
+    if ins.dst is None:
+        raise OperandError(f"{op.value} needs a destination AP")
+    _OPERAND_RULES[op](ins, queue, target)
     geoms = []
     for role, a in (("dst", ins.dst), ("accum", ins.accum)):
         if a is not None:
             geoms.append(check_ap(a, bufs, role))
     for k, a in enumerate(ins.srcs):
         geoms.append(check_ap(a, bufs, f"src{k}"))
-    if op is Op.SEM:
-        if ins.dst is not None or ins.srcs or ins.accum is not None:
-            raise OperandError("sem has no operands")
-        return geoms
-    if ins.dst is None:
-        raise OperandError(f"{op.value} needs a destination AP")
     if ins.accum is not None and op is not Op.ACTIVATION:
         raise OperandError(f"only activation has an accum destination, got one on {op.value}")
     for a in ins.writes:
@@ -343,7 +344,6 @@ def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Targe
             if a.free_size > lim:
                 raise OperandError(f"{queue.name} operand {a}: free size {a.free_size} > {lim} elements "
                                    f"from {a.memory.value.upper()}")
-    _OPERAND_RULES[op](ins, queue, target)
     return geoms
 
 

@@ -50,12 +50,12 @@ from bisect import bisect_right
 
 import numpy as np
 
-from .checks import (DeadlockError, InputError, MachineError, check_buffers, check_instr,
-                     check_psum_bank)
+from .checks import (DeadlockError, InputError, MachineError, RaceError, UninitializedReadError,
+                     check_buffers, check_instr, check_psum_bank)
 from .costs import Cost, DmaModel, instr_cost
 from .isa import EngineKind, Instr, Memory, Op, Program, Queue
 from .memory import MachineMemory
-from .races import RaceDetector
+from .races import RaceDetector, exact_overlap
 from .semantics import SEMANTICS
 from .stats import SimResult, SimStats, TraceEvent
 from .targets import Target, get_target
@@ -285,6 +285,12 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                     rd.access(q, i, g, is_w)
             if mem is not None:
                 sem_fns[ins.op](ins, mem, engines[q])
+        except UninitializedReadError as e:
+            if geoms is not None:
+                late = _late_writer(q, geoms[q][i], geoms, heads, lens, qnames, streams)
+                if late is not None:
+                    raise late.with_context(queues[q], i, ins) from None
+            raise e.with_context(queues[q], i, ins) from None
         except MachineError as e:
             raise e.with_context(queues[q], i, ins) from None
         if trace:
@@ -338,6 +344,27 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
         sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof)
     outputs = {n: mem.dump(n) for n in program.outputs} if mem is not None else {}
     return SimResult(stats=stats, outputs=outputs, trace=events)
+
+
+def _late_writer(q: int, mine: tuple, geoms: list[list[tuple]], heads: list[int], lens: list[int],
+                 qnames: list[str], streams: list[tuple[Instr, ...]]) -> RaceError | None:
+    """An instruction read never-written bytes: if a not-yet-issued instruction of another queue
+    writes them, nothing orders the two (it would have been issued first), so report the race."""
+    for g, is_w in mine:
+        if is_w:
+            continue
+        for r in range(len(heads)):
+            if r == q:
+                continue
+            for j in range(heads[r], lens[r]):
+                for g2, w2 in geoms[r][j]:
+                    if w2 and g2.space == g.space and g2.p0 < g.p1 and g.p0 < g2.p1 and g2.lo < g.hi \
+                            and g.lo < g2.hi and (g.dense and g2.dense or exact_overlap(g, g2)):
+                        return RaceError(
+                            f"it reads bytes that were never written when it ran; {qnames[r]} #{j} "
+                            f"({streams[r][j]}) writes them, and no semaphore path orders the write "
+                            f"before this read")
+    return None
 
 
 def _union(iv: list[tuple[float, float]]) -> float:
