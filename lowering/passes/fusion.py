@@ -43,34 +43,41 @@ def _is_whole(kp: KProgram, ref: TensorRef) -> bool:
             and ref.numel == kp.buffers[ref.buffer].numel)
 
 
-def _compose(view: TensorRef, src_shape: tuple[int, ...], inner: TensorRef) -> TensorRef | None:
-    """``view`` reads a contiguous tensor of ``src_shape`` broadcast to ``view.shape``; return
-    ``inner`` (a ref with shape ``src_shape``) broadcast the same way, or None if ``view`` is
-    not such a broadcast."""
-    S = view.shape
-    lead = len(S) - len(src_shape)
-    if lead < 0 or view.offset != 0:
+def _axis_map(view: TensorRef, src_shape: tuple[int, ...]) -> list[int | None] | None:
+    """``view`` reads a contiguous tensor of ``src_shape``. For each axis of the view, return
+    the producer axis it walks (None: broadcast, stride 0, or size 1), or None if the view is
+    not such an axis-wise selection starting at element 0."""
+    if view.offset != 0:
         return None
     cs = contiguous_strides(src_shape)
-    strides = []
-    for d, n in enumerate(S):
-        if d < lead:
-            if view.strides[d] != 0 and n != 1:
-                return None
-            strides.append(0)
+    out: list[int | None] = []
+    used: set[int] = set()
+    for n, st in zip(view.shape, view.strides):
+        if n == 1 or st == 0:
+            out.append(None)
             continue
-        dx = d - lead
-        if src_shape[dx] == n:
-            if n != 1 and view.strides[d] != cs[dx]:
-                return None
-            strides.append(inner.strides[dx] if n != 1 else 0)
-        elif src_shape[dx] == 1:
-            if view.strides[d] != 0:
-                return None
-            strides.append(0)
-        else:
+        dx = next((a for a in range(len(src_shape)) if cs[a] == st and src_shape[a] >= n
+                   and src_shape[a] > 1 and a not in used), None)
+        if dx is None:
             return None
-    return TensorRef(inner.buffer, inner.dtype, S, tuple(strides), inner.offset)
+        used.add(dx)
+        out.append(dx)
+    return out
+
+
+def _rebase(amap: list[int | None], shape: tuple[int, ...], inner: TensorRef) -> TensorRef:
+    strides = tuple(0 if a is None else inner.strides[a] for a in amap)
+    return TensorRef(inner.buffer, inner.dtype, shape, strides, inner.offset)
+
+
+def _map_index(expr: Expr, amap: list[int | None]) -> Expr:
+    """Producer INDEX(a) -> consumer INDEX(d) for the consumer axis walking a; 0 otherwise."""
+    if expr.op is EOp.INDEX:
+        d = next((d for d, a in enumerate(amap) if a == expr.index), None)
+        return Expr(EOp.CONST, (), expr.dtype, 0, 0.0) if d is None else replace(expr, index=d)
+    if not expr.args:
+        return expr
+    return replace(expr, args=tuple(_map_index(a, amap) for a in expr.args))
 
 
 def _inline(consumer: KOp, j_list: list[int], producer: KOp) -> KOp | None:
@@ -81,16 +88,16 @@ def _inline(consumer: KOp, j_list: list[int], producer: KOp) -> KOp | None:
     src_shape = producer.outs[0].shape
     subst: dict[int, Expr] = {}
     for j in j_list:
+        view = consumer.ins[j]
+        amap = _axis_map(view, src_shape)
+        if amap is None:
+            return None
         mapping: dict[int, int] = {}
-        for pi, pin in enumerate(producer.ins):
-            if pi not in pexpr.loads():
-                continue
-            ref = _compose(consumer.ins[j], src_shape, pin)
-            if ref is None:
-                return None
+        for pi in sorted(pexpr.loads()):
             mapping[pi] = len(ins)
-            ins.append(ref)
-        subst[j] = pexpr.map_loads(lambda x, m=mapping: replace(x, index=m[x.index]))
+            ins.append(_rebase(amap, view.shape, producer.ins[pi]))
+        e = pexpr.map_loads(lambda x, m=mapping: replace(x, index=m[x.index]))
+        subst[j] = _map_index(e, amap)
     if isinstance(consumer.attrs, PointwiseAttrs):
         expr = consumer.attrs.expr.map_loads(lambda x: subst.get(x.index, x))
         if expr.size() > MAX_EXPR:

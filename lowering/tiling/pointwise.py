@@ -86,7 +86,7 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
                         if x.op is EOp.LOAD:
                             return tiles[x.index]
                         s = idx_slot[x.index]
-                        t = b.tile(work, p, fsz, x.dtype).ap()
+                        t = b.tile(work, p, fsz, x.dtype).ap(dims=_contiguous_dims(fsz))
                         steps = tuple(st for _, st in free_of(s))
                         b.iota(t, off(s), reg.row_strides[s], steps)
                         return t
@@ -95,3 +95,11 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
                     res = gen.tile_of(expr, out.dtype)
                     dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
                     b.dma(dst, res)
+
+
+def _contiguous_dims(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    dims, acc = [], 1
+    for n in reversed(sizes):
+        dims.append((acc, n))
+        acc *= n
+    return tuple(reversed(dims))

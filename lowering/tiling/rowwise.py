@@ -28,10 +28,11 @@ ROW_MAX = 8192
 F32 = DType.FP32
 
 
-def _row_plan(k: KOp, red_dims: tuple[int, ...], operands):
+def _row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
+    """Operands from index ``n_full`` on hold one value per row (reduced axes of size 1)."""
     x = k.ins[0]
-    strides = [tuple(0 if d in red_dims and o is not x else s for d, s in enumerate(o.strides))
-               for o in operands]
+    strides = [tuple(0 if d in red_dims and j >= n_full else s for d, s in enumerate(o.strides))
+               for j, o in enumerate(operands)]
     plan = plan_rows(x.shape, red_dims, strides, [o.offset for o in operands])
     if len(plan.red) > 3:
         raise Unsupported(",".join(k.origin), f"normalised axes do not collapse to 3 strided axes "
@@ -53,7 +54,7 @@ def tile_softmax(b: TileBuilder, k: KOp) -> None:
     if x.numel == 0:
         return
     d = k.attrs.dim
-    plan, C = _row_plan(k, (d,), [x, out])
+    plan, C = _row_plan(k, (d,), [x, out], 2)
     P = b.target.sbuf_partitions
     xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
     ep = b.pool("se", Memory.SBUF, 2, C * 4)
@@ -93,7 +94,7 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     if x.numel == 0:
         return
     red = tuple(range(x.rank - a.normalized_ndim, x.rank))
-    plan, C = _row_plan(k, red, [x, y, mean, rstd])
+    plan, C = _row_plan(k, red, [x, y, mean, rstd], 2)
     P = b.target.sbuf_partitions
     params = []
     pp = b.pool("lnw", Memory.SBUF, 1 + int(a.has_weight) + int(a.has_bias), C * 4)

@@ -32,7 +32,7 @@ class _History:
     are compared."""
 
     def __init__(self, pools: dict[str, Pool]):
-        self.entries: dict[str, list[tuple[Rect, bool, int]]] = defaultdict(list)
+        self.entries: dict[str, list[tuple[Rect, bool, int, Queue]]] = defaultdict(list)
         self.neighbours: dict[str, list[str]] = {}
         by_mem: dict[Memory, list[Pool]] = defaultdict(list)
         for p in pools.values():
@@ -53,11 +53,14 @@ class _History:
     def access(self, a: AP, is_write: bool, idx: int, deps: set[int]) -> None:
         key, r = self.key_rect(a)
         for nb in self.neighbours.get(key, (key,)):
-            for (r2, w2, j) in self.entries.get(nb, ()):
+            for (r2, w2, j, _q) in self.entries.get(nb, ()):
                 if (is_write or w2) and overlaps(r, r2):
                     deps.add(j)
 
-    def record(self, a: AP, is_write: bool, idx: int) -> None:
+    def record(self, a: AP, is_write: bool, idx: int, q: Queue) -> None:
+        """Remember an access. A write retires every entry it covers (later accesses to those
+        bytes are ordered after this write, hence after them); a read retires only an earlier
+        read of the same bytes by the same queue (queues run in order)."""
         key, r = self.key_rect(a)
         if is_write:
             for nb in self.neighbours.get(key, (key,)):
@@ -66,8 +69,8 @@ class _History:
                     lst[:] = [e for e in lst if not covers(r, e[0])]
         else:
             lst = self.entries[key]
-            lst[:] = [e for e in lst if not (e[0] == r and not e[1])]
-        self.entries[key].append((r, is_write, idx))
+            lst[:] = [e for e in lst if not (e[0] == r and not e[1] and e[3] == q)]
+        self.entries[key].append((r, is_write, idx, q))
 
 
 def synchronize(instrs: list[PInstr], pools: dict[str, Pool]) -> dict[Queue, tuple[Instr, ...]]:
@@ -98,10 +101,10 @@ def synchronize(instrs: list[PInstr], pools: dict[str, Pool]) -> dict[Queue, tup
             if a is not None:
                 hist.access(a, True, idx, deps)
         for a in ins.srcs:
-            hist.record(a, False, idx)
+            hist.record(a, False, idx, q)
         for a in (ins.dst, ins.accum):
             if a is not None:
-                hist.record(a, True, idx)
+                hist.record(a, True, idx, q)
         # latest dependency per other queue
         latest: dict[Queue, int] = {}
         for j in deps:
