@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -26,8 +29,19 @@ def test_entry_points_resolve_without_import():
     names = {ep.name: ep.value for ep in dist.entry_points if ep.group == "torch_dynamo_backends"}
     assert names == {"neuron": "neuron_compiler.backend:neuron_backend",
                      "neuron_sim": "neuron_compiler.backend:neuron_sim_backend"}
-    from torch._dynamo.backends.registry import lookup_backend
-    assert lookup_backend("neuron_sim").__name__ == "neuron_sim_backend"
+    # a fresh interpreter that never imports neuron_compiler itself
+    code = textwrap.dedent("""
+        import sys, torch
+        f = torch.compile(lambda x: x * 2.0 + 1.0, backend="neuron")
+        with torch.no_grad():
+            y = f(torch.ones(3))
+        assert torch.equal(y, torch.full((3,), 3.0)), y
+        import neuron_compiler
+        print("OK", neuron_compiler.__version__)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_small_mlp_forward_and_backward():

@@ -99,3 +99,21 @@ def test_package_exports():
     assert neuron_compiler.__version__
     assert callable(neuron_compiler.profile)
     assert neuron_compiler.neuron_backend.__name__ == "neuron_backend"
+
+
+def test_warns_when_another_neuron_backend_is_registered(monkeypatch):
+    from torch._dynamo.backends import registry
+
+    from neuron_compiler.backend import neuron_backend
+
+    def torch_neuronx_backend(gm, example_inputs):  # stands in for AWS's backend
+        return gm
+
+    monkeypatch.setitem(registry._COMPILER_FNS, "neuron", torch_neuronx_backend)
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        neuron_backend(gm, [torch.randn(3)])
+    msgs = [str(w.message) for w in caught]
+    assert any("another torch.compile backend named 'neuron'" in m and "neuron_sim" in m
+               for m in msgs), msgs
