@@ -32,10 +32,12 @@ def test_entry_points_resolve_without_import():
     # a fresh interpreter that never imports neuron_compiler itself
     code = textwrap.dedent("""
         import sys, torch
+        assert "neuron_compiler" not in sys.modules
         f = torch.compile(lambda x: x * 2.0 + 1.0, backend="neuron")
         with torch.no_grad():
             y = f(torch.ones(3))
         assert torch.equal(y, torch.full((3,), 3.0)), y
+        assert "neuron_compiler.backend" in sys.modules   # our entry point was loaded
         import neuron_compiler
         print("OK", neuron_compiler.__version__)
     """)
