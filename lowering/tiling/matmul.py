@@ -36,12 +36,15 @@ def tile_matmul(b: TileBuilder, k: KOp) -> None:
     KT, MT, NT = t.pe_rows, t.pe_cols, t.moving_free_max
     nk = -(-K // KT)
     direct = A.strides[1] == 1 and M > 1
+    # B with a strided N axis but contiguous K axis (W^T of a linear layer): load B^T rows
+    # contiguously and transpose them on TensorE instead of an element-strided DMA.
+    b_transposed = Bm.strides[2] != 1 and Bm.strides[1] == 1 and N > 1
     stat_pool = b.pool("stat", Memory.SBUF, 2 * nk, MT * A.dtype.itemsize)
     mov_pool = b.pool("mov", Memory.SBUF, max(2, min(2 * nk, 8)), NT * Bm.dtype.itemsize)
     psum = b.pool("acc", Memory.PSUM, 2, NT * 4)
-    if not direct:
-        a_pool = b.pool("arow", Memory.SBUF, 2, KT * A.dtype.itemsize)
-        tps = b.pool("tps", Memory.PSUM, 2, MT * 4)
+    if not direct or b_transposed:
+        a_pool = b.pool("arow", Memory.SBUF, 2, KT * max(A.dtype.itemsize, Bm.dtype.itemsize))
+        tps = b.pool("tps", Memory.PSUM, 2, NT * 4)
     used = sorted(epi.loads()) if epi is not None else []
     ep_pools = {i: b.pool(f"epi{i}", Memory.SBUF, 2, NT * k.ins[i].dtype.itemsize) for i in used}
     work = b.pool("evac", Memory.SBUF, 2 * count_intermediates(epi), NT * 4)
@@ -76,9 +79,21 @@ def tile_matmul(b: TileBuilder, k: KOp) -> None:
                     k0 = ki * KT
                     kt = min(KT, K - k0)
                     mv = b.tile(mov_pool, kt, nt, Bm.dtype)
-                    src = hbm_ap(Bm.buffer, Bm.dtype, b_base + k0 * Bm.strides[1] + n0 * Bm.strides[2],
-                                 kt, Bm.strides[1], ((nt, Bm.strides[2]),))
-                    b.dma(mv.ap(), src)
+                    if b_transposed:
+                        tp = b.tile(tps, kt, nt, DType.FP32)
+                        for c0 in range(0, nt, MT):
+                            ct = min(MT, nt - c0)
+                            rows = b.tile(a_pool, ct, kt, Bm.dtype)
+                            src = hbm_ap(Bm.buffer, Bm.dtype, b_base + k0 * Bm.strides[1]
+                                         + (n0 + c0) * Bm.strides[2], ct, Bm.strides[2],
+                                         ((kt, Bm.strides[1]),))
+                            b.dma(rows.ap(), src)
+                            b.transpose(tp.ap(elem_offset=c0, dims=((1, ct),)), rows.ap())
+                        b.tensor_copy(mv.ap(), tp.ap())
+                    else:
+                        src = hbm_ap(Bm.buffer, Bm.dtype, b_base + k0 * Bm.strides[1]
+                                     + n0 * Bm.strides[2], kt, Bm.strides[1], ((nt, Bm.strides[2]),))
+                        b.dma(mv.ap(), src)
                     b.matmul(acc.ap(), stats[ki], mv.ap(), accumulate=ki > 0)
                 loads: dict[int, AP] = {}
                 for i in used:
