@@ -25,6 +25,7 @@ import importlib
 import operator
 from collections import Counter
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch.fx import GraphModule, Node
@@ -43,7 +44,7 @@ SHAPE_QUERY_OPS = frozenset({
 })
 
 
-def lowering_api():
+def lowering_api() -> ModuleType:
     """The lowering's public face, imported lazily (so ``import neuron_compiler`` stays light)."""
     return importlib.import_module("lowering.api")
 

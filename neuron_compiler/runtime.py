@@ -155,7 +155,7 @@ def specialise(gm: GraphModule, args: tuple) -> GraphModule:
         new.graph.erase_node(ph)
     new.recompile()
     from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr constants stay real
     fakes = [mode.from_tensor(t.detach()) for t in tensors]
     FakeTensorProp(new, mode).propagate(*fakes)
     return new

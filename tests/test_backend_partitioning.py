@@ -100,16 +100,27 @@ def test_compiled_once_per_input_signature():
     assert compiles == [1, 0, 1, 1, 0, 1]
 
 
-def test_dynamic_shapes_from_the_start():
-    f = compile_for_neuron(mlp, dynamic=True)
-    w1, w2 = torch.randn(32, 64), torch.randn(64, 8)
+def reshaping(x, w):
+    h = (x @ w).relu()
+    b, n = h.shape
+    return h.reshape(b * 2, n // 2).sum(-1) + b   # SymInt inputs to the device partition
+
+
+def test_dynamic_shapes_are_specialised_per_signature(tmp_path):
+    f = compile_for_neuron(reshaping, dynamic=True, options={"dump_dir": str(tmp_path)})
+    w = torch.randn(32, 64)
     with torch.no_grad():
         for rows in (5, 9):
             x = torch.randn(rows, 32)
-            out, prof = run_on_device(f, x, w1, w2)
-            torch.testing.assert_close(out, mlp(x, w1, w2), rtol=1e-4, atol=1e-4)
+            out, prof = run_on_device(f, x, w)
+            torch.testing.assert_close(out, reshaping(x, w), rtol=1e-4, atol=1e-4)
             d = assert_ran_on_device(prof)
-            assert d["partitions"][0]["input_shapes"][0] == [rows, 32]
+            assert d["partitions"][0]["input_shapes"] == [[rows, 32], [32, 64]]
+            assert d["compiles"] == 1
+    (cdir,) = list(tmp_path.iterdir())
+    assert "Sym(" in (cdir / "fx_graph_partitioned.py").read_text()
+    specialised = (cdir / "fused_0.s1" / "fx_graph_readable.py").read_text()
+    assert "Sym(" not in specialised and "[18, 32]" in specialised   # 2 * 9 rows, 64 // 2
 
 
 def test_graph_break_gives_two_graphs():
