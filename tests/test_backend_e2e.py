@@ -90,3 +90,24 @@ def test_output_aliasing_an_input_and_non_contiguous_output():
     torch.testing.assert_close(b, eb)
     assert b.stride() == eb.stride()
     assert_ran_on_device(prof, min_device_fraction=0.0)
+
+
+def test_non_contiguous_user_inputs():
+    f = compile_for_neuron(lambda a, b: torch.relu(a @ b) * 2.0)
+    a = torch.randn(12, 8).t()           # [8, 12], strides (1, 8)
+    b = torch.randn(12, 5)
+    with torch.no_grad():
+        out, prof = run_on_device(f, a, b)
+    torch.testing.assert_close(out, torch.relu(a @ b) * 2.0, rtol=1e-4, atol=1e-4)
+    assert_ran_on_device(prof)
+
+
+def test_dynamic_graph_compiles_once_per_signature():
+    """A second input signature gets its own program; the first stays cached."""
+    f = compile_for_neuron(lambda a: (a * 3.0).sum(dim=-1), dynamic=True)
+    with torch.no_grad():
+        for rows, expect_compiles in ((3, 1), (7, 1), (3, 0)):
+            a = torch.randn(rows, 16)
+            out, prof = run_on_device(f, a)
+            torch.testing.assert_close(out, (a * 3.0).sum(dim=-1), rtol=1e-4, atol=1e-4)
+            assert prof.to_dict()["compiles"] == expect_compiles
