@@ -1,10 +1,12 @@
 """Tiling of MATMUL kernels on TensorE.
 
-``out[b] = A[b] @ B[b]`` with A [M, K], B [K, N]: for each batch, for each M tile (128) the
-stationary tiles A^T[k-tile, m-tile] are loaded once for all K tiles; for each N tile (512) the
-moving tiles B[k-tile, n-tile] stream through TensorE, accumulating fp32 in one PSUM bank
-(``accumulate=False`` on the first K tile); the epilogue expression evacuates PSUM through
-VectorE/ScalarE and the result is stored by DMA.
+``out[b] = A[b] @ B[b]`` with A [M, K], B [K, N]: for each (M tile of 128, N tile of 512) the
+stationary tiles A^T[k-tile, m-tile] and moving tiles B[k-tile, n-tile] meet in TensorE,
+accumulating fp32 in one PSUM bank over the K tiles (``accumulate=False`` on the first); the
+epilogue expression evacuates PSUM through VectorE/ScalarE and the result is stored by DMA.
+
+The loop order keeps one operand resident in SBUF and streams the other: M outer (stationary
+resident) or N outer (moving resident), whichever moves fewer HBM bytes (``choose_order``).
 
 A^T is loaded directly when A's M axis is contiguous (e.g. a transposed view in a backward
 graph); otherwise A[m-tile, k-tile] is loaded row-major and transposed on TensorE into PSUM, then
@@ -20,100 +22,152 @@ from lowering.tiling.layout import hbm_ap
 from runtime_sim.isa import AP, DType, Memory
 
 
+RESIDENT_BUDGET = 96 * 1024  # bytes per partition for the operand kept resident
+
+
+class _MatmulTiler:
+    """Loads of stationary / moving tiles and the epilogue of one MATMUL kernel."""
+
+    def __init__(self, b: TileBuilder, k: KOp, moving_resident: bool):
+        self.b, self.k = b, k
+        self.A, self.B, self.out = k.ins[0], k.ins[1], k.outs[0]
+        self.epi = k.attrs.epilogue
+        t = b.target
+        self.KT, self.MT, self.NT = t.pe_rows, t.pe_cols, t.moving_free_max
+        K = self.A.shape[2]
+        self.nk = -(-K // self.KT)
+        A, Bm = self.A, self.B
+        self.direct = A.strides[1] == 1 and A.shape[1] > 1
+        # B with a strided N axis but a contiguous K axis (W^T of a linear layer): load B^T rows
+        # contiguously and transpose them on TensorE instead of an element-strided DMA.
+        self.b_transposed = Bm.strides[2] != 1 and Bm.strides[1] == 1 and Bm.shape[2] > 1
+        nk = self.nk
+        stat_bufs = 2 if moving_resident else 2 * nk
+        mov_bufs = 2 * nk if moving_resident else max(2, min(2 * nk, 8))
+        self.stat_pool = b.pool("stat", Memory.SBUF, stat_bufs, self.MT * A.dtype.itemsize)
+        self.mov_pool = b.pool("mov", Memory.SBUF, mov_bufs, self.NT * Bm.dtype.itemsize)
+        self.psum = b.pool("acc", Memory.PSUM, 2, self.NT * 4)
+        if not self.direct or self.b_transposed:
+            isz = max(A.dtype.itemsize, Bm.dtype.itemsize)
+            self.row_pool = b.pool("rows", Memory.SBUF, 2, self.KT * isz)
+            self.tps = b.pool("tps", Memory.PSUM, 2, self.NT * 4)
+        epi = self.epi
+        self.used = sorted(epi.loads()) if epi is not None else []
+        self.ep_pools = {i: b.pool(f"epi{i}", Memory.SBUF, 2, self.NT * k.ins[i].dtype.itemsize)
+                         for i in self.used}
+        self.work = b.pool("evac", Memory.SBUF, 2 * count_intermediates(epi), self.NT * 4)
+
+    def _k(self, ki: int) -> tuple[int, int]:
+        k0 = ki * self.KT
+        return k0, min(self.KT, self.A.shape[2] - k0)
+
+    def stationary(self, bi: int, m0: int, mt: int, ki: int) -> AP:
+        """A^T[k-tile, m-tile] in SBUF (K on partitions)."""
+        b, A = self.b, self.A
+        k0, kt = self._k(ki)
+        base = A.offset + bi * A.strides[0]
+        st = b.tile(self.stat_pool, kt, mt, A.dtype)
+        if self.direct:
+            b.dma(st.ap(), hbm_ap(A.buffer, A.dtype, base + k0 * A.strides[2] + m0 * A.strides[1],
+                                  kt, A.strides[2], ((mt, A.strides[1]),)))
+        else:
+            rows = b.tile(self.row_pool, mt, kt, A.dtype)
+            b.dma(rows.ap(), hbm_ap(A.buffer, A.dtype, base + m0 * A.strides[1] + k0 * A.strides[2],
+                                    mt, A.strides[1], ((kt, A.strides[2]),)))
+            tp = b.tile(self.tps, kt, mt, DType.FP32)
+            b.transpose(tp.ap(), rows.ap())
+            b.tensor_copy(st.ap(), tp.ap())
+        return st.ap()
+
+    def moving(self, bi: int, n0: int, nt: int, ki: int) -> AP:
+        """B[k-tile, n-tile] in SBUF (K on partitions)."""
+        b, Bm = self.b, self.B
+        k0, kt = self._k(ki)
+        base = Bm.offset + bi * Bm.strides[0]
+        mv = b.tile(self.mov_pool, kt, nt, Bm.dtype)
+        if self.b_transposed:
+            tp = b.tile(self.tps, kt, nt, DType.FP32)
+            for c0 in range(0, nt, self.MT):
+                ct = min(self.MT, nt - c0)
+                rows = b.tile(self.row_pool, ct, kt, Bm.dtype)
+                b.dma(rows.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[1]
+                                        + (n0 + c0) * Bm.strides[2], ct, Bm.strides[2],
+                                        ((kt, Bm.strides[1]),)))
+                b.transpose(tp.ap(elem_offset=c0, dims=((1, ct),)), rows.ap())
+            b.tensor_copy(mv.ap(), tp.ap())
+        else:
+            b.dma(mv.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[1] + n0 * Bm.strides[2],
+                                  kt, Bm.strides[1], ((nt, Bm.strides[2]),)))
+        return mv.ap()
+
+    def block(self, bi: int, m0: int, mt: int, n0: int, nt: int, stats, movs) -> None:
+        """Accumulate over K into PSUM, run the epilogue, store."""
+        b, out, k = self.b, self.out, self.k
+        acc = b.tile(self.psum, mt, nt, DType.FP32)
+        for ki in range(self.nk):
+            b.matmul(acc.ap(), stats(ki), movs(ki), accumulate=ki > 0)
+        loads: dict[int, AP] = {}
+        for i in self.used:
+            x = k.ins[i]
+            tl = b.tile(self.ep_pools[i], mt, nt, x.dtype)
+            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, x.offset + bi * x.strides[0] + m0 * x.strides[1]
+                                  + n0 * x.strides[2], mt, x.strides[1], ((nt, x.strides[2]),)))
+            loads[i] = tl.ap()
+
+        def leaf(x: Expr) -> AP:
+            return acc.ap() if x.op is EOp.ACC else loads[x.index]
+
+        gen = ExprGen(b, self.work, mt, (nt,), leaf)
+        res = gen.tile_of(self.epi if self.epi is not None else Expr(EOp.ACC), out.dtype)
+        if res.memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
+            ev = b.tile(self.work, mt, nt, out.dtype).ap()
+            b.tensor_copy(ev, res)
+            res = ev
+        b.dma(hbm_ap(out.buffer, out.dtype, out.offset + bi * out.strides[0] + m0 * out.strides[1]
+                     + n0 * out.strides[2], mt, out.strides[1], ((nt, out.strides[2]),)), res)
+
+
+def choose_order(k: KOp, target) -> bool:
+    """True: keep the moving operand resident (N outer); False: keep the stationary operand
+    resident (M outer). Picks the order that moves fewer HBM bytes, if the resident block fits."""
+    A, Bm = k.ins[0], k.ins[1]
+    _, M, K = A.shape
+    N = Bm.shape[2]
+    nk = -(-K // target.pe_rows)
+    a_bytes, b_bytes = A.numel * A.dtype.itemsize, Bm.numel * Bm.dtype.itemsize
+    m_outer = a_bytes + -(-M // target.pe_cols) * b_bytes
+    n_outer = b_bytes + -(-N // target.moving_free_max) * a_bytes
+    fits = 2 * nk * target.moving_free_max * Bm.dtype.itemsize <= RESIDENT_BUDGET
+    return fits and n_outer < m_outer
+
+
 def tile_matmul(b: TileBuilder, k: KOp) -> None:
     assert isinstance(k.attrs, MatmulKAttrs)
     A, Bm = k.ins[0], k.ins[1]
-    out = k.outs[0]
-    extra = k.ins[2:]
-    epi = k.attrs.epilogue
     nb, M, K = A.shape
     N = Bm.shape[2]
     if K == 0:
         raise Unsupported("matmul", "contraction size K=0 is not supported")
     if M == 0 or N == 0 or nb == 0:
         return
-    t = b.target
-    KT, MT, NT = t.pe_rows, t.pe_cols, t.moving_free_max
-    nk = -(-K // KT)
-    direct = A.strides[1] == 1 and M > 1
-    # B with a strided N axis but contiguous K axis (W^T of a linear layer): load B^T rows
-    # contiguously and transpose them on TensorE instead of an element-strided DMA.
-    b_transposed = Bm.strides[2] != 1 and Bm.strides[1] == 1 and N > 1
-    stat_pool = b.pool("stat", Memory.SBUF, 2 * nk, MT * A.dtype.itemsize)
-    mov_pool = b.pool("mov", Memory.SBUF, max(2, min(2 * nk, 8)), NT * Bm.dtype.itemsize)
-    psum = b.pool("acc", Memory.PSUM, 2, NT * 4)
-    if not direct or b_transposed:
-        a_pool = b.pool("arow", Memory.SBUF, 2, KT * max(A.dtype.itemsize, Bm.dtype.itemsize))
-        tps = b.pool("tps", Memory.PSUM, 2, NT * 4)
-    used = sorted(epi.loads()) if epi is not None else []
-    ep_pools = {i: b.pool(f"epi{i}", Memory.SBUF, 2, NT * k.ins[i].dtype.itemsize) for i in used}
-    work = b.pool("evac", Memory.SBUF, 2 * count_intermediates(epi), NT * 4)
-
+    moving_resident = choose_order(k, b.target)
+    mm = _MatmulTiler(b, k, moving_resident)
+    MT, NT, nk = mm.MT, mm.NT, mm.nk
     for bi in range(nb):
-        a_base = A.offset + bi * A.strides[0]
-        b_base = Bm.offset + bi * Bm.strides[0]
-        for m0 in range(0, M, MT):
-            mt = min(MT, M - m0)
-            stats: list[AP] = []
-            for ki in range(nk):
-                k0 = ki * KT
-                kt = min(KT, K - k0)
-                st_tile = b.tile(stat_pool, kt, mt, A.dtype)
-                if direct:
-                    src = hbm_ap(A.buffer, A.dtype, a_base + k0 * A.strides[2] + m0 * A.strides[1],
-                                 kt, A.strides[2], ((mt, A.strides[1]),))
-                    b.dma(st_tile.ap(), src)
-                else:
-                    rows = b.tile(a_pool, mt, kt, A.dtype)
-                    src = hbm_ap(A.buffer, A.dtype, a_base + m0 * A.strides[1] + k0 * A.strides[2],
-                                 mt, A.strides[1], ((kt, A.strides[2]),))
-                    b.dma(rows.ap(), src)
-                    tp = b.tile(tps, kt, mt, DType.FP32)
-                    b.transpose(tp.ap(), rows.ap())
-                    b.tensor_copy(st_tile.ap(), tp.ap())
-                stats.append(st_tile.ap())
+        if moving_resident:
             for n0 in range(0, N, NT):
                 nt = min(NT, N - n0)
-                acc = b.tile(psum, mt, nt, DType.FP32)
-                for ki in range(nk):
-                    k0 = ki * KT
-                    kt = min(KT, K - k0)
-                    mv = b.tile(mov_pool, kt, nt, Bm.dtype)
-                    if b_transposed:
-                        tp = b.tile(tps, kt, nt, DType.FP32)
-                        for c0 in range(0, nt, MT):
-                            ct = min(MT, nt - c0)
-                            rows = b.tile(a_pool, ct, kt, Bm.dtype)
-                            src = hbm_ap(Bm.buffer, Bm.dtype, b_base + k0 * Bm.strides[1]
-                                         + (n0 + c0) * Bm.strides[2], ct, Bm.strides[2],
-                                         ((kt, Bm.strides[1]),))
-                            b.dma(rows.ap(), src)
-                            b.transpose(tp.ap(elem_offset=c0, dims=((1, ct),)), rows.ap())
-                        b.tensor_copy(mv.ap(), tp.ap())
-                    else:
-                        src = hbm_ap(Bm.buffer, Bm.dtype, b_base + k0 * Bm.strides[1]
-                                     + n0 * Bm.strides[2], kt, Bm.strides[1], ((nt, Bm.strides[2]),))
-                        b.dma(mv.ap(), src)
-                    b.matmul(acc.ap(), stats[ki], mv.ap(), accumulate=ki > 0)
-                loads: dict[int, AP] = {}
-                for i in used:
-                    x = k.ins[i]
-                    tl = b.tile(ep_pools[i], mt, nt, x.dtype)
-                    src = hbm_ap(x.buffer, x.dtype, x.offset + bi * x.strides[0] + m0 * x.strides[1]
-                                 + n0 * x.strides[2], mt, x.strides[1], ((nt, x.strides[2]),))
-                    b.dma(tl.ap(), src)
-                    loads[i] = tl.ap()
-
-                def leaf(x: Expr, acc=acc, loads=loads) -> AP:
-                    return acc.ap() if x.op is EOp.ACC else loads[x.index]
-
-                gen = ExprGen(b, work, mt, (nt,), leaf)
-                res = gen.tile_of(epi if epi is not None else Expr(EOp.ACC), out.dtype)
-                if res.memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
-                    ev = b.tile(work, mt, nt, out.dtype).ap()
-                    b.tensor_copy(ev, res)
-                    res = ev
-                dst = hbm_ap(out.buffer, out.dtype, out.offset + bi * out.strides[0]
-                             + m0 * out.strides[1] + n0 * out.strides[2], mt, out.strides[1],
-                             ((nt, out.strides[2]),))
-                b.dma(dst, res)
+                movs = [mm.moving(bi, n0, nt, ki) for ki in range(nk)]
+                for m0 in range(0, M, MT):
+                    mt = min(MT, M - m0)
+                    mm.block(bi, m0, mt, n0, nt,
+                             lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki),
+                             movs.__getitem__)
+        else:
+            for m0 in range(0, M, MT):
+                mt = min(MT, M - m0)
+                stats = [mm.stationary(bi, m0, mt, ki) for ki in range(nk)]
+                for n0 in range(0, N, NT):
+                    nt = min(NT, N - n0)
+                    mm.block(bi, m0, mt, n0, nt, stats.__getitem__,
+                             lambda ki, n0=n0, nt=nt: mm.moving(bi, n0, nt, ki))
