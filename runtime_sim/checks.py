@@ -302,6 +302,29 @@ def _col(a: AP, p: int, what: str) -> None:
 
 def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Target) -> list[APGeom]:
     """Check one instruction; return the geometry of its operands (dst, accum, srcs order)."""
+    check_waits(ins)
+    check_instr_shape(ins, queue, target)
+    geoms = []
+    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
+        if a is not None:
+            geoms.append(check_ap(a, bufs, role))
+    for k, a in enumerate(ins.srcs):
+        geoms.append(check_ap(a, bufs, f"src{k}"))
+    return geoms
+
+
+def check_waits(ins: Instr) -> None:
+    for s, n in ins.waits:
+        if not s or not isinstance(n, int) or n < 1:
+            raise ProgramError(f"wait ({s!r}, {n!r}): semaphore name must be non-empty and count >= 1")
+    for s in ins.signals:
+        if not s or not isinstance(s, str):
+            raise ProgramError(f"signal {s!r}: semaphore names are non-empty strings")
+
+
+def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
+    """The rules that depend only on the op, its attributes, the queue and the operands' memory,
+    partition count, free dims and dtype (not on offsets): cacheable by that signature."""
     op = ins.op
     if not isinstance(ins.attrs, ATTRS_OF_OP[op]):
         raise ProgramError(f"{op.value} needs {ATTRS_OF_OP[op].__name__}, got {type(ins.attrs).__name__}")
@@ -311,22 +334,13 @@ def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Targe
                           f"{sorted(e.value for e in ENGINES_OF_OP[op])}")
     if eng is EngineKind.DMA and not 0 <= queue.index < target.dma_engines * target.dma_queues_per_engine:
         raise EngineError(f"DMA queue index must be in [0, {target.dma_engines * target.dma_queues_per_engine}), got {queue.index}")
-    for s, n in ins.waits:
-        if not s or not isinstance(n, int) or n < 1:
-            raise ProgramError(f"wait ({s!r}, {n!r}): semaphore name must be non-empty and count >= 1")
     if op is Op.SEM:
         if ins.dst is not None or ins.srcs or ins.accum is not None:
             raise OperandError("sem has no operands")
-        return []
+        return
     if ins.dst is None:
         raise OperandError(f"{op.value} needs a destination AP")
     _OPERAND_RULES[op](ins, queue, target)
-    geoms = []
-    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
-        if a is not None:
-            geoms.append(check_ap(a, bufs, role))
-    for k, a in enumerate(ins.srcs):
-        geoms.append(check_ap(a, bufs, f"src{k}"))
     if ins.accum is not None and op is not Op.ACTIVATION:
         raise OperandError(f"only activation has an accum destination, got one on {op.value}")
     for a in ins.writes:
@@ -344,7 +358,6 @@ def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Targe
             if a.free_size > lim:
                 raise OperandError(f"{queue.name} operand {a}: free size {a.free_size} > {lim} elements "
                                    f"from {a.memory.value.upper()}")
-    return geoms
 
 
 def _r_dma(ins: Instr, q: Queue, t: Target) -> None:

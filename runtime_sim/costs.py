@@ -271,7 +271,14 @@ assert set(COSTS) == set(Op), "every op needs a cost function"
 
 def depends_on_previous(ins: Instr, prev: Instr | None) -> bool:
     """Does ``ins`` read bytes (bounding boxes, same buffer) that ``prev`` wrote?"""
-    if prev is None:
+    if prev is None or prev.dst is None:
+        return False
+    pb = prev.dst.buffer
+    pa = prev.accum.buffer if prev.accum is not None else None
+    for r in ins.srcs:
+        if r.buffer == pb or r.buffer == pa:
+            break
+    else:
         return False
     for w in prev.writes:
         for r in ins.srcs:

@@ -32,6 +32,8 @@ import numpy as np
 
 
 class Memory(enum.Enum):
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
+
     HBM = "hbm"
     SBUF = "sbuf"
     PSUM = "psum"
@@ -39,6 +41,8 @@ class Memory(enum.Enum):
 
 class DType(enum.Enum):
     """Element types the machine knows. ``value`` is the numpy dtype name."""
+
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
 
     FP32 = "float32"
     BF16 = "bfloat16"
@@ -53,15 +57,15 @@ class DType(enum.Enum):
 
     @property
     def np(self) -> np.dtype:
-        return _NP_DTYPES[self]
+        return self._np  # type: ignore[attr-defined]
 
     @property
     def itemsize(self) -> int:
-        return _NP_DTYPES[self].itemsize
+        return self._itemsize  # type: ignore[attr-defined]
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2)
+        return self._is_float  # type: ignore[attr-defined]
 
     @staticmethod
     def from_numpy(dt: np.dtype) -> "DType":
@@ -83,9 +87,15 @@ _NP_DTYPES = {
     DType.UINT8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.uint8),
 }
+for _d in DType:  # precomputed per member: these are read once per operand by the simulator
+    _d._np = _NP_DTYPES[_d]
+    _d._itemsize = _NP_DTYPES[_d].itemsize
+    _d._is_float = _d in (DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2)
 
 
 class EngineKind(enum.Enum):
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
+
     TENSOR = "pe"      # TensorE: matmul, transpose
     VECTOR = "dve"     # VectorE: tensor_tensor, tensor_scalar, reductions, copies
     SCALAR = "act"     # ScalarE: activation functions
@@ -211,6 +221,8 @@ class AP:
 
 
 class Op(enum.Enum):
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
+
     DMA_COPY = "dma_copy"
     MATMUL = "matmul"
     TRANSPOSE = "transpose"
@@ -228,6 +240,8 @@ class Op(enum.Enum):
 
 
 class AluOp(enum.Enum):
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
+
     BYPASS = "bypass"
     ADD = "add"
     SUBTRACT = "subtract"
@@ -250,6 +264,8 @@ class AluOp(enum.Enum):
 
 
 class ActFunc(enum.Enum):
+    __hash__ = object.__hash__  # identity hash: members are singletons (fast dict keys)
+
     IDENTITY = "identity"
     COPY = "copy"
     EXP = "exp"

@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from typing import Callable
 
 import numpy as np
 
 from .checks import (DeadlockError, InputError, MachineError, RaceError, UninitializedReadError,
-                     check_buffers, check_instr, check_psum_bank)
-from .costs import Cost, DmaModel, instr_cost
+                     check_ap, check_buffers, check_instr_shape, check_psum_bank, check_waits)
+from .costs import Cost, DmaModel, clock_ghz, depends_on_previous, instr_cost
 from .isa import EngineKind, Instr, Memory, Op, Program, Queue
 from .memory import MachineMemory
 from .races import RaceDetector, exact_overlap
@@ -79,6 +80,64 @@ def _trace_args(ins: Instr, index: int) -> dict[str, str]:
     return a
 
 
+class _Static:
+    """Per-signature facts of an instruction (shape, dtype, memory, attrs, queue): its cost and
+    its contribution to the static statistics. Instructions of a tiled loop share signatures."""
+
+    __slots__ = ("cost", "busy", "lat", "work", "flops", "tensor_ns", "dma_bytes", "hbm_bytes")
+
+    def __init__(self, ins: Instr, q: Queue, tgt: Target) -> None:
+        self.cost = c = instr_cost(ins, q, tgt, None)
+        self.busy, self.lat, self.work = c.busy_ns, c.latency_ns, c.work_ns
+        self.flops = 0
+        self.tensor_ns = 0.0
+        self.dma_bytes = 0
+        self.hbm_bytes = 0
+        if ins.op is Op.MATMUL:
+            st, mv = ins.srcs
+            self.flops = 2 * st.partitions * st.free_size * mv.free_size
+            self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
+        elif ins.op is Op.DMA_COPY:
+            s0, d0 = ins.srcs[0], ins.dst
+            assert d0 is not None
+            self.dma_bytes = s0.bytes
+            self.hbm_bytes = s0.bytes * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
+
+
+# Which attributes the *cost* of an op depends on (the key used when checks are off; with checks
+# on the whole attrs object is part of the key, since the operand rules read all of it).
+_COST_ATTRS: dict[Op, Callable[[object], object]] = {
+    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: None, Op.TRANSPOSE: lambda a: None,
+    Op.ACTIVATION: lambda a: a.reduce, Op.TENSOR_TENSOR: lambda a: a.op,
+    Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
+    Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
+    Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
+    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.SEM: lambda a: None,
+}
+
+
+def _signature(ins: Instr, akey: object) -> tuple:
+    """Everything an instruction's cost and operand rules depend on, except offsets."""
+    d = ins.dst
+    ss = ins.srcs
+    if d is not None and ins.accum is None:
+        if len(ss) == 1:
+            s0 = ss[0]
+            return (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype,
+                    s0.memory, s0.partitions, s0.dims, s0.dtype)
+        if len(ss) == 2:
+            s0, s1 = ss
+            return (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype,
+                    s0.memory, s0.partitions, s0.dims, s0.dtype, s1.memory, s1.partitions, s1.dims, s1.dtype)
+    k: tuple = (ins.op, akey) if d is None else (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype)
+    a = ins.accum
+    if a is not None:
+        k += (None, a.memory, a.partitions, a.dims, a.dtype)
+    for a in ins.srcs:
+        k += (a.memory, a.partitions, a.dims, a.dtype)
+    return k
+
+
 def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
              mode: str = "functional", target: Target | str | None = None, checks: bool = True,
              trace: bool = False) -> SimResult:
@@ -97,69 +156,100 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
     nq = len(queues)
     streams: list[tuple[Instr, ...]] = [tuple(program.streams[q]) for q in queues]
     qnames = [q.name for q in queues]
-    eng_of = [q.engine.value for q in queues]
-    is_dma = [q.engine is EngineKind.DMA for q in queues]
+    engines = [q.engine for q in queues]
 
-    # ---- precompute: semaphores, costs, static checks, static statistics --------------------
+    # ---- precompute: costs (cached per signature), static checks, semaphores, statistics --
     sem_id: dict[str, int] = {}
+    sem_get = sem_id.get
+    sig_q: set[tuple[int, int]] = set()     # (semaphore, queue that signals it)
+    wait_q: set[tuple[int, int]] = set()    # (semaphore, queue that waits on it)
     busy: list[list[float]] = []
     lat: list[list[float]] = []
     dcost: list[list[Cost] | None] = []
     waits: list[list[tuple]] = []
     sigs: list[list[tuple]] = []
     geoms: list[list[tuple]] | None = [] if checks else None
-    signallers: dict[int, set[int]] = {}
+    apcache: dict = {}
+    touch: set[tuple[object, int, bool]] = set()     # (space, queue, writes?)
     flops = 0
     tensor_ns = 0.0
     work: dict[str, float] = {}
     dma_count = dma_bytes = hbm_bytes = spill_bytes = 0
     static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
+    penalized = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)
+    cost_attrs = _COST_ATTRS
     for qi, (q, stream) in enumerate(zip(queues, streams)):
         eng = q.engine
-        b_l, l_l, w_l, s_l = [], [], [], []
+        clk = clock_ghz(eng, tgt)
+        penalty = tgt.dependent_vector_penalty_cycles / clk if eng in penalized else 0.0
+        cache: dict[tuple, _Static] = {}
+        b_l: list[float] = []
+        l_l: list[float] = []
+        w_l: list[tuple] = []
+        s_l: list[tuple] = []
         d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
         g_l: list[tuple] = []
         prev: Instr | None = None
         wsum = 0.0
         for i, ins in enumerate(stream):
-            if checks:
-                try:
-                    g = check_instr(ins, q, bufs, tgt)
-                    if eng is EngineKind.TENSOR and ins.op is not Op.SEM:
-                        check_psum_bank(g[0], tgt, ins.op.value)
-                except MachineError as e:
-                    raise e.with_context(q, i, ins) from None
-                nw = len(ins.writes)
-                g_l.append(tuple((g[k], k < nw) for k in range(len(g))))
-            c = instr_cost(ins, q, tgt, prev)
+            key = _signature(ins, ins.attrs if checks else cost_attrs[ins.op](ins.attrs))
+            st = cache.get(key)
+            try:
+                if st is None:
+                    if checks:
+                        check_instr_shape(ins, q, tgt)
+                    st = cache[key] = _Static(ins, q, tgt)
+                if checks:
+                    for x in ins.waits:
+                        if type(x[1]) is not int or x[1] < 1 or not x[0]:
+                            check_waits(ins)
+                    gs = _geoms(ins, eng, bufs, apcache, tgt)
+                    g_l.append(gs)
+                    for g, is_w in gs:
+                        touch.add((g.space, qi, is_w))
+            except MachineError as e:
+                raise e.with_context(q, i, ins) from None
+            bz = st.busy
+            if penalty and prev is not None and depends_on_previous(ins, prev):
+                bz += penalty
             prev = ins
-            b_l.append(c.busy_ns)
-            l_l.append(c.latency_ns)
-            wsum += c.work_ns
+            b_l.append(bz)
+            l_l.append(st.lat)
+            wsum += st.work
             if d_l is not None:
-                d_l.append(c)
-            w_l.append(tuple((sem_id.setdefault(s, len(sem_id)), n) for s, n in ins.waits) if ins.waits else ())
-            if ins.signals:
-                t_ = tuple(sem_id.setdefault(s, len(sem_id)) for s in ins.signals)
-                for s in t_:
-                    signallers.setdefault(s, set()).add(qi)
-                s_l.append(t_)
+                d_l.append(st.cost)
+                dma_count += 1
+                dma_bytes += st.dma_bytes
+                hbm_bytes += st.hbm_bytes
+                if ins.srcs[0].buffer.startswith("spill") or ins.dst.buffer.startswith("spill"):  # type: ignore[union-attr]
+                    spill_bytes += st.dma_bytes
+            elif st.flops:
+                flops += st.flops
+                tensor_ns += st.tensor_ns
+            wt = ins.waits
+            if wt:
+                r = []
+                for s, n in wt:
+                    k = sem_get(s)
+                    if k is None:
+                        k = sem_id[s] = len(sem_id)
+                    r.append((k, n))
+                    wait_q.add((k, qi))
+                w_l.append(r)
+            else:
+                w_l.append(())
+            sg = ins.signals
+            if sg:
+                r = []
+                for s in sg:
+                    k = sem_get(s)
+                    if k is None:
+                        k = sem_id[s] = len(sem_id)
+                    r.append(k)
+                    sig_q.add((k, qi))
+                s_l.append(r)
             else:
                 s_l.append(())
-            op = ins.op
-            if op is Op.MATMUL:
-                st, mv = ins.srcs
-                f = 2 * st.partitions * st.free_size * mv.free_size
-                flops += f
-                tensor_ns += f / tgt.peak_flops_per_ns(st.dtype.itemsize)
-            elif op is Op.DMA_COPY:
-                s0, d0 = ins.srcs[0], ins.dst
-                nb = s0.bytes
-                dma_count += 1
-                dma_bytes += nb
-                hbm_bytes += nb * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
-                if s0.buffer.startswith("spill") or d0.buffer.startswith("spill"):
-                    spill_bytes += nb
         busy.append(b_l)
         lat.append(l_l)
         waits.append(w_l)
@@ -171,6 +261,12 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
             static_busy[eng.value] += sum(b_l)
             work[eng.value] = work.get(eng.value, 0.0) + wsum
     nsem = len(sem_id)
+    signallers: dict[int, set[int]] = {}
+    for k, qi in sig_q:
+        signallers.setdefault(k, set()).add(qi)
+    waiting: dict[int, set[int]] = {}
+    for k, qi in wait_q:
+        waiting.setdefault(k, set()).add(qi)
     sem_names = [""] * nsem
     for s, k in sem_id.items():
         sem_names[k] = s
@@ -188,59 +284,68 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 raise InputError(f"{n!r} is not a program input; inputs are {list(program.inputs)}")
             mem.load(n, arr)
 
-    rd = RaceDetector(qnames, streams) if checks else None
-    sem_clocks: list[list] = [[] for _ in range(nsem)]
+    rd: RaceDetector | None = None
+    if checks:
+        spaces: dict[object, tuple[int, set[int], set[int]]] = {}
+        for sp, qi, is_w in touch:
+            if sp not in spaces:
+                size = (tgt.sbuf_bytes_per_partition if sp is Memory.SBUF else
+                        tgt.psum_bytes_per_partition if sp is Memory.PSUM else bufs[sp[1]].bytes_per_partition)
+                spaces[sp] = (size, set(), set())
+            spaces[sp][2].add(qi)
+            if is_w:
+                spaces[sp][1].add(qi)
+        rd = RaceDetector(qnames, streams, spaces)
+    sem_clocks: list[list] = [[] for _ in range(nsem)]   # clocks of the signals, in time order
+    sem_pj: list[list] = [[] for _ in range(nsem)]       # prefix joins of sem_clocks (lazy)
     single = [len(signallers.get(s, ())) <= 1 for s in range(nsem)]
+    slow = rd is not None or mem is not None or trace
+    rd_join = rd.join if rd is not None else None
+    rd_access = rd.access if rd is not None else None
 
     # ---- the event loop ------------------------------------------------------------------
+    INF = float("inf")
     heads = [0] * nq
-    lens = [len(s) for s in streams]
+    lens = [len(x) for x in streams]
     qfree = [0.0] * nq
-    sched = [float("inf")] * nq          # time of the live heap entry of each queue
+    qwait = [0.0] * nq
+    sched = [INF] * nq                   # time of the live heap entry of each queue
     sem_times: list[list[float]] = [[] for _ in range(nsem)]
-    sem_waiters: list[set[int]] = [set() for _ in range(nsem)]
-    wait_ns = dict.fromkeys(ENGINE_NAMES, 0.0)
-    dma_model = DmaModel(tgt)
+    waiters: list[tuple[int, ...]] = [()] * nsem      # sem -> queues that ever wait on it
+    for k, qs in waiting.items():
+        waiters[k] = tuple(sorted(qs))
+    is_dma = [e is EngineKind.DMA for e in engines]
+    qindex = [q.index for q in queues]
+    dma_issue = DmaModel(tgt).issue
     dma_iv: list[tuple[float, float]] = []
     events: list[TraceEvent] = []
     heap: list[tuple[float, int]] = []
-    total = 0.0
-    executed = 0
     hpush, hpop = heapq.heappush, heapq.heappop
     sem_fns = SEMANTICS
-    engines = [q.engine for q in queues]
-
-    def head_ready(q: int) -> float | None:
-        t = qfree[q]
-        for s, n in waits[q][heads[q]]:
-            ts = sem_times[s]
-            if len(ts) < n:
-                return None
-            v = ts[n - 1]
-            if v > t:
-                t = v
-        return t
+    total = 0.0
 
     def arm(q: int) -> None:
-        """Make queue q's (new) head known to the scheduler."""
+        """Register queue q's head with the scheduler (heap entry, or waiters of its semaphores)."""
         i = heads[q]
         if i >= lens[q]:
-            sched[q] = float("inf")
+            sched[q] = INF
             if rd is not None:
                 rd.finish(q)
             return
-        w = waits[q][i]
-        if w:
-            for s, _ in w:
-                sem_waiters[s].add(q)
-            t = head_ready(q)
-            if t is None:
-                sched[q] = float("inf")
-                return
+        nt = qfree[q]
+        ok = True
+        for s, n in waits[q][i]:
+            if ok:
+                ts = sem_times[s]
+                if len(ts) < n:
+                    ok = False
+                elif ts[n - 1] > nt:
+                    nt = ts[n - 1]
+        if ok:
+            sched[q] = nt
+            hpush(heap, (nt, q))
         else:
-            t = qfree[q]
-        sched[q] = t
-        hpush(heap, (t, q))
+            sched[q] = INF
 
     for q in range(nq):
         arm(q)
@@ -249,85 +354,112 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
         t, q = hpop(heap)
         if t != sched[q]:
             continue                      # stale entry
+        q_waits, q_sigs, q_busy, q_lat, q_dc = waits[q], sigs[q], busy[q], lat[q], dcost[q]
+        q_dma, q_len = is_dma[q], lens[q]
         i = heads[q]
-        ins = streams[q][i]
-        w = waits[q][i]
-        if w:
-            for s, _ in w:
-                sem_waiters[s].discard(q)
-            if t > qfree[q]:
-                wait_ns[eng_of[q]] += t - qfree[q]
-        # --- time ---
-        if is_dma[q]:
-            c = dcost[q][i]               # type: ignore[index]
-            qf, d0, d1, done = dma_model.issue(t, queues[q].index, c)
+        while True:
+            w = q_waits[i]
+            if w:
+                if t > qfree[q]:
+                    qwait[q] += t - qfree[q]
+            # --- time ---
+            if q_dma:
+                qf, d0, d1, done = dma_issue(t, qindex[q], q_dc[i])  # type: ignore[index]
+                dma_iv.append((d0, d1))
+            else:
+                qf = t + q_busy[i]
+                done = qf + q_lat[i]
+                d0 = t
             qfree[q] = qf
-            dma_iv.append((d0, d1))
-            ev_start, ev_dur = d0, d1 - d0
-        else:
-            end = t + busy[q][i]
-            done = end + lat[q][i]
-            qfree[q] = end
-            ev_start, ev_dur = t, done - t
-        if done > total:
-            total = done
-        # --- checks and values ---
-        try:
-            if rd is not None:
-                for s, n in w:
-                    cl = sem_clocks[s]
-                    if single[s]:
-                        rd.join(q, cl[n - 1])
-                    else:
-                        for k in range(n):
-                            rd.join(q, cl[k])
-                for g, is_w in geoms[q][i]:   # type: ignore[index]
-                    rd.access(q, i, g, is_w)
-            if mem is not None:
-                sem_fns[ins.op](ins, mem, engines[q])
-        except UninitializedReadError as e:
-            if geoms is not None:
-                late = _late_writer(q, geoms[q][i], geoms, heads, lens, qnames, streams)
-                if late is not None:
-                    raise late.with_context(queues[q], i, ins) from None
-            raise e.with_context(queues[q], i, ins) from None
-        except MachineError as e:
-            raise e.with_context(queues[q], i, ins) from None
-        if trace:
-            a = _trace_args(ins, i)
-            if is_dma[q]:
-                a["issued_ns"] = f"{t:.1f}"
-                a["completed_ns"] = f"{done:.1f}"
-            events.append(TraceEvent(qnames[q], ins.op.value, ev_start, ev_dur, a))
-        executed += 1
-        # --- signals ---
-        sg = sigs[q][i]
-        if sg:
-            clk = rd.publish(q, i) if rd is not None else None
-            for s in sg:
-                ts = sem_times[s]
-                if not ts or done >= ts[-1]:
-                    ts.append(done)
-                    if clk is not None:
-                        sem_clocks[s].append(clk)
+            if done > total:
+                total = done
+            if slow:
+                if rd is not None and mem is None and not trace:
+                    # timing mode with checks: race bookkeeping only (inlined _execute)
+                    try:
+                        for s, n in w:
+                            if single[s]:
+                                rd_join(q, sem_clocks[s][n - 1])
+                            else:
+                                rd_join(q, _prefix_join(sem_pj[s], sem_clocks[s], n))
+                        for g, is_w in geoms[q][i]:   # type: ignore[index]
+                            rd_access(q, i, g, is_w)
+                    except MachineError as e:
+                        raise e.with_context(queues[q], i, streams[q][i]) from None
                 else:
-                    k = bisect_right(ts, done)
-                    ts.insert(k, done)
-                    if clk is not None:
-                        sem_clocks[s].insert(k, clk)
-                for wq in sem_waiters[s]:
-                    nt = head_ready(wq)
-                    if nt is not None and nt < sched[wq]:
-                        sched[wq] = nt
-                        hpush(heap, (nt, wq))
-        heads[q] = i + 1
-        arm(q)
+                    _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, engines,
+                             sem_clocks, sem_pj, single, heads, lens, qnames, trace, events, dma_iv)
+            # --- signals ---
+            sg = q_sigs[i]
+            if sg:
+                clk = rd.publish(q, i) if rd is not None else None
+                for s in sg:
+                    ts = sem_times[s]
+                    if not ts or done >= ts[-1]:
+                        ts.append(done)
+                        if clk is not None:
+                            sem_clocks[s].append(clk)
+                    else:
+                        k = bisect_right(ts, done)
+                        ts.insert(k, done)
+                        if clk is not None:
+                            sem_clocks[s].insert(k, clk)
+                            del sem_pj[s][k:]
+                    for wq in waiters[s]:
+                        # any queue whose head waits on s may be able to start earlier now
+                        h = heads[wq]
+                        if h >= lens[wq] or wq == q:
+                            continue
+                        w2 = waits[wq][h]
+                        if w2:
+                            nt = qfree[wq]
+                            for s2, n2 in w2:
+                                ts2 = sem_times[s2]
+                                if len(ts2) < n2:
+                                    nt = INF
+                                    break
+                                if ts2[n2 - 1] > nt:
+                                    nt = ts2[n2 - 1]
+                            if nt < sched[wq]:
+                                sched[wq] = nt
+                                hpush(heap, (nt, wq))
+            i += 1
+            heads[q] = i
+            if i >= q_len:
+                sched[q] = INF
+                if rd is not None:
+                    rd.finish(q)
+                break
+            # next head of this queue
+            nt = qf
+            w = q_waits[i]
+            if w:
+                for s, n in w:
+                    ts = sem_times[s]
+                    if len(ts) < n:
+                        nt = INF
+                        break
+                    if ts[n - 1] > nt:
+                        nt = ts[n - 1]
+            sched[q] = nt
+            if nt == INF:
+                break
+            # fast path: if it is still the globally earliest, issue it without the heap
+            if heap:
+                h0 = heap[0]
+                if nt > h0[0] or (nt == h0[0] and q > h0[1]):
+                    hpush(heap, (nt, q))
+                    break
+            t = nt
 
     blocked = [q for q in range(nq) if heads[q] < lens[q]]
     if blocked:
         raise _deadlock(blocked, queues, streams, heads, waits, sem_times, sem_names, signallers)
 
     # ---- statistics ------------------------------------------------------------------------
+    wait_ns = dict.fromkeys(ENGINE_NAMES, 0.0)
+    for q in range(nq):
+        wait_ns[engines[q].value] += qwait[q]
     engine_busy = {k: v for k, v in static_busy.items() if k != "dma"}
     engine_busy["dma"] = _union(dma_iv)
     min_hbm = sum(bufs[n].bytes_per_partition for n in program.inputs) + \
@@ -338,12 +470,78 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
             peaks[b.memory] = max(peaks[b.memory], ((b.offset or 0) + b.bytes_per_partition) * tgt.sbuf_partitions)
     roof = max([tensor_ns, min_hbm / tgt.hbm_bytes_per_ns_per_core] + list(work.values()))
     stats = SimStats(
-        target=tgt.name, total_ns=total, instructions=executed, engine_busy_ns=engine_busy,
+        target=tgt.name, total_ns=total, instructions=sum(heads), engine_busy_ns=engine_busy,
         semaphore_wait_ns=wait_ns, flops=flops, hbm_bytes=hbm_bytes, min_hbm_bytes=min_hbm,
         dma_count=dma_count, dma_bytes=dma_bytes, spill_bytes=spill_bytes,
         sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof)
     outputs = {n: mem.dump(n) for n in program.outputs} if mem is not None else {}
     return SimResult(stats=stats, outputs=outputs, trace=events)
+
+
+def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) -> tuple:
+    """Checked geometry of every operand as ((geom, is_write), ...), cached per AP value."""
+    out = []
+    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
+        if a is not None:
+            k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
+            g = apcache.get(k)
+            if g is None:
+                g = apcache[k] = check_ap(a, bufs, role)
+            out.append((g, True))
+    n = 0
+    for a in ins.srcs:
+        k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
+        g = apcache.get(k)
+        if g is None:
+            g = apcache[k] = check_ap(a, bufs, f"src{n}")
+        out.append((g, False))
+        n += 1
+    if eng is EngineKind.TENSOR and out:
+        check_psum_bank(out[0][0], tgt, ins.op.value)
+    return tuple(out)
+
+
+def _prefix_join(pj: list, cl: list, n: int) -> tuple:
+    """Join of the first n signal clocks of a semaphore (``pj`` caches prefix joins)."""
+    while len(pj) < n:
+        k = len(pj)
+        pj.append(cl[0] if k == 0 else tuple(map(max, pj[-1], cl[k])))
+    return pj[n - 1]
+
+
+def _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, engines, sem_clocks,
+             sem_pj, single, heads, lens, qnames, trace, events, dma_iv) -> None:
+    """The slow part of issuing an instruction: race checks, semantics, trace."""
+    ins = streams[q][i]
+    try:
+        if rd is not None:
+            for s, n in w:
+                cl = sem_clocks[s]
+                if single[s]:
+                    rd.join(q, cl[n - 1])
+                else:
+                    rd.join(q, _prefix_join(sem_pj[s], cl, n))
+            for g, is_w in geoms[q][i]:
+                rd.access(q, i, g, is_w)
+        if mem is not None:
+            sem_fns[ins.op](ins, mem, engines[q])
+    except UninitializedReadError as e:
+        if geoms is not None:
+            late = _late_writer(q, geoms[q][i], geoms, heads, lens, qnames, streams)
+            if late is not None:
+                raise late.with_context(queues[q], i, ins) from None
+        raise e.with_context(queues[q], i, ins) from None
+    except MachineError as e:
+        raise e.with_context(queues[q], i, ins) from None
+    if trace:
+        a = _trace_args(ins, i)
+        if engines[q] is EngineKind.DMA:
+            d1 = dma_iv[-1][1]
+            a["issued_ns"] = f"{t:.1f}"
+            a["completed_ns"] = f"{done:.1f}"
+            events.append(TraceEvent(qnames[q], ins.op.value, d0, d1 - d0, a))
+        else:
+            events.append(TraceEvent(qnames[q], ins.op.value, t, done - t, a))
 
 
 def _late_writer(q: int, mine: tuple, geoms: list[list[tuple]], heads: list[int], lens: list[int],
