@@ -90,7 +90,7 @@ def summarize(cdir: str) -> str:
         unsupported = _read(os.path.join(pdir, "unsupported.txt")).strip()
         per_q = comp.get("instructions_per_queue", {}) if comp else {}
         rows.append((d, sig, str(sum(per_q.values())) if comp else "-",
-                     " ".join(f"{q}:{n}" for q, n in per_q.items()) or "-",
+                     _queue_summary(per_q),
                      f"{stats['total_ns'] / 1e3:.2f}" if stats else "-",
                      f"{stats['roofline_ns'] / 1e3:.2f}" if stats else "-",
                      f"fallback: {unsupported}" if unsupported else "device"))
@@ -104,6 +104,18 @@ def summarize(cdir: str) -> str:
         for f in sorted(files):
             lines.append("  " + (f if rel == "." else f"{rel}/{f}"))
     return "\n".join(lines)
+
+
+def _queue_summary(per_q: dict[str, int]) -> str:
+    """``pe:24 dve:12 act:6 pool:10 dma:27/11q`` (DMA queues summed, with their count)."""
+    engines = ("pe", "dve", "act", "pool")
+    parts = [f"{q}:{per_q[q]}" for q in engines if per_q.get(q)]
+    parts += [f"{q}:{n}" for q, n in sorted(per_q.items())
+              if q not in engines and not q.startswith("dma")]
+    dma = [n for q, n in per_q.items() if q.startswith("dma")]
+    if dma:
+        parts.append(f"dma:{sum(dma)}/{len(dma)}q")
+    return " ".join(parts) or "-"
 
 
 def show_file(cdir: str, name: str) -> str | None:
