@@ -178,6 +178,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
     static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
     penalized = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)
     cost_attrs = _COST_ATTRS
+    spill_names = {b.name for b in program.buffers if b.name.startswith("spill")}
     for qi, (q, stream) in enumerate(zip(queues, streams)):
         eng = q.engine
         clk = clock_ghz(eng, tgt)
@@ -191,8 +192,22 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
         g_l: list[tuple] = []
         prev: Instr | None = None
         wsum = 0.0
+        q_wait_set: set[int] = set()
+        q_sig_set: set[int] = set()
         for i, ins in enumerate(stream):
-            key = _signature(ins, ins.attrs if checks else cost_attrs[ins.op](ins.attrs))
+            op = ins.op
+            d = ins.dst
+            ss = ins.srcs
+            ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
+            if len(ss) == 1 and d is not None and ins.accum is None:     # the common shapes, inline
+                s0 = ss[0]
+                key = (op, ak, d.memory, d.partitions, d.dims, d.dtype, s0.memory, s0.partitions, s0.dims, s0.dtype)
+            elif len(ss) == 2 and d is not None and ins.accum is None:
+                s0, s1 = ss
+                key = (op, ak, d.memory, d.partitions, d.dims, d.dtype, s0.memory, s0.partitions, s0.dims, s0.dtype,
+                       s1.memory, s1.partitions, s1.dims, s1.dtype)
+            else:
+                key = _signature(ins, ak)
             st = cache.get(key)
             try:
                 if st is None:
@@ -221,7 +236,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 dma_count += 1
                 dma_bytes += st.dma_bytes
                 hbm_bytes += st.hbm_bytes
-                if ins.srcs[0].buffer.startswith("spill") or ins.dst.buffer.startswith("spill"):  # type: ignore[union-attr]
+                if ss[0].buffer in spill_names or d.buffer in spill_names:  # type: ignore[union-attr]
                     spill_bytes += st.dma_bytes
             elif st.flops:
                 flops += st.flops
@@ -234,7 +249,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                     if k is None:
                         k = sem_id[s] = len(sem_id)
                     r.append((k, n))
-                    wait_q.add((k, qi))
+                    q_wait_set.add(k)
                 w_l.append(r)
             else:
                 w_l.append(())
@@ -246,10 +261,15 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                     if k is None:
                         k = sem_id[s] = len(sem_id)
                     r.append(k)
-                    sig_q.add((k, qi))
+                    q_sig_set.add(k)
                 s_l.append(r)
             else:
                 s_l.append(())
+        w_l.append(())                      # sentinel: the "head" of a finished queue
+        for k in q_wait_set:
+            wait_q.add((k, qi))
+        for k in q_sig_set:
+            sig_q.add((k, qi))
         busy.append(b_l)
         lat.append(l_l)
         waits.append(w_l)
@@ -407,11 +427,9 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                             del sem_pj[s][k:]
                     for wq in waiters[s]:
                         # any queue whose head waits on s may be able to start earlier now
-                        h = heads[wq]
-                        if h >= lens[wq] or wq == q:
-                            continue
-                        w2 = waits[wq][h]
-                        if w2:
+                        # (waits lists end with a () sentinel, so a finished queue has no waits)
+                        w2 = waits[wq][heads[wq]]
+                        if w2 and wq != q:
                             nt = qfree[wq]
                             for s2, n2 in w2:
                                 ts2 = sem_times[s2]
