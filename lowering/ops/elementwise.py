@@ -118,6 +118,14 @@ for _t, _op in _UNARY.items():
     register(_t, dtypes=FLOAT_DTYPES)(_unary(_op))
 
 
+def _bool_only(node: fx.Node) -> str | None:
+    v = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(v, torch.Tensor) and v.dtype != torch.bool:
+        return f"only bool inputs are supported (got {v.dtype}); integer bit patterns are not"
+    return None
+
+
+@register(aten.bitwise_not.default, dtypes=MASK_DTYPES, check=_bool_only)
 @register(aten.logical_not.default, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
 def _logical_not(ctx, node, x):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.EQ, l[0], const(0.0), dtype=dt))

@@ -187,7 +187,10 @@ def fuse_matmul_epilogues(kp: KProgram) -> bool:
             ins.append(r3)
         else:
             mm_epi = mm.attrs.epilogue or Expr(EOp.ACC)
-            expr = c.attrs.expr.map_loads(
+            cexpr = _index_to_mm_axes(c.attrs.expr, cout.shape, mm.outs[0].shape)
+            if cexpr is None:
+                continue
+            expr = cexpr.map_loads(
                 lambda x: mm_epi if x.index in js else replace(x, index=remap[x.index]))
             if expr.size() > MAX_EXPR:
                 continue
@@ -197,6 +200,33 @@ def fuse_matmul_epilogues(kp: KProgram) -> bool:
             del kp.buffers[X]
             return True
     return False
+
+
+def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...]) -> Expr | None:
+    """Re-express INDEX leaves over ``shape`` as INDEX over the matmul's [B, M, N] axes; only
+    the two trailing axes map (they are M and N), anything else refuses the fusion."""
+    rank = len(shape)
+    if shape[-2:] != shape3[-2:] if rank >= 2 else True:
+        return None if _has_index(expr) else expr
+    ok = True
+
+    def walk(x: Expr) -> Expr:
+        nonlocal ok
+        if x.op is EOp.INDEX:
+            if x.index < rank - 2:
+                ok = False
+                return x
+            return replace(x, index=x.index - rank + 3)
+        if not x.args:
+            return x
+        return replace(x, args=tuple(walk(a) for a in x.args))
+
+    out = walk(expr)
+    return out if ok else None
+
+
+def _has_index(expr: Expr) -> bool:
+    return expr.op is EOp.INDEX or any(_has_index(a) for a in expr.args)
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:

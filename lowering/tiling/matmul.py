@@ -115,7 +115,15 @@ class _MatmulTiler:
             loads[i] = tl.ap()
 
         def leaf(x: Expr) -> AP:
-            return acc.ap() if x.op is EOp.ACC else loads[x.index]
+            if x.op is EOp.ACC:
+                return acc.ap()
+            if x.op is EOp.LOAD:
+                return loads[x.index]
+            # INDEX over [B, M, N]: batch is fixed, M runs on partitions, N along the free dim
+            t = b.tile(self.work, mt, nt, x.dtype).ap()
+            base, pstep, step = {0: (bi, 0, 0), 1: (m0, 1, 0), 2: (n0, 0, 1)}[x.index]
+            b.iota(t, base, pstep, (step,))
+            return t
 
         gen = ExprGen(b, self.work, mt, (nt,), leaf)
         res = gen.tile_of(self.epi if self.epi is not None else Expr(EOp.ACC), out.dtype)
