@@ -309,18 +309,22 @@ class DmaModel:
         self.qpe = t.dma_queues_per_engine
         self.hbm_free = 0.0
 
-    def issue(self, start: float, queue_index: int, c: Cost) -> tuple[float, float, float, float]:
-        """Issue a DMA at ``start``; return (queue free again, data start, data end, completion)."""
-        e = queue_index // self.qpe
-        ready = start + c.issue_ns
-        ef = self.engine_free[e]
+    def engine_of(self, queue_index: int) -> int:
+        return queue_index // self.qpe
+
+    def issue(self, start: float, engine: int, c: Cost) -> tuple[float, float, float, float]:
+        """Issue a DMA at ``start`` on DMA engine ``engine`` (= queue index // 16); return
+        (queue free again, data start, data end, completion)."""
+        busy, latency, _, issue_ns, hbm_ns = c
+        ready = start + issue_ns
+        ef = self.engine_free[engine]
         data_start = ready if ready > ef else ef
-        data_end = data_start + c.busy_ns
-        if c.hbm_ns:
+        data_end = data_start + busy
+        if hbm_ns:
             h = self.hbm_free
-            h = (data_start if data_start > h else h) + c.hbm_ns
+            h = (data_start if data_start > h else h) + hbm_ns
             self.hbm_free = h
             if h > data_end:
                 data_end = h
-        self.engine_free[e] = data_end
-        return ready, data_start, data_end, data_end + c.latency_ns
+        self.engine_free[engine] = data_end
+        return ready, data_start, data_end, data_end + latency

@@ -13,7 +13,7 @@ Conventions (the executable spec of the ISA)
   bytes are copied exactly). With ``transpose`` the 2-D views ``(first axis, rest)`` (HBM drops
   its single partition axis) are transposed.
 - ``matmul``: ``dst[M, N] = stationary[K, M].T @ moving[K, N]`` computed in fp32 (bf16/fp8
-  products are exact in fp32, sums are fp32); ``accumulate=False`` overwrites the PSUM bytes,
+  products are exact in fp32, sums are fp32, in K order); ``accumulate=False`` overwrites the PSUM bytes,
   ``True`` adds to them (and they must have been written by a matmul).
 - ``transpose``: ``dst[F, P] = src[P, F].T``, exact (values are copied, then stored in the dst
   dtype). On TensorE the result counts as a matmul write of PSUM.
@@ -182,7 +182,9 @@ def matmul(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     k = st.partitions
     s = m.read_f32(st).reshape(k, -1)
     v = m.read_f32(mv).reshape(k, -1)
-    r = np.matmul(s.T, v, dtype=F32)
+    # einsum's own C loop, not BLAS: sequential fp32 sums over K like the PE array, and no BLAS
+    # thread pool (OpenBLAS threads on small tiles were 100x slower on a busy 2-core host)
+    r = np.einsum("km,kn->mn", s, v, optimize=False)
     assert isinstance(ins.attrs, MatmulAttrs)
     if ins.attrs.accumulate:
         m.check_accumulate(dst)

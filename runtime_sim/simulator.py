@@ -29,7 +29,12 @@ Modes
 
 Checks (``checks=True``): the static rules of checks.py before running; at run time races
 (races.py) in both modes, reads of never-written bytes and PSUM accumulation rules in functional
-mode. ``checks=False`` skips them all (memory bounds are still guarded in functional mode).
+mode. ``checks="static"`` runs only the static rules (cheap: use it for large timing runs, where
+race detection costs several times the simulation itself). ``checks=False`` skips them all
+(memory bounds are still guarded in functional mode).
+
+Not modelled: the NC-v2-only shared-port limits (VectorE/GpSimdE on SBUF, VectorE/ScalarE on
+PSUM), the TensorE power ramp (steady state is reported), indirect (gather) DMA.
 
 Statistics (SimStats): ``total_ns`` = last completion; ``engine_busy_ns`` per engine name (pe,
 dve, act, pool: sum of busy time; dma: union of the DMA data phases of all queues);
@@ -45,6 +50,7 @@ the core's HBM share, per Vector/Scalar/GpSimd engine the sum of its streaming t
 """
 from __future__ import annotations
 
+import gc
 import heapq
 from bisect import bisect_right
 from typing import Callable
@@ -139,10 +145,28 @@ def _signature(ins: Instr, akey: object) -> tuple:
 
 
 def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
-             mode: str = "functional", target: Target | str | None = None, checks: bool = True,
-             trace: bool = False) -> SimResult:
+             mode: str = "functional", target: Target | str | None = None,
+             checks: bool | str = True, trace: bool = False) -> SimResult:
+    """Run ``program``; see the module docstring for the model, the modes and the checks."""
+    # The loop allocates many small long-lived objects and no cycles: the cyclic GC would only
+    # rescan them (it costs more than the simulation itself on large programs).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(program, inputs, mode, target, checks, trace)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
+              target: Target | str | None, checks: bool | str, trace: bool) -> SimResult:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if checks not in (True, False, "static"):
+        raise ValueError(f"checks must be True, False or 'static', got {checks!r}")
+    dynamic = checks is True            # races, uninitialised reads, PSUM accumulation
+    checks = checks is not False        # from here on: run the static rules
     if target is None:
         tgt = get_target(program.target)
     elif isinstance(target, str):
@@ -159,16 +183,14 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
     engines = [q.engine for q in queues]
 
     # ---- precompute: costs (cached per signature), static checks, semaphores, statistics --
-    sem_id: dict[str, int] = {}
-    sem_get = sem_id.get
-    sig_q: set[tuple[int, int]] = set()     # (semaphore, queue that signals it)
-    wait_q: set[tuple[int, int]] = set()    # (semaphore, queue that waits on it)
+    sig_q: list[set[str]] = []     # per queue: the semaphores it signals
+    wait_q: list[set[str]] = []    # per queue: the semaphores it waits on
     busy: list[list[float]] = []
     lat: list[list[float]] = []
     dcost: list[list[Cost] | None] = []
     waits: list[list[tuple]] = []
     sigs: list[list[tuple]] = []
-    geoms: list[list[tuple]] | None = [] if checks else None
+    geoms: list[list[tuple]] | None = [] if dynamic else None
     apcache: dict = {}
     touch: set[tuple[object, int, bool]] = set()     # (space, queue, writes?)
     flops = 0
@@ -191,9 +213,11 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
         d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
         g_l: list[tuple] = []
         prev: Instr | None = None
+        prev_buf: str | None = None
         wsum = 0.0
-        q_wait_set: set[int] = set()
-        q_sig_set: set[int] = set()
+        q_wait_set: set[str] = set()
+        q_sig_set: set[str] = set()
+        q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
         for i, ins in enumerate(stream):
             op = ins.op
             d = ins.dst
@@ -219,15 +243,25 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                         if type(x[1]) is not int or x[1] < 1 or not x[0]:
                             check_waits(ins)
                     gs = _geoms(ins, eng, bufs, apcache, tgt)
-                    g_l.append(gs)
-                    for g, is_w in gs:
-                        touch.add((g.space, qi, is_w))
+                    if dynamic:
+                        g_l.append(gs)
+                        for g, is_w in gs:
+                            touch.add((g.space, qi, is_w))
             except MachineError as e:
                 raise e.with_context(q, i, ins) from None
             bz = st.busy
-            if penalty and prev is not None and depends_on_previous(ins, prev):
-                bz += penalty
-            prev = ins
+            if penalty:
+                if prev_buf is not None:
+                    for x in ss:
+                        if x.buffer == prev_buf:
+                            if depends_on_previous(ins, prev):
+                                bz += penalty
+                            break
+                    else:
+                        if prev.accum is not None and depends_on_previous(ins, prev):  # type: ignore[union-attr]
+                            bz += penalty
+                prev = ins
+                prev_buf = d.buffer if d is not None else None
             b_l.append(bz)
             l_l.append(st.lat)
             wsum += st.work
@@ -242,34 +276,17 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 flops += st.flops
                 tensor_ns += st.tensor_ns
             wt = ins.waits
+            w_l.append(wt)
             if wt:
-                r = []
-                for s, n in wt:
-                    k = sem_get(s)
-                    if k is None:
-                        k = sem_id[s] = len(sem_id)
-                    r.append((k, n))
-                    q_wait_set.add(k)
-                w_l.append(r)
-            else:
-                w_l.append(())
+                for x in wt:
+                    q_wait_add(x[0])
             sg = ins.signals
+            s_l.append(sg)
             if sg:
-                r = []
-                for s in sg:
-                    k = sem_get(s)
-                    if k is None:
-                        k = sem_id[s] = len(sem_id)
-                    r.append(k)
-                    q_sig_set.add(k)
-                s_l.append(r)
-            else:
-                s_l.append(())
+                q_sig_update(sg)
         w_l.append(())                      # sentinel: the "head" of a finished queue
-        for k in q_wait_set:
-            wait_q.add((k, qi))
-        for k in q_sig_set:
-            sig_q.add((k, qi))
+        wait_q.append(q_wait_set)
+        sig_q.append(q_sig_set)
         busy.append(b_l)
         lat.append(l_l)
         waits.append(w_l)
@@ -280,21 +297,20 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
         if eng is not EngineKind.DMA:
             static_busy[eng.value] += sum(b_l)
             work[eng.value] = work.get(eng.value, 0.0) + wsum
-    nsem = len(sem_id)
-    signallers: dict[int, set[int]] = {}
-    for k, qi in sig_q:
-        signallers.setdefault(k, set()).add(qi)
-    waiting: dict[int, set[int]] = {}
-    for k, qi in wait_q:
-        waiting.setdefault(k, set()).add(qi)
-    sem_names = [""] * nsem
-    for s, k in sem_id.items():
-        sem_names[k] = s
+    # semaphores are keyed by name; who signals / waits on each one is known statically
+    signallers: dict[str, set[int]] = {}
+    waiting: dict[str, set[int]] = {}
+    for qi in range(nq):
+        for k in sig_q[qi]:
+            signallers.setdefault(k, set()).add(qi)
+        for k in wait_q[qi]:
+            waiting.setdefault(k, set()).add(qi)
+    sem_all = set(signallers) | set(waiting)
 
     # ---- memory --------------------------------------------------------------------------
     mem: MachineMemory | None = None
     if functional:
-        mem = MachineMemory(program, tgt, track=checks)
+        mem = MachineMemory(program, tgt, track=dynamic)
         given = dict(inputs or {})
         missing = [n for n in program.inputs if n not in given]
         if missing:
@@ -305,7 +321,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
             mem.load(n, arr)
 
     rd: RaceDetector | None = None
-    if checks:
+    if dynamic:
         spaces: dict[object, tuple[int, set[int], set[int]]] = {}
         for sp, qi, is_w in touch:
             if sp not in spaces:
@@ -316,11 +332,14 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
             if is_w:
                 spaces[sp][1].add(qi)
         rd = RaceDetector(qnames, streams, spaces)
-    sem_clocks: list[list] = [[] for _ in range(nsem)]   # clocks of the signals, in time order
-    sem_pj: list[list] = [[] for _ in range(nsem)]       # prefix joins of sem_clocks (lazy)
-    single = [len(signallers.get(s, ())) <= 1 for s in range(nsem)]
+    sem_clocks: dict[str, list] = {k: [] for k in sem_all}  # clocks of the signals, in time order
+    sem_pj: dict[str, list] = {k: [] for k in sem_all}      # prefix joins of sem_clocks (lazy)
+    # the one queue that signals a semaphore (-1: several). Clocks a queue publishes only grow,
+    # so a waiter that has seen that queue's slot at the clock's value already dominates it.
+    single = {k: next(iter(signallers[k])) if len(signallers.get(k, ())) == 1 else -1 for k in sem_all}
     slow = rd is not None or mem is not None or trace
     rd_join = rd.join if rd is not None else None
+    rd_vc = rd.vc if rd is not None else None
     rd_access = rd.access if rd is not None else None
 
     # ---- the event loop ------------------------------------------------------------------
@@ -330,13 +349,14 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
     qfree = [0.0] * nq
     qwait = [0.0] * nq
     sched = [INF] * nq                   # time of the live heap entry of each queue
-    sem_times: list[list[float]] = [[] for _ in range(nsem)]
-    waiters: list[tuple[int, ...]] = [()] * nsem      # sem -> queues that ever wait on it
-    for k, qs in waiting.items():
-        waiters[k] = tuple(sorted(qs))
+    sem_times: dict[str, list[float]] = {k: [] for k in sem_all}   # signal times, sorted
+    waiters: dict[str, tuple[int, ...]] = {k: tuple(sorted(waiting.get(k, ()))) for k in sem_all}
+    blocked_on: dict[str, dict[int, int]] = {k: {} for k in sem_all}  # sem -> {queue: count its head needs}
     is_dma = [e is EngineKind.DMA for e in engines]
     qindex = [q.index for q in queues]
-    dma_issue = DmaModel(tgt).issue
+    dma_model = DmaModel(tgt)
+    dma_issue = dma_model.issue
+    qengine = [dma_model.engine_of(q.index) if q.engine is EngineKind.DMA else 0 for q in queues]
     dma_iv: list[tuple[float, float]] = []
     events: list[TraceEvent] = []
     heap: list[tuple[float, int]] = []
@@ -353,19 +373,17 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 rd.finish(q)
             return
         nt = qfree[q]
-        ok = True
         for s, n in waits[q][i]:
-            if ok:
-                ts = sem_times[s]
-                if len(ts) < n:
-                    ok = False
-                elif ts[n - 1] > nt:
-                    nt = ts[n - 1]
-        if ok:
-            sched[q] = nt
+            ts = sem_times[s]
+            if len(ts) < n:
+                blocked_on[s][q] = n
+                nt = INF
+                break
+            if ts[n - 1] > nt:
+                nt = ts[n - 1]
+        sched[q] = nt
+        if nt < INF:
             hpush(heap, (nt, q))
-        else:
-            sched[q] = INF
 
     for q in range(nq):
         arm(q)
@@ -384,7 +402,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                     qwait[q] += t - qfree[q]
             # --- time ---
             if q_dma:
-                qf, d0, d1, done = dma_issue(t, qindex[q], q_dc[i])  # type: ignore[index]
+                qf, d0, d1, done = dma_issue(t, qengine[q], q_dc[i])  # type: ignore[index]
                 dma_iv.append((d0, d1))
             else:
                 qf = t + q_busy[i]
@@ -397,11 +415,16 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 if rd is not None and mem is None and not trace:
                     # timing mode with checks: race bookkeeping only (inlined _execute)
                     try:
-                        for s, n in w:
-                            if single[s]:
-                                rd_join(q, sem_clocks[s][n - 1])
-                            else:
-                                rd_join(q, _prefix_join(sem_pj[s], sem_clocks[s], n))
+                        if w:
+                            vq = rd_vc[q]
+                            for s, n in w:
+                                r = single[s]
+                                if r >= 0:
+                                    c = sem_clocks[s][n - 1]
+                                    if vq[r] < c[r]:      # else already seen: c is dominated
+                                        rd_join(q, c)
+                                else:
+                                    rd_join(q, _prefix_join(sem_pj[s], sem_clocks[s], n))
                         for g, is_w in geoms[q][i]:   # type: ignore[index]
                             rd_access(q, i, g, is_w)
                     except MachineError as e:
@@ -416,31 +439,56 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 for s in sg:
                     ts = sem_times[s]
                     if not ts or done >= ts[-1]:
+                        # appended: the times of counts already reached do not change, so only
+                        # heads blocked on s can move
                         ts.append(done)
                         if clk is not None:
                             sem_clocks[s].append(clk)
+                        bq = blocked_on[s]
+                        if not bq:
+                            continue
+                        cnt = len(ts)
+                        todo = None
+                        for wq, n in bq.items():
+                            if cnt >= n:
+                                if todo is None:
+                                    todo = [wq]
+                                else:
+                                    todo.append(wq)
+                        if todo is None:
+                            continue
+                        for wq in todo:
+                            del bq[wq]
                     else:
+                        # inserted before later signals (several signallers): the n-th time of
+                        # any count may drop, so every head waiting on s is re-evaluated
                         k = bisect_right(ts, done)
                         ts.insert(k, done)
                         if clk is not None:
                             sem_clocks[s].insert(k, clk)
                             del sem_pj[s][k:]
-                    for wq in waiters[s]:
-                        # any queue whose head waits on s may be able to start earlier now
+                        bq = blocked_on[s]
+                        cnt = len(ts)
+                        for wq in [wq for wq, n in bq.items() if cnt >= n]:
+                            del bq[wq]
+                        todo = [wq for wq in waiters[s] if wq != q and wq not in bq]
+                    for wq in todo:
                         # (waits lists end with a () sentinel, so a finished queue has no waits)
                         w2 = waits[wq][heads[wq]]
-                        if w2 and wq != q:
-                            nt = qfree[wq]
-                            for s2, n2 in w2:
-                                ts2 = sem_times[s2]
-                                if len(ts2) < n2:
-                                    nt = INF
-                                    break
-                                if ts2[n2 - 1] > nt:
-                                    nt = ts2[n2 - 1]
-                            if nt < sched[wq]:
-                                sched[wq] = nt
-                                hpush(heap, (nt, wq))
+                        if not w2:
+                            continue
+                        nt = qfree[wq]
+                        for s2, n2 in w2:
+                            ts2 = sem_times[s2]
+                            if len(ts2) < n2:
+                                blocked_on[s2][wq] = n2
+                                nt = INF
+                                break
+                            if ts2[n2 - 1] > nt:
+                                nt = ts2[n2 - 1]
+                        if nt < sched[wq]:
+                            sched[wq] = nt
+                            hpush(heap, (nt, wq))
             i += 1
             heads[q] = i
             if i >= q_len:
@@ -455,6 +503,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
                 for s, n in w:
                     ts = sem_times[s]
                     if len(ts) < n:
+                        blocked_on[s][q] = n
                         nt = INF
                         break
                     if ts[n - 1] > nt:
@@ -472,7 +521,7 @@ def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
 
     blocked = [q for q in range(nq) if heads[q] < lens[q]]
     if blocked:
-        raise _deadlock(blocked, queues, streams, heads, waits, sem_times, sem_names, signallers)
+        raise _deadlock(blocked, queues, streams, heads, waits, sem_times, signallers)
 
     # ---- statistics ------------------------------------------------------------------------
     wait_ns = dict.fromkeys(ENGINE_NAMES, 0.0)
@@ -535,7 +584,7 @@ def _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, eng
         if rd is not None:
             for s, n in w:
                 cl = sem_clocks[s]
-                if single[s]:
+                if single[s] >= 0:
                     rd.join(q, cl[n - 1])
                 else:
                     rd.join(q, _prefix_join(sem_pj[s], cl, n))
@@ -603,8 +652,8 @@ def _union(iv: list[tuple[float, float]]) -> float:
 
 
 def _deadlock(blocked: list[int], queues: list[Queue], streams: list[tuple[Instr, ...]],
-              heads: list[int], waits: list[list[tuple]], sem_times: list[list[float]],
-              sem_names: list[str], signallers: dict[int, set[int]]) -> DeadlockError:
+              heads: list[int], waits: list[list[tuple]], sem_times: dict[str, list[float]],
+              signallers: dict[str, set[int]]) -> DeadlockError:
     lines = []
     for q in blocked:
         i = heads[q]
@@ -614,6 +663,6 @@ def _deadlock(blocked: list[int], queues: list[Queue], streams: list[tuple[Instr
             if have < n:
                 who = sorted(queues[x].name for x in signallers.get(s, ()))
                 src = f"signalled by {', '.join(who)}" if who else "no instruction signals it"
-                unmet.append(f"{sem_names[s]!r} >= {n} (count is {have}; {src})")
+                unmet.append(f"{s!r} >= {n} (count is {have}; {src})")
         lines.append(f"{queues[q].name} #{i}: {streams[q][i]}\n    waits on {'; '.join(unmet) or '?'}")
     return DeadlockError(f"{len(blocked)} queue(s) can never proceed:\n  " + "\n  ".join(lines))

@@ -48,6 +48,7 @@ def test_race_between_engines_without_semaphore(mode):
     if mode == "functional":
         np.testing.assert_array_equal(res.outputs["o_y"].view(np.float32), np.full(128 * 64, 2.0, np.float32))
     _load_then_scale(False).run(mode=mode, checks=False)   # checks off: no error
+    _load_then_scale(False).run(mode=mode, checks="static")  # static rules only: no race check
 
 
 def test_write_after_read_race_and_aliasing_buffers():
@@ -116,6 +117,8 @@ def test_misaligned_partition_start():
     b.add(VECTOR, Instr(Op.MEMSET, ap(t, F32, [(1, 8)], partitions=48, partition_start=32), (), MemsetAttrs(0.0)))
     with pytest.raises(AlignmentError, match=r"(?s)dve #0: memset.*Pattern accesses 48 \(> 32\) partitions starting at partition 32"):
         b.run(mode="timing")
+    with pytest.raises(AlignmentError):
+        b.run(mode="timing", checks="static")
     for start, n in ((64, 48), (96, 32), (0, 128)):
         b = B()
         t = b.sbuf("t", 64)
