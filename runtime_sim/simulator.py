@@ -415,7 +415,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     except MachineError as e:
                         raise e.with_context(queues[q], i, streams[q][i]) from None
                 else:
-                    _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, engines,
+                    _execute(q, i, t, d0, qf, done, w, queues, streams, geoms, rd, mem, sem_fns, engines,
                              sem_clocks, sem_pj, single, heads, lens, qnames, trace, events, dma_iv)
             # --- signals ---
             sg = q_sigs[i]
@@ -561,7 +561,7 @@ def _prefix_join(pj: list, cl: list, n: int) -> tuple:
     return pj[n - 1]
 
 
-def _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, engines, sem_clocks,
+def _execute(q, i, t, d0, busy_end, done, w, queues, streams, geoms, rd, mem, sem_fns, engines, sem_clocks,
              sem_pj, single, heads, lens, qnames, trace, events, dma_iv) -> None:
     """The slow part of issuing an instruction: race checks, semantics, trace."""
     ins = streams[q][i]
@@ -593,6 +593,7 @@ def _execute(q, i, t, d0, done, w, queues, streams, geoms, rd, mem, sem_fns, eng
             a["completed_ns"] = f"{done:.1f}"
             events.append(TraceEvent(qnames[q], ins.op.value, d0, d1 - d0, a))
         else:
-            events.append(TraceEvent(qnames[q], ins.op.value, t, done - t, a))
+            a["completed_ns"] = f"{done:.1f}"
+            events.append(TraceEvent(qnames[q], ins.op.value, t, busy_end - t, a))
 
 

@@ -6,8 +6,9 @@ Invariants
   ``dma`` it is the time at least one DMA queue was transferring (union of intervals), so every
   busy fraction lies in [0, 1].
 - ``roofline_ns`` is the largest of: FLOPs at TensorE peak, the program's minimum HBM traffic
-  (its input and output buffers, each moved once) at the core's share of HBM bandwidth, and the
-  Vector/Scalar element work at those engines' base rates.
+  (its input and output buffers, each moved once) at the core's share of HBM bandwidth, and, per
+  Vector/Scalar/GpSimd engine, its element work at the rate that engine streams each
+  instruction (``costs.Cost.work_ns``: no MIN_II floor, fixed overhead or dependency penalty).
 """
 from __future__ import annotations
 

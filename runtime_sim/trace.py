@@ -4,8 +4,9 @@ Invariants
 - One process per SimResult, one thread (track) per queue, named by ``thread_name`` metadata
   events; tracks sort pe, dve, act, pool, dma0, dma1, ...
 - Each executed instruction is one complete (``ph: "X"``) event; ``ts`` and ``dur`` are in
-  microseconds of simulated time. Compute instructions span start .. completion; DMAs span their
-  data phase (issue and completion times are in ``args``).
+  microseconds of simulated time. Compute instructions span their busy time (start until the
+  queue may issue again); DMAs span their data phase. Completion (and for DMAs issue) times are
+  in ``args``. So events on one track never overlap.
 - ``args`` carry the operands, waits, signals and tag as strings.
 """
 from __future__ import annotations

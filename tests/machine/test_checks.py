@@ -236,7 +236,13 @@ def test_stats_and_chrome_trace(tmp_path):
     xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
     names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert len(xs) == 4 and {"pe", "dve", "dma0", "dma5"} <= names
-    assert all(e["dur"] >= 0 and "instr" in e["args"] for e in xs)
+    assert all(e["dur"] >= 0 and "instr" in e["args"] and "completed_ns" in e["args"] for e in xs)
+    by_track: dict = {}
+    for e in xs:
+        by_track.setdefault(e["tid"], []).append((e["ts"], e["dur"]))
+    for evs in by_track.values():           # slices on one track never overlap
+        evs.sort()
+        assert all(a[0] + a[1] <= b[0] + 1e-9 for a, b in zip(evs, evs[1:]))
 
 
 def test_runtime_sim_never_imports_torch():
