@@ -44,7 +44,10 @@ every operand is a 2-byte float type)
   more than one element) the streamed element count doubles ("larger strides halve it").
 - sem: 0.
 
-DMA model (``DmaModel`` keeps the dynamic state; queue ``i`` is on DMA engine ``i // 16``)
+DMA model (``DmaModel`` keeps the dynamic state; queue ``i`` is on DMA engine ``i // 16``, so
+one queue gets one engine's ~23 B/ns: a program reaches the core's DMA bandwidth only by spreading
+transfers over queues of different engines, e.g. indices 0, 16, 32, ..., 240. hardware.md's "each
+DMA engine serves 8 SBUF partitions" is not modelled as partition affinity)
 - Descriptor generation: ``dma_descriptor_ns`` (~600 ns on NC-v3+, 0 on trn1 where the compiler
   pre-builds descriptors) occupies the *queue*; the queue can issue its next DMA after it.
 - Data phase: starts when descriptors are ready and the DMA engine is free (one engine serves its
