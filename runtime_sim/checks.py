@@ -554,8 +554,12 @@ _OPERAND_RULES = {
 }
 
 
-def check_program(program: Program, target: Target) -> None:
-    """Run every static rule over a program; raise the first violation (naming the instruction)."""
+def check_program(program: Program, target: Target | str | None = None) -> None:
+    """Run every static rule over a program; raise the first violation (naming the instruction).
+    ``target`` defaults to the program's own target name."""
+    if not isinstance(target, Target):
+        from .targets import get_target
+        target = get_target(target or program.target)
     bufs = check_buffers(program, target)
     for q, stream in program.streams.items():
         for i, ins in enumerate(stream):
