@@ -18,6 +18,7 @@ from typing import Callable
 import torch.fx as fx
 
 from lowering.compiled import CompiledGraph, OutputView, TensorSpec
+from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.kir import KProgram, Role
 from lowering.memory.planner import plan_pools
@@ -44,8 +45,13 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     fuse(kp)
     emit("ir_post_fusion.txt", str(kp))
     verify_kir(kp)
-    b = tile_program(kp, t)
-    peaks = plan_pools(b.pools, t)
+    op_of = {n.name: op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    try:
+        b = tile_program(kp, t)
+        peaks = plan_pools(b.pools, t)
+    except Unsupported as e:  # name the ATen op (tilers know node names)
+        first = e.op.split(",")[0]
+        raise Unsupported(op_of.get(first, e.op), e.reason) from e
     emit("memory_plan.txt", memory_plan_text(b, peaks, t))
     streams = synchronize(b.instrs, b.pools)
     program = emit_program(kp, b, streams, t)

@@ -12,7 +12,8 @@ layer_norm:  mean = sum(x)/C                          VectorE tensor_reduce + te
              y = (x - mean) * rstd [* w] [+ b]        VectorE tensor_scalar, tensor_tensor
 Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA.
 
-Limit: a row of more than ``ROW_MAX`` elements raises ``Unsupported`` naming the row length.
+Limit: every pool holds whole rows, so a row whose tiles do not fit one SBUF partition raises
+``Unsupported`` naming the row length, the bytes needed and the capacity (``_check_fits``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from lowering.tiling.builder import TileBuilder
 from lowering.tiling.layout import hbm_ap, plan_rows
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
-ROW_MAX = 8192
 F32 = DType.FP32
 
 
@@ -37,11 +37,17 @@ def _row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
     if len(plan.red) > 3:
         raise Unsupported(",".join(k.origin), f"normalised axes do not collapse to 3 strided axes "
                                               f"(got {len(plan.red)})")
-    C = plan.red_size
-    if C > ROW_MAX:
-        raise Unsupported(",".join(k.origin), f"row of {C} elements exceeds the single-tile limit "
-                                              f"of {ROW_MAX} elements per partition")
-    return plan, C
+    return plan, plan.red_size
+
+
+def _check_fits(b: TileBuilder, k: KOp, C: int, bytes_per_elem: int) -> None:
+    """Every pool of a row-wise kernel holds whole rows: refuse rows whose pools cannot fit
+    the SBUF partition (with 1/8 kept for the small per-row statistics and alignment)."""
+    cap = b.target.sbuf_bytes_per_partition * 7 // 8
+    if C * bytes_per_elem > cap:
+        raise Unsupported(",".join(k.origin), f"a row of {C} elements needs {C * bytes_per_elem} "
+                          f"B per partition in SBUF for this kernel's tiles; {b.target.name} has "
+                          f"{b.target.sbuf_bytes_per_partition} B (row limit {cap // bytes_per_elem})")
 
 
 def _free(plan, slot: int) -> tuple[tuple[int, int], ...]:
@@ -56,6 +62,7 @@ def tile_softmax(b: TileBuilder, k: KOp) -> None:
     d = k.attrs.dim
     plan, C = _row_plan(k, (d,), [x, out], 2)
     P = b.target.sbuf_partitions
+    _check_fits(b, k, C, 2 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize)
     xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
     ep = b.pool("se", Memory.SBUF, 2, C * 4)
     op = b.pool("sy", Memory.SBUF, 2, C * out.dtype.itemsize)
@@ -97,7 +104,9 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     plan, C = _row_plan(k, red, [x, y, mean, rstd], 2)
     P = b.target.sbuf_partitions
     params = []
-    pp = b.pool("lnw", Memory.SBUF, 1 + int(a.has_weight) + int(a.has_bias), C * 4)
+    n_params = int(a.has_weight) + int(a.has_bias)
+    _check_fits(b, k, C, n_params * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize)
+    pp = b.pool("lnw", Memory.SBUF, max(1, n_params), C * 4)
     for j, flag in ((1, a.has_weight), (2 if a.has_weight else 1, a.has_bias)):
         if flag:
             w = k.ins[j]
@@ -108,7 +117,7 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
             b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, _free(wplan, 0)))
             params.append(wt.ap())
     xp = b.pool("lx", Memory.SBUF, 2, C * x.dtype.itemsize)
-    wk = b.pool("lwork", Memory.SBUF, 4, C * 4)
+    wk = b.pool("lwork", Memory.SBUF, 3, C * 4)
     yp = b.pool("ly", Memory.SBUF, 2, C * y.dtype.itemsize)
     small = b.pool("lstat", Memory.SBUF, 12, 4)
     for bases in plan.outer_offsets():
