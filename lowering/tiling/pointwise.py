@@ -4,6 +4,8 @@ Any shape and any strides (broadcast inputs have stride 0, outputs may be stride
 a slice of a ``cat``). The iteration space is laid out by ``layout.plan_2d``; row tiles of up to
 128 partitions, free tiles of up to ``free_max`` elements (shrunk when the expression needs many
 tiles at once). Pools have two slots per tile so the next tile's loads overlap this tile's work.
+An input whose partition axis is the contiguous one (a transposed view being materialised) is
+loaded as its transpose with contiguous runs and turned on TensorE, in 128x128 blocks.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from lowering.kir import EOp, Expr, KOp, PointwiseAttrs
 from lowering.tiling.builder import TileBuilder
 from lowering.tiling.exprgen import ExprGen, count_intermediates
 from lowering.tiling.layout import Region, hbm_ap, plan_2d
-from runtime_sim.isa import AP, Memory
+from runtime_sim.isa import AP, DType, Memory
 
 TILE_BUDGET = 96 * 1024  # bytes per partition for one kernel's pools
 
@@ -61,11 +63,19 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
     slot_of = {i: 1 + j for j, i in enumerate(used)}
     idx_slot = {a: 1 + len(used) + j for j, a in enumerate(idx_axes)}
 
+    tpools: dict[int, object] = {}
+    tps = None
     for reg in regions:
+        trans = {i for i in used if _transposed_load(reg, slot_of[i], k.ins[i].dtype)}
+        for i in trans - set(tpools):
+            tpools[i] = b.pool(f"tin{i}", Memory.SBUF, 2, P * k.ins[i].dtype.itemsize)
+        if trans and tps is None:
+            tps = b.pool("tps", Memory.PSUM, 2, P * 4)
+        fmax = min(free_max, P) if trans else free_max
         for bases in reg.outer_offsets():
             for r0 in range(0, reg.rows, P):
                 p = min(P, reg.rows - r0)
-                for c0, fsz in free_chunks(reg, free_max):
+                for c0, fsz in free_chunks(reg, fmax):
                     def off(slot: int) -> int:
                         return (bases[slot] + r0 * reg.row_strides[slot]
                                 + c0 * reg.free[-1][1][slot])
@@ -76,6 +86,17 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
                     tiles: dict[int, AP] = {}
                     for i in used:
                         s = slot_of[i]
+                        if i in trans:
+                            # partition axis contiguous in HBM: load the transpose with
+                            # contiguous runs, turn it on TensorE (no element-wise DMA)
+                            x, f = k.ins[i], fsz[0]
+                            rows = b.tile(tpools[i], f, p, x.dtype)
+                            b.dma(rows.ap(), hbm_ap(x.buffer, x.dtype, off(s), f,
+                                                    reg.free[0][1][s], ((p, 1),)))
+                            tp = b.tile(tps, p, f, DType.FP32)
+                            b.transpose(tp.ap(), rows.ap())
+                            tiles[i] = tp.ap()
+                            continue
                         t = b.tile(in_pools[i], p, fsz, k.ins[i].dtype)
                         src = hbm_ap(k.ins[i].buffer, k.ins[i].dtype, off(s), p,
                                      reg.row_strides[s], free_of(s))
@@ -93,8 +114,19 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
 
                     gen = ExprGen(b, work, p, fsz, leaf)
                     res = gen.tile_of(expr, out.dtype)
+                    if res.memory is Memory.PSUM:  # DMA does not read PSUM
+                        ev = b.tile(work, p, fsz, out.dtype).ap()
+                        b.tensor_copy(ev, res)
+                        res = ev
                     dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
                     b.dma(dst, res)
+
+
+def _transposed_load(reg: Region, slot: int, dtype: DType) -> bool:
+    """Would the [rows, cols] load of this operand be element-strided while its transpose is
+    contiguous? (partition axis stride 1, single free axis with a larger stride)"""
+    return (len(reg.free) == 1 and reg.rows > 1 and reg.row_strides[slot] == 1
+            and abs(reg.free[0][1][slot]) > 1 and dtype.is_float and dtype.itemsize in (2, 4))
 
 
 def _contiguous_dims(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
