@@ -58,6 +58,7 @@ UNARY_STEPS = {
     "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "abs": torch.abs,
     "half": lambda x: x * 0.5, "plus1": lambda x: x + 1.0, "sq_tanh": lambda x: torch.tanh(x) ** 2,
     "exp_tanh": lambda x: torch.exp(torch.tanh(x)),
+    "round_bf16": lambda x: x.to(torch.bfloat16).to(x.dtype),
 }
 BINARY_STEPS = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum,
