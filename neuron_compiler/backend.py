@@ -30,10 +30,24 @@ from neuron_compiler.profile import GraphRecord
 OUR_ENTRY_POINT_PREFIX = "neuron_compiler."
 
 
+# Ops that core ATen keeps whole but that decompose into ops the lowering has (batch norm in
+# training and inference, and its backward, become var_mean + elementwise + reductions).
+EXTRA_DECOMPOSITIONS = (
+    "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit",
+    "native_batch_norm_backward",
+)
+
+
 def decomposition_table() -> dict:
-    """Core-ATen decompositions: what the lowering registry is keyed on."""
-    from torch._decomp import core_aten_decompositions
-    return core_aten_decompositions()
+    """Core-ATen decompositions (what the lowering registry is keyed on) plus
+    ``EXTRA_DECOMPOSITIONS``."""
+    import torch
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([getattr(torch.ops.aten, n) for n in EXTRA_DECOMPOSITIONS]))
+    return table
 
 
 def _warn_if_shadowed() -> None:
