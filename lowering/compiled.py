@@ -85,5 +85,5 @@ class CompiledGraph:
             itemsize = npdt.itemsize
             view = np.lib.stride_tricks.as_strided(
                 flat[o.offset:], shape=o.shape, strides=tuple(s * itemsize for s in o.strides))
-            outs.append(np.ascontiguousarray(view))
+            outs.append(np.ascontiguousarray(view).reshape(o.shape))  # keeps 0-d outputs 0-d
         return outs, result

@@ -34,7 +34,7 @@ def verify_kir(kp: KProgram) -> None:
         for r in k.ins + k.outs:
             _check_ref(kp, r, where)
         for r in k.ins:
-            if r.buffer not in written:
+            if r.buffer not in written and r.numel:
                 raise LoweringError(f"{where}: reads %{r.buffer} before any kernel writes it")
         if k.kind is KKind.POINTWISE:
             assert isinstance(k.attrs, PointwiseAttrs)
@@ -55,7 +55,7 @@ def verify_kir(kp: KProgram) -> None:
             written.add(r.buffer)
     for r in kp.outputs:
         _check_ref(kp, r, "outputs")
-        if r.buffer not in written:
+        if r.buffer not in written and r.numel:
             raise LoweringError(f"output {r} is never written")
 
 

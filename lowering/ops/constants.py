@@ -70,3 +70,18 @@ def _arange(ctx, node, *args, **kwargs):
     ctx.emit(KOp(KKind.POINTWISE, (out,), (), PointwiseAttrs(expr)))
     return out
 
+
+
+@register(aten.full_like.default, dtypes=ALL)
+def _full_like(ctx, node, x, fill_value, **kwargs):
+    return _fill(ctx, node, fill_value)
+
+
+@register(aten.zeros_like.default, dtypes=ALL)
+def _zeros_like(ctx, node, x, **kwargs):
+    return _fill(ctx, node, 0.0)
+
+
+@register(aten.ones_like.default, dtypes=ALL)
+def _ones_like(ctx, node, x, **kwargs):
+    return _fill(ctx, node, 1.0)

@@ -158,8 +158,11 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
     return lower
 
 
+register(aten.mul.Tensor, aten.mul.Scalar, dtypes=EW_DTYPES,
+         check=int_inputs_generated_on_device)(_binary(EOp.MUL))
+register(aten.bitwise_and.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.AND))
+register(aten.bitwise_or.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.OR))
 _BINARY = {
-    (aten.mul.Tensor, aten.mul.Scalar): EOp.MUL,
     (aten.div.Tensor, aten.div.Scalar): EOp.DIV,
     (aten.maximum.default,): EOp.MAX,
     (aten.minimum.default,): EOp.MIN,
@@ -235,3 +238,16 @@ def _to_copy(ctx, node, x, **kwargs):
 @register(aten.masked_fill.Scalar, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
 def _masked_fill(ctx, node, x, mask, value):
     return pointwise(ctx, node, [mask, value, x], lambda l, dt: e(EOp.WHERE, *l, dtype=dt))
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(ctx, node, x, min_val=-1.0, max_val=1.0):
+    return pointwise(ctx, node, [x], lambda l, dt: e(EOp.MIN, e(EOp.MAX, l[0], const(min_val)),
+                                                     const(max_val), dtype=dt))
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(ctx, node, x, negative_slope=0.01):
+    return pointwise(ctx, node, [x], lambda l, dt: e(
+        EOp.WHERE, e(EOp.GT, l[0], const(0.0)), l[0], e(EOp.MUL, l[0], const(negative_slope)),
+        dtype=dt))

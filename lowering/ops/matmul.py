@@ -57,6 +57,10 @@ def _bmm(ctx, node, a, b):
 @register(aten.addmm.default)
 def _addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
     odt = DType.FP32
+    if beta == 0:  # eager ignores the bias entirely (NaN/inf in it do not propagate)
+        if alpha == 1:
+            return emit_matmul(ctx, a, b)
+        return emit_matmul(ctx, a, b, lambda acc, loads: Expr(EOp.MUL, (acc, const(alpha)), odt))
 
     def epi(acc, loads):
         x = acc if alpha == 1 else Expr(EOp.MUL, (acc, const(alpha)), odt)
