@@ -17,7 +17,8 @@ from .isa import (AP, ATTRS_OF_OP, ENGINES_OF_OP, GPSIMD, SCALAR, TENSOR, VECTOR
                   ActivationAttrs, AluOp, BnAggrAttrs, BnStatsAttrs, Buffer, DmaAttrs, DType,
                   EngineKind, Instr, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
                   Program, Queue, SelectAttrs, SemAttrs, TensorCopyAttrs, TensorReduceAttrs,
-                  TensorScalarAttrs, TensorTensorAttrs, TransposeAttrs, ap, dma_queue, tile_ap)
+                  TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, TransposeAttrs, ap,
+                  dma_queue, tile_ap)
 from .targets import DEFAULT_TARGET, TARGETS, TRN1, TRN2, TRN3, Target, get_target
 from .stats import SimResult, SimStats, TraceEvent
 from .checks import (AccessPatternError, AlignmentError, BoundsError, CapacityError,
@@ -34,7 +35,8 @@ __all__ = [
     "ActivationAttrs", "AluOp", "BnAggrAttrs", "BnStatsAttrs", "Buffer", "DmaAttrs", "DType",
     "EngineKind", "Instr", "IotaAttrs", "MatmulAttrs", "Memory", "MemsetAttrs", "Op", "OpAttrs",
     "Program", "Queue", "SelectAttrs", "SemAttrs", "TensorCopyAttrs", "TensorReduceAttrs",
-    "TensorScalarAttrs", "TensorTensorAttrs", "TransposeAttrs", "ap", "dma_queue", "tile_ap",
+    "TensorScalarAttrs", "TensorTensorAttrs", "TensorTensorScanAttrs", "TransposeAttrs", "ap",
+    "dma_queue", "tile_ap",
     "DEFAULT_TARGET", "TARGETS", "TRN1", "TRN2", "TRN3", "Target", "get_target",
     "SimResult", "SimStats", "TraceEvent",
     "AccessPatternError", "AlignmentError", "BoundsError", "CapacityError", "DeadlockError",

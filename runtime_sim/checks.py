@@ -32,8 +32,13 @@ Static rules (checked once per program, before it runs; ``simulate(checks=False)
   2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
   elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512.
 
+- PSUM accumulation groups (PsumAccumulateError, ``PsumGroups``): in TensorE program order, one
+  open matmul accumulation group per PSUM bank; an accumulating matmul must land inside its
+  bank's open group.
+
 Run-time rules (raised by the simulator): UninitializedReadError (functional mode),
-PsumAccumulateError (functional mode), RaceError, DeadlockError, InputError.
+PsumAccumulateError (functional mode: accumulating onto bytes last written by a non-matmul),
+RaceError, DeadlockError, InputError.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from typing import NamedTuple
 
 from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
                   EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue, TensorReduceAttrs,
-                  TensorScalarAttrs)
+                  TensorScalarAttrs, TensorTensorScanAttrs)
 from .targets import Target
 
 
@@ -434,6 +439,37 @@ def check_psum_bank(g: APGeom, t: Target, what: str) -> None:
         raise OperandError(f"{what} destination bytes [{g.lo}, {g.hi}) cross a {bank} B PSUM bank boundary")
 
 
+class PsumGroups:
+    """Matmul accumulation groups, one open group per PSUM bank, followed in TensorE program
+    order ("with 8 PSUM banks per partition, TensorE can have up to eight outstanding matmul
+    accumulation groups", trainium_inferentia2_arch.rst). A matmul with ``accumulate=False`` (or a
+    TensorE transpose) opens a group on the bytes it writes and closes the bank's previous group;
+    ``accumulate=True`` must land inside its bank's open group. Accumulating where no group is
+    open (e.g. onto PSUM initialised by memset or a copy: undefined on NC-v2/v3) or into a group
+    that another group of the same bank replaced raises PsumAccumulateError."""
+
+    def __init__(self, t: Target) -> None:
+        self.bank = t.psum_bank_bytes
+        self.open: dict[int, tuple[int, int, int, int]] = {}
+
+    def step(self, ins: Instr, g: APGeom) -> None:
+        bank = g.lo // self.bank
+        if ins.op is not Op.MATMUL or not ins.attrs.accumulate:  # type: ignore[union-attr]
+            self.open[bank] = (g.p0, g.p1, g.lo, g.hi)
+            return
+        o = self.open.get(bank)
+        if o is None:
+            raise PsumAccumulateError(
+                f"matmul accumulates into PSUM bank {bank} (partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi})) "
+                f"but no accumulation group is open there: a group starts with a matmul with "
+                f"accumulate=False (accumulating onto PSUM initialised by memset or a copy is undefined on NC-v2/v3)")
+        if not (o[0] <= g.p0 and g.p1 <= o[1] and o[2] <= g.lo and g.hi <= o[3]):
+            raise PsumAccumulateError(
+                f"matmul accumulates into partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi}) of PSUM bank {bank}, "
+                f"outside the bank's open accumulation group (partitions [{o[0]}, {o[1]}) bytes [{o[2]}, {o[3]})): "
+                f"one accumulation group per bank, 8 banks = 8 groups in flight")
+
+
 def _r_transpose(ins: Instr, q: Queue, t: Target) -> None:
     _nsrcs(ins, 1)
     s, d = ins.srcs[0], ins.dst
@@ -473,6 +509,16 @@ def _r_tt(ins: Instr, q: Queue, t: Target) -> None:
     assert ins.dst is not None
     _same_pf(ins.srcs[0], ins.dst, "tensor_tensor src0")
     _same_pf(ins.srcs[1], ins.dst, "tensor_tensor src1")
+
+
+def _r_scan(ins: Instr, q: Queue, t: Target) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorTensorScanAttrs) and ins.dst is not None
+    _nsrcs(ins, 3 if a.initial_from_src else 2)
+    _same_pf(ins.srcs[0], ins.dst, "tensor_tensor_scan src0")
+    _same_pf(ins.srcs[1], ins.dst, "tensor_tensor_scan src1")
+    if a.initial_from_src:
+        _col(ins.srcs[2], ins.dst.partitions, "tensor_tensor_scan initial")
 
 
 def _r_ts(ins: Instr, q: Queue, t: Target) -> None:
@@ -548,7 +594,8 @@ def _col_n(a: AP, p: int, n: int, what: str) -> None:
 
 _OPERAND_RULES = {
     Op.DMA_COPY: _r_dma, Op.MATMUL: _r_matmul, Op.TRANSPOSE: _r_transpose,
-    Op.ACTIVATION: _r_activation, Op.TENSOR_TENSOR: _r_tt, Op.TENSOR_SCALAR: _r_ts,
+    Op.ACTIVATION: _r_activation, Op.TENSOR_TENSOR: _r_tt, Op.TENSOR_TENSOR_SCAN: _r_scan,
+    Op.TENSOR_SCALAR: _r_ts,
     Op.TENSOR_REDUCE: _r_reduce, Op.TENSOR_COPY: _r_copy, Op.MEMSET: _r_none, Op.IOTA: _r_none,
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
 }
@@ -562,10 +609,12 @@ def check_program(program: Program, target: Target | str | None = None) -> None:
         target = get_target(target or program.target)
     bufs = check_buffers(program, target)
     for q, stream in program.streams.items():
+        groups = PsumGroups(target)
         for i, ins in enumerate(stream):
             try:
                 geoms = check_instr(ins, q, bufs, target)
                 if ins.op in (Op.MATMUL, Op.TRANSPOSE) and q.engine is EngineKind.TENSOR:
                     check_psum_bank(geoms[0], target, ins.op.value)
+                    groups.step(ins, geoms[0])
             except MachineError as e:
                 raise e.with_context(q, i, ins) from None

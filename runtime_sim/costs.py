@@ -37,6 +37,7 @@ every operand is a 2-byte float type)
   contiguous add/subtract/multiply (trn1 / GpSimdE); else ``2N``. The table's "all-bf16
   contiguous add/mul/sub" rule and the trn2 "2x when both inputs SBUF and all bf16" fast mode
   describe the same path, so it is applied once. divide: ``8N`` (reciprocal rate).
+- tensor_tensor_scan: ``max(MIN_II, 2N)``.
 - tensor_reduce: ``N/2`` for 2-byte in and out with add or max, else ``N``.
 - memset: ``N/2`` for value 0 into a 2-byte type, else ``N``. iota: ``150 + N`` (no floor).
 - select: ``2N`` (three streamed inputs, like tensor_tensor). bn_stats ``N``; bn_aggr ``13N/3``.
@@ -44,28 +45,35 @@ every operand is a 2-byte float type)
   more than one element) the streamed element count doubles ("larger strides halve it").
 - sem: 0.
 
-DMA model (``DmaModel`` keeps the dynamic state; queue ``i`` is on DMA engine ``i // 16``, so
-one queue gets one engine's ~23 B/ns: a program reaches the core's DMA bandwidth only by spreading
-transfers over queues of different engines, e.g. indices 0, 16, 32, ..., 240. hardware.md's "each
-DMA engine serves 8 SBUF partitions" is not modelled as partition affinity)
+DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/simulator.md)
+- Spread: a DMA instruction is split into one transfer per DMA engine that serves the SBUF
+  partitions it touches (``dma_partitions_per_engine`` = 8 partitions per engine, so a
+  128-partition tile uses all 16 engines; nki-dma-overview.rst: "each DMA transfer is by default
+  parallelized up to 16 DMA engines, depending on the shape"; a [4, 4096] tile uses one engine).
+  The SBUF side is the destination when it is in SBUF, else the source; HBM->HBM copies spread
+  over every engine. The queue index only names the in-order instruction stream.
 - Descriptor generation: ``dma_descriptor_ns`` (~600 ns on NC-v3+, 0 on trn1 where the compiler
   pre-builds descriptors) occupies the *queue*; the queue can issue its next DMA after it.
-- Data phase: starts when descriptors are ready and the DMA engine is free (one engine serves its
-  16 queues one transfer at a time, in issue order; a queue's transfers stay in order). It takes
-  ``(bytes + chunks * dma_chunk_overhead_bytes) / dma_engine_bytes_per_ns``, where a chunk is a
-  contiguous run (the shorter of the source's and destination's innermost contiguous runs, i.e.
-  bytes per partition for a dense SBUF tile). DMA transposes instead run at
-  ``dma_transpose_efficiency`` (from HBM) or ``dma_transpose_sbuf_efficiency`` (SBUF->SBUF).
+- Data phase: on each of its engines, the transfer starts when descriptors are ready and that
+  engine is free (an engine runs one transfer at a time, in issue order, whatever the queue) and
+  takes ``(b + c * dma_chunk_overhead_bytes) / (dma_engine_bytes_per_ns * dma_efficiency)``,
+  where ``b`` is the bytes of the busiest engine (bytes x its partitions / all partitions) and
+  ``c`` its contiguous chunks (a chunk is the shorter of the source's and destination's
+  innermost contiguous runs). DMA transposes run at ``dma_transpose_efficiency`` (from HBM) or
+  ``dma_transpose_sbuf_efficiency`` (SBUF->SBUF) of that rate instead. Every engine of the
+  transfer is charged the busiest engine's time (exact when partitions are multiples of 8).
 - HBM: every DMA that reads or writes HBM also passes its HBM bytes (HBM->HBM counts twice)
   through one FIFO fluid server of the core's share of HBM bandwidth
   (``hbm_bytes_per_ns / cores_per_chip``); the data phase ends no earlier than that reservation.
-- Fixed latency: ``dma_fixed_latency_ns`` (~1.3 us, setup + semaphore write) is added after the
-  data phase before the DMA completes. It is latency, not occupancy: it overlaps other transfers
-  on every queue (and the next transfer of the same queue), which is how one trn2 engine moves
+- Fixed latency: ``dma_fixed_latency_ns`` (~1.3 us: descriptor setup, synchronisation and the
+  semaphore write) is added after the data phase before the DMA completes. It is latency, not
+  occupancy: it overlaps other transfers on every engine, which is how one trn2 engine moves
   32 KiB in 1,416 ns in steady state (hardware.md) although a lone transfer takes ~1.3 us more.
+- A queue's DMAs complete (signal their semaphores) in issue order.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 from .checks import contiguous_run_elems
@@ -80,6 +88,8 @@ class Cost(NamedTuple):
     work_ns: float      # streaming time for the roofline (compute engines only)
     issue_ns: float = 0.0   # DMA: descriptor generation, occupies the queue
     hbm_ns: float = 0.0     # DMA: time on the core's share of HBM bandwidth
+    engine_lo: int = 0      # DMA: the engines [engine_lo, engine_hi) that carry the transfer
+    engine_hi: int = 0
 
 
 def clock_ghz(eng: EngineKind, t: Target) -> float:
@@ -202,6 +212,11 @@ def c_tensor_tensor(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return _compute(max(t.min_ii_cycles, c), c, eng, t)
 
 
+def c_tensor_tensor_scan(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    c = 2 * ins.srcs[0].free_size * _stride_factor(_aps(ins))
+    return _compute(max(t.min_ii_cycles, c), c, eng, t)
+
+
 def c_tensor_reduce(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     a = ins.attrs
     assert isinstance(a, TensorReduceAttrs)
@@ -249,22 +264,34 @@ def c_dma(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     s, d = ins.srcs[0], ins.dst
     assert d is not None and isinstance(ins.attrs, DmaAttrs)
     nbytes = s.bytes
-    bw = t.dma_engine_bytes_per_ns
+    side = d if d.memory is Memory.SBUF else s if s.memory is Memory.SBUF else None
+    ppe = t.dma_partitions_per_engine
+    if side is None:                     # HBM->HBM: every engine takes an equal share
+        lo, hi = 0, t.dma_engines
+        share = 1.0 / t.dma_engines
+    else:
+        p0, p1 = side.partition_start, side.partition_start + side.partitions
+        lo, hi = p0 // ppe, min(t.dma_engines, (p1 - 1) // ppe + 1)
+        most = max(min(p1, (e + 1) * ppe) - max(p0, e * ppe) for e in range(lo, hi))
+        share = most / side.partitions
+    bw = t.dma_engine_bytes_per_ns * t.dma_efficiency
+    eb = nbytes * share
     if ins.attrs.transpose:
         eff = t.dma_transpose_efficiency if s.memory is Memory.HBM else t.dma_transpose_sbuf_efficiency
-        data = nbytes / (bw * max(eff, 1e-9))
+        data = eb / (bw * max(eff, 1e-9))
     else:
         run = min(contiguous_run_elems(s.dims) * s.dtype.itemsize,
                   contiguous_run_elems(d.dims) * d.dtype.itemsize)
-        chunks = nbytes / max(run, 1)
-        data = (nbytes + chunks * t.dma_chunk_overhead_bytes) / bw
+        data = (eb + eb / max(run, 1) * t.dma_chunk_overhead_bytes) / bw
     hbm = nbytes * ((s.memory is Memory.HBM) + (d.memory is Memory.HBM))
-    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_descriptor_ns, hbm / t.hbm_bytes_per_ns_per_core)
+    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_descriptor_ns, hbm / t.hbm_bytes_per_ns_per_core,
+                lo, hi)
 
 
 COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.DMA_COPY: c_dma, Op.MATMUL: c_matmul, Op.TRANSPOSE: c_transpose,
     Op.ACTIVATION: c_activation, Op.TENSOR_TENSOR: c_tensor_tensor,
+    Op.TENSOR_TENSOR_SCAN: c_tensor_tensor_scan,
     Op.TENSOR_SCALAR: c_tensor_scalar, Op.TENSOR_REDUCE: c_tensor_reduce,
     Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
     Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.SEM: c_sem,
@@ -305,29 +332,136 @@ def instr_cost(ins: Instr, queue: Queue, t: Target, prev: Instr | None = None) -
 
 
 class DmaModel:
-    """Dynamic DMA state: per-engine free time and the HBM fluid server's backlog."""
+    """Dynamic DMA state: per-engine free time and the HBM fluid server's backlog.
+
+    ``free`` holds the engines' free times; while every engine has the same free time ``uni`` is
+    True and only ``free_all`` is meaningful (the common case of 128-partition transfers on all
+    engines costs O(1) then)."""
 
     def __init__(self, t: Target) -> None:
-        self.engine_free = [0.0] * t.dma_engines
-        self.qpe = t.dma_queues_per_engine
+        self.n = t.dma_engines
+        self.free = [0.0] * t.dma_engines
+        self.uni = True
+        self.free_all = 0.0
         self.hbm_free = 0.0
 
-    def engine_of(self, queue_index: int) -> int:
-        return queue_index // self.qpe
+    def engine_free(self) -> list[float]:
+        return [self.free_all] * self.n if self.uni else list(self.free)
 
-    def issue(self, start: float, engine: int, c: Cost) -> tuple[float, float, float, float]:
-        """Issue a DMA at ``start`` on DMA engine ``engine`` (= queue index // 16); return
-        (queue free again, data start, data end, completion)."""
-        busy, latency, _, issue_ns, hbm_ns = c
+    def issue(self, start: float, c: Cost) -> tuple[float, float, float, float]:
+        """Issue a DMA at ``start``; return (queue free again, data start, data end,
+        completion)."""
+        busy, latency, _, issue_ns, hbm_ns, lo, hi = c
         ready = start + issue_ns
-        ef = self.engine_free[engine]
-        data_start = ready if ready > ef else ef
-        data_end = data_start + busy
+        if lo == 0 and hi == self.n:
+            if self.uni:
+                f = self.free_all
+                d0 = ready if ready > f else f
+                d1 = d0 + busy
+                self.free_all = d1
+            else:
+                fr = self.free
+                f = max(fr)
+                if ready >= f:
+                    d0 = ready
+                    d1 = ready + busy
+                    self.uni = True
+                    self.free_all = d1
+                else:
+                    d0 = min(fr)
+                    if d0 < ready:
+                        d0 = ready
+                    d1 = f + busy
+                    self.free = [(x if x > ready else ready) + busy for x in fr]
+        else:
+            if self.uni:
+                self.free = [self.free_all] * self.n
+                self.uni = False
+            fr = self.free
+            d0 = d1 = None
+            for e in range(lo, hi):
+                x = fr[e]
+                s0 = x if x > ready else ready
+                e1 = s0 + busy
+                fr[e] = e1
+                if d0 is None or s0 < d0:
+                    d0 = s0
+                if d1 is None or e1 > d1:
+                    d1 = e1
+            assert d0 is not None and d1 is not None
         if hbm_ns:
             h = self.hbm_free
-            h = (data_start if data_start > h else h) + hbm_ns
+            h = (d0 if d0 > h else h) + hbm_ns
             self.hbm_free = h
-            if h > data_end:
-                data_end = h
-        self.engine_free[engine] = data_end
-        return ready, data_start, data_end, data_end + latency
+            if h > d1:
+                d1 = h
+        return ready, d0, d1, d1 + latency
+
+
+class TensorRamp:
+    """TensorE power ramp (trn2/trn3, ``Target.pe_ramp_*``): the engine runs at ``speed = s0 +
+    (1 - s0) * w`` of its nominal rate, ``w`` in [0, 1]. ``w`` grows by busy time / ``pe_ramp_ns``
+    (full speed after ~3 us of work from cold). ``u`` is the engine's utilisation, a moving average
+    of busy (1) / idle (0) with time constant ``pe_ramp_window_ns``; when an instruction starts
+    with ``u`` below ``pe_ramp_min_utilisation`` the engine has fallen back: ``w = 0``. It starts
+    cold (``u = w = 0``). An instruction keeps the speed it starts with. Also applies the exposed
+    LoadStationary time (``ls``) when the engine was idle before a matmul with a new stationary."""
+
+    def __init__(self, t: Target, ls: list[float] | None) -> None:
+        self.s0 = t.pe_ramp_start_speed
+        self.ramp = t.pe_ramp_ns
+        self.win = t.pe_ramp_window_ns
+        self.umin = t.pe_ramp_min_utilisation
+        self.on = self.s0 < 1.0
+        self.ls = ls
+        self.u = 0.0
+        self.w = 0.0
+        self.end = 0.0
+        self.extra = 0.0     # busy time added over the static costs
+
+    def step(self, t: float, i: int, busy: float) -> tuple[float, float]:
+        gap = t - self.end
+        b = busy
+        if gap > 0 and self.ls is not None:
+            b += self.ls[i]
+        if self.on:
+            u = self.u
+            if gap > 0:
+                u *= math.exp(-gap / self.win)
+            w = self.w
+            if u < self.umin:
+                w = 0.0
+            if w < 1.0:
+                b /= self.s0 + (1.0 - self.s0) * w
+                w += b / self.ramp
+                self.w = 1.0 if w > 1.0 else w
+            self.u = 1.0 - (1.0 - u) * math.exp(-b / self.win)
+        self.end = t + b
+        self.extra += b - busy
+        return t, b
+
+
+class SharedPorts:
+    """NC-v2 shared SBUF/PSUM ports (``Target.shared_ports``): an instruction whose port mask
+    (``sim_prepare.PORT_SBUF``: VectorE/GpSimdE touching SBUF; ``PORT_PSUM``: VectorE/ScalarE
+    touching PSUM) names a port held by the *other* engine of that pair waits until it is released;
+    it then holds the port for its busy time. Arbitration is in order of readiness."""
+
+    def __init__(self) -> None:
+        self.owner = [None, None, None]
+        self.until = [0.0, 0.0, 0.0]
+
+    def step(self, eng: object, t: float, mask: int, busy: float) -> float:
+        owner, until = self.owner, self.until
+        for p in (1, 2):
+            if mask & p and owner[p] is not eng and until[p] > t:
+                t = until[p]
+        end = t + busy
+        for p in (1, 2):
+            if mask & p:
+                if owner[p] is not eng:
+                    owner[p] = eng
+                    until[p] = end
+                elif end > until[p]:
+                    until[p] = end
+        return t

@@ -228,6 +228,7 @@ class Op(enum.Enum):
     TRANSPOSE = "transpose"
     ACTIVATION = "activation"
     TENSOR_TENSOR = "tensor_tensor"
+    TENSOR_TENSOR_SCAN = "tensor_tensor_scan"
     TENSOR_SCALAR = "tensor_scalar"
     TENSOR_REDUCE = "tensor_reduce"
     TENSOR_COPY = "tensor_copy"
@@ -329,6 +330,19 @@ class TensorTensorAttrs:
 
 
 @dataclass(frozen=True)
+class TensorTensorScanAttrs:
+    """Scan along the flattened free axis of each partition (NKI ``tensor_tensor_scan``):
+    ``y[i] = (srcs[0][i] op0 y[i-1]) op1 srcs[1][i]`` with ``y[-1] = initial``. ``initial`` is
+    the constant ``initial`` or, with ``initial_from_src``, the per-partition [P, 1] source
+    ``srcs[2]``."""
+
+    op0: AluOp = AluOp.MULTIPLY
+    op1: AluOp = AluOp.ADD
+    initial: float = 0.0
+    initial_from_src: bool = False
+
+
+@dataclass(frozen=True)
 class TensorScalarAttrs:
     """``dst = (src op0 operand0) op1 operand1``; an operand is a constant or, when the matching
     ``*_from_src`` flag is set, a per-partition [P, 1] source AP (srcs[1], then srcs[2]).
@@ -394,13 +408,14 @@ class SemAttrs:
 
 
 OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
-                TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs, MemsetAttrs, IotaAttrs,
-                SelectAttrs, BnStatsAttrs, BnAggrAttrs, SemAttrs]
+                TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
+                MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
     Op.ACTIVATION: ActivationAttrs, Op.TENSOR_TENSOR: TensorTensorAttrs,
-    Op.TENSOR_SCALAR: TensorScalarAttrs, Op.TENSOR_REDUCE: TensorReduceAttrs,
+    Op.TENSOR_TENSOR_SCAN: TensorTensorScanAttrs, Op.TENSOR_SCALAR: TensorScalarAttrs,
+    Op.TENSOR_REDUCE: TensorReduceAttrs,
     Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs, Op.SEM: SemAttrs,
 }
@@ -412,6 +427,7 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.TRANSPOSE: frozenset({EngineKind.TENSOR, EngineKind.VECTOR}),
     Op.ACTIVATION: frozenset({EngineKind.SCALAR}),
     Op.TENSOR_TENSOR: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
+    Op.TENSOR_TENSOR_SCAN: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
     Op.TENSOR_SCALAR: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR}),
     Op.TENSOR_REDUCE: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
     Op.TENSOR_COPY: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR}),

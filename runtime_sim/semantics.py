@@ -22,6 +22,9 @@ Conventions (the executable spec of the ISA)
   free axes into ``accum`` [P, 1]. ``identity`` and ``copy`` both return ``x * scale + bias``.
   GELU (erf form) is ``0.5 x (1 + erf(x / sqrt 2))``, GELU_TANH is
   ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, SiLU ``x * sigmoid(x)``, as torch defines.
+- ``tensor_tensor_scan``: per partition, along the row-major flattened free axis,
+  ``y[i] = (src0[i] op0 y[i-1]) op1 src1[i]``, ``y[-1]`` = the constant ``initial`` or the [P, 1]
+  third source; every step rounds to fp32 (the recurrence stays inside the engine).
 - ALU ops (``tensor_tensor``, ``tensor_scalar``): ``bypass(a, b) = a``; ``subtract = a - b``;
   ``divide = a / b`` (IEEE); ``pow = a ** b``; ``mod`` = floor modulo (sign of the divisor, like
   ``torch.remainder``); comparisons and logical ops (non-zero is true) yield 1.0 / 0.0;
@@ -47,7 +50,7 @@ import numpy as np
 
 from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, IotaAttrs,
                   MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs, TensorScalarAttrs,
-                  TensorTensorAttrs)
+                  TensorTensorAttrs, TensorTensorScanAttrs)
 from .checks import dma_2d
 from .memory import MachineMemory
 
@@ -109,7 +112,7 @@ ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ActFunc.RECIPROCAL: lambda x: 1.0 / x,
     ActFunc.SQUARE: lambda x: x * x,
     ActFunc.ABS: np.abs,
-    ActFunc.SIGN: np.sign,
+    ActFunc.SIGN: lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype),  # sign(nan) = 0
     ActFunc.ERF: erf64,
     ActFunc.SIN: np.sin,
     ActFunc.COS: np.cos,
@@ -211,7 +214,9 @@ def activation(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     if a.scale_from_src:
         scale = _rows(m, ins.srcs[k])
     with np.errstate(all="ignore"):
-        z = x * scale + bias
+        # an identity affine step is skipped, so -0.0 keeps its sign (x + 0.0 would be +0.0)
+        plain = not (a.bias_from_src or a.scale_from_src) and a.scale == 1.0 and a.bias == 0.0
+        z = x if plain else x * scale + bias
         y = ACT_FUNCS[a.func](z.astype(np.float64)).astype(F32)
         m.write(_dst(ins), y)
         if a.reduce is not None and ins.accum is not None:
@@ -224,6 +229,20 @@ def tensor_tensor(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     x, y = _rows(m, ins.srcs[0]), _rows(m, ins.srcs[1])
     with np.errstate(all="ignore"):
         m.write(_dst(ins), ALU[a.op](x, y).astype(F32, copy=False))
+
+
+def tensor_tensor_scan(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, TensorTensorScanAttrs)
+    x, y = _rows(m, ins.srcs[0]), _rows(m, ins.srcs[1])
+    prev = _rows(m, ins.srcs[2])[:, 0] if a.initial_from_src else np.full(x.shape[0], a.initial, F32)
+    f0, f1 = ALU[a.op0], ALU[a.op1]
+    out = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        for i in range(x.shape[1]):     # sequential along the free axis, fp32 at every step
+            prev = f1(f0(x[:, i], prev).astype(F32, copy=False), y[:, i]).astype(F32, copy=False)
+            out[:, i] = prev
+    m.write(_dst(ins), out)
 
 
 def _step(x: np.ndarray, op: AluOp, c: np.ndarray | F32, reverse: bool) -> np.ndarray:
@@ -318,7 +337,8 @@ def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.DMA_COPY: dma_copy, Op.MATMUL: matmul, Op.TRANSPOSE: transpose,
-    Op.ACTIVATION: activation, Op.TENSOR_TENSOR: tensor_tensor, Op.TENSOR_SCALAR: tensor_scalar,
+    Op.ACTIVATION: activation, Op.TENSOR_TENSOR: tensor_tensor,
+    Op.TENSOR_TENSOR_SCAN: tensor_tensor_scan, Op.TENSOR_SCALAR: tensor_scalar,
     Op.TENSOR_REDUCE: tensor_reduce, Op.TENSOR_COPY: tensor_copy, Op.MEMSET: memset,
     Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr, Op.SEM: sem,
 }

@@ -57,77 +57,18 @@ from typing import Callable
 
 import numpy as np
 
-from .checks import (InputError, MachineError, UninitializedReadError, check_ap, check_buffers,
-                     check_instr_shape, check_psum_bank, check_waits)
-from .costs import Cost, DmaModel, clock_ghz, depends_on_previous, instr_cost
+from .checks import InputError, MachineError, UninitializedReadError, check_buffers
+from .costs import DmaModel, SharedPorts, TensorRamp
 from .isa import EngineKind, Instr, Memory, Op, Program, Queue
 from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
 from .semantics import SEMANTICS
+from .sim_prepare import ENGINE_NAMES, prepare
 from .stats import SimResult, SimStats, TraceEvent
 from .targets import Target, get_target
 
 MODES = ("functional", "timing")
-ENGINE_NAMES = ("pe", "dve", "act", "pool", "dma")
-
-
-class _Static:
-    """Per-signature facts of an instruction (shape, dtype, memory, attrs, queue): its cost and
-    its contribution to the static statistics. Instructions of a tiled loop share signatures."""
-
-    __slots__ = ("cost", "busy", "lat", "work", "flops", "tensor_ns", "dma_bytes", "hbm_bytes")
-
-    def __init__(self, ins: Instr, q: Queue, tgt: Target) -> None:
-        self.cost = c = instr_cost(ins, q, tgt, None)
-        self.busy, self.lat, self.work = c.busy_ns, c.latency_ns, c.work_ns
-        self.flops = 0
-        self.tensor_ns = 0.0
-        self.dma_bytes = 0
-        self.hbm_bytes = 0
-        if ins.op is Op.MATMUL:
-            st, mv = ins.srcs
-            self.flops = 2 * st.partitions * st.free_size * mv.free_size
-            self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
-        elif ins.op is Op.DMA_COPY:
-            s0, d0 = ins.srcs[0], ins.dst
-            assert d0 is not None
-            self.dma_bytes = s0.bytes
-            self.hbm_bytes = s0.bytes * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
-
-
-# Which attributes the *cost* of an op depends on (the key used when checks are off; with checks
-# on the whole attrs object is part of the key, since the operand rules read all of it).
-_COST_ATTRS: dict[Op, Callable[[object], object]] = {
-    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: None, Op.TRANSPOSE: lambda a: None,
-    Op.ACTIVATION: lambda a: a.reduce, Op.TENSOR_TENSOR: lambda a: a.op,
-    Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
-    Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
-    Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
-    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.SEM: lambda a: None,
-}
-
-
-def _signature(ins: Instr, akey: object) -> tuple:
-    """Everything an instruction's cost and operand rules depend on, except offsets."""
-    d = ins.dst
-    ss = ins.srcs
-    if d is not None and ins.accum is None:
-        if len(ss) == 1:
-            s0 = ss[0]
-            return (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype,
-                    s0.memory, s0.partitions, s0.dims, s0.dtype)
-        if len(ss) == 2:
-            s0, s1 = ss
-            return (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype,
-                    s0.memory, s0.partitions, s0.dims, s0.dtype, s1.memory, s1.partitions, s1.dims, s1.dtype)
-    k: tuple = (ins.op, akey) if d is None else (ins.op, akey, d.memory, d.partitions, d.dims, d.dtype)
-    a = ins.accum
-    if a is not None:
-        k += (None, a.memory, a.partitions, a.dims, a.dtype)
-    for a in ins.srcs:
-        k += (a.memory, a.partitions, a.dims, a.dtype)
-    return k
 
 
 def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
@@ -169,120 +110,9 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     engines = [q.engine for q in queues]
 
     # ---- precompute: costs (cached per signature), static checks, semaphores, statistics --
-    sig_q: list[set[str]] = []     # per queue: the semaphores it signals
-    wait_q: list[set[str]] = []    # per queue: the semaphores it waits on
-    busy: list[list[float]] = []
-    lat: list[list[float]] = []
-    dcost: list[list[Cost] | None] = []
-    waits: list[list[tuple]] = []
-    sigs: list[list[tuple]] = []
-    geoms: list[list[tuple]] | None = [] if dynamic else None
-    apcache: dict = {}
-    touch: set[tuple[object, int, bool]] = set()     # (space, queue, writes?)
-    flops = 0
-    tensor_ns = 0.0
-    work: dict[str, float] = {}
-    dma_count = dma_bytes = hbm_bytes = spill_bytes = 0
-    static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
-    penalized = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)
-    cost_attrs = _COST_ATTRS
-    spill_names = {b.name for b in program.buffers if b.name.startswith("spill")}
-    for qi, (q, stream) in enumerate(zip(queues, streams)):
-        eng = q.engine
-        clk = clock_ghz(eng, tgt)
-        penalty = tgt.dependent_vector_penalty_cycles / clk if eng in penalized else 0.0
-        cache: dict[tuple, _Static] = {}
-        b_l: list[float] = []
-        l_l: list[float] = []
-        w_l: list[tuple] = []
-        s_l: list[tuple] = []
-        d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
-        g_l: list[tuple] = []
-        prev: Instr | None = None
-        prev_buf: str | None = None
-        wsum = 0.0
-        q_wait_set: set[str] = set()
-        q_sig_set: set[str] = set()
-        q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
-        for i, ins in enumerate(stream):
-            op = ins.op
-            d = ins.dst
-            ss = ins.srcs
-            ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
-            if len(ss) == 1 and d is not None and ins.accum is None:     # the common shapes, inline
-                s0 = ss[0]
-                key = (op, ak, d.memory, d.partitions, d.dims, d.dtype, s0.memory, s0.partitions, s0.dims, s0.dtype)
-            elif len(ss) == 2 and d is not None and ins.accum is None:
-                s0, s1 = ss
-                key = (op, ak, d.memory, d.partitions, d.dims, d.dtype, s0.memory, s0.partitions, s0.dims, s0.dtype,
-                       s1.memory, s1.partitions, s1.dims, s1.dtype)
-            else:
-                key = _signature(ins, ak)
-            st = cache.get(key)
-            try:
-                if st is None:
-                    if checks:
-                        check_instr_shape(ins, q, tgt)
-                    st = cache[key] = _Static(ins, q, tgt)
-                if checks:
-                    for x in ins.waits:
-                        if type(x[1]) is not int or x[1] < 1 or not x[0]:
-                            check_waits(ins)
-                    gs = _geoms(ins, eng, bufs, apcache, tgt)
-                    if dynamic:
-                        g_l.append(gs)
-                        for g, is_w in gs:
-                            touch.add((g.space, qi, is_w))
-            except MachineError as e:
-                raise e.with_context(q, i, ins) from None
-            bz = st.busy
-            if penalty:
-                if prev_buf is not None:
-                    for x in ss:
-                        if x.buffer == prev_buf:
-                            if depends_on_previous(ins, prev):
-                                bz += penalty
-                            break
-                    else:
-                        if prev.accum is not None and depends_on_previous(ins, prev):  # type: ignore[union-attr]
-                            bz += penalty
-                prev = ins
-                prev_buf = d.buffer if d is not None else None
-            b_l.append(bz)
-            l_l.append(st.lat)
-            wsum += st.work
-            if d_l is not None:
-                d_l.append(st.cost)
-                dma_count += 1
-                dma_bytes += st.dma_bytes
-                hbm_bytes += st.hbm_bytes
-                if ss[0].buffer in spill_names or d.buffer in spill_names:  # type: ignore[union-attr]
-                    spill_bytes += st.dma_bytes
-            elif st.flops:
-                flops += st.flops
-                tensor_ns += st.tensor_ns
-            wt = ins.waits
-            w_l.append(wt)
-            if wt:
-                for x in wt:
-                    q_wait_add(x[0])
-            sg = ins.signals
-            s_l.append(sg)
-            if sg:
-                q_sig_update(sg)
-        w_l.append(())                      # sentinel: the "head" of a finished queue
-        wait_q.append(q_wait_set)
-        sig_q.append(q_sig_set)
-        busy.append(b_l)
-        lat.append(l_l)
-        waits.append(w_l)
-        sigs.append(s_l)
-        dcost.append(d_l)
-        if geoms is not None:
-            geoms.append(g_l)
-        if eng is not EngineKind.DMA:
-            static_busy[eng.value] += sum(b_l)
-            work[eng.value] = work.get(eng.value, 0.0) + wsum
+    P = prepare(program, queues, streams, tgt, bufs, checks, dynamic)
+    busy, lat, dcost, waits, sigs, geoms = P.busy, P.lat, P.dcost, P.waits, P.sigs, P.geoms
+    sig_q, wait_q, touch = P.sig_q, P.wait_q, P.touch
     # semaphores are keyed by name; who signals / waits on each one is known statically
     signallers: dict[str, set[int]] = {}
     waiting: dict[str, set[int]] = {}
@@ -341,7 +171,19 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     is_dma = [e is EngineKind.DMA for e in engines]
     dma_model = DmaModel(tgt)
     dma_issue = dma_model.issue
-    qengine = [dma_model.engine_of(q.index) if q.engine is EngineKind.DMA else 0 for q in queues]
+    qlast = [0.0] * nq                   # DMA queues: completion time of the last DMA
+    # dynamic compute costs: TensorE power ramp / exposed LoadStationary, NC-v2 shared ports
+    ramps: list[TensorRamp] = []
+    dyn: list = [None] * nq
+    ports = SharedPorts()
+    for q in range(nq):
+        e = engines[q]
+        if e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.ls[q] is not None):
+            r = TensorRamp(tgt, P.ls[q])
+            ramps.append(r)
+            dyn[q] = r.step
+        elif P.ports[q] is not None:
+            dyn[q] = _port_step(ports, e, P.ports[q])
     dma_iv: list[tuple[float, float]] = []
     events: list[TraceEvent] = []
     heap: list[tuple[float, int]] = []
@@ -378,7 +220,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
         if t != sched[q]:
             continue                      # stale entry
         q_waits, q_sigs, q_busy, q_lat, q_dc = waits[q], sigs[q], busy[q], lat[q], dcost[q]
-        q_dma, q_len = is_dma[q], lens[q]
+        q_dma, q_len, q_dyn = is_dma[q], lens[q], dyn[q]
         i = heads[q]
         while True:
             w = q_waits[i]
@@ -387,10 +229,17 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     qwait[q] += t - qfree[q]
             # --- time ---
             if q_dma:
-                qf, d0, d1, done = dma_issue(t, qengine[q], q_dc[i])  # type: ignore[index]
+                qf, d0, d1, done = dma_issue(t, q_dc[i])  # type: ignore[index]
+                if done < qlast[q]:
+                    done = qlast[q]              # a queue's DMAs complete in order
+                qlast[q] = done
                 dma_iv.append((d0, d1))
             else:
-                qf = t + q_busy[i]
+                if q_dyn is None:
+                    qf = t + q_busy[i]
+                else:
+                    t, b = q_dyn(t, i, q_busy[i])
+                    qf = t + b
                 done = qf + q_lat[i]
                 d0 = t
             qfree[q] = qf
@@ -512,7 +361,8 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     wait_ns = dict.fromkeys(ENGINE_NAMES, 0.0)
     for q in range(nq):
         wait_ns[engines[q].value] += qwait[q]
-    engine_busy = {k: v for k, v in static_busy.items() if k != "dma"}
+    engine_busy = {k: v for k, v in P.static_busy.items() if k != "dma"}
+    engine_busy["pe"] += sum(r.extra for r in ramps)
     engine_busy["dma"] = _union(dma_iv)
     min_hbm = sum(bufs[n].bytes_per_partition for n in program.inputs) + \
         sum(bufs[n].bytes_per_partition for n in program.outputs)
@@ -520,37 +370,21 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     for b in program.buffers:
         if b.memory in peaks:
             peaks[b.memory] = max(peaks[b.memory], ((b.offset or 0) + b.bytes_per_partition) * tgt.sbuf_partitions)
-    roof = max([tensor_ns, min_hbm / tgt.hbm_bytes_per_ns_per_core] + list(work.values()))
+    roof = max([P.tensor_ns, min_hbm / tgt.hbm_bytes_per_ns_per_core] + list(P.work.values()))
     stats = SimStats(
         target=tgt.name, total_ns=total, instructions=sum(heads), engine_busy_ns=engine_busy,
-        semaphore_wait_ns=wait_ns, flops=flops, hbm_bytes=hbm_bytes, min_hbm_bytes=min_hbm,
-        dma_count=dma_count, dma_bytes=dma_bytes, spill_bytes=spill_bytes,
+        semaphore_wait_ns=wait_ns, flops=P.flops, hbm_bytes=P.hbm_bytes, min_hbm_bytes=min_hbm,
+        dma_count=P.dma_count, dma_bytes=P.dma_bytes, spill_bytes=P.spill_bytes,
         sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof)
     outputs = {n: mem.dump(n) for n in program.outputs} if mem is not None else {}
     return SimResult(stats=stats, outputs=outputs, trace=events)
 
 
-def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) -> tuple:
-    """Checked geometry of every operand as ((geom, is_write), ...), cached per AP value."""
-    out = []
-    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
-        if a is not None:
-            k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
-            g = apcache.get(k)
-            if g is None:
-                g = apcache[k] = check_ap(a, bufs, role)
-            out.append((g, True))
-    n = 0
-    for a in ins.srcs:
-        k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
-        g = apcache.get(k)
-        if g is None:
-            g = apcache[k] = check_ap(a, bufs, f"src{n}")
-        out.append((g, False))
-        n += 1
-    if eng is EngineKind.TENSOR and out:
-        check_psum_bank(out[0][0], tgt, ins.op.value)
-    return tuple(out)
+def _port_step(ports: SharedPorts, eng: EngineKind, masks: list[int]):
+    def step(t: float, i: int, b: float) -> tuple[float, float]:
+        m = masks[i]
+        return (ports.step(eng, t, m, b) if m else t), b
+    return step
 
 
 def _prefix_join(pj: list, cl: list, n: int) -> tuple:

@@ -74,6 +74,27 @@ class Target:
     dma_chunk_overhead_bytes: float = 256.0
     # SBUF->SBUF DMA transpose throughput / plain throughput (DMA: "SBUF->SBUF up to 50%").
     dma_transpose_sbuf_efficiency: float = 0.5
+    # Sustained fraction of dma_engine_bytes_per_ns that DMA data phases reach (1.0: the
+    # documented figure is the sustained rate). FITTED on trn1, see TRN1 below.
+    dma_efficiency: float = 1.0
+
+    # --- TensorE power ramp (trn2/trn3; hardware.md, tools/neuron-explorer/overview-summary-page.rst:
+    # "starts near 50% speed and ramps to full over ~3 us; falls back if utilisation drops below
+    # 50% in a ~3 us window"). pe_ramp_start_speed == 1.0 disables the ramp (trn1: not documented).
+    pe_ramp_start_speed: float = 1.0
+    pe_ramp_ns: float = 3000.0           # busy time from start speed to full speed
+    pe_ramp_window_ns: float = 3000.0    # utilisation window (time constant of its moving average)
+    pe_ramp_min_utilisation: float = 0.5  # below it the engine falls back to the start speed
+    # LoadStationary runs up to 4x faster than a MultiplyMoving of the same free size and
+    # normally loads in the background (trainium_inferentia2_arch.rst "Fast/Background
+    # LoadStationary"); it is exposed only when TensorE was idle before a matmul with a new
+    # stationary: ceil(M / load_stationary_speedup) cycles.
+    load_stationary_speedup: int = 4
+
+    # --- NC-v2 shared SBUF/PSUM ports (trainium_inferentia2_arch.rst: "VectorE and GpSimdE
+    # cannot access SBUF in parallel; VectorE and ScalarE cannot access PSUM in parallel";
+    # trainium2_arch.rst: NC-v3 removes both limits).
+    shared_ports: bool = False
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -125,12 +146,20 @@ TRN1 = Target(
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH1: 2 MiB, 8 x 2 KiB
     hbm_bytes_per_ns=820.0,                                              # ARCH1: 820 GB/s per chip
     dma_engines=16, dma_queues_per_engine=16,                            # ARCH1
-    dma_engine_bytes_per_ns=17.0,                                        # DMA: 272 GB/s per core
+    dma_engine_bytes_per_ns=17.0,                                        # DMA: 272 GB/s per core (ARCH1: 27 GiB/s)
     dma_fixed_latency_ns=1300.0,                                         # DMA: ~1.3 us per transfer
     dma_descriptor_ns=0.0,                                               # software DGE on NC-v2
     dma_partitions_per_engine=8,                                         # DMA
     dma_transpose_efficiency=0.0,                                        # no DMA transpose on trn1
     host_link_bytes_per_ns=32.0,  # ASSUMED (not in hardware.md): PCIe Gen4 x16 ~32 GB/s
+    # FITTED: the NKI matmul tutorial (sdk@2.26 matrix_multiplication.rst, trn1, bf16) step
+    # "loads hoisted out of the inner loop" (42.96 ms) run by runtime_sim.calibrate. The other
+    # matmul steps and the Mamba kernels are the validation. Evidence (docs/simulator.md): the
+    # three DMA-bound steps move 5.4 / 4.4 / 2.2 GB in 51.8 / 43.0 / 22.1 ms, a nearly constant
+    # ~100 GB/s per core whether the contiguous runs are 256 B or 1 KiB, i.e. a per-byte ceiling
+    # at ~0.37 of the documented 16 x 17 GB/s, not a per-chunk or per-transfer overhead.
+    dma_efficiency=0.385,
+    shared_ports=True,                                                   # ARCH1: NC-v2 port limits
 )
 
 TRN2 = Target(
@@ -152,6 +181,7 @@ TRN2 = Target(
     dma_partitions_per_engine=8,                                         # DMA
     dma_transpose_efficiency=0.9,                                        # DMA: HBM->SBUF transpose up to 90%
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
+    pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
 )
 
 TRN3 = Target(
@@ -173,6 +203,7 @@ TRN3 = Target(
     dma_partitions_per_engine=8,                                         # DMA
     dma_transpose_efficiency=0.9,                                        # DMA (trn2 figure; none published for trn3)
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
+    pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -16,7 +16,7 @@ from runtime_sim import (GPSIMD, SCALAR, TENSOR, VECTOR, AccessPatternError, Ali
                          EngineError, InputError, Instr, MatmulAttrs, Memory, MemsetAttrs,
                          OperandError, Op, Program, PsumAccumulateError, RaceError,
                          TensorCopyAttrs, TensorScalarAttrs, TensorTensorAttrs,
-                         UninitializedReadError, ap, dma_queue, simulate, tile_ap,
+                         UninitializedReadError, ap, check_program, dma_queue, simulate, tile_ap,
                          write_chrome_trace)
 
 F32, BF16 = DType.FP32, DType.BF16
@@ -149,11 +149,43 @@ def test_accumulate_into_memset_psum():
             waits.append(("z", 1))
         b.add(TENSOR, Instr(Op.MATMUL, ps, (a, a), MatmulAttrs(accumulate=first_accumulates), waits=tuple(waits)))
         return b
-    with pytest.raises(PsumAccumulateError, match=r"(?s)pe #0: matmul.*last written by a non-matmul"):
-        build(True, True).run()
-    with pytest.raises(UninitializedReadError):
+    # no open accumulation group: caught statically, in both modes and by check_program
+    for mode in ("functional", "timing"):
+        with pytest.raises(PsumAccumulateError, match=r"(?s)pe #0: matmul.*no accumulation group is open"):
+            build(True, True).run(mode=mode)
+    with pytest.raises(PsumAccumulateError):
+        check_program(build(True, True).program())
+    with pytest.raises(PsumAccumulateError, match="no accumulation group"):
         build(True, False).run()
     build(False, True).run()   # overwrite (accumulate=False) after a memset is fine
+    # a group is open, but VectorE overwrites part of it before the next accumulation (run time)
+    b = B()
+    a, s = b.load("a", np.ones((128, 32), np.float32), F32)
+    ps = tile_ap(b.psum("ps", 128), F32, 32, 32)
+    b.add(TENSOR, Instr(Op.MATMUL, ps, (a, a), MatmulAttrs(), waits=((s, 1),), signals=("g",)))
+    b.add(VECTOR, Instr(Op.MEMSET, tile_ap(b.buffers[-1], F32, 32, 8), (), MemsetAttrs(0.0), waits=(("g", 1),),
+                        signals=("z",)))
+    b.add(TENSOR, Instr(Op.MATMUL, ps, (a, a), MatmulAttrs(accumulate=True), waits=(("z", 1),)))
+    with pytest.raises(PsumAccumulateError, match=r"(?s)pe #1: matmul.*last written by a non-matmul"):
+        b.run()
+
+
+def test_psum_accumulation_groups_one_per_bank():
+    def build(second_bank_offset: int) -> B:
+        b = B()
+        a, s = b.load("a", np.ones((128, 32), np.float32), F32)
+        ps = b.psum("ps", 4096)
+        g1 = tile_ap(ps, F32, 32, 32)
+        g2 = tile_ap(ps, F32, 32, 32, elem_offset=second_bank_offset // 4)
+        for dst, acc in ((g1, False), (g2, False), (g1, True), (g2, True)):
+            b.add(TENSOR, Instr(Op.MATMUL, dst, (a, a), MatmulAttrs(accumulate=acc), waits=((s, 1),)))
+        return b
+    # two groups interleaved in one bank: the second closes the first
+    with pytest.raises(PsumAccumulateError, match=r"(?s)pe #2: matmul.*outside the bank's open accumulation group"):
+        build(256).run(mode="timing")
+    build(2048).run()        # the same two groups in two banks: fine
+    with pytest.raises(PsumAccumulateError):
+        check_program(build(256).program())
 
 
 def test_deadlock_names_instructions_and_semaphores():

@@ -1,0 +1,253 @@
+"""The simulator's precompute pass: everything about a program that does not depend on time.
+
+For every queue and instruction: its static cost (cached per *signature*: op, cost-relevant
+attributes, and each operand's memory, partition start and count, free dims and dtype; the
+instructions of a tiled loop share a few signatures), the dependent-instruction penalty, its
+waits and signals, the checked geometry of its operands (when checks are on), TensorE facts for
+the dynamic model (exposed LoadStationary time), the NC-v2 shared-port mask, and the static
+statistics (FLOPs, DMA count and bytes, HBM bytes, spill bytes, per-engine work).
+
+Invariant: nothing here reads or advances simulated time; ``simulator._simulate`` runs the
+event loop over the lists built here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
+                     check_waits)
+from .costs import Cost, clock_ghz, depends_on_previous, instr_cost
+from .isa import EngineKind, Instr, Memory, Op, Queue
+from .targets import Target
+
+ENGINE_NAMES = ("pe", "dve", "act", "pool", "dma")
+PORT_SBUF, PORT_PSUM = 1, 2   # NC-v2 shared ports: VectorE/GpSimdE on SBUF, VectorE/ScalarE on PSUM
+
+
+class _Static:
+    """Per-signature facts of an instruction: its cost and its static statistics."""
+
+    __slots__ = ("cost", "busy", "lat", "work", "flops", "tensor_ns", "dma_bytes", "hbm_bytes", "port")
+
+    def __init__(self, ins: Instr, q: Queue, tgt: Target) -> None:
+        self.cost = c = instr_cost(ins, q, tgt, None)
+        self.busy, self.lat, self.work = c.busy_ns, c.latency_ns, c.work_ns
+        self.flops = 0
+        self.tensor_ns = 0.0
+        self.dma_bytes = 0
+        self.hbm_bytes = 0
+        self.port = 0
+        if ins.op is Op.MATMUL:
+            st, mv = ins.srcs
+            self.flops = 2 * st.partitions * st.free_size * mv.free_size
+            self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
+        elif ins.op is Op.DMA_COPY:
+            s0, d0 = ins.srcs[0], ins.dst
+            assert d0 is not None
+            self.dma_bytes = s0.bytes
+            self.hbm_bytes = s0.bytes * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
+        elif tgt.shared_ports and ins.op is not Op.SEM:
+            mems = {a.memory for a in ins.writes + ins.srcs}
+            e = q.engine
+            if Memory.SBUF in mems and e in (EngineKind.VECTOR, EngineKind.GPSIMD):
+                self.port |= PORT_SBUF
+            if Memory.PSUM in mems and e in (EngineKind.VECTOR, EngineKind.SCALAR):
+                self.port |= PORT_PSUM
+
+
+# Which attributes the *cost* of an op depends on (the key used when checks are off; with checks
+# on the whole attrs object is part of the key, since the operand rules read all of it).
+_COST_ATTRS: dict[Op, Callable[[object], object]] = {
+    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: None, Op.TRANSPOSE: lambda a: None,
+    Op.ACTIVATION: lambda a: a.reduce, Op.TENSOR_TENSOR: lambda a: a.op,
+    Op.TENSOR_TENSOR_SCAN: lambda a: a.initial_from_src,
+    Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
+    Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
+    Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
+    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.SEM: lambda a: None,
+}
+
+
+def _signature(ins: Instr, akey: object) -> tuple:
+    """Everything an instruction's cost and operand rules depend on, except byte offsets."""
+    d = ins.dst
+    k: tuple = (ins.op, akey) if d is None else (ins.op, akey, d.memory, d.partition_start, d.partitions,
+                                                 d.dims, d.dtype)
+    a = ins.accum
+    if a is not None:
+        k += (None, a.memory, a.partition_start, a.partitions, a.dims, a.dtype)
+    for a in ins.srcs:
+        k += (a.memory, a.partition_start, a.partitions, a.dims, a.dtype)
+    return k
+
+
+def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) -> tuple:
+    """Checked geometry of every operand as ((geom, is_write), ...), cached per AP value."""
+    out = []
+    for role, a in (("dst", ins.dst), ("accum", ins.accum)):
+        if a is not None:
+            k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
+            g = apcache.get(k)
+            if g is None:
+                g = apcache[k] = check_ap(a, bufs, role)
+            out.append((g, True))
+    n = 0
+    for a in ins.srcs:
+        k = (a.buffer, a.memory, a.partition_start, a.partitions, a.byte_offset, a.dims, a.dtype)
+        g = apcache.get(k)
+        if g is None:
+            g = apcache[k] = check_ap(a, bufs, f"src{n}")
+        out.append((g, False))
+        n += 1
+    if eng is EngineKind.TENSOR and out:
+        check_psum_bank(out[0][0], tgt, ins.op.value)
+    return tuple(out)
+
+
+class Prepared:
+    """Per-queue lists (index = position in the queue's stream) and static statistics."""
+
+    def __init__(self, nq: int) -> None:
+        self.busy: list[list[float]] = []
+        self.lat: list[list[float]] = []
+        self.dcost: list[list[Cost] | None] = []      # DMA queues: the full Cost
+        self.waits: list[list[tuple]] = []            # ends with a () sentinel
+        self.sigs: list[list[tuple]] = []
+        self.ports: list[list[int] | None] = []       # NC-v2 port masks (None: no port use)
+        self.ls: list[list[float] | None] = []        # TensorE: exposed LoadStationary time
+        self.geoms: list[list[tuple]] | None = None
+        self.sig_q: list[set[str]] = []
+        self.wait_q: list[set[str]] = []
+        self.touch: set[tuple[object, int, bool]] = set()
+        self.flops = 0
+        self.tensor_ns = 0.0
+        self.work: dict[str, float] = {}
+        self.dma_count = self.dma_bytes = self.hbm_bytes = self.spill_bytes = 0
+        self.static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
+
+
+def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt: Target, bufs: dict,
+            checks: bool, dynamic: bool) -> Prepared:
+    P = Prepared(len(queues))
+    if dynamic:
+        P.geoms = []
+    apcache: dict = {}
+    penalized = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)
+    cost_attrs = _COST_ATTRS
+    spill_names = {b.name for b in program.buffers if b.name.startswith("spill")}
+    touch = P.touch
+    for qi, (q, stream) in enumerate(zip(queues, streams)):
+        eng = q.engine
+        clk = clock_ghz(eng, tgt)
+        penalty = tgt.dependent_vector_penalty_cycles / clk if eng in penalized else 0.0
+        cache: dict[tuple, _Static] = {}
+        b_l: list[float] = []
+        l_l: list[float] = []
+        w_l: list[tuple] = []
+        s_l: list[tuple] = []
+        d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
+        p_l: list[int] | None = [] if tgt.shared_ports and eng in penalized else None
+        g_l: list[tuple] = []
+        tensor = eng is EngineKind.TENSOR
+        ls_l: list[float] | None = [] if tensor else None
+        groups = PsumGroups(tgt) if tensor and checks else None
+        prev_st = None
+        prev: Instr | None = None
+        prev_buf: str | None = None
+        wsum = 0.0
+        q_wait_set: set[str] = set()
+        q_sig_set: set[str] = set()
+        q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
+        for i, ins in enumerate(stream):
+            op = ins.op
+            d = ins.dst
+            ss = ins.srcs
+            ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
+            if len(ss) == 1 and d is not None and ins.accum is None:     # the common shapes, inline
+                s0 = ss[0]
+                key = (op, ak, d.memory, d.partition_start, d.partitions, d.dims, d.dtype,
+                       s0.memory, s0.partition_start, s0.partitions, s0.dims, s0.dtype)
+            else:
+                key = _signature(ins, ak)
+            st = cache.get(key)
+            try:
+                if st is None:
+                    if checks:
+                        check_instr_shape(ins, q, tgt)
+                    st = cache[key] = _Static(ins, q, tgt)
+                if checks:
+                    for x in ins.waits:
+                        if type(x[1]) is not int or x[1] < 1 or not x[0]:
+                            check_waits(ins)
+                    gs = _geoms(ins, eng, bufs, apcache, tgt)
+                    if groups is not None and gs and op in (Op.MATMUL, Op.TRANSPOSE):
+                        groups.step(ins, gs[0][0])
+                    if dynamic:
+                        g_l.append(gs)
+                        for g, is_w in gs:
+                            touch.add((g.space, qi, is_w))
+            except MachineError as e:
+                raise e.with_context(q, i, ins) from None
+            bz = st.busy
+            if penalty:
+                if prev_buf is not None:
+                    for x in ss:
+                        if x.buffer == prev_buf:
+                            if depends_on_previous(ins, prev):
+                                bz += penalty
+                            break
+                    else:
+                        if prev.accum is not None and depends_on_previous(ins, prev):  # type: ignore[union-attr]
+                            bz += penalty
+                prev = ins
+                prev_buf = d.buffer if d is not None else None
+            b_l.append(bz)
+            l_l.append(st.lat)
+            wsum += st.work
+            if d_l is not None:
+                d_l.append(st.cost)
+                P.dma_count += 1
+                P.dma_bytes += st.dma_bytes
+                P.hbm_bytes += st.hbm_bytes
+                if ss[0].buffer in spill_names or d.buffer in spill_names:  # type: ignore[union-attr]
+                    P.spill_bytes += st.dma_bytes
+            elif st.flops:
+                P.flops += st.flops
+                P.tensor_ns += st.tensor_ns
+            if p_l is not None:
+                p_l.append(st.port)
+            if ls_l is not None:
+                ls = 0.0
+                if op is Op.MATMUL:
+                    s0 = ss[0]
+                    sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
+                    if sk != prev_st:
+                        ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
+                    prev_st = sk
+                ls_l.append(ls)
+            wt = ins.waits
+            w_l.append(wt)
+            if wt:
+                for x in wt:
+                    q_wait_add(x[0])
+            sg = ins.signals
+            s_l.append(sg)
+            if sg:
+                q_sig_update(sg)
+        w_l.append(())                      # sentinel: the "head" of a finished queue
+        P.wait_q.append(q_wait_set)
+        P.sig_q.append(q_sig_set)
+        P.busy.append(b_l)
+        P.lat.append(l_l)
+        P.waits.append(w_l)
+        P.sigs.append(s_l)
+        P.dcost.append(d_l)
+        P.ports.append(p_l if p_l and any(p_l) else None)
+        P.ls.append(ls_l if ls_l and any(ls_l) else None)
+        if P.geoms is not None:
+            P.geoms.append(g_l)
+        if eng is not EngineKind.DMA:
+            P.static_busy[eng.value] += sum(b_l)
+            P.work[eng.value] = P.work.get(eng.value, 0.0) + wsum
+    return P
