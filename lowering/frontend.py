@@ -12,6 +12,8 @@ Invariants
 """
 from __future__ import annotations
 
+import math
+
 import operator
 from typing import Any
 
@@ -64,10 +66,7 @@ class LowerCtx:
         name = f"{hint}{self._n}"
         self._n += 1
         shape = tuple(int(s) for s in shape)
-        numel = 1
-        for s in shape:
-            numel *= s
-        self.kp.buffers[name] = HbmTensor(name, numel, dtype, role)
+        self.kp.buffers[name] = HbmTensor(name, math.prod(shape), dtype, role)
         return TensorRef(name, dtype, shape, contiguous_strides(shape), 0)
 
     def new_like_out(self, hint: str = "t") -> TensorRef:

@@ -23,6 +23,8 @@ Invariants
 """
 from __future__ import annotations
 
+import math
+
 import enum
 from dataclasses import dataclass, field, replace
 
@@ -39,10 +41,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def rank(self) -> int:

@@ -512,9 +512,10 @@ class _StepLimit(Exception):
 # W lifetime, A area, T section total, C sections, O overlaps, U end, L start,
 # Z size; all descending).
 _PORTFOLIO = ("TWA", "WAT", "UAT", "CAT", "OAT", "TAW", "WTA", "AWT", "LAT")
-_SHORT_RUN = 1.5  # step limit of a quick attempt, in multiples of n
+_SHORT_RUN = 3.0  # step limit of a quick attempt, in multiples of n
 _EXACT_RUN = 3.0  # step limit of the first attempts at the lower bound
-_LONG_RUN = 4.0  # first step limit of the intensification rounds, times n
+_LONG_RUN = 4.0
+_PHASE3 = "intensify"  # first step limit of the intensification rounds, times n
 
 
 class _Optimizer:
@@ -585,24 +586,30 @@ class _Optimizer:
             if self._done() or self._attempt(self.lower, rank, int(_EXACT_RUN * n)) is not None:
                 break
         self._bisect(order, short)
-        self._intensify(order[:3], max(int(_LONG_RUN * n), 32))
+        if _PHASE3 == "intensify":
+            self._intensify(order[:3], max(int(_LONG_RUN * n), 32))
+        else:
+            self._diversify(order, short)
         return self.best_sol
 
     def _bisect(self, order: list[list[int]], limit: int) -> None:
-        """Halves the gap between the floor and the best peak with quick
-        attempts; a target no order reaches becomes the new (soft) floor."""
+        """Bisects between the floor and the best peak with quick attempts.
+        The landscape is chaotic (success at one capacity says little about a
+        nearby one), so the k-th order of a round aims a little lower than
+        the midpoint; a midpoint no order reaches becomes the (soft) floor."""
         tolerance = max(1, self.lower // 500)
         while not self._done() and self.best - self.floor > tolerance:
-            target = (self.floor + self.best) // 2
+            middle = (self.floor + self.best) // 2
+            spread = (middle - self.floor) // (2 * len(order))
             for k, rank in enumerate(order):
-                outcome = self._attempt(target, rank, limit)
+                outcome = self._attempt(middle - k * spread, rank, limit)
                 if outcome:
                     order.insert(0, order.pop(k))  # move to front
                     break
                 if outcome is False or self._exhausted():
                     break
             else:
-                self.floor = max(self.floor, target + 1)
+                self.floor = max(self.floor, middle + 1)
 
     def _intensify(self, order: list[list[int]], limit: int) -> None:
         """Longer and longer searches at the lower bound and just below the
@@ -617,6 +624,24 @@ class _Optimizer:
                         return
                     self._attempt(target, rank, limit)
             limit *= 2
+
+    def _perturbed(self, order: list[list[int]], sigma: float) -> list[list[int]]:
+        """Rank orders with seeded random swaps of nearby positions."""
+        result = []
+        for rank in order:
+            keys = np.asarray(rank, dtype=np.float64) + self.rng.normal(0.0, sigma, len(rank))
+            new = np.empty(len(rank), dtype=np.int64)
+            new[np.argsort(keys, kind="stable")] = np.arange(len(rank))
+            result.append(new.tolist())
+        return result
+
+    def _diversify(self, order: list[list[int]], limit: int) -> None:
+        """More bisection rounds with perturbed orders until the budget ends."""
+        sigma = 1.0
+        while not self._done():
+            self.floor = self.proven
+            self._bisect(self._perturbed(order, sigma), limit)
+            sigma *= 2
 
 
 # --------------------------------------------------------------------------- #

@@ -16,6 +16,8 @@ Invariants
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from runtime_sim.isa import (AP, ActivationAttrs, DmaAttrs, DType, EngineKind, Instr, IotaAttrs,
@@ -57,10 +59,7 @@ class Tile:
 
     @property
     def free_size(self) -> int:
-        n = 1
-        for f in self.free:
-            n *= f
-        return n
+        return math.prod(self.free)
 
     def ap(self, partitions: int | None = None, *, partition_start: int = 0,
            elem_offset: int = 0, dims: tuple[tuple[int, int], ...] | None = None,
@@ -119,10 +118,7 @@ class TileBuilder:
     def tile(self, pool: Pool, partitions: int, free: tuple[int, ...] | int, dtype: DType) -> Tile:
         if isinstance(free, int):
             free = (free,)
-        n = 1
-        for f in free:
-            n *= f
-        need = n * dtype.itemsize
+        need = math.prod(free) * dtype.itemsize
         if need > pool.slot_bytes:
             raise ValueError(f"tile of {need} B/partition does not fit pool {pool.name} "
                              f"slots of {pool.slot_bytes} B")

@@ -6,7 +6,8 @@ accumulating fp32 in one PSUM bank over the K tiles (``accumulate=False`` on the
 epilogue expression evacuates PSUM through VectorE/ScalarE and the result is stored by DMA.
 
 The loop order keeps one operand resident in SBUF and streams the other: M outer (stationary
-resident) or N outer (moving resident), whichever moves fewer HBM bytes (``choose_order``).
+resident) or N outer (moving resident), whichever moves fewer HBM bytes (``choose_order``); when
+neither fits (a very long K), both stream per K tile, so the working set is bounded for any K.
 
 A^T is loaded directly when A's M axis is contiguous (e.g. a transposed view in a backward
 graph); otherwise A[m-tile, k-tile] is loaded row-major and transposed on TensorE into PSUM, then
@@ -28,7 +29,7 @@ RESIDENT_BUDGET = 96 * 1024  # bytes per partition for the operand kept resident
 class _MatmulTiler:
     """Loads of stationary / moving tiles and the epilogue of one MATMUL kernel."""
 
-    def __init__(self, b: TileBuilder, k: KOp, moving_resident: bool):
+    def __init__(self, b: TileBuilder, k: KOp, order: str):
         self.b, self.k = b, k
         self.A, self.B, self.out = k.ins[0], k.ins[1], k.outs[0]
         self.epi = k.attrs.epilogue
@@ -42,8 +43,8 @@ class _MatmulTiler:
         # contiguously and transpose them on TensorE instead of an element-strided DMA.
         self.b_transposed = Bm.strides[2] != 1 and Bm.strides[1] == 1 and Bm.shape[2] > 1
         nk = self.nk
-        stat_bufs = 2 if moving_resident else 2 * nk
-        mov_bufs = 2 * nk if moving_resident else max(2, min(2 * nk, 8))
+        stat_bufs = 2 * nk if order == STATIONARY else 2
+        mov_bufs = 2 * nk if order == MOVING else max(2, min(2 * nk, 8))
         self.stat_pool = b.pool("stat", Memory.SBUF, stat_bufs, self.MT * A.dtype.itemsize)
         self.mov_pool = b.pool("mov", Memory.SBUF, mov_bufs, self.NT * Bm.dtype.itemsize)
         self.psum = b.pool("acc", Memory.PSUM, 2, self.NT * 4)
@@ -135,18 +136,25 @@ class _MatmulTiler:
                      + n0 * out.strides[2], mt, out.strides[1], ((nt, out.strides[2]),)), res)
 
 
-def choose_order(k: KOp, target) -> bool:
-    """True: keep the moving operand resident (N outer); False: keep the stationary operand
-    resident (M outer). Picks the order that moves fewer HBM bytes, if the resident block fits."""
+MOVING, STATIONARY, STREAM = "moving", "stationary", "stream"
+
+
+def choose_order(k: KOp, target) -> str:
+    """Which operand stays resident in SBUF across the inner loop: ``MOVING`` (N outer),
+    ``STATIONARY`` (M outer), or ``STREAM`` (neither: both are loaded per K tile, for a K too
+    long to keep all its tiles). Picks the order that moves fewer HBM bytes among those whose
+    resident block fits ``RESIDENT_BUDGET``."""
     A, Bm = k.ins[0], k.ins[1]
     _, M, K = A.shape
     N = Bm.shape[2]
     nk = -(-K // target.pe_rows)
     a_bytes, b_bytes = A.numel * A.dtype.itemsize, Bm.numel * Bm.dtype.itemsize
-    m_outer = a_bytes + -(-M // target.pe_cols) * b_bytes
-    n_outer = b_bytes + -(-N // target.moving_free_max) * a_bytes
-    fits = 2 * nk * target.moving_free_max * Bm.dtype.itemsize <= RESIDENT_BUDGET
-    return fits and n_outer < m_outer
+    options = []
+    if 2 * nk * target.pe_cols * A.dtype.itemsize <= RESIDENT_BUDGET:
+        options.append((a_bytes + -(-M // target.pe_cols) * b_bytes, 0, STATIONARY))
+    if 2 * nk * target.moving_free_max * Bm.dtype.itemsize <= RESIDENT_BUDGET:
+        options.append((b_bytes + -(-N // target.moving_free_max) * a_bytes, 1, MOVING))
+    return min(options)[2] if options else STREAM
 
 
 def tile_matmul(b: TileBuilder, k: KOp) -> None:
@@ -158,11 +166,19 @@ def tile_matmul(b: TileBuilder, k: KOp) -> None:
         raise Unsupported("matmul", "contraction size K=0 is not supported")
     if M == 0 or N == 0 or nb == 0:
         return
-    moving_resident = choose_order(k, b.target)
-    mm = _MatmulTiler(b, k, moving_resident)
+    order = choose_order(k, b.target)
+    mm = _MatmulTiler(b, k, order)
     MT, NT, nk = mm.MT, mm.NT, mm.nk
     for bi in range(nb):
-        if moving_resident:
+        if order == STREAM:
+            for m0 in range(0, M, MT):
+                mt = min(MT, M - m0)
+                for n0 in range(0, N, NT):
+                    nt = min(NT, N - n0)
+                    mm.block(bi, m0, mt, n0, nt,
+                             lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki),
+                             lambda ki, n0=n0, nt=nt: mm.moving(bi, n0, nt, ki))
+        elif order == MOVING:
             for n0 in range(0, N, NT):
                 nt = min(NT, N - n0)
                 movs = [mm.moving(bi, n0, nt, ki) for ki in range(nk)]

@@ -54,6 +54,24 @@ def _free(plan, slot: int) -> tuple[tuple[int, int], ...]:
     return tuple((s, st[slot]) for s, st in plan.red)
 
 
+def _row_tiles(b: TileBuilder, plan, x, pool, C: int):
+    """Yield (bases, r0, p, x tile AP) for every tile of up to 128 rows, the rows loaded."""
+    P = b.target.sbuf_partitions
+    for bases in plan.outer_offsets():
+        for r0 in range(0, plan.rows, P):
+            p = min(P, plan.rows - r0)
+            xt = b.tile(pool, p, C, x.dtype).ap()
+            b.dma(xt, hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
+                             plan.row_strides[0], _free(plan, 0)))
+            yield bases, r0, p, xt
+
+
+def _store_rows(b: TileBuilder, plan, slot: int, ref, bases, r0: int, p: int, tile, free=True):
+    """Store a [p, C] (``free``) or [p, 1] tile to operand ``slot``'s rows."""
+    b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot], p,
+                 plan.row_strides[slot], _free(plan, slot) if free else ()), tile)
+
+
 def tile_softmax(b: TileBuilder, k: KOp) -> None:
     assert isinstance(k.attrs, SoftmaxKAttrs)
     x, out = k.ins[0], k.outs[0]
@@ -61,36 +79,29 @@ def tile_softmax(b: TileBuilder, k: KOp) -> None:
         return
     d = k.attrs.dim
     plan, C = _row_plan(k, (d,), [x, out], 2)
-    P = b.target.sbuf_partitions
     _check_fits(b, k, C, 2 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize)
     xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
     ep = b.pool("se", Memory.SBUF, 2, C * 4)
     op = b.pool("sy", Memory.SBUF, 2, C * out.dtype.itemsize)
     small = b.pool("sstat", Memory.SBUF, 8, 4)
-    for bases in plan.outer_offsets():
-        for r0 in range(0, plan.rows, P):
-            p = min(P, plan.rows - r0)
-            xt = b.tile(xp, p, C, x.dtype)
-            b.dma(xt.ap(), hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
-                                  plan.row_strides[0], _free(plan, 0)))
-            mx = b.tile(small, p, 1, F32).ap()
-            b.tensor_reduce(mx, xt.ap(), AluOp.MAX)
-            nmx = b.tile(small, p, 1, F32).ap()
-            b.tensor_scalar(nmx, mx, AluOp.MULTIPLY, -1.0)
-            e = b.tile(ep, p, C, F32).ap()
-            s = b.tile(small, p, 1, F32).ap()
-            b.activation(e, xt.ap(), ActFunc.EXP, bias_ap=nmx, reduce=AluOp.ADD, accum=s)
-            y = b.tile(op, p, C, out.dtype).ap()
-            if k.attrs.log:
-                ls = b.tile(small, p, 1, F32).ap()
-                b.activation(ls, s, ActFunc.LOG)
-                b.tensor_scalar(y, xt.ap(), AluOp.SUBTRACT, mx, op1=AluOp.SUBTRACT, operand1=ls)
-            else:
-                rs = b.tile(small, p, 1, F32).ap()
-                b.activation(rs, s, ActFunc.RECIPROCAL)
-                b.tensor_scalar(y, e, AluOp.MULTIPLY, rs)
-            b.dma(hbm_ap(out.buffer, out.dtype, bases[1] + r0 * plan.row_strides[1], p,
-                         plan.row_strides[1], _free(plan, 1)), y)
+    for bases, r0, p, xa in _row_tiles(b, plan, x, xp, C):
+        mx = b.tile(small, p, 1, F32).ap()
+        b.tensor_reduce(mx, xa, AluOp.MAX)
+        nmx = b.tile(small, p, 1, F32).ap()
+        b.tensor_scalar(nmx, mx, AluOp.MULTIPLY, -1.0)
+        e = b.tile(ep, p, C, F32).ap()
+        s = b.tile(small, p, 1, F32).ap()
+        b.activation(e, xa, ActFunc.EXP, bias_ap=nmx, reduce=AluOp.ADD, accum=s)
+        y = b.tile(op, p, C, out.dtype).ap()
+        if k.attrs.log:
+            ls = b.tile(small, p, 1, F32).ap()
+            b.activation(ls, s, ActFunc.LOG)
+            b.tensor_scalar(y, xa, AluOp.SUBTRACT, mx, op1=AluOp.SUBTRACT, operand1=ls)
+        else:
+            rs = b.tile(small, p, 1, F32).ap()
+            b.activation(rs, s, ActFunc.RECIPROCAL)
+            b.tensor_scalar(y, e, AluOp.MULTIPLY, rs)
+        _store_rows(b, plan, 1, out, bases, r0, p, y)
 
 
 def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
@@ -120,45 +131,38 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     wk = b.pool("lwork", Memory.SBUF, 3, C * 4)
     yp = b.pool("ly", Memory.SBUF, 2, C * y.dtype.itemsize)
     small = b.pool("lstat", Memory.SBUF, 12, 4)
-    for bases in plan.outer_offsets():
-        for r0 in range(0, plan.rows, P):
-            p = min(P, plan.rows - r0)
-            xt = b.tile(xp, p, C, x.dtype)
-            b.dma(xt.ap(), hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
-                                  plan.row_strides[0], _free(plan, 0)))
-            s = b.tile(small, p, 1, F32).ap()
-            b.tensor_reduce(s, xt.ap(), AluOp.ADD)
-            mu = b.tile(small, p, 1, F32).ap()
-            b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
-            nmu = b.tile(small, p, 1, F32).ap()
-            b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
-            sq = b.tile(wk, p, C, F32).ap()
-            ss = b.tile(small, p, 1, F32).ap()
-            b.activation(sq, xt.ap(), ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
-            var = b.tile(small, p, 1, F32).ap()
-            b.tensor_scalar(var, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=a.eps)
-            rs = b.tile(small, p, 1, F32).ap()
-            b.activation(rs, var, ActFunc.RSQRT)
-            if params:
-                cur = b.tile(wk, p, C, F32).ap()
-                b.tensor_scalar(cur, xt.ap(), AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
-                for j, prm in enumerate(params):
-                    is_w = a.has_weight and j == 0
-                    last = j == len(params) - 1
-                    nxt = b.tile(yp, p, C, y.dtype).ap() if last else b.tile(wk, p, C, F32).ap()
-                    b.tensor_tensor(nxt, cur, replace(prm, partitions=p),
-                                    AluOp.MULTIPLY if is_w else AluOp.ADD)
-                    cur = nxt
-                yt = cur
-            else:
-                yt = b.tile(yp, p, C, y.dtype).ap()
-                b.tensor_scalar(yt, xt.ap(), AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
-            b.dma(hbm_ap(y.buffer, y.dtype, bases[1] + r0 * plan.row_strides[1], p,
-                         plan.row_strides[1], _free(plan, 1)), yt)
-            for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
-                if val.dtype != ref.dtype:
-                    c = b.tile(small, p, 1, ref.dtype).ap()
-                    b.tensor_copy(c, val)
-                    val = c
-                b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot], p,
-                             plan.row_strides[slot], ()), val)
+    for bases, r0, p, xa in _row_tiles(b, plan, x, xp, C):
+        s = b.tile(small, p, 1, F32).ap()
+        b.tensor_reduce(s, xa, AluOp.ADD)
+        mu = b.tile(small, p, 1, F32).ap()
+        b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
+        nmu = b.tile(small, p, 1, F32).ap()
+        b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
+        sq = b.tile(wk, p, C, F32).ap()
+        ss = b.tile(small, p, 1, F32).ap()
+        b.activation(sq, xa, ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
+        var = b.tile(small, p, 1, F32).ap()
+        b.tensor_scalar(var, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=a.eps)
+        rs = b.tile(small, p, 1, F32).ap()
+        b.activation(rs, var, ActFunc.RSQRT)
+        if params:
+            cur = b.tile(wk, p, C, F32).ap()
+            b.tensor_scalar(cur, xa, AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
+            for j, prm in enumerate(params):
+                is_w = a.has_weight and j == 0
+                last = j == len(params) - 1
+                nxt = b.tile(yp, p, C, y.dtype).ap() if last else b.tile(wk, p, C, F32).ap()
+                b.tensor_tensor(nxt, cur, replace(prm, partitions=p),
+                                AluOp.MULTIPLY if is_w else AluOp.ADD)
+                cur = nxt
+            yt = cur
+        else:
+            yt = b.tile(yp, p, C, y.dtype).ap()
+            b.tensor_scalar(yt, xa, AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
+        _store_rows(b, plan, 1, y, bases, r0, p, yt)
+        for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
+            if val.dtype != ref.dtype:
+                c = b.tile(small, p, 1, ref.dtype).ap()
+                b.tensor_copy(c, val)
+                val = c
+            _store_rows(b, plan, slot, ref, bases, r0, p, val, free=False)
