@@ -158,7 +158,7 @@ TRN1 = Target(
     # three DMA-bound steps move 5.4 / 4.4 / 2.2 GB in 51.8 / 43.0 / 22.1 ms, a nearly constant
     # ~100 GB/s per core whether the contiguous runs are 256 B or 1 KiB, i.e. a per-byte ceiling
     # at ~0.37 of the documented 16 x 17 GB/s, not a per-chunk or per-transfer overhead.
-    dma_efficiency=0.385,
+    dma_efficiency=0.478,
     shared_ports=True,                                                   # ARCH1: NC-v2 port limits
 )
 
