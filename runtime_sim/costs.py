@@ -404,8 +404,10 @@ class TensorRamp:
     (full speed after ~3 us of work from cold). ``u`` is the engine's utilisation, a moving average
     of busy (1) / idle (0) with time constant ``pe_ramp_window_ns``; when an instruction starts
     with ``u`` below ``pe_ramp_min_utilisation`` the engine has fallen back: ``w = 0``. It starts
-    cold (``u = w = 0``). An instruction keeps the speed it starts with. Also applies the exposed
-    LoadStationary time (``ls``) when the engine was idle before a matmul with a new stationary."""
+    cold (``w = 0``) with ``u = 1``, so the first ~3 us ramp is not delayed; an idle window of
+    ``ln 2`` x 3 us (~2.1 us) drops ``u`` below 50%. An instruction keeps the speed it starts with.
+    Also applies the exposed LoadStationary time (``ls``) when the engine was idle before a matmul
+    with a new stationary (at the start the engine is idle)."""
 
     def __init__(self, t: Target, ls: list[float] | None) -> None:
         self.s0 = t.pe_ramp_start_speed
@@ -414,9 +416,9 @@ class TensorRamp:
         self.umin = t.pe_ramp_min_utilisation
         self.on = self.s0 < 1.0
         self.ls = ls
-        self.u = 0.0
+        self.u = 1.0
         self.w = 0.0
-        self.end = 0.0
+        self.end = -1.0
         self.extra = 0.0     # busy time added over the static costs
 
     def step(self, t: float, i: int, busy: float) -> tuple[float, float]:

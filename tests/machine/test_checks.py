@@ -239,6 +239,47 @@ def test_engine_operand_and_pattern_rules():
             simulate(_single(q, ins, sb, ps, hb), mode="timing")
 
 
+def test_access_pattern_limits_and_psum_capacity():
+    sb = Buffer("sb", Memory.SBUF, 128, 160 * 1024, 0)
+    hb = Buffer("hb", Memory.HBM, 1, 1 << 20)
+    ms = lambda dims, dt=BF16: Instr(Op.MEMSET, ap(sb, dt, dims), (), MemsetAttrs(0.0))
+    cases = [
+        (AccessPatternError, r"free size must be in \[1, 65535\], got 65536", ms([(1, 65536)])),
+        (AccessPatternError, r"free size must be in \[1, 65535\], got 0", ms([(1, 0)])),
+        (AccessPatternError, r"stride must fit int16 \[-32768, 32767\] elements, got -32769", ms([(-32769, 2)])),
+        (AccessPatternError, "at most 4 free dims, got 5", ms([(16, 2), (8, 2), (4, 2), (2, 2), (1, 2)])),
+        (AccessPatternError, "at most 5 free dims, got 6",
+         Instr(Op.DMA_COPY, ap(sb, BF16, [(1, 64)], partitions=1),
+               (ap(hb, BF16, [(32, 2), (16, 2), (8, 2), (4, 2), (2, 2), (1, 2)]),), DmaAttrs())),
+    ]
+    for err, pattern, ins in cases:
+        q = dma_queue(0) if ins.op is Op.DMA_COPY else VECTOR
+        with pytest.raises(err, match=pattern):
+            simulate(_single(q, ins, sb, hb), mode="timing")
+        with pytest.raises(err, match=pattern):
+            check_program(_single(q, ins, sb, hb))
+    # limits met exactly: 4 dims, size 65535, strides at both int16 ends
+    for ins in (ms([(1, 2), (2, 2), (4, 2), (8, 2)]), ms([(1, 65535)]), ms([(32767, 2)], DType.UINT8),
+                Instr(Op.MEMSET, ap(sb, DType.UINT8, [(-32768, 2)], byte_offset=32768), (), MemsetAttrs(0.0))):
+        simulate(_single(VECTOR, ins, sb, hb), mode="timing")
+    # PSUM capacity: 16 KiB per partition
+    b = B()
+    b.psum("ps", 2048, offset=15 * 1024)
+    with pytest.raises(CapacityError, match=r"exceeds the PSUM partition size 16384"):
+        b.run(mode="timing")
+
+
+def test_accumulate_onto_psum_initialised_by_a_copy():
+    b = B()
+    a, s = b.load("a", np.ones((128, 32), np.float32), F32)
+    ps = tile_ap(b.psum("ps", 128), F32, 32, 32)
+    b.add(VECTOR, Instr(Op.TENSOR_COPY, ps, (ap(b.buffers[1], F32, [(1, 32)], partitions=32),), TensorCopyAttrs(),
+                        waits=((s, 1),), signals=("c",)))
+    b.add(TENSOR, Instr(Op.MATMUL, ps, (a, a), MatmulAttrs(accumulate=True), waits=(("c", 1),)))
+    with pytest.raises(PsumAccumulateError, match="no accumulation group is open"):
+        b.run()
+
+
 def test_missing_input():
     b = _load_then_scale(True)
     with pytest.raises(InputError, match=r"missing \['x'\]"):
