@@ -375,7 +375,8 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
         target=tgt.name, total_ns=total, instructions=sum(heads), engine_busy_ns=engine_busy,
         semaphore_wait_ns=wait_ns, flops=P.flops, hbm_bytes=P.hbm_bytes, min_hbm_bytes=min_hbm,
         dma_count=P.dma_count, dma_bytes=P.dma_bytes, spill_bytes=P.spill_bytes,
-        sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof)
+        sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof,
+        tensor_peak_flops_per_ns=tgt.tensor_peak_flops_per_ns, hbm_peak_bytes_per_ns=tgt.hbm_bytes_per_ns_per_core)
     outputs = {n: mem.dump(n) for n in program.outputs} if mem is not None else {}
     return SimResult(stats=stats, outputs=outputs, trace=events)
 
