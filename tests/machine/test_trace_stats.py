@@ -80,6 +80,6 @@ def test_statistics_of_a_run():
     assert set(st.semaphore_wait_ns) == {"pe", "dve", "act", "pool", "dma"}
     assert st.semaphore_wait_ns["dve"] > 0            # VectorE waits for the first loads
     busy = st.busy_fraction()
-    assert busy["dve"] == max(busy.values()) and all(0 <= v <= 1 for v in busy.values())
+    assert busy["dve"] > 0.3 and all(0 <= v <= 1 for v in busy.values())
     assert 0 < st.roofline_ns <= st.total_ns
     assert st.sbuf_peak_bytes > 0 and st.psum_peak_bytes == 4 * 2048 * 128
