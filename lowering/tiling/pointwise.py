@@ -97,11 +97,16 @@ def tile_pointwise(b: TileBuilder, k: KOp) -> None:
                             b.transpose(tp.ap(), rows.ap())
                             tiles[i] = tp.ap()
                             continue
-                        t = b.tile(in_pools[i], p, fsz, k.ins[i].dtype)
+                        # free axes the input broadcasts along (stride 0) are not loaded:
+                        # the SBUF access pattern repeats the loaded values (stride 0)
+                        free = free_of(s)
+                        compact = tuple(fs for fs in free if fs[1] != 0)
+                        t = b.tile(in_pools[i], p, tuple(n for n, _ in compact) or 1, k.ins[i].dtype)
                         src = hbm_ap(k.ins[i].buffer, k.ins[i].dtype, off(s), p,
-                                     reg.row_strides[s], free_of(s))
+                                     reg.row_strides[s], compact)
                         b.dma(t.ap(), src)
-                        tiles[i] = t.ap()
+                        tiles[i] = t.ap(dims=_broadcast_dims(free)) if len(compact) < len(free) \
+                            else t.ap()
 
                     def leaf(x: Expr, tiles=tiles, p=p, fsz=fsz, off=off, free_of=free_of) -> AP:
                         if x.op is EOp.LOAD:
@@ -127,6 +132,19 @@ def _transposed_load(reg: Region, slot: int, dtype: DType) -> bool:
     contiguous? (partition axis stride 1, single free axis with a larger stride)"""
     return (len(reg.free) == 1 and reg.rows > 1 and reg.row_strides[slot] == 1
             and abs(reg.free[0][1][slot]) > 1 and dtype.is_float and dtype.itemsize in (2, 4))
+
+
+def _broadcast_dims(free: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """SBUF dims reading a compact tile (the non-broadcast axes, contiguous) as the full
+    ``free`` shape: stride 0 on the broadcast axes."""
+    dims, acc = [], 1
+    for n, st in reversed(free):
+        if st == 0:
+            dims.append((0, n))
+        else:
+            dims.append((acc, n))
+            acc *= n
+    return tuple(reversed(dims))
 
 
 def _contiguous_dims(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
