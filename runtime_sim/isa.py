@@ -151,7 +151,7 @@ def dma_queue(i: int) -> Queue:
     return Queue(EngineKind.DMA, i)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Buffer:
     """A named region of one memory. SBUF/PSUM buffers span partitions ``[0, partitions)`` and
     bytes ``[offset, offset + bytes_per_partition)`` of each; ``offset`` is assigned by the
@@ -169,7 +169,7 @@ class Buffer:
         return f"{self.memory.value}:{self.name}[{self.partitions}p x {self.bytes_per_partition}B @{off}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AP:
     """Access pattern: ``buffer[partition_start : +partitions, byte_offset + sum(i_k*stride_k*itemsize)]``."""
 
@@ -440,7 +440,7 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Instr:
     """One instruction of one queue. ``waits``: (semaphore, count) pairs that must all hold
     before it starts; ``signals``: semaphores incremented by one when it completes. ``tag`` is a

@@ -152,40 +152,50 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
         tensor = eng is EngineKind.TENSOR
         ls_l: list[float] | None = [] if tensor else None
         groups = PsumGroups(tgt) if tensor and checks else None
-        prev_st = None
+        prev_st = prev_st_obj = None
         prev: Instr | None = None
         prev_buf: str | None = None
         wsum = 0.0
         q_wait_set: set[str] = set()
         q_sig_set: set[str] = set()
         q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
+        icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
         for i, ins in enumerate(stream):
             op = ins.op
             d = ins.dst
             ss = ins.srcs
-            ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
-            if len(ss) == 1 and d is not None and ins.accum is None:     # the common shapes, inline
-                s0 = ss[0]
-                key = (op, ak, d.memory, d.partition_start, d.partitions, d.dims, d.dtype,
-                       s0.memory, s0.partition_start, s0.partitions, s0.dims, s0.dtype)
+            ns = len(ss)
+            # fast path: an instruction made of the very same attrs/AP objects as an earlier one
+            # (ids are stable: the program keeps every object alive while this runs)
+            if ns == 1:
+                ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]))
+            elif ns == 2:
+                ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]), id(ss[1]))
             else:
-                key = _signature(ins, ak)
-            st = cache.get(key)
+                ikey = (op, id(ins.attrs), id(d), id(ins.accum)) + tuple(map(id, ss))
+            hit = icache.get(ikey)
             try:
-                if st is None:
-                    if checks:
-                        check_instr_shape(ins, q, tgt)
-                    st = cache[key] = _Static(ins, q, tgt)
+                if hit is None:
+                    ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
+                    key = _signature(ins, ak)
+                    st = cache.get(key)
+                    if st is None:
+                        if checks:
+                            check_instr_shape(ins, q, tgt)
+                        st = cache[key] = _Static(ins, q, tgt)
+                    gs = _geoms(ins, eng, bufs, apcache, tgt) if checks else None
+                    icache[ikey] = (st, gs)
+                else:
+                    st, gs = hit
                 if checks:
                     for x in ins.waits:
                         if type(x[1]) is not int or x[1] < 1 or not x[0]:
                             check_waits(ins)
-                    gs = _geoms(ins, eng, bufs, apcache, tgt)
-                    if groups is not None and gs and op in (Op.MATMUL, Op.TRANSPOSE):
+                    if groups is not None and gs and (op is Op.MATMUL or op is Op.TRANSPOSE):
                         groups.step(ins, gs[0][0])
                     if dynamic:
                         g_l.append(gs)
-                        for g, is_w in gs:
+                        for g, is_w in gs:  # type: ignore[union-attr]
                             touch.add((g.space, qi, is_w))
             except MachineError as e:
                 raise e.with_context(q, i, ins) from None
@@ -221,10 +231,12 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
                 ls = 0.0
                 if op is Op.MATMUL:
                     s0 = ss[0]
-                    sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
-                    if sk != prev_st:
-                        ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
-                    prev_st = sk
+                    if s0 is not prev_st_obj:
+                        sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
+                        if sk != prev_st:
+                            ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
+                        prev_st = sk
+                        prev_st_obj = s0
                 ls_l.append(ls)
             wt = ins.waits
             w_l.append(wt)

@@ -58,9 +58,13 @@ class KernelBuilder:
         self.outputs: list[str] = []
         self.sbuf_top = 0
         self.psum_top = 0
-        self._writer: dict[str, tuple[Queue, int]] = {}
-        self._readers: dict[str, dict[Queue, int]] = {}
-        self._seen: dict[tuple[Queue, Queue], int] = {}   # (waiter, producer) -> count already waited
+        # dependency state, keyed by buffer name; queues by their ".done" semaphore name
+        self._writer: dict[str, tuple[str, int]] = {}
+        self._readers: dict[str, dict[str, int]] = {}
+        self._seen: dict[tuple[str, str], int] = {}   # (waiter, producer) -> count already waited
+        self._qstate: dict[Queue, tuple[list[Instr], str, bool]] = {}
+        self._intern: dict = {}     # equal APs / attrs share one object (smaller programs; the
+                                    # simulator's precompute recognises repeated instructions by id)
 
     # ---- buffers -----------------------------------------------------------------------------
     def hbm(self, name: str, rows: int, cols: int, dtype: DType, *, role: str = "input") -> HbmTensor:
@@ -99,39 +103,51 @@ class KernelBuilder:
     # ---- instructions ------------------------------------------------------------------------
     def emit(self, q: Queue, op: Op, dst: AP | None, srcs: tuple[AP, ...], attrs: OpAttrs, *,
              accum: AP | None = None, tag: str = "") -> None:
-        stream = self.streams.setdefault(q, [])
+        qs = self._qstate.get(q)
+        if qs is None:
+            qs = self._qstate[q] = (self.streams.setdefault(q, []), f"{q.name}.done", q.engine is EngineKind.DMA)
+        stream, sem, dma = qs
         n = len(stream) + 1                          # this instruction's count on q.done
-        need: dict[Queue, int] = {}
-        dma = q.engine is EngineKind.DMA
-
-        def dep(p: Queue, c: int) -> None:
-            if (p != q or dma) and c > need.get(p, 0):
-                need[p] = c
-
+        it = self._intern.setdefault
+        attrs = it(attrs, attrs)
+        srcs = tuple([it(a, a) for a in srcs])
+        outs = []
+        if dst is not None:
+            dst = it(dst, dst)
+            outs.append(dst.buffer)
+        if accum is not None:
+            accum = it(accum, accum)
+            outs.append(accum.buffer)
+        need: dict[str, int] = {}                    # producer queue's semaphore -> count
+        writer, readers = self._writer, self._readers
         for a in srcs:
-            w = self._writer.get(a.buffer)
-            if w is not None:
-                dep(*w)
-        for a in (dst, accum):
-            if a is None:
-                continue
-            w = self._writer.get(a.buffer)
-            if w is not None:
-                dep(*w)
-            for p, c in self._readers.get(a.buffer, {}).items():
-                dep(p, c)
+            w = writer.get(a.buffer)
+            if w is not None and (w[0] != sem or dma) and w[1] > need.get(w[0], 0):
+                need[w[0]] = w[1]
+        for name in outs:
+            w = writer.get(name)
+            if w is not None and (w[0] != sem or dma) and w[1] > need.get(w[0], 0):
+                need[w[0]] = w[1]
+            for p, c in readers.get(name, {}).items():
+                if (p != sem or dma) and c > need.get(p, 0):
+                    need[p] = c
         waits = []
+        seen = self._seen
         for p, c in need.items():
-            if self._seen.get((q, p), 0) < c:
-                waits.append((f"{p.name}.done", c))
-                self._seen[(q, p)] = c
-        stream.append(Instr(op, dst, srcs, attrs, tuple(waits), (f"{q.name}.done",), tag, accum))
+            k = (sem, p)
+            if seen.get(k, 0) < c:
+                waits.append((p, c))
+                seen[k] = c
+        stream.append(Instr(op, dst, srcs, attrs, tuple(waits), (sem,), tag, accum))
         for a in srcs:
-            self._readers.setdefault(a.buffer, {})[q] = n
-        for a in (dst, accum):
-            if a is not None:
-                self._writer[a.buffer] = (q, n)
-                self._readers[a.buffer] = {}
+            r = readers.get(a.buffer)
+            if r is None:
+                readers[a.buffer] = {sem: n}
+            else:
+                r[sem] = n
+        for name in outs:
+            writer[name] = (sem, n)
+            readers[name] = {}
 
     def program(self) -> Program:
         t = self.target
