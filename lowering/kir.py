@@ -14,9 +14,10 @@ Invariants
 - A POINTWISE kernel's inputs are already broadcast to its output shape (stride 0 on broadcast
   axes), so input ``i`` at output index ``idx`` is ``ins[i]`` at ``idx``. Its expression's LOAD
   leaves index ``ins``; INDEX leaves read the output coordinate along ``Expr.index``.
-- A MATMUL kernel computes ``outs[0][b] = ins[0][b] @ ins[1][b]`` over 3-D views
-  ``[B, M, K] @ [B, K, N]``; its optional epilogue expression has one ACC leaf (the fp32
-  product) and LOAD leaves indexing ``ins[2:]``, which are views of the output's shape.
+- A MATMUL kernel computes ``outs[0][b] = ins[0][b] @ ins[1][b]`` over views
+  ``[*B, M, K] @ [*B, K, N]`` (one or more batch axes); its optional epilogue expression has
+  one ACC leaf (the fp32 product) and LOAD leaves indexing ``ins[2:]``, which are views of the
+  output's shape.
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
   produce in eager), so fusion does not change rounding.

@@ -47,9 +47,11 @@ def verify_kir(kp: KProgram) -> None:
         if k.kind is KKind.MATMUL:
             a, b = k.ins[0], k.ins[1]
             o = k.outs[0]
-            if not (a.rank == b.rank == o.rank == 3 and a.shape[2] == b.shape[1]
-                    and o.shape == (a.shape[0], a.shape[1], b.shape[2])):
-                raise LoweringError(f"{where}: expected [B,M,K] @ [B,K,N] -> [B,M,N], got "
+            if not (a.rank == b.rank == o.rank >= 3 and a.shape[:-2] == b.shape[:-2]
+                    and a.shape[-1] == b.shape[-2]
+                    and o.shape == a.shape[:-1] + b.shape[-1:]
+                    and all(x.shape == o.shape for x in k.ins[2:])):
+                raise LoweringError(f"{where}: expected [*B,M,K] @ [*B,K,N] -> [*B,M,N], got "
                                     f"{a.shape} @ {b.shape} -> {o.shape}")
         for r in k.outs:
             written.add(r.buffer)

@@ -6,6 +6,8 @@
 2. Pointwise into a matmul epilogue: a POINTWISE kernel that reads a MATMUL output (the whole
    output, same shape) that nobody else reads becomes the matmul's epilogue, evaluated while
    PSUM is evacuated.
+3. Copies into batched matmuls: a contiguous copy that only exists to merge batch axes for a
+   matmul operand is dropped; the matmul reads the strided source with several batch axes.
 
 Invariants
 - A fused producer disappears only when every reader inlined it and it is not a graph output.
@@ -14,6 +16,7 @@ Invariants
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from lowering.kir import (EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs, PointwiseAttrs, Role,
@@ -203,7 +206,7 @@ def fuse_matmul_epilogues(kp: KProgram) -> bool:
 
 
 def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...]) -> Expr | None:
-    """Re-express INDEX leaves over ``shape`` as INDEX over the matmul's [B, M, N] axes; only
+    """Re-express INDEX leaves over ``shape`` as INDEX over the matmul's [*B, M, N] axes; only
     the two trailing axes map (they are M and N), anything else refuses the fusion."""
     rank = len(shape)
     if shape[-2:] != shape3[-2:] if rank >= 2 else True:
@@ -216,7 +219,7 @@ def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...
             if x.index < rank - 2:
                 ok = False
                 return x
-            return replace(x, index=x.index - rank + 3)
+            return replace(x, index=x.index - rank + len(shape3))
         if not x.args:
             return x
         return replace(x, args=tuple(walk(a) for a in x.args))
@@ -227,6 +230,18 @@ def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...
 
 def _has_index(expr: Expr) -> bool:
     return expr.op is EOp.INDEX or any(_has_index(a) for a in expr.args)
+
+
+def _uses_index(expr: Expr, axis: int) -> bool:
+    return (expr.op is EOp.INDEX and expr.index == axis) or any(_uses_index(a, axis) for a in expr.args)
+
+
+def _shift_index(expr: Expr, by: int) -> Expr:
+    if expr.op is EOp.INDEX:
+        return replace(expr, index=expr.index + by)
+    if not expr.args:
+        return expr
+    return replace(expr, args=tuple(_shift_index(a, by) for a in expr.args))
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:
@@ -240,9 +255,68 @@ def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...])
     return None
 
 
+def _split_batch(r: TensorRef, nb: tuple[int, ...]) -> TensorRef:
+    """View the single batch axis of a [Bt, X, Y] ref as ``nb`` axes (uniform stride)."""
+    sb = r.strides[0]
+    inner = contiguous_strides(nb)
+    return TensorRef(r.buffer, r.dtype, nb + r.shape[1:], tuple(sb * s for s in inner) + r.strides[1:],
+                     r.offset)
+
+
+def absorb_copies_into_matmul(kp: KProgram) -> bool:
+    """A contiguous copy made only to give a batched matmul a mergeable batch axis (e.g. q, k, v
+    after ``view(B, T, H, D).transpose(1, 2)``) is dropped: the matmul reads the strided source
+    directly, with the copy's leading axes as its batch axes."""
+    readers, writers = _readers(kp), _writers(kp)
+    outputs = {r.buffer for r in kp.outputs}
+    for mi, mm in enumerate(kp.kernels):
+        if mm.kind is not KKind.MATMUL or mm.outs[0].rank != 3:
+            continue
+        nb: tuple[int, ...] | None = None
+        repl: dict[int, tuple[int, TensorRef]] = {}
+        for j in (0, 1):
+            v = mm.ins[j]
+            C = v.buffer
+            ws = writers.get(C, [])
+            if (C in outputs or kp.buffers[C].role is not Role.TEMP or len(ws) != 1
+                    or readers.get(C) != [mi] or v.offset != 0
+                    or v.strides != contiguous_strides(v.shape)):
+                continue
+            p = kp.kernels[ws[0]]
+            if p.kind is not KKind.POINTWISE or not _is_whole(kp, p.outs[0]):
+                continue
+            e = p.attrs.expr
+            src = p.outs[0]
+            if e.op is not EOp.LOAD or e.dtype != src.dtype or p.ins[0].dtype != src.dtype:
+                continue
+            shp = src.shape
+            if len(shp) < 4 or shp[-2:] != v.shape[1:] or math.prod(shp[:-2]) != v.shape[0]:
+                continue
+            if nb is not None and nb != shp[:-2]:
+                continue
+            nb = shp[:-2]
+            repl[j] = (ws[0], p.ins[0])
+        if not repl:
+            continue
+        epi = mm.attrs.epilogue
+        if epi is not None and _has_index(epi):
+            if _uses_index(epi, 0):  # an INDEX over the merged batch axis has no single axis
+                continue
+            epi = _shift_index(epi, len(nb) - 1)
+        ins = [repl[j][1] if j in repl else _split_batch(r, nb) for j, r in enumerate(mm.ins)]
+        out = _split_batch(mm.outs[0], nb)
+        kp.kernels[mi] = KOp(KKind.MATMUL, (out,), tuple(ins), MatmulKAttrs(epi), mm.origin)
+        for pi, _ in sorted(repl.values(), reverse=True):
+            del kp.buffers[kp.kernels[pi].outs[0].buffer]
+            del kp.kernels[pi]
+        return True
+    return False
+
+
 def fuse(kp: KProgram) -> KProgram:
-    """Run both fusions to a fixed point (in place); return the program."""
+    """Run the fusions to a fixed point (in place); return the program."""
     changed = True
     while changed:
-        changed = fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
+        changed = (fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
+                   or absorb_copies_into_matmul(kp))
     return kp

@@ -1,6 +1,6 @@
 """Tiling of MATMUL kernels on TensorE.
 
-``out[b] = A[b] @ B[b]`` with A [M, K], B [K, N]: for each (M tile of 128, N tile of 512) the
+``out[b] = A[b] @ B[b]`` over any leading batch axes, with A [M, K], B [K, N]: for each (M tile of 128, N tile of 512) the
 stationary tiles A^T[k-tile, m-tile] and moving tiles B[k-tile, n-tile] meet in TensorE,
 accumulating fp32 in one PSUM bank over the K tiles (``accumulate=False`` on the first); the
 epilogue expression evacuates PSUM through VectorE/ScalarE and the result is stored by DMA.
@@ -14,6 +14,9 @@ graph); otherwise A[m-tile, k-tile] is loaded row-major and transposed on Tensor
 copied to SBUF (as NKI kernels do).
 """
 from __future__ import annotations
+
+import itertools
+import math
 
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
@@ -35,13 +38,13 @@ class _MatmulTiler:
         self.epi = k.attrs.epilogue
         t = b.target
         self.KT, self.MT, self.NT = t.pe_rows, t.pe_cols, t.moving_free_max
-        K = self.A.shape[2]
+        K = self.A.shape[-1]
         self.nk = -(-K // self.KT)
         A, Bm = self.A, self.B
-        self.direct = A.strides[1] == 1 and A.shape[1] > 1
+        self.direct = A.strides[-2] == 1 and A.shape[-2] > 1
         # B with a strided N axis but a contiguous K axis (W^T of a linear layer): load B^T rows
         # contiguously and transpose them on TensorE instead of an element-strided DMA.
-        self.b_transposed = Bm.strides[2] != 1 and Bm.strides[1] == 1 and Bm.shape[2] > 1
+        self.b_transposed = Bm.strides[-1] != 1 and Bm.strides[-2] == 1 and Bm.shape[-1] > 1
         nk = self.nk
         stat_bufs = 2 * nk if order == STATIONARY else 2
         mov_bufs = 2 * nk if order == MOVING else max(2, min(2 * nk, 8))
@@ -60,21 +63,21 @@ class _MatmulTiler:
 
     def _k(self, ki: int) -> tuple[int, int]:
         k0 = ki * self.KT
-        return k0, min(self.KT, self.A.shape[2] - k0)
+        return k0, min(self.KT, self.A.shape[-1] - k0)
 
     def stationary(self, bi: int, m0: int, mt: int, ki: int) -> AP:
         """A^T[k-tile, m-tile] in SBUF (K on partitions)."""
         b, A = self.b, self.A
         k0, kt = self._k(ki)
-        base = A.offset + bi * A.strides[0]
+        base = _boff(A, bi)
         st = b.tile(self.stat_pool, kt, mt, A.dtype)
         if self.direct:
-            b.dma(st.ap(), hbm_ap(A.buffer, A.dtype, base + k0 * A.strides[2] + m0 * A.strides[1],
-                                  kt, A.strides[2], ((mt, A.strides[1]),)))
+            b.dma(st.ap(), hbm_ap(A.buffer, A.dtype, base + k0 * A.strides[-1] + m0 * A.strides[-2],
+                                  kt, A.strides[-1], ((mt, A.strides[-2]),)))
         else:
             rows = b.tile(self.row_pool, mt, kt, A.dtype)
-            b.dma(rows.ap(), hbm_ap(A.buffer, A.dtype, base + m0 * A.strides[1] + k0 * A.strides[2],
-                                    mt, A.strides[1], ((kt, A.strides[2]),)))
+            b.dma(rows.ap(), hbm_ap(A.buffer, A.dtype, base + m0 * A.strides[-2] + k0 * A.strides[-1],
+                                    mt, A.strides[-2], ((kt, A.strides[-1]),)))
             tp = b.tile(self.tps, kt, mt, DType.FP32)
             b.transpose(tp.ap(), rows.ap())
             b.tensor_copy(st.ap(), tp.ap())
@@ -84,21 +87,21 @@ class _MatmulTiler:
         """B[k-tile, n-tile] in SBUF (K on partitions)."""
         b, Bm = self.b, self.B
         k0, kt = self._k(ki)
-        base = Bm.offset + bi * Bm.strides[0]
+        base = _boff(Bm, bi)
         mv = b.tile(self.mov_pool, kt, nt, Bm.dtype)
         if self.b_transposed:
             tp = b.tile(self.tps, kt, nt, DType.FP32)
             for c0 in range(0, nt, self.MT):
                 ct = min(self.MT, nt - c0)
                 rows = b.tile(self.row_pool, ct, kt, Bm.dtype)
-                b.dma(rows.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[1]
-                                        + (n0 + c0) * Bm.strides[2], ct, Bm.strides[2],
-                                        ((kt, Bm.strides[1]),)))
+                b.dma(rows.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[-2]
+                                        + (n0 + c0) * Bm.strides[-1], ct, Bm.strides[-1],
+                                        ((kt, Bm.strides[-2]),)))
                 b.transpose(tp.ap(elem_offset=c0, dims=((1, ct),)), rows.ap())
             b.tensor_copy(mv.ap(), tp.ap())
         else:
-            b.dma(mv.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[1] + n0 * Bm.strides[2],
-                                  kt, Bm.strides[1], ((nt, Bm.strides[2]),)))
+            b.dma(mv.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[-2] + n0 * Bm.strides[-1],
+                                  kt, Bm.strides[-2], ((nt, Bm.strides[-1]),)))
         return mv.ap()
 
     def block(self, bi: int, m0: int, mt: int, n0: int, nt: int, stats, movs) -> None:
@@ -111,8 +114,8 @@ class _MatmulTiler:
         for i in self.used:
             x = k.ins[i]
             tl = b.tile(self.ep_pools[i], mt, nt, x.dtype)
-            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, x.offset + bi * x.strides[0] + m0 * x.strides[1]
-                                  + n0 * x.strides[2], mt, x.strides[1], ((nt, x.strides[2]),)))
+            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bi) + m0 * x.strides[-2]
+                                  + n0 * x.strides[-1], mt, x.strides[-2], ((nt, x.strides[-1]),)))
             loads[i] = tl.ap()
 
         def leaf(x: Expr) -> AP:
@@ -120,9 +123,11 @@ class _MatmulTiler:
                 return acc.ap()
             if x.op is EOp.LOAD:
                 return loads[x.index]
-            # INDEX over [B, M, N]: batch is fixed, M runs on partitions, N along the free dim
+            # INDEX over [*B, M, N]: batch fixed, M runs on partitions, N along the free dim
             t = b.tile(self.work, mt, nt, x.dtype).ap()
-            base, pstep, step = {0: (bi, 0, 0), 1: (m0, 1, 0), 2: (n0, 0, 1)}[x.index]
+            rank = out.rank
+            base, pstep, step = ((m0, 1, 0) if x.index == rank - 2 else
+                                 (n0, 0, 1) if x.index == rank - 1 else (bi[x.index], 0, 0))
             b.iota(t, base, pstep, (step,))
             return t
 
@@ -132,11 +137,16 @@ class _MatmulTiler:
             ev = b.tile(self.work, mt, nt, out.dtype).ap()
             b.tensor_copy(ev, res)
             res = ev
-        b.dma(hbm_ap(out.buffer, out.dtype, out.offset + bi * out.strides[0] + m0 * out.strides[1]
-                     + n0 * out.strides[2], mt, out.strides[1], ((nt, out.strides[2]),)), res)
+        b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, bi) + m0 * out.strides[-2]
+                     + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),)), res)
 
 
 MOVING, STATIONARY, STREAM = "moving", "stationary", "stream"
+
+
+def _boff(ref, bidx: tuple[int, ...]) -> int:
+    """Element offset of batch index ``bidx`` (the leading axes) in ``ref``."""
+    return ref.offset + sum(i * st for i, st in zip(bidx, ref.strides[:-2]))
 
 
 def choose_order(k: KOp, target) -> str:
@@ -145,8 +155,8 @@ def choose_order(k: KOp, target) -> str:
     long to keep all its tiles). Picks the order that moves fewer HBM bytes among those whose
     resident block fits ``RESIDENT_BUDGET``."""
     A, Bm = k.ins[0], k.ins[1]
-    _, M, K = A.shape
-    N = Bm.shape[2]
+    *_, M, K = A.shape
+    N = Bm.shape[-1]
     nk = -(-K // target.pe_rows)
     a_bytes, b_bytes = A.numel * A.dtype.itemsize, Bm.numel * Bm.dtype.itemsize
     options = []
@@ -160,16 +170,16 @@ def choose_order(k: KOp, target) -> str:
 def tile_matmul(b: TileBuilder, k: KOp) -> None:
     assert isinstance(k.attrs, MatmulKAttrs)
     A, Bm = k.ins[0], k.ins[1]
-    nb, M, K = A.shape
-    N = Bm.shape[2]
+    *batch, M, K = A.shape
+    N = Bm.shape[-1]
     if K == 0:
         raise Unsupported("matmul", "contraction size K=0 is not supported")
-    if M == 0 or N == 0 or nb == 0:
+    if M == 0 or N == 0 or math.prod(batch) == 0:
         return
     order = choose_order(k, b.target)
     mm = _MatmulTiler(b, k, order)
     MT, NT, nk = mm.MT, mm.NT, mm.nk
-    for bi in range(nb):
+    for bi in itertools.product(*[range(n) for n in batch]):
         if order == STREAM:
             for m0 in range(0, M, MT):
                 mt = min(MT, M - m0)
