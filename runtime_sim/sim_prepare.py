@@ -160,6 +160,8 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
         q_sig_set: set[str] = set()
         q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
         icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
+        nst: dict[_Static, int] = {}      # DMA / matmul signatures -> occurrences
+        last_sg = None
         for i, ins in enumerate(stream):
             op = ins.op
             d = ins.dst
@@ -217,14 +219,11 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
             wsum += st.work
             if d_l is not None:
                 d_l.append(st.cost)
-                P.dma_count += 1
-                P.dma_bytes += st.dma_bytes
-                P.hbm_bytes += st.hbm_bytes
-                if ss[0].buffer in spill_names or d.buffer in spill_names:  # type: ignore[union-attr]
+                nst[st] = nst.get(st, 0) + 1
+                if spill_names and (ss[0].buffer in spill_names or d.buffer in spill_names):  # type: ignore[union-attr]
                     P.spill_bytes += st.dma_bytes
             elif st.flops:
-                P.flops += st.flops
-                P.tensor_ns += st.tensor_ns
+                nst[st] = nst.get(st, 0) + 1
             if p_l is not None:
                 p_l.append(st.port)
             if ls_l is not None:
@@ -245,8 +244,15 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
                     q_wait_add(x[0])
             sg = ins.signals
             s_l.append(sg)
-            if sg:
+            if sg and sg is not last_sg:
                 q_sig_update(sg)
+                last_sg = sg
+        for st, n in nst.items():           # static statistics, per signature x occurrences
+            P.dma_count += n if eng is EngineKind.DMA else 0
+            P.dma_bytes += n * st.dma_bytes
+            P.hbm_bytes += n * st.hbm_bytes
+            P.flops += n * st.flops
+            P.tensor_ns += n * st.tensor_ns
         w_l.append(())                      # sentinel: the "head" of a finished queue
         P.wait_q.append(q_wait_set)
         P.sig_q.append(q_sig_set)

@@ -62,7 +62,7 @@ class KernelBuilder:
         self._writer: dict[str, tuple[str, int]] = {}
         self._readers: dict[str, dict[str, int]] = {}
         self._seen: dict[tuple[str, str], int] = {}   # (waiter, producer) -> count already waited
-        self._qstate: dict[Queue, tuple[list[Instr], str, bool]] = {}
+        self._qstate: dict[Queue, tuple[list[Instr], str, bool, tuple[str]]] = {}
         self._intern: dict = {}     # equal APs / attrs share one object (smaller programs; the
                                     # simulator's precompute recognises repeated instructions by id)
 
@@ -105,8 +105,9 @@ class KernelBuilder:
              accum: AP | None = None, tag: str = "") -> None:
         qs = self._qstate.get(q)
         if qs is None:
-            qs = self._qstate[q] = (self.streams.setdefault(q, []), f"{q.name}.done", q.engine is EngineKind.DMA)
-        stream, sem, dma = qs
+            name = f"{q.name}.done"
+            qs = self._qstate[q] = (self.streams.setdefault(q, []), name, q.engine is EngineKind.DMA, (name,))
+        stream, sem, dma, signals = qs
         n = len(stream) + 1                          # this instruction's count on q.done
         it = self._intern.setdefault
         attrs = it(attrs, attrs)
@@ -138,7 +139,7 @@ class KernelBuilder:
             if seen.get(k, 0) < c:
                 waits.append((p, c))
                 seen[k] = c
-        stream.append(Instr(op, dst, srcs, attrs, tuple(waits), (sem,), tag, accum))
+        stream.append(Instr(op, dst, srcs, attrs, tuple(waits), signals, tag, accum))
         for a in srcs:
             r = readers.get(a.buffer)
             if r is None:
