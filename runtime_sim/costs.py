@@ -22,7 +22,9 @@ every operand is a 2-byte float type)
 - matmul: ``max(min(64, M), N)`` with M = stationary free size, N = moving free size (the
   back-to-back average, LoadStationary included); x ``fp32_matmul_slowdown`` (4) for fp32
   operands; fp8 costs as bf16 (the 2x fp8 rate needs K = 256 double-row, which K <= 128 excludes).
-  The trn2/trn3 TensorE power ramp is not modelled (steady state after warm-up).
+  The trn2/trn3 TensorE power ramp and the exposed LoadStationary after idle are dynamic:
+  ``TensorRamp`` below (applied by the simulator); so are the NC-v2 shared ports
+  (``SharedPorts``).
 - transpose: TensorE ``max(P, min(64, F))`` (x4 for fp32, it is a matmul against identity);
   VectorE ``max(MIN_II, N)``.
 - activation: ``max(MIN_II, N / f) + (MIN_II if reduce)``; f = ``scalar_bf16_factor`` when

@@ -12,11 +12,13 @@ Execution model
 - The loop always issues the globally earliest-startable head (ties: queue order pe, dve, act,
   pool, dma0, dma1, ...). Any instruction issued later starts (and completes) no earlier, so
   every semaphore time it could change is already known: the schedule is exact, not a
-  heuristic. Functional semantics run at issue time, which is correct for race-free programs
+  heuristic (a start that a trn1 shared port delays is still decided at issue, in order of
+  readiness). Functional semantics run at issue time, which is correct for race-free programs
   (a consumer ordered by a semaphore is always issued after its producer).
 - Compute instructions occupy their queue for ``Cost.busy_ns`` and complete ``latency_ns``
   later; DMAs follow ``costs.DmaModel`` (descriptor stage on the queue, data phase on the DMA
-  engine and HBM, then the fixed latency). See costs.py.
+  engines that serve its partitions and on HBM, then the fixed latency); a DMA queue's
+  instructions complete in order. See costs.py.
 - No startable head while some queue still has instructions -> DeadlockError naming every
   blocked instruction and each semaphore it waits on with its current count.
 
@@ -27,14 +29,15 @@ Modes
 - ``timing``: no memory contents or semantics (``outputs`` is empty, ``inputs`` ignored); every
   instruction is still timed and the static and race checks still run.
 
-Checks (``checks=True``): the static rules of checks.py before running; at run time races
-(races.py) in both modes, reads of never-written bytes and PSUM accumulation rules in functional
-mode. ``checks="static"`` runs only the static rules (cheap: use it for large timing runs, where
+Checks (``checks=True``): the static rules of checks.py before running (including the PSUM
+accumulation groups); at run time races (races.py) in both modes, reads of never-written bytes
+and accumulation onto PSUM bytes last written by a non-matmul in functional mode. ``checks="static"`` runs only the static rules (cheap: use it for large timing runs, where
 race detection costs several times the simulation itself). ``checks=False`` skips them all
 (memory bounds are still guarded in functional mode).
 
-Not modelled: the NC-v2-only shared-port limits (VectorE/GpSimdE on SBUF, VectorE/ScalarE on
-PSUM), the TensorE power ramp (steady state is reported), indirect (gather) DMA.
+Dynamic costs (costs.py): the TensorE power ramp on trn2/trn3 and the exposed LoadStationary
+(``TensorRamp``), the NC-v2 shared SBUF/PSUM ports on trn1 (``SharedPorts``). Not modelled:
+indirect (gather) DMA. docs/simulator.md states the whole model and its calibration.
 
 Statistics (SimStats): ``total_ns`` = last completion; ``engine_busy_ns`` per engine name (pe,
 dve, act, pool: sum of busy time; dma: union of the DMA data phases of all queues);
