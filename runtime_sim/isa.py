@@ -109,9 +109,10 @@ _ENGINE_ORDER = {EngineKind.TENSOR: 0, EngineKind.VECTOR: 1, EngineKind.SCALAR: 
 
 @dataclass(frozen=True)
 class Queue:
-    """An in-order instruction stream: a compute engine, or DMA queue ``index`` (engine index //
-    16 is the DMA engine, index % 16 the queue in it). Queues sort as pe, dve, act, pool, then
-    DMA queues by index."""
+    """An in-order instruction stream: a compute engine, or DMA queue ``index`` (0 <= index <
+    dma_engines x dma_queues_per_engine). A DMA queue's transfers run on the DMA engines that
+    serve the partitions they touch, whatever the index (costs.py). Queues sort as pe, dve, act,
+    pool, then DMA queues by index."""
 
     engine: EngineKind
     index: int = 0
