@@ -321,6 +321,8 @@ def test_stats_and_chrome_trace(tmp_path):
 def test_runtime_sim_never_imports_torch():
     code = ("import runtime_sim, runtime_sim.isa, runtime_sim.targets, runtime_sim.stats, runtime_sim.memory, "
             "runtime_sim.semantics, runtime_sim.costs, runtime_sim.checks, runtime_sim.races, "
-            "runtime_sim.simulator, runtime_sim.trace; import sys; "
+            "runtime_sim.simulator, runtime_sim.trace, runtime_sim.sim_prepare, runtime_sim.errors, "
+            "runtime_sim.calibration, runtime_sim.calibration.matmul, runtime_sim.calibration.mamba, "
+            "runtime_sim.calibrate; import sys; "
             "bad = [m for m in ('torch', 'lowering', 'neuron_compiler') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
