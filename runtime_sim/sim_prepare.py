@@ -161,6 +161,7 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
         q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
         icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
         nst: dict[_Static, int] = {}      # DMA / matmul signatures -> occurrences
+        depc: dict[tuple, bool] = {}      # (ids of the previous writes, ids of the sources) -> dependent?
         last_sg = None
         for i, ins in enumerate(stream):
             op = ins.op
@@ -205,13 +206,14 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
             if penalty:
                 if prev_buf is not None:
                     for x in ss:
-                        if x.buffer == prev_buf:
-                            if depends_on_previous(ins, prev):
+                        if x.buffer == prev_buf or prev.accum is not None:  # type: ignore[union-attr]
+                            dk = (id(prev.dst), id(prev.accum)) + tuple(map(id, ss))  # type: ignore[union-attr]
+                            dep = depc.get(dk)
+                            if dep is None:
+                                dep = depc[dk] = depends_on_previous(ins, prev)
+                            if dep:
                                 bz += penalty
                             break
-                    else:
-                        if prev.accum is not None and depends_on_previous(ins, prev):  # type: ignore[union-attr]
-                            bz += penalty
                 prev = ins
                 prev_buf = d.buffer if d is not None else None
             b_l.append(bz)

@@ -67,7 +67,7 @@ from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
 from .semantics import SEMANTICS
-from .sim_prepare import ENGINE_NAMES, prepare
+from .sim_prepare import ENGINE_NAMES, PORT_PSUM, PORT_SBUF, prepare
 from .stats import SimResult, SimStats, TraceEvent
 from .targets import Target, get_target
 
@@ -179,14 +179,25 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     ramps: list[TensorRamp] = []
     dyn: list = [None] * nq
     ports = SharedPorts()
+    # a port matters only when both engines of its pair use it somewhere in the program
+    users: dict[int, set] = {PORT_SBUF: set(), PORT_PSUM: set()}
+    for q in range(nq):
+        if P.ports[q] is not None:
+            m = 0
+            for x in P.ports[q]:
+                m |= x
+            for bit in users:
+                if m & bit:
+                    users[bit].add(engines[q])
+    live = sum(bit for bit, es in users.items() if len(es) > 1)
     for q in range(nq):
         e = engines[q]
         if e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.ls[q] is not None):
             r = TensorRamp(tgt, P.ls[q])
             ramps.append(r)
             dyn[q] = r.step
-        elif P.ports[q] is not None:
-            dyn[q] = _port_step(ports, e, P.ports[q])
+        elif P.ports[q] is not None and live:
+            dyn[q] = _port_step(ports, e, [x & live for x in P.ports[q]])
     dma_iv: list[tuple[float, float]] = []
     events: list[TraceEvent] = []
     heap: list[tuple[float, int]] = []
