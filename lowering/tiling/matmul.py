@@ -47,11 +47,19 @@ class _MatmulTiler:
         self.b_transposed = Bm.strides[-1] != 1 and Bm.strides[-2] == 1 and Bm.shape[-1] > 1
         nk = self.nk
         stat_bufs = 2 * nk if order == STATIONARY else 2
-        mov_bufs = 2 * nk if order == MOVING else max(2, min(2 * nk, 8))
         self.stat_pool = b.pool("stat", Memory.SBUF, stat_bufs, self.MT * A.dtype.itemsize)
+
+        needs_tps = not self.direct or self.b_transposed
+        # PSUM banks: 2 x group accumulators (double buffered) + 2 for TensorE transposes
+        banks = t.psum_banks - (2 if needs_tps else 0)
+        self.group = max(1, min(banks // 2, -(-Bm.shape[-1] // self.NT)))
+        if order == MOVING:  # the group's moving tiles stay resident: bound them by the budget
+            per_tile = 2 * self.nk * self.NT * Bm.dtype.itemsize
+            self.group = max(1, min(self.group, RESIDENT_BUDGET // per_tile))
+        self.psum = b.pool("acc", Memory.PSUM, 2 * self.group, self.NT * 4)
+        mov_bufs = 2 * nk * self.group if order == MOVING else max(2, min(2 * nk, 8))
         self.mov_pool = b.pool("mov", Memory.SBUF, mov_bufs, self.NT * Bm.dtype.itemsize)
-        self.psum = b.pool("acc", Memory.PSUM, 2, self.NT * 4)
-        if not self.direct or self.b_transposed:
+        if needs_tps:
             isz = max(A.dtype.itemsize, Bm.dtype.itemsize)
             self.row_pool = b.pool("rows", Memory.SBUF, 2, self.KT * isz)
             self.tps = b.pool("tps", Memory.PSUM, 2, self.NT * 4)
@@ -104,12 +112,20 @@ class _MatmulTiler:
                                   kt, Bm.strides[-2], ((nt, Bm.strides[-1]),)))
         return mv.ap()
 
-    def block(self, bi: int, m0: int, mt: int, n0: int, nt: int, stats, movs) -> None:
-        """Accumulate over K into PSUM, run the epilogue, store."""
-        b, out, k = self.b, self.out, self.k
-        acc = b.tile(self.psum, mt, nt, DType.FP32)
+    def block(self, bi, m0: int, mt: int, group: list[tuple[int, int]], stats, movs) -> None:
+        """Accumulate ``group``'s N tiles over K in PSUM (one bank each; K outer, so every
+        stationary tile serves the whole group), then run the epilogue and store each."""
+        b = self.b
+        accs = [b.tile(self.psum, mt, nt, DType.FP32) for _, nt in group]
         for ki in range(self.nk):
-            b.matmul(acc.ap(), stats(ki), movs(ki), accumulate=ki > 0)
+            st = stats(ki)
+            for (n0, nt), acc in zip(group, accs):
+                b.matmul(acc.ap(), st, movs(ki, n0, nt), accumulate=ki > 0)
+        for (n0, nt), acc in zip(group, accs):
+            self.epilogue(bi, m0, mt, n0, nt, acc.ap())
+
+    def epilogue(self, bi, m0: int, mt: int, n0: int, nt: int, acc: AP) -> None:
+        b, out, k = self.b, self.out, self.k
         loads: dict[int, AP] = {}
         for i in self.used:
             x = k.ins[i]
@@ -120,7 +136,7 @@ class _MatmulTiler:
 
         def leaf(x: Expr) -> AP:
             if x.op is EOp.ACC:
-                return acc.ap()
+                return acc
             if x.op is EOp.LOAD:
                 return loads[x.index]
             # INDEX over [*B, M, N]: batch fixed, M runs on partitions, N along the free dim
@@ -179,29 +195,25 @@ def tile_matmul(b: TileBuilder, k: KOp) -> None:
     order = choose_order(k, b.target)
     mm = _MatmulTiler(b, k, order)
     MT, NT, nk = mm.MT, mm.NT, mm.nk
+    n_tiles = [(n0, min(NT, N - n0)) for n0 in range(0, N, NT)]
+    groups = [n_tiles[i:i + mm.group] for i in range(0, len(n_tiles), mm.group)]
     for bi in itertools.product(*[range(n) for n in batch]):
-        if order == STREAM:
-            for m0 in range(0, M, MT):
-                mt = min(MT, M - m0)
-                for n0 in range(0, N, NT):
-                    nt = min(NT, N - n0)
-                    mm.block(bi, m0, mt, n0, nt,
-                             lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki),
-                             lambda ki, n0=n0, nt=nt: mm.moving(bi, n0, nt, ki))
-        elif order == MOVING:
-            for n0 in range(0, N, NT):
-                nt = min(NT, N - n0)
-                movs = [mm.moving(bi, n0, nt, ki) for ki in range(nk)]
+        if order == MOVING:
+            for group in groups:
+                movs = {(ki, n0): mm.moving(bi, n0, nt, ki) for n0, nt in group for ki in range(nk)}
                 for m0 in range(0, M, MT):
                     mt = min(MT, M - m0)
-                    mm.block(bi, m0, mt, n0, nt,
+                    mm.block(bi, m0, mt, group,
                              lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki),
-                             movs.__getitem__)
-        else:
-            for m0 in range(0, M, MT):
-                mt = min(MT, M - m0)
+                             lambda ki, n0, nt, movs=movs: movs[(ki, n0)])
+            continue
+        for m0 in range(0, M, MT):
+            mt = min(MT, M - m0)
+            if order == STATIONARY:
                 stats = [mm.stationary(bi, m0, mt, ki) for ki in range(nk)]
-                for n0 in range(0, N, NT):
-                    nt = min(NT, N - n0)
-                    mm.block(bi, m0, mt, n0, nt, stats.__getitem__,
-                             lambda ki, n0=n0, nt=nt: mm.moving(bi, n0, nt, ki))
+                get_stat = stats.__getitem__
+            else:  # STREAM: one stationary load per K tile, shared by the group
+                get_stat = (lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki))
+            for group in groups:
+                mm.block(bi, m0, mt, group, get_stat,
+                         lambda ki, n0, nt: mm.moving(bi, n0, nt, ki))
