@@ -15,7 +15,8 @@ Invariants
 - A partition whose lowering raised ``Unsupported`` for a signature runs eagerly for that
   signature (each node timed as a fallback), the reason recorded; under ``fallback="error"`` the
   first call raises instead. Any other exception from the lowering propagates (a bug).
-- Host<->device transfer time = (input + output bytes) / ``target.host_link_bytes_per_ns``, an
+- Host<->device transfer time = ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency
+  per tensor plus (input + output bytes) / ``target.host_link_bytes_per_ns``, an
   ASSUMED host-link figure (see ``runtime_sim.targets``), charged on every partition call.
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from neuron_compiler.errors import NeuronFallbackError
+from runtime_sim.costs import host_transfer_ns
+from runtime_sim.targets import get_target
 from neuron_compiler.options import NeuronOptions
 from neuron_compiler.partition import is_compute_node, lowering_api, op_name
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
@@ -220,8 +223,7 @@ class DevicePartition(torch.nn.Module):
         super().__init__()
         self.sub, self.name, self.graph, self.options, self.dump = sub, name, graph, options, dump
         self.ops = ops
-        from runtime_sim.targets import get_target
-        self.host_link_bytes_per_ns = get_target(options.target).host_link_bytes_per_ns
+        self.target = get_target(options.target)
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
@@ -289,7 +291,8 @@ class DevicePartition(torch.nn.Module):
                 self.dump.write_compiled(self.name, sig, entry.compiled)  # type: ignore
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
             nbytes += sum(m.numel() * m.element_size() for m in out_meta)
-            entry.transfer_ns = nbytes / self.host_link_bytes_per_ns
+            entry.transfer_ns = host_transfer_ns(nbytes, self.target,
+                                                 transfers=len(tensors) + len(out_meta))
         dt = time.perf_counter() - t0
         for p in active_profiles():
             p.note_compile(dt)

@@ -469,3 +469,12 @@ class SharedPorts:
                 elif end > until[p]:
                     until[p] = end
         return t
+
+
+def host_transfer_ns(nbytes: int, t: Target, transfers: int = 1) -> float:
+    """Host <-> device HBM copy time: ``transfers`` DMA transfers over the host link, each
+    paying the DMA fixed latency, the bytes at ``host_link_bytes_per_ns`` (an assumption, see
+    targets.py: hardware.md gives no host-link figure)."""
+    if nbytes <= 0:
+        return 0.0
+    return transfers * t.dma_fixed_latency_ns + nbytes / t.host_link_bytes_per_ns
