@@ -12,8 +12,8 @@ layer_norm:  mean = sum(x)/C                          VectorE tensor_reduce + te
              y = (x - mean) * rstd [* w] [+ b]        VectorE tensor_scalar, tensor_tensor
 Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA.
 
-Limit: every pool holds whole rows, so a row whose tiles do not fit one SBUF partition raises
-``Unsupported`` naming the row length, the bytes needed and the capacity (``_check_fits``).
+Rows whose tiles do not fit one SBUF partition are streamed in column chunks instead
+(``rowwise_chunked.py``: two or three passes over HBM).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from lowering.errors import Unsupported
 from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
 from lowering.tiling.builder import TileBuilder
 from lowering.tiling.layout import hbm_ap, plan_rows
+from lowering.tiling.rowwise_chunked import tile_layer_norm_chunked, tile_softmax_chunked
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 F32 = DType.FP32
@@ -40,14 +41,10 @@ def _row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
     return plan, plan.red_size
 
 
-def _check_fits(b: TileBuilder, k: KOp, C: int, bytes_per_elem: int) -> None:
-    """Every pool of a row-wise kernel holds whole rows: refuse rows whose pools cannot fit
-    the SBUF partition (with 1/8 kept for the small per-row statistics and alignment)."""
-    cap = b.target.sbuf_bytes_per_partition * 7 // 8
-    if C * bytes_per_elem > cap:
-        raise Unsupported(",".join(k.origin), f"a row of {C} elements needs {C * bytes_per_elem} "
-                          f"B per partition in SBUF for this kernel's tiles; {b.target.name} has "
-                          f"{b.target.sbuf_bytes_per_partition} B (row limit {cap // bytes_per_elem})")
+def _fits(b: TileBuilder, C: int, bytes_per_elem: int) -> bool:
+    """Every pool of a single-tile row-wise kernel holds whole rows: do they fit the SBUF
+    partition (1/8 kept for the small per-row statistics and alignment)?"""
+    return C * bytes_per_elem <= b.target.sbuf_bytes_per_partition * 7 // 8
 
 
 def _free(plan, slot: int) -> tuple[tuple[int, int], ...]:
@@ -79,7 +76,8 @@ def tile_softmax(b: TileBuilder, k: KOp) -> None:
         return
     d = k.attrs.dim
     plan, C = _row_plan(k, (d,), [x, out], 2)
-    _check_fits(b, k, C, 2 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize)
+    if not _fits(b, C, 2 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize):
+        return tile_softmax_chunked(b, k, plan)
     xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
     ep = b.pool("se", Memory.SBUF, 2, C * 4)
     op = b.pool("sy", Memory.SBUF, 2, C * out.dtype.itemsize)
@@ -116,7 +114,15 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     P = b.target.sbuf_partitions
     params = []
     n_params = int(a.has_weight) + int(a.has_bias)
-    _check_fits(b, k, C, n_params * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize)
+    if not _fits(b, C, n_params * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize):
+        chunked = []
+        for j, flag, is_w in ((1, a.has_weight, True), (2 if a.has_weight else 1, a.has_bias, False)):
+            if flag:
+                w = k.ins[j]
+                wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
+                wplan = plan_rows(x.shape, red, wst, [w.offset])
+                chunked.append((w, wplan.red[0][1][0], is_w))
+        return tile_layer_norm_chunked(b, k, plan, chunked)
     pp = b.pool("lnw", Memory.SBUF, max(1, n_params), C * 4)
     for j, flag in ((1, a.has_weight), (2 if a.has_weight else 1, a.has_bias)):
         if flag:
