@@ -13,6 +13,8 @@ Invariants
   next tile can overlap the compute on the current one (double buffering), and the synchroniser
   adds the write-after-read wait that makes slot reuse safe.
 - Every AP built here refers to a pool or HBM buffer by name with offsets relative to that buffer.
+- A tile is used only while it owns its slot: an instruction touching a tile whose slot was
+  handed to a newer tile is a ``LoweringError`` (checked on every emit).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import math
 
 from dataclasses import dataclass, field
 
+from lowering.errors import LoweringError
 from runtime_sim.isa import (AP, ActivationAttrs, DmaAttrs, DType, EngineKind, Instr, IotaAttrs,
                              MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs, Queue, SelectAttrs,
                              TensorCopyAttrs, TensorReduceAttrs, TensorScalarAttrs,
@@ -47,6 +50,15 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class TileAP(AP):
+    """An AP taken from a tile, remembering which allocation of its slot it belongs to, so the
+    builder can refuse a use after the slot was handed to a newer tile (a lowering bug that
+    would otherwise read someone else's values silently). The machine sees a plain AP."""
+
+    gen: int = field(default=-1, compare=False)
+
+
+@dataclass(frozen=True)
 class Tile:
     """One slot of a pool holding a [partitions, *free] array of ``dtype``, row-major."""
 
@@ -56,6 +68,7 @@ class Tile:
     partitions: int
     free: tuple[int, ...]
     dtype: DType
+    gen: int = -1               # allocation number of this slot
 
     @property
     def free_size(self) -> int:
@@ -68,9 +81,10 @@ class Tile:
         if dims is None:
             dims = ((1, self.free_size),)
         dt = dtype or self.dtype
-        return AP(self.pool, self.memory, partition_start,
-                  self.partitions if partitions is None else partitions,
-                  self.slot_offset + elem_offset * self.dtype.itemsize, tuple(dims), dt)
+        return TileAP(self.pool, self.memory, partition_start,
+                      self.partitions if partitions is None else partitions,
+                      self.slot_offset + elem_offset * self.dtype.itemsize, tuple(dims), dt,
+                      gen=self.gen)
 
 
 @dataclass
@@ -98,6 +112,8 @@ class TileBuilder:
     tag: str = ""
     prefix: str = ""                  # pool-name prefix of the kernel being tiled (e.g. "k3.")
     scheduler: object | None = None   # lowering.tiling.schedule.ListScheduler
+    _allocs: int = 0
+    _owner: dict[tuple[str, int], int] = field(default_factory=dict)  # (pool, slot) -> tile #
 
     # -- memory ---------------------------------------------------------------------------
     def pool(self, name: str, memory: Memory, bufs: int, slot_bytes: int) -> Pool:
@@ -126,13 +142,29 @@ class TileBuilder:
             raise ValueError(f"tile of {partitions} partitions exceeds {pool.partitions}")
         slot = pool.next_slot
         pool.next_slot = (slot + 1) % pool.bufs
-        return Tile(pool.name, pool.memory, slot * pool.slot_bytes, partitions, free, dtype)
+        self._allocs += 1
+        self._owner[(pool.name, slot)] = self._allocs
+        return Tile(pool.name, pool.memory, slot * pool.slot_bytes, partitions, free, dtype,
+                    self._allocs)
+
+    def _check_live(self, a: AP) -> None:
+        if not isinstance(a, TileAP) or a.gen < 0:
+            return
+        slot = a.byte_offset // self.pools[a.buffer].slot_bytes
+        owner = self._owner.get((a.buffer, slot))
+        if owner != a.gen:
+            raise LoweringError(f"{self.tag}: uses tile #{a.gen} of pool {a.buffer} slot {slot} "
+                                f"after the slot was given to tile #{owner} ({a}); the pool needs "
+                                f"more slots or the value a longer-lived pool")
 
     # -- instructions ---------------------------------------------------------------------
     def emit(self, op: Op, dst: AP | None, srcs: tuple[AP, ...] | list, attrs: OpAttrs, *,
              engines: tuple[EngineKind, ...], accum: AP | None = None) -> PInstr:
         srcs = tuple(srcs)
         assert self.scheduler is not None, "TileBuilder needs a scheduler"
+        for a in (dst, accum, *srcs):
+            if a is not None:
+                self._check_live(a)
         queue = self.scheduler.choose(self, op, dst, srcs, attrs, engines, accum)
         ins = PInstr(op, dst, srcs, attrs, queue, self.tag, accum)
         idx = len(self.instrs)

@@ -187,3 +187,25 @@ def test_compile_is_deterministic():
     assert d1.keys() == d2.keys()
     for k in ("ir_pre_fusion.txt", "ir_post_fusion.txt", "memory_plan.txt"):
         assert d1[k] == d2[k], k
+
+
+def test_builder_refuses_a_tile_used_after_its_slot_was_reused():
+    """Rotating pools hand a slot to the next tile; touching the old tile afterwards would read
+    someone else's values silently, so the builder raises instead."""
+    from lowering.errors import LoweringError
+    from lowering.tiling.builder import TileBuilder
+    from lowering.tiling.schedule import ListScheduler
+    from runtime_sim.isa import DType, Memory
+    from runtime_sim.targets import get_target
+
+    t = get_target("trn2")
+    b = TileBuilder(t, scheduler=ListScheduler(t))
+    pool = b.pool("p", Memory.SBUF, 2, 64)
+    first = b.tile(pool, 8, 4, DType.FP32)
+    b.memset(first.ap(), 1.0)
+    second = b.tile(pool, 8, 4, DType.FP32)
+    b.tensor_copy(second.ap(), first.ap())          # both live: fine
+    third = b.tile(pool, 8, 4, DType.FP32)          # takes first's slot
+    b.memset(third.ap(), 2.0)
+    with pytest.raises(LoweringError, match="after the slot was given to tile"):
+        b.tensor_copy(second.ap(), first.ap())
