@@ -21,6 +21,9 @@ measured run (docs/simulator.md):
   loop (the compiler's hoisting: the measured VectorE time per state of v2, 1.61 ms x 99.63% /
   512 = 3.13 us = 3,500 cycles at 1.12 GHz, fits four VectorE instructions, not five).
 - tiles declared in a loop body rotate through two buffers; PSUM broadcasts through four banks.
+
+``mamba_v2`` at seq > 512 (broadcasts larger than a PSUM bank; at seq 8192 a working set larger
+than SBUF, hence a spill plan) is ``mamba_spill.mamba_v2_long``.
 """
 from __future__ import annotations
 

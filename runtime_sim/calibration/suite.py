@@ -1,6 +1,6 @@
 """The calibration suite: published measurements, the programs that reproduce them, the table.
 
-Every case runs one hand-written program (calibration/matmul.py, calibration/mamba.py) on one
+Every case runs one hand-written program (calibration/matmul.py, mamba.py, mamba_spill.py) on one
 target description in timing mode and compares with a published number. There are no per-kernel
 constants: each generation has one ``Target``; its FITTED constants say what they were fitted on
 (targets.py), and every other row is validation. Tolerances (issue 3): latency within 25%,
@@ -21,7 +21,7 @@ from typing import Callable
 from ..isa import DType, Program
 from ..simulator import simulate
 from ..targets import get_target
-from . import mamba, matmul
+from . import mamba, mamba_spill, matmul
 
 MM_TUTORIAL = "sdk@2.26:general/nki/tutorials/matrix_multiplication.rst (trn1, bf16, [4096,8192]@[8192,8192])"
 MM_TRN2 = "nki/how-to-guides/kernel-optimization.rst (trn2; its driver feeds fp32)"
@@ -104,11 +104,11 @@ CASES: tuple[Case, ...] = (
          lambda t: mamba.mamba_v2(t, channels=4096, seq=512), "trn1", 1610.0, (Active("dve", "trn1", 99.63),)),
     Case("mamba_v3 channels=4096 seq=8192 (seq tiled at 512)", MAMBA,
          lambda t: mamba.mamba_v3(t, channels=4096, seq=8192), "trn1", 27800.0, (Active("dve", "trn1", 94.85),)),
-    Case("mamba_v2 channels=4096 seq=8192 (spills)", MAMBA, lambda t: mamba.mamba_v2(t, channels=4096, seq=8192),
-         "trn1", 53330.0, (Active("dve", "trn1", 58.93),),
-         note="not reproduced: the measured run spills intermediates the compiler chose (qSyncSpillReload); "
-              "a [128, 8192] fp32 working set of 7 tensors does not fit SBUF and no hand-written spill plan "
-              "is claimed to be the compiler's"),
+    Case("mamba_v2 channels=4096 seq=8192 (forced spill: delta)", MAMBA + "; spill plan: mamba_spill.py",
+         lambda t: mamba_spill.mamba_v2_long(t, channels=4096, seq=8192), "trn1", 53330.0,
+         (Active("dve", "trn1", 58.93),),
+         note="weak validation: the same program runs 0.67-0.74x of the tutorial's v2 latencies at seq 1024-7168 "
+              "(no spill forced there) and fills 84% of SBUF where the profile shows 50% (docs/simulator.md)"),
 )
 
 

@@ -15,6 +15,7 @@ import pytest
 from runtime_sim import DType, simulate
 from runtime_sim.calibration import CASES, format_table, run_case
 from runtime_sim.calibration import mamba as mb
+from runtime_sim.calibration import mamba_spill as ms
 from runtime_sim.calibration import matmul as mm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,22 +51,59 @@ def _mamba_ref(delta, u, A, B, C):
     return (out * C[:, None, :, :]).sum(axis=2)
 
 
-@pytest.mark.parametrize("version", ["v1", "v1_reload", "v2", "v3"])
-def test_mamba_kernels_compute_the_selective_scan(version):
-    bt, S, ch, st = 2, 128, 256, 3
+def _mamba_inputs(bt, S, ch, st):
     r = np.random.default_rng(2)
     f = np.float32
     delta, u = r.uniform(0, 0.5, (bt, ch, S)).astype(f), r.uniform(-1, 1, (bt, ch, S)).astype(f)
     A = -r.uniform(0.5, 1.0, (ch, st)).astype(f)
     B, C = r.uniform(-1, 1, (bt, st, S)).astype(f), r.uniform(-1, 1, (bt, st, S)).astype(f)
+    return dict(delta=delta, u=u, A=A, B=B, C=C)
+
+
+@pytest.mark.parametrize("version", ["v1", "v1_reload", "v2", "v3"])
+def test_mamba_kernels_compute_the_selective_scan(version):
+    bt, S, ch, st = 2, 128, 256, 3
+    f = np.float32
+    x = _mamba_inputs(bt, S, ch, st)
     prog = {"v1": lambda: mb.mamba_v1("trn1", bt, S, ch, st),
             "v1_reload": lambda: mb.mamba_v1("trn1", bt, S, ch, st, resident=1),
             "v2": lambda: mb.mamba_v2("trn1", bt, S, ch, st),
             "v3": lambda: mb.mamba_v3("trn1", bt, S, ch, st, seq_tile=32)}[version]()
-    res = simulate(prog, dict(delta=delta, u=u, A=A, B=B, C=C))
+    res = simulate(prog, x)
     out = res.outputs["out"].view(f).reshape(bt, ch, S)
-    ref = _mamba_ref(*(x.astype(np.float64) for x in (delta, u, A, B, C)))
+    ref = _mamba_ref(*(x[n].astype(np.float64) for n in ("delta", "u", "A", "B", "C")))
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_mamba_v2_spill_computes_the_same_values():
+    """The seq 8192 slot structure (five slots, delta spilled) at a small size, against the same
+    program without spilling and numpy; every check on (races between spill DMAs and reuse)."""
+    bt, S, ch, st = 2, 1024, 256, 3
+    x = _mamba_inputs(bt, S, ch, st)
+    ref = _mamba_ref(*(x[n].astype(np.float64) for n in ("delta", "u", "A", "B", "C")))
+    outs = {}
+    for name, kw in [("no spill", dict(spill=False, max_slots=5)), ("spill", dict(max_slots=5)),
+                     ("spill, reload from input", dict(max_slots=5, remat=True))]:
+        prog = ms.mamba_v2_long("trn1", bt, S, ch, st, piece=256, **kw)
+        slots = [b for b in prog.buffers if b.name.startswith("slot")]
+        assert len(slots) == (6 if name == "no spill" else 5)
+        res = simulate(prog, x)
+        assert (res.stats.spill_bytes > 0) == (name == "spill")
+        outs[name] = res.outputs["out"].view(np.float32).reshape(bt, ch, S)
+        np.testing.assert_allclose(outs[name], ref, atol=2e-5, rtol=1e-5)
+    assert np.array_equal(outs["spill"], outs["no spill"])
+    assert np.array_equal(outs["spill, reload from input"], outs["no spill"])
+
+
+def test_mamba_v2_seq8192_spill_is_forced_by_capacity():
+    plan = ms.plan_for("trn1", 8192)
+    assert plan.slots == 5 and plan.peak == 6 and plan.spilled == ("delta",)
+    assert plan.over == ("deltaBu", "scan", "scanC") and plan.reload_after == "scanC"
+    assert ms.plan_for("trn1", 7168).spilled == ()           # six 28 KiB slots still fit
+    with pytest.raises(ValueError, match="SBUF"):               # the same program without spilling
+        ms.mamba_v2_long("trn1", seq=8192, channels=128, state=2, spill=False)
+    prog = ms.mamba_v2_long("trn1", seq=8192, channels=128, state=2)
+    assert sum(b.bytes_per_partition for b in prog.buffers if b.memory.value == "sbuf") <= 192 * 1024
 
 
 def test_calibration_case_and_table_smoke():
