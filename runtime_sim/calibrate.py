@@ -5,7 +5,9 @@ the fused Mamba tutorial's kernels, hand-written in our ISA, simulated in timing
 target each measurement was published for, and prints published latency, simulated latency,
 their ratio and the published vs simulated activity percentages. ``--json`` writes a list of
 ``{name, source, target, published_us, simulated_us, ratio, active_percent?, note?}``. Exit status
-1 when a reproduced figure is outside the tolerance (latency 25%, activity 10 points).
+1 when a reproduced figure is outside the tolerance (latency 25%, activity 10 points); validation
+rows (``gating`` false: the fused Mamba tutorial's seq scaling table) are printed with their ratio
+and marked "validation (not gating)" when outside it, but do not set the exit status.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         p = Path(a.json)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps([r.to_dict() for r in rows], indent=2))
-    return 0 if all(r.ok() for r in rows) else 1
+    return 0 if all(r.ok() for r in rows if r.case.gating) else 1
 
 
 if __name__ == "__main__":

@@ -7,11 +7,16 @@ and u loaded once per channel tile; deltaU hoisted out of the state loop, as in 
 that reproduced the tutorial's 1.61 ms; per state one ScalarE exp, the TensorE broadcasts of B_i
 and C_i, four VectorE instructions), with only the changes the sequence length forces:
 
-- Broadcasts in bank-sized pieces. A [128, seq] fp32 broadcast is ``4 seq`` B per partition:
-  more than one PSUM bank (2 KiB, the largest matmul output) from seq 1024 on and, at seq 8192
-  (32 KiB), more than all of PSUM (16 KiB). Each 512-column piece is a matmul into one of four
-  rotating banks, read there by the VectorE multiply of the same columns (one input in PSUM, as
-  at seq 512).
+- Broadcasts are SBUF tiles. ``B_i.broadcast_to((128, seq))`` returns "a new tile ... in SBUF,
+  but can be also assigned to a PSUM tensor" (sdk@2.26 ``nki.language.broadcast_to``), and a PSUM
+  tile holds at most ``nl.tile_size.psum_fmax`` = 512 fp32 per partition (one 2 KiB bank). At seq
+  512 the broadcast fits one PSUM tile and the multiply reads it there (mamba.py, which reproduces
+  1.61 ms); a [128, seq > 512] tile cannot be a PSUM tile, so it lives in SBUF: each 512-column
+  piece is a matmul into one of four rotating banks (the largest matmul output) copied to the
+  SBUF tile (``tensor_copy`` on VectorE, as the matmul kernels' ``nl.copy``; ``bcast_copy``), and
+  the multiply is one VectorE ``tensor_tensor`` with both fp32 inputs in SBUF, 2N cycles instead
+  of N ("max(MIN_II, N) if one input in PSUM ... else 2N"). ``bcast_home="psum"`` keeps the old
+  reading of the pieces in PSUM, for comparison (0.67-0.74x of the scaling table).
 - SBUF placement by liveness. Every [128, seq] tensor, and each [1, seq] row B_i, C_i (the same
   ``4 seq`` B on partition 0, which every full tile also uses), holds one slot of ``4 seq`` B
   per partition from its production to its last use; freed slots are reused oldest first. The
@@ -19,9 +24,10 @@ and C_i, four VectorE instructions), with only the changes the sequence length f
   tensor (the double buffering of mamba.py's rings when it fits).
 
 Working set (``live_sets``; "F" = one [128, seq] fp32 tensor): delta, deltaU and scanC_accum are
-live across the whole state loop (u dies once deltaU is computed). Per state, at the deltaBu
-step {delta, dU, acc, dA, B_i, dBu}, at the scan {delta, dU, acc, dA, dBu, scan} and at the
-scanC step {delta, dU, acc, scan, C_i, scC} are live: 6 F, which at seq 8192 is 196,608 B per
+live across the whole state loop (u dies once deltaU is computed). Per state, at the broadcast
+of B {delta, dU, acc, dA, B_i, Bb}, at the deltaBu step {delta, dU, acc, dA, Bb, dBu}, at the
+scan {delta, dU, acc, dA, dBu, scan} and at the broadcast of C and the scanC step {delta, dU,
+acc, scan, C_i or scC, Cb} are live: 6 F (the SBUF broadcast replaces its row once copied), which at seq 8192 is 196,608 B per
 partition = all of trn1's SBUF (192 KiB), with the ones row and A_i still to place. Five slots
 fit. So one 32 KiB tensor must be out of SBUF at those three steps, in every state.
 
@@ -48,8 +54,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..isa import SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp, DmaAttrs, MatmulAttrs, Op, \
-    TensorTensorAttrs, TensorTensorScanAttrs, dma_queue
+from ..isa import GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp, DmaAttrs, MatmulAttrs, Op, \
+    TensorCopyAttrs, TensorTensorAttrs, TensorTensorScanAttrs, dma_queue
 from .builder import tile
 from .mamba import F32, P, Q_SMALL, _Mamba
 
@@ -60,35 +66,46 @@ Q_SPILL = dma_queue(48)
 STATE_STEPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("exp", ("delta",), "dA"),
     ("load B", (), "B_i"),
-    ("deltaBu", ("dU", "B_i"), "dBu"),
+    ("bcast B", ("B_i",), "Bb"),
+    ("deltaBu", ("dU", "Bb"), "dBu"),
     ("scan", ("dA", "dBu"), "scan"),
     ("load C", (), "C_i"),
-    ("scanC", ("scan", "C_i"), "scC"),
+    ("bcast C", ("C_i",), "Cb"),
+    ("scanC", ("scan", "Cb"), "scC"),
     ("accumulate", ("acc", "scC"), "acc"),
 )
 CARRIED = ("delta", "dU", "acc")
+# The same state with the broadcasts read straight from PSUM (``bcast_home="psum"``: what a
+# [128, seq] tile cannot do beyond one PSUM tile, kept to compare): no SBUF slot for them.
+STATE_STEPS_PSUM_BCAST: tuple[tuple[str, tuple[str, ...], str], ...] = tuple(
+    (n, tuple({"Bb": "B_i", "Cb": "C_i"}.get(t, t) for t in r), w) for n, r, w in STATE_STEPS
+    if not n.startswith("bcast"))
 
 
-def live_sets(spilled: tuple[str, ...] = ()) -> list[tuple[str, frozenset[str]]]:
+def state_steps(bcast_home: str = "sbuf") -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    return STATE_STEPS if bcast_home == "sbuf" else STATE_STEPS_PSUM_BCAST
+
+
+def live_sets(spilled: tuple[str, ...] = (), steps=STATE_STEPS) -> list[tuple[str, frozenset[str]]]:
     """The [seq]-long tensors in SBUF at each step of a state (operands included): carried ones
     throughout unless spilled (then only where they are operands), temporaries from their
     production to their last use."""
     out = []
-    for i, (name, reads, wr) in enumerate(STATE_STEPS):
+    for i, (name, reads, wr) in enumerate(steps):
         live = {t for t in CARRIED if t not in spilled or t in reads or t == wr}
-        for j, (_, _, t) in enumerate(STATE_STEPS):
+        for j, (_, _, t) in enumerate(steps):
             if t in CARRIED:
                 continue
-            last = max((k for k, (_, r, _) in enumerate(STATE_STEPS) if t in r), default=j)
+            last = max((k for k, (_, r, _) in enumerate(steps) if t in r), default=j)
             if j <= i <= last:
                 live.add(t)
         out.append((name, frozenset(live)))
     return out
 
 
-def _traffic(t: str) -> int:
+def _traffic(t: str, steps=STATE_STEPS) -> int:
     """Transfers per state if ``t`` is spilled: a reload per state, plus a store if the state loop writes it."""
-    return 1 + any(w == t for _, _, w in STATE_STEPS)
+    return 1 + any(w == t for _, _, w in steps)
 
 
 @dataclass(frozen=True)
@@ -100,40 +117,40 @@ class SpillPlan:
     reload_after: str | None            # the step after which a spilled tensor is reloaded
 
 
-def spill_plan(slots: int) -> SpillPlan:
+def spill_plan(slots: int, steps=STATE_STEPS) -> SpillPlan:
     """The least-traffic set of loop-carried tensors whose eviction brings every step within
     ``slots``, and where their reloads go; raises if no such set exists."""
-    live = live_sets()
+    live = live_sets(steps=steps)
     peak = max(len(s) for _, s in live)
     over = tuple(n for n, s in live if len(s) > slots)
     if not over:
         return SpillPlan(slots, peak, (), (), None)
-    operands = {t for n, r, w in STATE_STEPS if n in over for t in (*r, w)}
-    cands = sorted((t for t in CARRIED if t not in operands), key=lambda t: (_traffic(t), t))
+    operands = {t for n, r, w in steps if n in over for t in (*r, w)}
+    cands = sorted((t for t in CARRIED if t not in operands), key=lambda t: (_traffic(t, steps), t))
     spilled = tuple(cands[:peak - slots])
-    if any(len(s) > slots for _, s in live_sets(spilled)):
+    if any(len(s) > slots for _, s in live_sets(spilled, steps)):
         raise ValueError(f"no spill of loop-carried tensors fits {slots} slots (live: {live})")
     # a reload occupies a slot from the end of the last step that has none to spare
-    full = [n for n, s in live_sets(spilled) if len(s) + 1 > slots]
+    full = [n for n, s in live_sets(spilled, steps) if len(s) + 1 > slots]
     return SpillPlan(slots, peak, over, spilled, full[-1] if full else None)
 
 
-def _plan(b, seq: int, spill: bool, max_slots: int | None) -> tuple[int, SpillPlan]:
+def _plan(b, seq: int, spill: bool, max_slots: int | None, steps=STATE_STEPS) -> tuple[int, SpillPlan]:
     """Slots to allocate and the spill plan, from the SBUF the builder has left (its real buffer sizes)."""
-    peak = max(len(s) for _, s in live_sets())
+    peak = max(len(s) for _, s in live_sets(steps=steps))
     fit = b.sbuf_free() // (seq * 4)
     slots = min(fit, 2 * peak, max_slots or fit)
-    plan = spill_plan(slots) if spill else SpillPlan(slots, peak, (), (), None)
+    plan = spill_plan(slots, steps) if spill else SpillPlan(slots, peak, (), (), None)
     if set(plan.spilled) - {"delta"}:
         raise NotImplementedError(f"spill plan {plan.spilled}: only a spilled delta is emitted")
     return (slots if plan.spilled else max(slots, peak)), plan   # no spill: what the working set needs
 
 
-def plan_for(target, seq: int, max_slots: int | None = None) -> SpillPlan:
+def plan_for(target, seq: int, max_slots: int | None = None, bcast_home: str = "sbuf") -> SpillPlan:
     """The spill plan ``mamba_v2_long`` derives for ``seq`` on ``target``."""
     k = _Mamba(target, 1, seq, P, 1, seq)
     k.ring("A_i", 1)
-    return _plan(k.b, seq, True, max_slots)[1]
+    return _plan(k.b, seq, True, max_slots, state_steps(bcast_home))[1]
 
 
 class _Slots:
@@ -155,7 +172,8 @@ class _Slots:
 
 
 def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096, state: int = 16, *,
-                  spill: bool = True, max_slots: int | None = None, remat: bool = False, piece: int = 512):
+                  spill: bool = True, max_slots: int | None = None, remat: bool = False, piece: int = 512,
+                  bcast_home: str = "sbuf", bcast_copy=VECTOR):
     """``mamba_v2`` for ``seq`` > 512 (see the module docstring). ``spill=False`` builds the
     program without spilling (its slots may exceed SBUF: ``program()`` then raises);
     ``max_slots`` caps the slots (small functional tests of the seq 8192 structure)."""
@@ -163,10 +181,11 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
     b, nt = k.b, channels // P
     r_a = k.ring("A_i", 1)
     ps = b.psum_banks("bcast", 4)
-    slots, plan = _plan(b, seq, spill, max_slots)
+    steps = state_steps(bcast_home)
+    slots, plan = _plan(b, seq, spill, max_slots, steps)
     sl = _Slots(k, slots, seq)
     spill_hbm = b.hbm("spill_delta", P, seq, F32, role="scratch") if plan.spilled and not remat else None
-    last = {w: max(i for i, (_, r, _) in enumerate(STATE_STEPS) if w in r) for _, _, w in STATE_STEPS if w != "acc"}
+    last = {w: max(i for i, (_, r, _) in enumerate(steps) if w in r) for _, _, w in steps if w != "acc"}
     nb = [0]
 
     def bank():
@@ -179,6 +198,16 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
             b.emit(TENSOR, Op.MATMUL, pb, (tile(k.ones, F32, 1, P), tile(row, F32, 1, piece, c0)), MatmulAttrs())
             b.emit(VECTOR, Op.TENSOR_TENSOR, tile(dst, F32, P, piece, c0), (tile(src, F32, P, piece, c0), pb),
                    TensorTensorAttrs(AluOp.MULTIPLY))
+
+    def bcast_to_sbuf(dst, row) -> None:            # dst[128, seq] = broadcast(row): matmul + evacuation per piece
+        for c0 in range(0, seq, piece):
+            pb = tile(bank(), F32, P, piece)
+            b.emit(TENSOR, Op.MATMUL, pb, (tile(k.ones, F32, 1, P), tile(row, F32, 1, piece, c0)), MatmulAttrs())
+            d = tile(dst, F32, P, piece, c0)
+            if bcast_copy is SCALAR:
+                b.emit(SCALAR, Op.ACTIVATION, d, (pb,), ActivationAttrs(ActFunc.COPY))
+            else:
+                b.emit(bcast_copy, Op.TENSOR_COPY, d, (pb,), TensorCopyAttrs())
 
     def whole(t: str):                              # the [128, seq] tile of tensor t's slot
         return tile(sl.of[t], F32, P, seq)
@@ -202,7 +231,7 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
             sl.free("u")
             for s in range(state):
                 final = s == state - 1
-                for i, (name, reads, wr) in enumerate(STATE_STEPS):
+                for i, (name, reads, wr) in enumerate(steps):
                     if wr != "acc":
                         sl.alloc(wr)
                     if name == "exp":
@@ -214,6 +243,14 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
                         hbm = k.B if name == "load B" else k.C
                         b.emit(Q_SMALL, Op.DMA_COPY, tile(sl.of[wr], F32, 1, seq),
                                (hbm.tile(bi * state + s, 1, 0, seq),), DmaAttrs())
+                    elif name in ("bcast B", "bcast C"):
+                        bcast_to_sbuf(sl.of[wr], sl.of[reads[0]])
+                    elif name == "deltaBu" and bcast_home == "sbuf":
+                        b.emit(VECTOR, Op.TENSOR_TENSOR, whole("dBu"), (whole("dU"), whole("Bb")),
+                               TensorTensorAttrs(AluOp.MULTIPLY))
+                    elif name == "scanC" and bcast_home == "sbuf":
+                        b.emit(VECTOR, Op.TENSOR_TENSOR, whole("scC"), (whole("scan"), whole("Cb")),
+                               TensorTensorAttrs(AluOp.MULTIPLY))
                     elif name == "deltaBu":
                         bcast_mul(sl.of["dBu"], sl.of["dU"], sl.of["B_i"])
                     elif name == "scan":

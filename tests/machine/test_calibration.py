@@ -98,12 +98,40 @@ def test_mamba_v2_spill_computes_the_same_values():
 def test_mamba_v2_seq8192_spill_is_forced_by_capacity():
     plan = ms.plan_for("trn1", 8192)
     assert plan.slots == 5 and plan.peak == 6 and plan.spilled == ("delta",)
-    assert plan.over == ("deltaBu", "scan", "scanC") and plan.reload_after == "scanC"
+    assert plan.over == ("bcast B", "deltaBu", "scan", "bcast C", "scanC") and plan.reload_after == "scanC"
+    assert ms.plan_for("trn1", 8192, bcast_home="psum").over == ("deltaBu", "scan", "scanC")
     assert ms.plan_for("trn1", 7168).spilled == ()           # six 28 KiB slots still fit
     with pytest.raises(ValueError, match="SBUF"):               # the same program without spilling
         ms.mamba_v2_long("trn1", seq=8192, channels=128, state=2, spill=False)
     prog = ms.mamba_v2_long("trn1", seq=8192, channels=128, state=2)
     assert sum(b.bytes_per_partition for b in prog.buffers if b.memory.value == "sbuf") <= 192 * 1024
+
+
+def test_mamba_v2_long_broadcasts_live_in_sbuf():
+    """Beyond one PSUM tile (nl.tile_size.psum_fmax = 512 fp32) the [128, seq] broadcast is an SBUF
+    tile (nl.broadcast_to returns SBUF): TensorE writes bank-sized pieces, each is copied to SBUF,
+    and the multiplies read SBUF only (fp32 SBUF x SBUF: 2N). Values match numpy, every check on."""
+    from runtime_sim.isa import Memory
+    bt, S, ch, st = 1, 1024, 128, 2
+    x = _mamba_inputs(bt, S, ch, st)
+    ref = _mamba_ref(*(x[n].astype(np.float64) for n in ("delta", "u", "A", "B", "C")))
+    for home in ("sbuf", "psum"):
+        prog = ms.mamba_v2_long("trn1", bt, S, ch, st, piece=256, bcast_home=home)
+        tts = [i for q, ins in prog.streams.items() for i in ins if i.op.name == "TENSOR_TENSOR"]
+        reads_psum = any(s.memory is Memory.PSUM for i in tts for s in i.srcs)
+        assert reads_psum == (home == "psum")
+        out = simulate(prog, x).outputs["out"].view(np.float32).reshape(bt, ch, S)
+        np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_validation_rows_do_not_gate():
+    from runtime_sim.calibration.suite import Row
+    val = [c for c in CASES if not c.gating]
+    assert len(val) == 14 and all("scaling table" in c.name for c in val)
+    bad = Row(val[0], val[0].published_us * 0.5)
+    text = format_table([bad])
+    assert "validation (not gating): OUTSIDE tolerance" in text and "0.50" in text
+    assert "0 reproduced" in text and "OUTSIDE: " in text
 
 
 def test_calibration_case_and_table_smoke():
@@ -138,4 +166,4 @@ def test_fitted_constants_say_what_they_were_fitted_on():
 @pytest.mark.slow
 def test_full_calibration_within_tolerance():
     rows = [run_case(c) for c in CASES]
-    assert all(r.ok() for r in rows), format_table(rows)
+    assert all(r.ok() for r in rows if r.case.gating), format_table(rows)
