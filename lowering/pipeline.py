@@ -21,7 +21,8 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.kir import KProgram, Role
-from lowering.memory.planner import plan_pools
+from lowering.memory import lower_bound
+from lowering.memory.planner import LIFETIME_PAD, plan_pools
 from lowering.passes.fusion import fuse
 from lowering.registry import op_name
 from lowering.tiling import tile_program
@@ -75,9 +76,16 @@ def emit_program(kp: KProgram, b: TileBuilder, streams, t: Target) -> Program:
 
 def memory_plan_text(b: TileBuilder, peaks, t: Target) -> str:
     lines = [f"target {t.name}: SBUF {t.sbuf_bytes_per_partition} B/partition, "
-             f"PSUM {t.psum_bytes_per_partition} B/partition"]
+             f"PSUM {t.psum_bytes_per_partition} B/partition (lifetimes padded by "
+             f"{LIFETIME_PAD} instructions when that fits, so neighbouring kernels need not "
+             f"share bytes; the lower bound uses the exact lifetimes)"]
     for mem, peak in peaks.items():
-        lines.append(f"{mem.value} peak {peak} B/partition")
+        live = [(p.name, p.first, p.last + 1, p.bytes_per_partition)
+                for p in b.pools.values() if p.memory is mem and p.offset is not None]
+        lb = lower_bound(live)
+        ratio = f"{peak / lb:.3f}" if lb else "-"
+        lines.append(f"{mem.value} peak {peak} B/partition, lower bound {lb} "
+                     f"(largest live total), peak/lower bound {ratio}")
     for p in sorted(b.pools.values(), key=lambda p: (p.memory.value, p.offset or 0)):
         if p.offset is None:
             continue
