@@ -25,13 +25,16 @@ Algorithm (ideas from MiniMalloc, Moreira et al., ASPLOS 2023; no code taken):
        the alternatives at that node fail too;
      * dynamic decomposition: once no unplaced buffer crosses a section
        boundary, both sides are solved independently.
-3. The optimiser runs the search without capacity (a single greedy descent:
-   the skyline heuristic) for several static rank orders, then tries
-   capacities between the lower bound and the best peak found (lower bound
-   first, then bisection) with step-limited, restarted searches whose rank
-   orders are perturbed by a seeded RNG.  The work limits are counted in
-   search steps, so results are deterministic; an optional wall-clock budget
-   only cuts the work short.
+3. The optimiser (a) runs the search without capacity, i.e. one greedy
+   descent (the skyline heuristic), for nine static rank orders; (b) tries
+   the lower bound with each order; (c) bisects between the lower bound and
+   the best peak with short searches, the k-th order aiming slightly below
+   the midpoint (success is chaotic in the capacity, so varied targets add
+   diversity); a midpoint nobody reaches becomes a soft floor; (d) repeats
+   the bisection with rank orders perturbed by a seeded RNG until the budget
+   is spent.  Budgets are counted in search steps, so results are
+   deterministic; an optional wall-clock budget only cuts the work short.
+   A search that exhausts its tree proves its capacity infeasible.
 
 Invariants of ``pack_offsets``' result: every id gets an integer offset that is
 a multiple of ``alignment``; zero-size buffers get offset 0; two non-empty
@@ -42,7 +45,6 @@ never below ``lower_bound`` and never above the best greedy peak.
 from __future__ import annotations
 
 import bisect
-import math
 import operator
 import time
 from dataclasses import dataclass
@@ -52,7 +54,6 @@ import numpy as np
 
 BufferSpec = tuple[Hashable, int, int, int]
 
-_HEURISTICS = ("WAT", "TAW", "TWA")  # static rank orders (width, area, total)
 _NO_LIMIT = 1 << 62
 
 
@@ -217,30 +218,25 @@ def _build_instance(lower: list[int], upper: list[int], size: list[int]) -> _Ins
     )
 
 
-def _static_rank(inst: _Instance, heuristic: str, noise: np.ndarray | None) -> list[int]:
-    """Rank of every buffer (0 = placed first among ties) for a MiniMalloc-style
-    preordering: W = lifetime length, A = area, T = max section total, all
-    descending.  ``noise`` (multiplicative, near 1) perturbs the first key."""
+def _static_rank(inst: _Instance, heuristic: str) -> list[int]:
+    """Rank of every buffer (0 = first among candidates at the same offset)
+    for a MiniMalloc-style preordering, keys compared in the order given:
+    W lifetime length, A area, T largest total of its sections, C number of
+    sections, O number of overlapping buffers, U end, L start; all descending,
+    ties by index."""
     width = np.asarray(inst.lengths, dtype=np.float64)
-    size = np.asarray(inst.size, dtype=np.float64)
-    tot = np.asarray(
-        [max(inst.total[f:s]) for f, s in zip(inst.first, inst.stop)], dtype=np.float64
-    )
     first = np.asarray(inst.first, dtype=np.float64)
     stop = np.asarray(inst.stop, dtype=np.float64)
     keys = {
-        "W": width,
-        "A": width * size,
-        "T": tot,
-        "Z": size,
-        "C": stop - first,
-        "O": np.asarray([len(nb) for nb in inst.neighbors], dtype=np.float64),
-        "L": first,
-        "U": stop,
+        "W": lambda: width,
+        "A": lambda: width * np.asarray(inst.size, dtype=np.float64),
+        "T": lambda: np.asarray([max(inst.total[f:s]) for f, s in zip(inst.first, inst.stop)]),
+        "C": lambda: stop - first,
+        "O": lambda: np.asarray([len(nb) for nb in inst.neighbors], dtype=np.float64),
+        "U": lambda: stop,
+        "L": lambda: first,
     }
-    columns = [keys[c] for c in heuristic]
-    if noise is not None:
-        columns[0] = columns[0] * noise
+    columns = [keys[c]() for c in heuristic]
     # np.lexsort sorts by the last key first; negate for descending order.
     order = np.lexsort([np.arange(inst.n)] + [-c for c in reversed(columns)])
     rank = np.empty(inst.n, dtype=np.int64)
@@ -512,10 +508,7 @@ class _StepLimit(Exception):
 # W lifetime, A area, T section total, C sections, O overlaps, U end, L start,
 # Z size; all descending).
 _PORTFOLIO = ("TWA", "WAT", "UAT", "CAT", "OAT", "TAW", "WTA", "AWT", "LAT")
-_SHORT_RUN = 3.0  # step limit of a quick attempt, in multiples of n
-_EXACT_RUN = 3.0  # step limit of the first attempts at the lower bound
-_LONG_RUN = 4.0
-_PHASE3 = "intensify"  # first step limit of the intensification rounds, times n
+_SHORT_RUN = 3.0  # step limit of an attempt, in multiples of n
 
 
 class _Optimizer:
@@ -529,6 +522,7 @@ class _Optimizer:
         self.lower = inst.lower_bound
         self.floor = self.lower  # bisection: capacities below look infeasible
         self.proven = self.lower  # capacities below this are proven infeasible
+        self.tolerance = max(1, self.lower // 500)  # bisection stops at this gap
         self.best = _NO_LIMIT
         self.best_sol: list[int] = []
         self.last_peak = _NO_LIMIT
@@ -568,80 +562,69 @@ class _Optimizer:
 
     def run(self) -> list[int]:
         inst, n = self.inst, self.inst.n
-        ranks = [_static_rank(inst, h, None) for h in _PORTFOLIO]
+        orders = [_static_rank(inst, h) for h in _PORTFOLIO]
         greedy_peaks = []
-        for k, rank in enumerate(ranks):  # uncapped: a greedy descent, n steps
-            deadline = self.deadline if k else None  # always get one solution
-            solution = _Search(inst, _NO_LIMIT, rank, n, deadline).run()
-            if not isinstance(solution, list):
+        for k, rank in enumerate(orders):  # uncapped: a greedy descent (n steps)
+            if k and self._exhausted():
                 break
+            search = _Search(inst, _NO_LIMIT, rank, _NO_LIMIT)
+            solution = search.run()
+            assert isinstance(solution, list)
+            self.steps_left -= _NO_LIMIT - search.steps_left
             self._offer(solution)
             greedy_peaks.append(self.last_peak)
             if self.best <= self.lower:
                 return self.best_sol
         # Most promising orders first (by their greedy peaks).
-        order = [rank for _, _, rank in sorted(zip(greedy_peaks, range(len(ranks)), ranks))]
-        short = max(int(_SHORT_RUN * n), 16)
-        for rank in order:  # cheap shots at the optimum
-            if self._done() or self._attempt(self.lower, rank, int(_EXACT_RUN * n)) is not None:
+        ranked = sorted(zip(greedy_peaks, range(len(greedy_peaks)), orders))
+        orders = [rank for _, _, rank in ranked]
+        limit = max(int(_SHORT_RUN * n), 16)
+        for rank in orders:  # cheap shots at the optimum
+            if self._done() or self._attempt(self.lower, rank, limit) is not None:
                 break
-        self._bisect(order, short)
-        if _PHASE3 == "intensify":
-            self._intensify(order[:3], max(int(_LONG_RUN * n), 32))
-        else:
-            self._diversify(order, short)
+        self._bisect(orders, limit)
+        self._diversify(orders, limit)
         return self.best_sol
 
-    def _bisect(self, order: list[list[int]], limit: int) -> None:
+    def _bisect(self, orders: list[list[int]], limit: int) -> None:
         """Bisects between the floor and the best peak with quick attempts.
         The landscape is chaotic (success at one capacity says little about a
         nearby one), so the k-th order of a round aims a little lower than
         the midpoint; a midpoint no order reaches becomes the (soft) floor."""
-        tolerance = max(1, self.lower // 500)
-        while not self._done() and self.best - self.floor > tolerance:
+        while not self._done() and self.best - self.floor > self.tolerance:
             middle = (self.floor + self.best) // 2
-            spread = (middle - self.floor) // (2 * len(order))
-            for k, rank in enumerate(order):
+            spread = (middle - self.floor) // (2 * len(orders))
+            for k, rank in enumerate(orders):
                 outcome = self._attempt(middle - k * spread, rank, limit)
                 if outcome:
-                    order.insert(0, order.pop(k))  # move to front
+                    orders.insert(0, orders.pop(k))  # move to front
                     break
                 if outcome is False or self._exhausted():
                     break
             else:
                 self.floor = max(self.floor, middle + 1)
 
-    def _intensify(self, order: list[list[int]], limit: int) -> None:
-        """Longer and longer searches at the lower bound and just below the
-        best peak, round robin over the best orders."""
-        while not self._done():
-            for rank in order:
-                targets = [self.best - 1]
-                if self.proven < self.best - 1:
-                    targets.insert(0, self.proven)
-                for target in targets:
-                    if self._done():
-                        return
-                    self._attempt(target, rank, limit)
-            limit *= 2
-
-    def _perturbed(self, order: list[list[int]], sigma: float) -> list[list[int]]:
-        """Rank orders with seeded random swaps of nearby positions."""
-        result = []
-        for rank in order:
-            keys = np.asarray(rank, dtype=np.float64) + self.rng.normal(0.0, sigma, len(rank))
-            new = np.empty(len(rank), dtype=np.int64)
-            new[np.argsort(keys, kind="stable")] = np.arange(len(rank))
-            result.append(new.tolist())
-        return result
-
-    def _diversify(self, order: list[list[int]], limit: int) -> None:
-        """More bisection rounds with perturbed orders until the budget ends."""
+    def _diversify(self, orders: list[list[int]], limit: int) -> None:
+        """Until the budget ends: more bisections (from the proven floor) with
+        rank orders perturbed by seeded noise of growing strength."""
         sigma = 1.0
         while not self._done():
             self.floor = self.proven
-            self._bisect(self._perturbed(order, sigma), limit)
+            perturbed = [self._perturbed(rank, sigma) for rank in orders]
+            if self.best - self.floor > self.tolerance:
+                self._bisect(perturbed, limit)
+            for rank in perturbed:  # the gap is small: try just below
+                if self._done():
+                    break
+                self._attempt(self.best - 1, rank, limit)
             sigma *= 2
+
+    def _perturbed(self, rank: list[int], sigma: float) -> list[int]:
+        """``rank`` with random swaps of positions about ``sigma`` apart."""
+        keys = np.asarray(rank, dtype=np.float64) + self.rng.normal(0.0, sigma, len(rank))
+        new = np.empty(len(rank), dtype=np.int64)
+        new[np.argsort(keys, kind="stable")] = np.arange(len(rank))
+        return new.tolist()
 
 
 # --------------------------------------------------------------------------- #
@@ -663,7 +646,7 @@ def pack_offsets(
     addresses, keeping the peak ``max(offset + size)`` low.
 
     ``alignment``: every offset is a multiple of it.  ``effort``: search budget
-    in steps (default ``min(40000, 400 * n)``, about 1-2 s for 150-450
+    in steps (default ``min(40000, 400 n, 2e7 / n)``, about 1-2 s for 150-450
     buffers); results are deterministic for a given effort and ``seed``.
     ``time_budget_s`` additionally bounds the wall-clock time (results may then
     depend on machine speed).  Raises ``PackingError`` when ``capacity`` is
@@ -681,7 +664,7 @@ def pack_offsets(
         inst = _build_instance(
             [r[1] for r in live], [r[2] for r in live], [-(-r[3] // alignment) for r in live]
         )
-        steps = effort if effort is not None else min(40_000, 400 * inst.n)
+        steps = effort if effort is not None else _default_effort(inst.n)
         deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
         solution = _Optimizer(inst, steps, deadline, seed).run()
         for row, offset in zip(live, solution):
@@ -692,6 +675,12 @@ def pack_offsets(
     return offsets
 
 
+def _default_effort(n: int) -> int:
+    """Search steps: ~1-2 s of CPU here for 150-450 buffers; fewer for small
+    inputs (they finish early anyway) and for big ones (steps cost O(n))."""
+    return max(1, min(40_000, 400 * n, 20_000_000 // n))
+
+
 def _greedy_peak(live: list[BufferSpec], alignment: int) -> int:
     """Peak of the skyline greedy (used for error messages only)."""
     if not live:
@@ -699,6 +688,6 @@ def _greedy_peak(live: list[BufferSpec], alignment: int) -> int:
     inst = _build_instance(
         [r[1] for r in live], [r[2] for r in live], [-(-r[3] // alignment) for r in live]
     )
-    solution = _Search(inst, _NO_LIMIT, _static_rank(inst, _PORTFOLIO[0], None), inst.n).run()
+    solution = _Search(inst, _NO_LIMIT, _static_rank(inst, _PORTFOLIO[0]), inst.n).run()
     assert isinstance(solution, list)
     return max(map(operator.add, solution, inst.size)) * alignment
