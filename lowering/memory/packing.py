@@ -307,9 +307,8 @@ class _Search:
         self.deadline = deadline
         n = inst.n
         self.scale = n + 1
-        self.mo = [0] * n  # minimum offset of each unplaced buffer
+        self.mo = [0] * n  # minimum offset of each unplaced buffer (placed: _NO_LIMIT)
         self.key = [r for r in rank]  # mo * scale + rank
-        self.unplaced = [True] * n
         self.total = list(inst.total)  # unplaced size per section
         self.cuts = list(inst.cuts)
         self.sol = [0] * n
@@ -321,17 +320,17 @@ class _Search:
     def _place(self, i: int, offset: int) -> _Trial | None:
         """Places buffer ``i``; returns the undo record, or None (state
         unchanged) when the unallocated-floor inference proves a dead end."""
-        inst, mo, key, unplaced = self.inst, self.mo, self.key, self.unplaced
+        inst, mo, key = self.inst, self.mo, self.key
         size_i = inst.size[i]
         top = offset + size_i
-        raised = [j for j in inst.neighbors[i] if mo[j] < top and unplaced[j]]
+        raised = [j for j in inst.neighbors[i] if mo[j] < top]
         old = [mo[j] for j in raised]
         base = top * self.scale
         rank = self.rank
         for j in raised:
             mo[j] = top
             key[j] = base + rank[j]
-        unplaced[i] = False
+        mo[i] = _NO_LIMIT  # placed buffers never count as low
         f, s = inst.first[i], inst.stop[i]
         total = self.total
         total[f:s] = [t - size_i for t in total[f:s]]
@@ -351,7 +350,7 @@ class _Search:
     def _floors_ok(self, f: int, s: int, top: int, raised: list[int]) -> bool:
         """Unallocated floor: in a section next to the placed buffer, nothing can
         go below the lowest minimum offset of its unplaced buffers."""
-        inst, total, mo, unplaced = self.inst, self.total, self.mo, self.unplaced
+        inst, total, mo = self.inst, self.total, self.mo
         threshold = self.cap - top
         lo = min(map(inst.first.__getitem__, raised))
         hi = max(map(inst.stop.__getitem__, raised))
@@ -364,10 +363,10 @@ class _Search:
             # fails iff every unplaced buffer in it starts above ``highest``.
             highest = cap - remaining
             k = witness[sec]
-            if mo[k] <= highest and unplaced[k]:
+            if mo[k] <= highest:
                 continue
             for k in members[sec]:
-                if mo[k] <= highest and unplaced[k]:
+                if mo[k] <= highest:
                     witness[sec] = k
                     break
             else:
@@ -384,7 +383,7 @@ class _Search:
             for k in range(f, s - 1):
                 cuts[k] += 1
         self.total[f:s] = [t + size_i for t in self.total[f:s]]
-        self.unplaced[i] = True
+        mo[i] = trial.offset
         scale, rank = self.scale, self.rank
         for j, value in zip(trial.raised, trial.old):
             mo[j] = value
@@ -646,7 +645,7 @@ def pack_offsets(
     addresses, keeping the peak ``max(offset + size)`` low.
 
     ``alignment``: every offset is a multiple of it.  ``effort``: search budget
-    in steps (default ``min(40000, 400 n, 2e7 / n)``, about 1-2 s for 150-450
+    in steps (default ``min(50000, 400 n, 2e7 / n)``, about 1-2 s for 150-450
     buffers); results are deterministic for a given effort and ``seed``.
     ``time_budget_s`` additionally bounds the wall-clock time (results may then
     depend on machine speed).  Raises ``PackingError`` when ``capacity`` is
@@ -678,7 +677,7 @@ def pack_offsets(
 def _default_effort(n: int) -> int:
     """Search steps: ~1-2 s of CPU here for 150-450 buffers; fewer for small
     inputs (they finish early anyway) and for big ones (steps cost O(n))."""
-    return max(1, min(40_000, 400 * n, 20_000_000 // n))
+    return max(1, min(50_000, 400 * n, 20_000_000 // n))
 
 
 def _greedy_peak(live: list[BufferSpec], alignment: int) -> int:
