@@ -2,7 +2,7 @@
 
 - ``why_unsupported(node) -> str | None``: None when the lowering registry can lower this FX node
   (op, dtypes, shapes as in ``node.meta['val']``), else a one-line reason for the fallback table.
-- ``compile_graph(gm, input_specs, target, dump=None) -> CompiledGraph``: lower one device
+- ``compile_graph(gm, input_specs, target, dump=None, name=None) -> CompiledGraph``: lower one device
   partition (an FX GraphModule of ATen nodes that all passed ``why_unsupported``), specialised on
   concrete input shapes/dtypes. Raises ``Unsupported`` when something can only be discovered at
   this point (the caller then runs the partition eagerly and records the reason).

@@ -33,7 +33,6 @@ from runtime_sim.isa import Buffer, Memory, Program
 from runtime_sim.targets import Target, get_target
 
 Dump = Callable[[str, str], None]
-_counter = iter(range(1 << 62))
 
 
 def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str = "trn2",
@@ -61,7 +60,7 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     ops = tuple(sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
     outputs = tuple(OutputView(r.buffer, r.shape, r.strides, r.offset, _torch_dtype(r.dtype))
                     for r in kp.outputs)
-    return CompiledGraph(name or f"partition{next(_counter)}", program, tuple(input_specs),
+    return CompiledGraph(name or "partition", program, tuple(input_specs),
                          outputs, ops)
 
 

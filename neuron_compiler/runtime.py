@@ -274,7 +274,8 @@ class DevicePartition(torch.nn.Module):
                   if self.dump is not None else None)
         entry = _Compiled(sig, out_meta=out_meta)
         try:
-            entry.compiled = api.compile_graph(gm, specs, self.options.target, dump=writer)
+            entry.compiled = api.compile_graph(gm, specs, self.options.target, dump=writer,
+                                                     name=self.name)
         except api.Unsupported as exc:
             if writer is not None:
                 writer("unsupported.txt", f"{exc}\n")

@@ -56,13 +56,12 @@ from __future__ import annotations
 import gc
 import heapq
 from bisect import bisect_right
-from typing import Callable
 
 import numpy as np
 
 from .checks import InputError, MachineError, UninitializedReadError, check_buffers
 from .costs import DmaModel, SharedPorts, TensorRamp
-from .isa import EngineKind, Instr, Memory, Op, Program, Queue
+from .isa import EngineKind, Instr, Memory, Program, Queue
 from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
@@ -205,6 +204,18 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     sem_fns = SEMANTICS
     total = 0.0
 
+    def ready_at(q: int, w, nt: float) -> float:
+        """Earliest start of queue q's head with waits ``w``, not before ``nt``; INF (and q
+        registered as blocked on the semaphore) while a wait cannot hold yet."""
+        for s, n in w:
+            ts = sem_times[s]
+            if len(ts) < n:
+                blocked_on[s][q] = n
+                return INF
+            if ts[n - 1] > nt:
+                nt = ts[n - 1]
+        return nt
+
     def arm(q: int) -> None:
         """Register queue q's head with the scheduler (heap entry, or waiters of its semaphores)."""
         i = heads[q]
@@ -213,15 +224,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
             if rd is not None:
                 rd.finish(q)
             return
-        nt = qfree[q]
-        for s, n in waits[q][i]:
-            ts = sem_times[s]
-            if len(ts) < n:
-                blocked_on[s][q] = n
-                nt = INF
-                break
-            if ts[n - 1] > nt:
-                nt = ts[n - 1]
+        nt = ready_at(q, waits[q][i], qfree[q])
         sched[q] = nt
         if nt < INF:
             hpush(heap, (nt, q))
@@ -325,15 +328,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                         w2 = waits[wq][heads[wq]]
                         if not w2:
                             continue
-                        nt = qfree[wq]
-                        for s2, n2 in w2:
-                            ts2 = sem_times[s2]
-                            if len(ts2) < n2:
-                                blocked_on[s2][wq] = n2
-                                nt = INF
-                                break
-                            if ts2[n2 - 1] > nt:
-                                nt = ts2[n2 - 1]
+                        nt = ready_at(wq, w2, qfree[wq])
                         if nt < sched[wq]:
                             sched[wq] = nt
                             hpush(heap, (nt, wq))
@@ -345,17 +340,8 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     rd.finish(q)
                 break
             # next head of this queue
-            nt = qf
             w = q_waits[i]
-            if w:
-                for s, n in w:
-                    ts = sem_times[s]
-                    if len(ts) < n:
-                        blocked_on[s][q] = n
-                        nt = INF
-                        break
-                    if ts[n - 1] > nt:
-                        nt = ts[n - 1]
+            nt = ready_at(q, w, qf) if w else qf
             sched[q] = nt
             if nt == INF:
                 break

@@ -79,11 +79,11 @@ def _reject_relu(monkeypatch):
     api = pytest.importorskip("lowering.api")
     real = api.compile_graph
 
-    def compile_graph(gm, specs, target, dump=None):
+    def compile_graph(gm, specs, target, dump=None, name=None):
         for n in gm.graph.nodes:
             if n.op == "call_function" and "relu" in str(n.target):
                 raise api.Unsupported(str(n.target), "rejected by the test at compile time")
-        return real(gm, specs, target, dump=dump)
+        return real(gm, specs, target, dump=dump, name=name)
 
     monkeypatch.setattr(api, "compile_graph", compile_graph)
 

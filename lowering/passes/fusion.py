@@ -25,20 +25,21 @@ from lowering.kir import (EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs, Pointwi
 MAX_EXPR = 48
 
 
-def _readers(kp: KProgram) -> dict[str, list[int]]:
+def _kernels_by_buffer(kp: KProgram, side: str) -> dict[str, list[int]]:
+    """buffer -> indices of the kernels that read it (``side="ins"``) or write it ("outs")."""
     out: dict[str, list[int]] = {}
     for i, k in enumerate(kp.kernels):
-        for r in k.ins:
+        for r in getattr(k, side):
             out.setdefault(r.buffer, []).append(i)
     return out
+
+
+def _readers(kp: KProgram) -> dict[str, list[int]]:
+    return _kernels_by_buffer(kp, "ins")
 
 
 def _writers(kp: KProgram) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for i, k in enumerate(kp.kernels):
-        for r in k.outs:
-            out.setdefault(r.buffer, []).append(i)
-    return out
+    return _kernels_by_buffer(kp, "outs")
 
 
 def _is_whole(kp: KProgram, ref: TensorRef) -> bool:

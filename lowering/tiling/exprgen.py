@@ -20,7 +20,7 @@ import math
 from lowering.errors import LoweringError
 from lowering.kir import BINARY_OPS, EOp, Expr, UNARY_OPS
 from lowering.tiling.builder import Pool, Tile, TileBuilder
-from runtime_sim.isa import AP, ActFunc, AluOp, DType, EngineKind
+from runtime_sim.isa import AP, ActFunc, AluOp, DType
 
 ACT_OF: dict[EOp, ActFunc] = {
     EOp.EXP: ActFunc.EXP, EOp.LOG: ActFunc.LOG, EOp.SQRT: ActFunc.SQRT, EOp.RSQRT: ActFunc.RSQRT,
@@ -158,5 +158,3 @@ def _fold(x: Expr, args: list[float]) -> float:
         return float(f(np.asarray([args[0]], dtype=np.float32))[0])
     raise LoweringError(f"cannot fold {op}")
 
-
-ENGINES_ELEMENTWISE = (EngineKind.VECTOR, EngineKind.GPSIMD)

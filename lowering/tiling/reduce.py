@@ -87,7 +87,7 @@ def _finish(b: TileBuilder, k: KOp, pool, acc: AP, p: int, out_off: int, out_rs:
 def _reduce_on_tensor_engine(b: TileBuilder, k: KOp, plan) -> None:
     """Sum over partitions with TensorE: the kept contiguous axis runs along the free dim (N),
     the reduced axis along partitions (K); ones[K, 1] is the stationary operand."""
-    x, out = k.ins[0], k.outs[0]
+    x = k.ins[0]
     t = b.target
     KT, NT = t.pe_rows, t.moving_free_max
     (R, rst), = plan.red

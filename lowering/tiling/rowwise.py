@@ -112,27 +112,22 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     red = tuple(range(x.rank - a.normalized_ndim, x.rank))
     plan, C = _row_plan(k, red, [x, y, mean, rstd], 2)
     P = b.target.sbuf_partitions
-    params = []
-    n_params = int(a.has_weight) + int(a.has_bias)
-    if not _fits(b, C, n_params * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize):
-        chunked = []
-        for j, flag, is_w in ((1, a.has_weight, True), (2 if a.has_weight else 1, a.has_bias, False)):
-            if flag:
-                w = k.ins[j]
-                wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
-                wplan = plan_rows(x.shape, red, wst, [w.offset])
-                chunked.append((w, wplan.red[0][1][0], is_w))
-        return tile_layer_norm_chunked(b, k, plan, chunked)
-    pp = b.pool("lnw", Memory.SBUF, max(1, n_params), C * 4)
-    for j, flag in ((1, a.has_weight), (2 if a.has_weight else 1, a.has_bias)):
+    # weight / bias: (ref, its plan over x's axes with partition stride 0, is_weight)
+    prm = []
+    for j, flag, is_w in ((1, a.has_weight, True), (2 if a.has_weight else 1, a.has_bias, False)):
         if flag:
             w = k.ins[j]
-            wt = b.tile(pp, P, C, w.dtype)
-            # every partition reads the same row: partition stride 0
             wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
-            wplan = plan_rows(x.shape, red, wst, [w.offset])
-            b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, _free(wplan, 0)))
-            params.append(wt.ap())
+            prm.append((w, plan_rows(x.shape, red, wst, [w.offset]), is_w))
+    if not _fits(b, C, len(prm) * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize):
+        return tile_layer_norm_chunked(b, k, plan, [(w, wp.red[0][1][0], is_w) for w, wp, is_w in prm])
+    pp = b.pool("lnw", Memory.SBUF, max(1, len(prm)), C * 4)
+    params = []
+    for w, wplan, _ in prm:
+        wt = b.tile(pp, P, C, w.dtype)
+        # every partition reads the same row: partition stride 0
+        b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, _free(wplan, 0)))
+        params.append(wt.ap())
     xp = b.pool("lx", Memory.SBUF, 2, C * x.dtype.itemsize)
     wk = b.pool("lwork", Memory.SBUF, 3, C * 4)
     yp = b.pool("ly", Memory.SBUF, 2, C * y.dtype.itemsize)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime_sim.costs import instr_cost
-from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
+from runtime_sim.isa import AP, EngineKind, Instr, Queue, dma_queue
 from runtime_sim.targets import Target
 
 Rect = tuple[int, int, int, int]
@@ -97,6 +97,3 @@ class ListScheduler:
         if len(h) > 64:  # an estimate: forget the oldest entries
             del h[: len(h) - 64]
 
-
-def is_on_chip(ap: AP) -> bool:
-    return ap.memory is not Memory.HBM

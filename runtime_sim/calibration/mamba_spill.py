@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..isa import GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp, DmaAttrs, MatmulAttrs, Op, \
+from ..isa import SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp, DmaAttrs, MatmulAttrs, Op, \
     TensorCopyAttrs, TensorTensorAttrs, TensorTensorScanAttrs, dma_queue
 from .builder import tile
 from .mamba import F32, P, Q_SMALL, _Mamba
