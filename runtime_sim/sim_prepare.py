@@ -12,7 +12,7 @@ Transcendental functions (``TRANSCENDENTAL``): the ``activation`` functions that
 lookup tables compute -- exp, log, tanh, sigmoid, gelu (erf and tanh forms), silu, erf, sin, cos.
 Not in the set: sqrt, rsqrt and reciprocal (VectorE computes them with its ``pow`` / ``divide``
 ALU ops, so they are not work that must run on ScalarE), and identity/copy/relu/square/abs/sign/
-neg (VectorE work as well). Their time at the ScalarE rate is ``elements / (partitions x ScalarE
+neg (VectorE work as well). Their time at the ScalarE rate is ``elements / (lanes x ScalarE
 clock x the 2-byte factor when input and output are 2-byte floats)``: one element per lane per
 cycle, all 128 lanes, no fixed cost, stride penalty or MIN_II floor.
 
@@ -60,7 +60,7 @@ class _Static:
             s0 = ins.srcs[0]
             self.trans = s0.partitions * s0.free_size
             two = all(a.dtype.itemsize == 2 and a.dtype.is_float for a in (s0,) + ins.writes[:1])
-            lanes_per_ns = tgt.sbuf_partitions * tgt.scalar_clock_ghz * (
+            lanes_per_ns = tgt.lanes * tgt.scalar_clock_ghz * (
                 tgt.scalar_bf16_factor if two else 1)
             self.trans_ns = self.trans / lanes_per_ns
         elif ins.op is Op.DMA_COPY:
