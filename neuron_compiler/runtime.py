@@ -47,6 +47,11 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   saves for the backward (output descriptor ``SavedForBackwards*``) do not leave the device at
   the forward: the backward charges them only if a fallback there reads them. Without output
   descriptors, every graph output is treated as read by the host.
+- Why these rules are sound: ATen graphs from AOTAutograd are functional (no node writes its
+  inputs), so device data changes only where a partition writes a fresh output tensor; the
+  host can read a device output only through a fallback op or a graph output, and both charge
+  the copy; any host write bumps ``_version``, so the device copy is no longer current. Saved
+  activations are reachable only by the backward graph that AOTAutograd hands them to.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
   bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
   ``runtime_sim.targets``); bytes are ``numel x element size``. HBM capacity is not modelled:
@@ -67,7 +72,6 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
 from torch.utils._pytree import tree_leaves
 
 from neuron_compiler.errors import NeuronFallbackError, NeuronInternalError
@@ -76,7 +80,7 @@ from neuron_compiler.partition import is_compute_node, lowering_api, op_name
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
                                      active_profiles, graph_call)
 from runtime_sim.costs import host_transfer_ns
-from runtime_sim.targets import Target, get_target
+from runtime_sim.targets import get_target
 
 Signature = tuple
 
@@ -256,14 +260,6 @@ class Residency:
         w = _Where(weakref.ref(t, forget), v, host, set(devices), producer)
         table[key] = w
         return w
-
-    def on_device(self, t: torch.Tensor, target: str) -> bool:
-        w = self._lookup(t)
-        return w is not None and target in w.devices
-
-    def on_host(self, t: torch.Tensor) -> bool:
-        w = self._lookup(t)
-        return w is None or w.host
 
     def to_device(self, t: torch.Tensor, target: str) -> tuple[bool, Producer | None, bool]:
         """A device partition of ``target`` reads ``t``. Returns (send: a host->device copy is
