@@ -119,6 +119,13 @@ class Affine:
 
     __rmul__ = __mul__
 
+    def __floordiv__(self, k: int) -> "Affine":
+        """Exact division by a constant (every coefficient and the constant divisible)."""
+        k = int(k)
+        if self.const % k or any(c % k for _, c in self.terms):
+            raise ValueError(f"({self}) is not divisible by {k}")
+        return Affine(self.const // k, tuple((v, c // k) for v, c in self.terms))
+
     # -- identity ---------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
         if isinstance(other, int) and not isinstance(other, bool):

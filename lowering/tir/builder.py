@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -101,6 +102,9 @@ class TirBuilder:
         self._counts: dict[str, int] = {}
         self._sid = 0
         self._nvar = 0
+        self._variants: list[dict] = []     # open tiled() sequences (see tile())
+        self.live: set[str] = set()         # HBM tensors that something reads or returns
+        self.notes: list[str] = []          # decisions worth a line in the dump (e.g. blockings)
 
     # -- buffers ------------------------------------------------------------------------------
     def hbm_tensor(self, name: str, nbytes: int, dtype: DType, role: str) -> TBuf:
@@ -125,8 +129,32 @@ class TirBuilder:
             n = f"{base}_{i}"
         b = TBuf(n, memory, partitions, tuple(int(f) for f in free), dtype,
                  bufs if scope is not None else 1, scope)
+        b = self._variant_of(base, b)
         self.buffers[n] = b
         return Tile(b)
+
+    def _variant_of(self, base: str, b: TBuf) -> TBuf:
+        """Inside ``tiled()``: a tile taken in the partial-tile part reuses the bytes of the
+        k-th tile of the same name taken in the loop part (an alias), when it fits."""
+        root_of = None
+        for ctx in reversed(self._variants):
+            k = (base, ctx["seen"][base])
+            ctx["seen"][base] += 1
+            if ctx["tail"] and root_of is None:
+                root_of = ctx["main"].get(k)
+            elif not ctx["tail"]:
+                ctx["main"][k] = b.name
+        if root_of is None:
+            return b
+        r = self.buffers[root_of]
+        root = self.buffers[r.alias] if r.alias else r
+        if (root.memory is b.memory and b.partitions <= root.partitions and b.bufs <= root.bufs
+                and b.slot_bytes <= root.slot_bytes):
+            return replace(b, alias=root.name)
+        return b
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"{self.tag}: {text}" if self.tag else text)
 
     # -- loops --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -155,11 +183,17 @@ class TirBuilder:
         """Yield ``(start, size)`` covering ``0 .. n-1``: inside a loop over the full steps, then
         the tail (if any) outside it."""
         full, tail = divmod(n, step)
-        if full:
-            with self.loop(full, hint) as v:
-                yield v * step, step
-        if tail:
-            yield aff(full * step), tail
+        ctx = {"tail": False, "main": {}, "seen": Counter()}
+        self._variants.append(ctx)
+        try:
+            if full:
+                with self.loop(full, hint) as v:
+                    yield v * step, step
+            if tail:
+                ctx["tail"], ctx["seen"] = True, Counter()
+                yield aff(full * step), tail
+        finally:
+            self._variants.pop()
 
     @property
     def open_loops(self) -> tuple[str, ...]:
@@ -189,14 +223,12 @@ class TirBuilder:
         for a in (dst, accum, *srcs):
             if a is not None:
                 self._check(a)
-        sw: list[str] = []
-        for v in start_when:
-            v = aff(v)
-            if v.is_const:
-                continue  # a loop of one iteration: always its first
-            if len(v.terms) != 1 or v.const or v.terms[0][1] != 1:
-                raise LoweringError(f"{self.tag}: start_when needs loop variables, got {v}")
-            sw.append(v.terms[0][0])
+        sw = tuple(aff(v) for v in start_when)
+        for v in sw:
+            for var in v.vars:
+                if var not in self._open:
+                    raise LoweringError(f"{self.tag}: start_when {v} uses loop variable {var} "
+                                        f"outside its loop")
         dyn = []
         for f, e in dyn_attrs:
             e = aff(e)
@@ -208,7 +240,7 @@ class TirBuilder:
                         raise LoweringError(f"{self.tag}: attribute {f}={e} uses loop variable {v} "
                                             f"outside its loop")
                 dyn.append((f, e))
-        ins = TInstr(self._sid, op, dst, srcs, attrs, accum, engines, tuple(sw), tuple(dyn), self.tag)
+        ins = TInstr(self._sid, op, dst, srcs, attrs, accum, engines, sw, tuple(dyn), self.tag)
         self._sid += 1
         self._stack[-1].append(ins)
         return ins
@@ -223,13 +255,21 @@ class TirBuilder:
     def dma(self, dst: TAP, src: TAP, transpose: bool = False) -> TInstr:
         return self.emit(Op.DMA_COPY, dst, (src,), DmaAttrs(transpose), engines=(EngineKind.DMA,))
 
-    def matmul(self, dst: TAP, stationary: TAP, moving: TAP, *, accumulate: bool = False,
-               start_when: tuple[AffineLike, ...] = ()) -> TInstr:
-        """``dst (+)= stationary.T @ moving``: with ``start_when`` the group starts when those
-        loop variables are all 0 and accumulates otherwise; else ``accumulate`` is fixed."""
-        acc = accumulate or any(not aff(v).is_const for v in start_when)
-        return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(acc),
-                         engines=(EngineKind.TENSOR,), start_when=start_when)
+    def matmul(self, dst: TAP, stationary: TAP, moving: TAP, *,
+               start_when: tuple[AffineLike, ...] = (0,)) -> TInstr:
+        """``dst (+)= stationary.T @ moving``: a new accumulation group starts in the iterations
+        where every ``start_when`` expression is 0 (default: always, a single product); the
+        others accumulate. Pass the K-tile offsets of the enclosing K loops."""
+        sw = tuple(aff(v) for v in start_when)
+        if all(v.is_const for v in sw):
+            start = all(v.const == 0 for v in sw)
+            return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(not start),
+                             engines=(EngineKind.TENSOR,))
+        if any(v.is_const and v.const != 0 for v in sw):   # never all zero: always accumulates
+            return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(True),
+                             engines=(EngineKind.TENSOR,))
+        return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(True),
+                         engines=(EngineKind.TENSOR,), start_when=tuple(v for v in sw if not v.is_const))
 
     def transpose(self, dst: TAP, src: TAP) -> TInstr:
         return self.emit(Op.TRANSPOSE, dst, (src,), TransposeAttrs(), engines=(EngineKind.TENSOR,))

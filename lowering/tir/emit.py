@@ -40,7 +40,7 @@ class _Template:
         self.ndst = ins.dst is not None
         self.has_accum = ins.accum is not None
         self.attrs = ins.attrs
-        self.start_when = ins.start_when
+        self.start_when = tuple((e.const, e.terms) for e in ins.start_when)
         self.attrs_first = replace(ins.attrs, accumulate=False) if ins.start_when else None
         self.dyn = tuple((f, e.const, e.terms) for f, e in ins.dyn_attrs)
         self.waits = tuple((f"s{w.sem}", w.sem, w.count.const, w.count.terms,
@@ -101,7 +101,8 @@ def emit_program(tp: TProgram, queues: dict[int, Queue], plan: MemPlan, sync: Sy
         ops = [ap_of(o) for o in t.ops]
         dst, accum, srcs = ops[0], ops[1], tuple(ops[2:])
         attrs = t.attrs
-        if t.start_when and all(env[v] == 0 for v in t.start_when):
+        if t.start_when and all(c + sum(k * env[v] for v, k in terms) == 0
+                                for c, terms in t.start_when):
             attrs = t.attrs_first
         if t.dyn:
             vals = []

@@ -3,10 +3,11 @@
 Grammar
 ```
 TProgram = (target, buffers: TBuf*, body: Stmt*, inputs: name*, outputs: name*)
-TBuf     = (name, memory: HBM|SBUF|PSUM, partitions, free: int*, dtype, bufs, scope: var?)
+TBuf     = (name, memory: HBM|SBUF|PSUM, partitions, free: int*, dtype, bufs, scope: var?,
+            alias: name?)
 Stmt     = Loop(var, count, body: Stmt*) | TInstr
 TInstr   = (sid, op: Op, dst: TAP?, srcs: TAP*, attrs: OpAttrs, accum: TAP?,
-            engines: EngineKind*, start_when: var*, dyn_attrs: (field, Affine)*, tag)
+            engines: EngineKind*, start_when: Affine*, dyn_attrs: (field, Affine)*, tag)
 TAP      = (buf, partition_start, partitions, offset: Affine (bytes), dims: (stride, size)*, dtype)
 ```
 ``Op``, its attribute classes and ``EngineKind`` are runtime_sim's (the machine's vocabulary).
@@ -21,11 +22,16 @@ Semantics
   ``scope=None`` allocates once, for the whole program. Every access to the buffer lies inside
   its scope's body and touches the current allocation, so with ``bufs >= 2`` the next iteration's
   writes may overlap this iteration's reads (double buffering) once synchronised.
+- ``alias``: the buffer occupies the bytes of buffer ``alias`` (the same offset and slot
+  stride; never more partitions, slot bytes or slots). Buffers of one alias group are never live
+  in the same iteration (the partial tile after a loop reuses the loop's tiles); the sync pass
+  orders every write of one member after the latest preceding access of every other member.
 - A ``TAP`` addresses one buffer: partitions ``[partition_start, +partitions)``, byte ``offset``
   (affine in the enclosing loop variables; within the slot for SBUF/PSUM), free dims
   ``(stride in elements, size)`` outermost first, as the machine's AP.
 - ``start_when`` (matmul only): the instruction starts a new PSUM accumulation group
-  (``accumulate=False``) when every named loop variable is 0, and accumulates otherwise.
+  (``accumulate=False``) in the iterations where every expression is 0, and accumulates in the
+  others (a K loop's first product starts the group).
 - ``dyn_attrs`` overrides integer attribute fields per iteration (e.g. an ``iota`` base that
   follows the tile's position): field ``f`` takes the value of its affine expression.
 - ``engines`` lists the engines that may run the instruction, in preference order; the
@@ -57,6 +63,7 @@ class TBuf:
     bufs: int = 1
     scope: str | None = None
     role: str = "temp"          # HBM: input | output | temp
+    alias: str | None = None
 
     @property
     def slot_bytes(self) -> int:
@@ -68,7 +75,8 @@ class TBuf:
             return f"hbm  {self.name}: {self.free[0]} B ({self.role})"
         shape = "x".join(map(str, (self.partitions,) + self.free))
         scope = f" per {self.scope}" if self.scope else ""
-        return f"{self.memory.value} {self.name}: [{shape}] {self.dtype.value} bufs={self.bufs}{scope}"
+        alias = f" in {self.alias}" if self.alias else ""
+        return f"{self.memory.value} {self.name}: [{shape}] {self.dtype.value} bufs={self.bufs}{scope}{alias}"
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class TInstr:
     attrs: OpAttrs
     accum: TAP | None = None
     engines: tuple[EngineKind, ...] = ()
-    start_when: tuple[str, ...] = ()
+    start_when: tuple[Affine, ...] = ()
     dyn_attrs: tuple[tuple[str, Affine], ...] = ()
     tag: str = ""
 
@@ -139,7 +147,7 @@ class TInstr:
         if self.accum is not None:
             s += f" accum {self.accum}"
         if self.start_when:
-            s += f" start_when {','.join(v + '==0' for v in self.start_when)}"
+            s += f" start_when {','.join(f'{v}==0' for v in self.start_when)}"
         return s
 
 

@@ -48,7 +48,8 @@ class MemPlan:
                  f"need not share bytes; the lower bound uses the exact lifetimes)"]
         bufs = [b for b in tp.buffers if b.name in self.offsets]
         for mem in (Memory.SBUF, Memory.PSUM):
-            live = [(b.name, *self._live(b), self.size(b)) for b in bufs if b.memory is mem]
+            live = [(b.name, *self._live(b), self.size(b)) for b in bufs
+                    if b.memory is mem and b.alias is None]
             lb = lower_bound(live)
             peak = self.peaks.get(mem, 0)
             ratio = f"{peak / lb:.3f}" if lb else "-"
@@ -56,8 +57,9 @@ class MemPlan:
                          f"total), peak/lower bound {ratio}")
         for b in sorted(bufs, key=lambda b: (b.memory.value, self.offsets[b.name], b.name)):
             f, l = self.lifetimes[b.name]
+            alias = f"  (in {b.alias})" if b.alias else ""
             lines.append(f"  {b.memory.value:4s} {b.name:14s} @{self.offsets[b.name]:7d} {b.bufs} x "
-                         f"{self.slot_stride[b.name]} B  live [{f}, {l}]")
+                         f"{self.slot_stride[b.name]} B  live [{f}, {l}]{alias}")
         return "\n".join(lines)
 
     def _live(self, b: TBuf) -> tuple[int, int]:
@@ -66,11 +68,14 @@ class MemPlan:
 
 
 def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
+    """[first, last] top-level statement of every buffer that is accessed; an alias group's
+    root covers the whole group."""
     out: dict[str, tuple[int, int]] = {}
     for sid, inf in st.info.items():
         for a, _ in inf.ins.accesses():
-            f, l = out.get(a.buf, (inf.top, inf.top))
-            out[a.buf] = (min(f, inf.top), max(l, inf.top))
+            for name in {a.buf, tp.buffer(a.buf).alias or a.buf}:
+                f, l = out.get(name, (inf.top, inf.top))
+                out[name] = (min(f, inf.top), max(l, inf.top))
     return out
 
 
@@ -87,10 +92,11 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
     live = lifetimes(tp, st)
     for mem, cap in ((Memory.SBUF, target.sbuf_bytes_per_partition),
                      (Memory.PSUM, target.psum_bytes_per_partition)):
-        used = [b for b in tp.buffers if b.memory is mem and b.name in live]
+        used = [b for b in tp.buffers if b.memory is mem and b.name in live and b.alias is None]
         for b in used:
             plan.slot_stride[b.name] = slot_stride(b, target)
             plan.lifetimes[b.name] = live[b.name]
+        aliases = [b for b in tp.buffers if b.memory is mem and b.name in live and b.alias is not None]
         if not used:
             plan.peaks[mem] = 0
             continue
@@ -117,5 +123,9 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
                 raise AssertionError(f"PSUM buffer {b.name} not bank-aligned at {off}")
             plan.offsets[b.name] = off
             peak = max(peak, off + plan.size(b))
+        for b in aliases:  # the root's bytes, slot by slot
+            plan.offsets[b.name] = plan.offsets[b.alias]
+            plan.slot_stride[b.name] = plan.slot_stride[b.alias]
+            plan.lifetimes[b.name] = live[b.name]
         plan.peaks[mem] = peak
     return plan

@@ -106,6 +106,26 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
                 if w is not None:
                     found[x.sid][y.sid].append(w)
 
+    # members of one alias group: every write waits for the latest preceding access of the others
+    groups: dict[str, list[str]] = defaultdict(list)
+    for b in tp.buffers:
+        if b.alias is not None and b.name in by_buf:
+            groups[b.alias].append(b.name)
+    for root, members in groups.items():
+        names = [root] + members if root in by_buf else members
+        for xn in names:
+            for yn in names:
+                if xn == yn:
+                    continue
+                for x in by_buf[xn]:
+                    if not x.write:
+                        continue
+                    for y in by_buf[yn]:
+                        if queues[x.sid] != queues[y.sid]:
+                            w = _same_buffer(st, None, x, y)
+                            if w is not None:
+                                found[x.sid][y.sid].append(w)
+
     _cross_buffer(tp, st, plan, by_buf, queues, found)
 
     out = SyncPlan()
@@ -188,18 +208,23 @@ def _choose_free(diff: Affine, free: list[tuple[str, int]], xvars: list[tuple[st
     return choice
 
 
-def _same_buffer(st: Structure, buf: TBuf, x: _Access, y: _Access) -> Wait | None:
+ALWAYS = (-(1 << 62), 1 << 62)   # an overlap window no difference escapes
+
+
+def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wait | None:
+    """``buf=None``: two members of an alias group, assumed to overlap everywhere (no
+    allocation numbers: the latest preceding access)."""
     a, b = x.tap, y.tap
-    if (a.partition_start + a.partitions <= b.partition_start
-            or b.partition_start + b.partitions <= a.partition_start):
+    if buf is not None and (a.partition_start + a.partitions <= b.partition_start
+                            or b.partition_start + b.partitions <= a.partition_start):
         return None
     X, Y = x.info, y.info
     c = common_loops(X, Y)
     k = -1
-    if buf.scope is not None:
+    if buf is not None and buf.scope is not None:
         k = next(i for i, lp in enumerate(X.loops) if lp.var == buf.scope)
         assert k < c, (buf.name, x.sid, y.sid)
-    win = _window(a, b)
+    win = _window(a, b) if buf is not None else ALWAYS
     dom = X.counts()
     dom.update({_y(lp.var): lp.count for lp in Y.loops})
     xvars = [(lp.var, lp.count) for lp in X.loops]
@@ -237,7 +262,7 @@ def _same_buffer(st: Structure, buf: TBuf, x: _Access, y: _Access) -> Wait | Non
         sub.update(ch)
         return Wait(y.sid, yflat.subs(sub) + 1)
     # previous occupant of the slot
-    if k >= 0 and x.write and buf.bufs >= 1:
+    if k >= 0 and x.write:
         gen = st.gen(buf, x.sid)
         stride = st.gen_stride(buf, y.sid)
         ifree = [(_y(lp.var), lp.count) for lp in Y.loops[k + 1:]]
@@ -254,8 +279,12 @@ def _same_buffer(st: Structure, buf: TBuf, x: _Access, y: _Access) -> Wait | Non
 def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, list[_Access]],
                   queues: dict[int, Queue], found) -> None:
     """First occupancy of bytes that an earlier buffer held: wait for its last accesses."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for b in tp.buffers:
+        if b.name in plan.offsets:
+            members[b.alias or b.name].append(b.name)
     for mem in (Memory.SBUF, Memory.PSUM):
-        bufs = [b for b in tp.buffers if b.memory is mem and b.name in plan.offsets]
+        bufs = [b for b in tp.buffers if b.memory is mem and b.name in plan.offsets and b.alias is None]
         bufs.sort(key=lambda b: (plan.lifetimes[b.name][0], b.name))
         owners: list[tuple[int, int, str]] = []
         for b in bufs:
@@ -263,11 +292,12 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
             hi = lo + plan.size(b)
             preds = {o for (l, h, o) in owners if l < hi and lo < h}
             if preds:
-                writers = [x for x in by_buf[b.name] if x.write]
+                writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
                 for pname in sorted(preds):
-                    last = {y.sid: y.info.count for y in by_buf[pname]}
+                    last = {y.sid: y.info.count for m in members[pname] for y in by_buf[m]}
                     for x in writers:
-                        guard = (st.gen(b, x.sid), b.bufs) if b.scope is not None else None
+                        xb = tp.buffer(x.tap.buf)
+                        guard = (st.gen(xb, x.sid), xb.bufs) if xb.scope is not None else None
                         for ys, n in last.items():
                             if queues[ys] != queues[x.sid]:
                                 found[x.sid][ys].append(Wait(ys, Affine(n), guard))
