@@ -148,7 +148,11 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
         return tile_layer_norm_chunked(b, k, plan, [(w, wp.red[0][1][0], is_w) for w, wp, is_w in prm])
     live = b.live
     params = []
+    loaded: dict = {}
     for w, wplan, _ in prm:
+        if w in loaded:          # the same view as weight and bias: load it once
+            params.append(loaded[w])
+            continue
         wt = b.tile("lnw", Memory.SBUF, P, C, w.dtype)
         # every partition reads the same row: partition stride 0
         b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, free_of(wplan, 0)))
@@ -156,6 +160,7 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
             wc = b.tile("lnwc", Memory.SBUF, P, C, wdt)
             b.tensor_copy(wc.ap(), wt.ap())
             wt = wc
+        loaded[w] = wt
         params.append(wt)
     ch = bn_chunk(C)
     for bases, r0, p in row_tiles(b, plan, 4):
