@@ -4,6 +4,10 @@ Invariants
 - Every message names what was wrong (option key / op), the constraint, and the actual value.
 - ``NeuronFallbackError`` is raised only under ``fallback="error"``; it lists *every* op that
   cannot run on the device (not only the first), each with its reason.
+- ``NeuronInternalError`` is a bug of the compiler met while compiling one device partition
+  (anything but ``lowering.errors.Unsupported``). It is never turned into a fallback; its
+  message names the graph, the partition, its input signature and the ATen op(s) involved, and
+  the original exception is its ``__cause__``.
 """
 from __future__ import annotations
 
@@ -21,3 +25,23 @@ class NeuronFallbackError(RuntimeError):
         super().__init__(
             "fallback='error': these ops cannot run on the device:\n" + "\n".join(lines)
             + "\n(use options={'fallback': 'allow'} to run them in eager PyTorch)")
+
+
+class NeuronInternalError(RuntimeError):
+    """An internal error while compiling device partition ``graph/partition``.
+
+    ``ops`` are the ATen ops the error names (the nodes its message mentions), or every op of
+    the partition when it names none; ``partition_ops`` are all the partition's ops."""
+
+    def __init__(self, graph: str, partition: str, signature: str, ops: list[str],
+                 partition_ops: list[str], cause: BaseException):
+        self.graph, self.partition, self.signature = graph, partition, signature
+        self.ops, self.partition_ops = list(ops), list(partition_ops)
+        where = f"{graph}/{partition} {signature}"
+        involved = ", ".join(self.ops) or "no ATen op"
+        extra = ("" if set(self.ops) >= set(self.partition_ops)
+                 else f"; the partition computes {', '.join(self.partition_ops)}")
+        super().__init__(
+            f"internal error compiling device partition {where} (op: {involved}{extra}): "
+            f"{type(cause).__name__}: {cause}\n(this is a bug of the neuron compiler, not an "
+            f"unsupported op: it is not turned into an eager fallback)")

@@ -7,9 +7,9 @@ Usage::
     print(prof.summary()); json.dump(prof.to_dict(), f); prof.export_chrome_trace("t.json")
 
 Invariants
-- The stack of open profiles lives in one ``ContextVar`` (the only module state of the package).
-  Profiles nest: every record goes to every open profile, so an outer profile sees everything an
-  inner one sees.
+- Module state: the stack of open profiles and the graph call being executed, each in one
+  ``ContextVar``. Profiles nest: every record goes to every open profile, so an outer profile
+  sees everything an inner one sees.
 - Compile-time facts (node counts, the fallback table) live on the compiled graph
   (``GraphRecord``) and are added to each open profile whenever that graph is *called*,
   de-duplicated per compiled graph. So a profile opened after compilation still sees the node
@@ -19,9 +19,19 @@ Invariants
   distinct graphs that ran; a device partition whose lowering raised ``Unsupported`` at its
   first call moves its nodes from device to fallback (once per partition).
 - Times: ``simulated_time_us`` is the sum over device-partition calls of the simulated program
-  time; ``transfer_time_us`` the sum of host<->device copies at partition boundaries (bytes in +
-  out / the target's assumed host-link bandwidth); ``fallback_time_us`` the measured host wall
-  time of eager fallback ops. The three are disjoint; none includes compile time.
+  time; ``transfer_time_us`` the sum of the host<->device copies the runtime charged (see
+  ``runtime.py``: only where host data enters the device or a host consumer reads device data;
+  resident tensors cost nothing); ``fallback_time_us`` the measured host wall time of eager
+  fallback ops. The three are disjoint; none includes compile time.
+- Warm-up vs steady state: the first call of a compiled graph in the process is its warm-up
+  (its programs are compiled, its parameters sent); every later call is steady state. Every
+  record is filed under the phase of the graph call during which it happened. ``warmup`` sums
+  the warm-up calls made inside the profile; ``steady_state`` is per call: for each graph its
+  steady-state totals divided by its steady-state calls, summed over graphs (one call of every
+  graph: one inference, or one forward + backward step).
+- ``compiles`` counts partition specialisations prepared inside the profile (a new input
+  signature of a partition), ``program_cache`` splits them into process-wide program-cache
+  hits (an identical partition was already lowered) and misses (lowered now).
 - ``to_dict()`` is JSON-ready: only str/int/float/bool/None/list/dict.
 """
 from __future__ import annotations
@@ -57,6 +67,7 @@ class GraphRecord:
     fallbacks: tuple[FallbackEntry, ...]
     partitions: tuple[str, ...]   # device partition submodule names
     dump_dir: str | None = None
+    calls_started: int = 0        # calls of this graph in the process (the first is warm-up)
 
 
 @dataclass(frozen=True)
@@ -82,10 +93,16 @@ class _PartitionStats:
     compiled: object                  # lowering CompiledGraph (re-run in timing mode for traces)
     stats: SimStats
     calls: int = 0
-    transfer_ns: float = 0.0          # total over calls
+    transfer_ns: float = 0.0          # total over calls: inputs sent in, outputs read by the host
+    transfer_bytes: int = 0
+    transfers: int = 0                # tensors copied
 
     def total_ns(self) -> float:
         return self.stats.total_ns * self.calls
+
+
+_PHASE_KEYS = ("simulated_ns", "transfer_ns", "transfer_bytes", "transfers", "fallback_ns",
+               "compile_s")
 
 
 @dataclass
@@ -98,27 +115,50 @@ class Profile:
     _failures: dict[tuple[int, str], PartitionFailure] = field(default_factory=dict)
     _parts: dict[tuple[int, str, tuple], _PartitionStats] = field(default_factory=dict)
     _fallback_ns: Counter = field(default_factory=Counter)  # (graph id, op, reason) -> ns
+    _loose_transfer: Counter = field(default_factory=Counter)  # producer not seen in the profile
+    _phase: dict[tuple[int, str], Counter] = field(default_factory=dict)  # (graph id, phase)
     compiles: int = 0
     compile_time_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     # ---- recording (called by the runtime) ---------------------------------------------------
-    def note_graph_call(self, graph: GraphRecord) -> None:
+    def _bump(self, **values: float) -> None:
+        """Add ``values`` to the phase counters of the graph call being executed (if any)."""
+        call = _CALL.get()
+        if call is None:
+            return
+        graph, first = call
+        c = self._phase.setdefault((id(graph), "warmup" if first else "steady"), Counter())
+        c.update(values)
+
+    def note_graph_call(self, graph: GraphRecord, first: bool = False) -> None:
         self._graphs[id(graph)] = graph
         self._graph_calls[id(graph)] += 1
+        c = self._phase.setdefault((id(graph), "warmup" if first else "steady"), Counter())
+        c["calls"] += 1
 
-    def note_compile(self, seconds: float) -> None:
+    def note_compile(self, seconds: float, cache_hit: bool = False) -> None:
         self.compiles += 1
         self.compile_time_s += seconds
+        if cache_hit:
+            self.cache_hits += 1
+        else:
+            self.cache_misses += 1
+        self._bump(compile_s=seconds)
 
     def note_failure(self, failure: PartitionFailure) -> None:
         self._failures.setdefault((id(failure.graph), failure.partition), failure)
 
     def note_fallback_time(self, graph: GraphRecord, op: str, reason: str, ns: int) -> None:
         self._fallback_ns[(id(graph), op, reason)] += ns
+        self._bump(fallback_ns=ns)
 
     def note_partition_call(self, graph: GraphRecord, partition: str, signature: tuple,
                             input_shapes: list[list[int]], compiled: object,
-                            result: SimResult, transfer_ns: float) -> None:
+                            result: SimResult, transfer_ns: float = 0.0,
+                            transfer_bytes: int = 0, transfers: int = 0) -> None:
+        """One call of a device partition; ``transfer_*``: the inputs sent to the device."""
         key = (id(graph), partition, signature)
         rec = self._parts.get(key)
         if rec is None:
@@ -127,6 +167,23 @@ class Profile:
             self._parts[key] = rec
         rec.calls += 1
         rec.transfer_ns += transfer_ns
+        rec.transfer_bytes += transfer_bytes
+        rec.transfers += transfers
+        self._bump(simulated_ns=result.stats.total_ns, transfer_ns=transfer_ns,
+                   transfer_bytes=transfer_bytes, transfers=transfers)
+
+    def note_transfer_out(self, producer: tuple | None, ns: float, nbytes: int,
+                          transfers: int = 1) -> None:
+        """Device data read by the host; ``producer`` = (GraphRecord, partition, signature)."""
+        rec = (self._parts.get((id(producer[0]), producer[1], producer[2]))
+               if producer is not None else None)
+        if rec is not None:
+            rec.transfer_ns += ns
+            rec.transfer_bytes += nbytes
+            rec.transfers += transfers
+        else:
+            self._loose_transfer.update(ns=ns, bytes=nbytes, transfers=transfers)
+        self._bump(transfer_ns=ns, transfer_bytes=nbytes, transfers=transfers)
 
     # ---- reports -----------------------------------------------------------------------------
     def _graph_names(self) -> dict[int, str]:
@@ -174,9 +231,14 @@ class Profile:
                 "roofline_time_us": s.roofline_ns * rec.calls / 1e3,
                 "roofline_time_per_call_us": s.roofline_ns / 1e3,
                 "transfer_time_us": rec.transfer_ns / 1e3,
+                "transfer_bytes": int(rec.transfer_bytes),
+                "transfers": int(rec.transfers),
                 "instructions": int(s.instructions),
                 "flops": int(s.flops),
                 "hbm_bytes": int(s.hbm_bytes),
+                "compulsory_hbm_bytes": int(s.min_hbm_bytes),
+                "traffic_ratio": s.traffic_ratio(),
+                "roofline_bound": s.roofline_bound(),
                 "dma_bytes": int(s.dma_bytes),
                 "spill_bytes": int(s.spill_bytes),
                 "sbuf_peak_bytes": int(s.sbuf_peak_bytes),
@@ -190,20 +252,52 @@ class Profile:
             "simulated_time_us": sum(p["simulated_time_us"] for p in parts),
             "roofline_time_us": sum(p["roofline_time_us"] for p in parts),
             "fallback_time_us": fallback_ns / 1e3,
-            "transfer_time_us": sum(p["transfer_time_us"] for p in parts),
+            "transfer_time_us": (sum(p["transfer_time_us"] for p in parts)
+                                 + self._loose_transfer["ns"] / 1e3),
+            "transfer_bytes": int(sum(p["transfer_bytes"] for p in parts)
+                                  + self._loose_transfer["bytes"]),
+            "transfers": int(sum(p["transfers"] for p in parts)
+                             + self._loose_transfer["transfers"]),
+            "warmup": self._phase_dict("warmup"),
+            "steady_state": self._phase_dict("steady"),
             "device_nodes": device_nodes,
             "fallback_nodes": fallback_nodes,
             "device_fraction": (device_nodes / (device_nodes + fallback_nodes)
                                 if device_nodes + fallback_nodes else None),
             "compiles": self.compiles,
             "compile_time_s": self.compile_time_s,
+            "program_cache": {"hits": self.cache_hits, "misses": self.cache_misses},
             "graphs": [{"name": names[gid], "kind": g.kind, "target": g.target,
-                        "calls": self._graph_calls[gid], "device_nodes": g.device_nodes,
+                        "calls": self._graph_calls[gid],
+                        "warmup_calls": int(self._phase.get((gid, "warmup"), {}).get("calls", 0)),
+                        "steady_calls": int(self._phase.get((gid, "steady"), {}).get("calls", 0)),
+                        "device_nodes": g.device_nodes,
                         "fallback_nodes": g.fallback_nodes, "partitions": list(g.partitions),
                         "dump_dir": g.dump_dir}
                        for gid, g in self._graphs.items()],
             "fallbacks": self._fallback_rows(),
             "partitions": parts,
+        }
+
+    def _phase_dict(self, phase: str) -> dict:
+        """``warmup``: totals over the warm-up calls; ``steady``: per call (module docstring)."""
+        out = dict.fromkeys(_PHASE_KEYS, 0.0)
+        calls = 0
+        for (gid, ph), c in self._phase.items():
+            if ph != phase or not c.get("calls"):
+                continue
+            calls += int(c["calls"])
+            div = 1 if phase == "warmup" else c["calls"]
+            for k in _PHASE_KEYS:
+                out[k] += c.get(k, 0) / div
+        return {
+            "graph_calls": calls,
+            "simulated_time_us": out["simulated_ns"] / 1e3,
+            "transfer_time_us": out["transfer_ns"] / 1e3,
+            "transfer_bytes": int(round(out["transfer_bytes"])),
+            "transfers": int(round(out["transfers"])),
+            "fallback_time_us": out["fallback_ns"] / 1e3,
+            "compile_time_s": out["compile_s"],
         }
 
     def summary(self) -> str:
@@ -219,8 +313,16 @@ class Profile:
             f"fallback" + (f" ({100.0 * d['device_nodes'] / total:.1f}% on device)" if total
                            else ""),
             f"  graphs: {len(d['graphs'])}   compiles: {d['compiles']} "
-            f"({d['compile_time_s']:.2f} s)",
+            f"({d['compile_time_s']:.2f} s; program cache {d['program_cache']['hits']} hits, "
+            f"{d['program_cache']['misses']} misses)",
         ]
+        for label, ph in (("warm-up (first calls)", d["warmup"]),
+                          ("steady state, per call", d["steady_state"])):
+            if ph["graph_calls"]:
+                lines.append(
+                    f"  {label:22s}: simulated {ph['simulated_time_us']:.2f} us, transfer "
+                    f"{ph['transfer_time_us']:.2f} us ({_bytes(ph['transfer_bytes'])}), fallback "
+                    f"{ph['fallback_time_us']:.2f} us  [{ph['graph_calls']} graph calls]")
         if d["fallbacks"]:
             lines += ["", "Fallbacks (run in eager PyTorch):"]
             rows = [("op", "count", "time us", "reason")]
@@ -230,11 +332,13 @@ class Profile:
         if d["partitions"]:
             lines += ["", "Device partitions (simulated):"]
             engines = sorted({e for p in d["partitions"] for e in p["engine_busy"]})
-            rows = [("partition", "calls", "us/call", "roofline", "instrs", "MFLOP",
-                     "xfer us") + tuple(f"{e} %" for e in engines)]
+            rows = [("partition", "calls", "us/call", "roofline", "bound", "traffic/comp",
+                     "instrs", "MFLOP", "xfer us") + tuple(f"{e} %" for e in engines)]
             for p in d["partitions"]:
+                ratio = p["traffic_ratio"]
                 rows.append((p["name"], str(p["calls"]), f"{p['simulated_time_per_call_us']:.2f}",
-                             f"{p['roofline_time_per_call_us']:.2f}", str(p["instructions"]),
+                             f"{p['roofline_time_per_call_us']:.2f}", p["roofline_bound"],
+                             "-" if ratio is None else f"{ratio:.2f}x", str(p["instructions"]),
                              f"{p['flops'] / 1e6:.2f}", f"{p['transfer_time_us']:.2f}")
                             + tuple(f"{100.0 * p['engine_busy'].get(e, 0.0):.0f}"
                                     for e in engines))
@@ -258,6 +362,13 @@ class Profile:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
 
 
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def _table(rows: list[tuple[str, ...]], left: set[int]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
@@ -274,9 +385,29 @@ _ACTIVE: contextvars.ContextVar[tuple[Profile, ...]] = contextvars.ContextVar(
     "neuron_compiler_profiles", default=())
 
 
+# The graph call being executed: (its GraphRecord, whether it is that graph's first call).
+_CALL: contextvars.ContextVar[tuple[GraphRecord, bool] | None] = contextvars.ContextVar(
+    "neuron_compiler_graph_call", default=None)
+
+
 def active_profiles() -> tuple[Profile, ...]:
     """The open profiles, outermost first (empty when none is open)."""
     return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def graph_call(graph: GraphRecord) -> Iterator[bool]:
+    """Run one call of compiled graph ``graph``: counts it, tells the open profiles, and files
+    every record made inside under its phase. Yields True for the graph's first call."""
+    graph.calls_started += 1
+    first = graph.calls_started == 1
+    for p in _ACTIVE.get():
+        p.note_graph_call(graph, first)
+    token = _CALL.set((graph, first))
+    try:
+        yield first
+    finally:
+        _CALL.reset(token)
 
 
 @contextlib.contextmanager

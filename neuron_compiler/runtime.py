@@ -1,27 +1,64 @@
 """Run a partitioned ATen graph: device partitions on the simulator, the rest in eager PyTorch.
 
 - ``DevicePartition`` replaces each fused submodule. Per input signature (tensor shapes and
-  dtypes, values of SymInt inputs) it specialises the partition on concrete shapes, lowers it
-  once with ``lowering.api.compile_graph`` and caches the result. ``sim_mode="functional"``:
-  output values come from the simulator; ``"timing"``: from running the partition eagerly, while
-  the (data-independent, cached) simulated timing is recorded.
+  dtypes, values of SymInt inputs) it specialises the partition on concrete shapes and takes its
+  program from the process-wide ``PROGRAM_CACHE`` or lowers it with
+  ``lowering.api.compile_graph``. ``sim_mode="functional"``: output values come from the
+  simulator; ``"timing"``: from running the partition eagerly, while the (data-independent,
+  cached) simulated timing is recorded.
 - ``FallbackOp`` replaces each eager fallback node and measures its host wall time.
-- ``NeuronGraph`` is the callable handed back to AOTAutograd; on every call it tells the open
-  profiles which compiled graph ran (they de-duplicate).
+- ``NeuronGraph`` is the callable handed back to AOTAutograd; each call runs inside
+  ``profile.graph_call`` (counted, filed as warm-up or steady state).
 
 Invariants
 - Inputs reach the simulator as C-contiguous numpy copies (bf16/fp8 via ``ml_dtypes``); outputs
   come back as fresh torch tensors with the graph's dtype, shape and (when dense) strides.
 - A partition whose lowering raised ``Unsupported`` for a signature runs eagerly for that
   signature (each node timed as a fallback), the reason recorded; under ``fallback="error"`` the
-  first call raises instead. Any other exception from the lowering propagates (a bug).
-- Host<->device transfer time = ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency
-  per tensor plus (input + output bytes) / ``target.host_link_bytes_per_ns``, an
-  ASSUMED host-link figure (see ``runtime_sim.targets``), charged on every partition call.
+  first call raises instead. Any other exception from the lowering is raised as
+  ``NeuronInternalError`` naming the graph, the partition, the signature and the op(s) (a bug;
+  never a fallback).
+
+Program cache (``PROGRAM_CACHE``, process-wide)
+- Key: a structural hash of the specialised partition graph (node order, ops, arguments with
+  node references as positions, every node's shape/stride/dtype, the bytes of ``get_attr``
+  tensors; not node names), the input specs, the target, every option except the run-time-only
+  ``dump_dir``/``sim_mode``/``fallback``, and the lowering entry point itself. Equal keys lower
+  to the same program, so identical partitions (BERT's 12 layers) are lowered once; an
+  ``Unsupported`` result is cached the same way.
+- Entries live as long as some partition uses them (weak values): no program outlives the
+  models that use it. A dumped compile replays the cached stage files into its own dump
+  directory (plus ``cache_hit.txt``); an entry lowered without a dump is lowered again when a
+  dump is asked for (so dumps are complete).
+
+Residency (``RESIDENCY``, process-wide): where the current data of each live tensor is
+- A tensor is identified by its Python object (weakly referenced) and its data by its
+  ``_version``: a different version (an in-place update: an optimizer step, ``copy_``) means
+  new host data, which must be sent again. Tensors without a version counter (inference-mode
+  tensors) are never tracked: each device boundary they cross costs a copy.
+- Host -> device (charged to the partition that consumes it): a device-partition input whose
+  current data is not in this target's simulated HBM. Parameters, buffers and any input passed
+  again unchanged are therefore sent on their first call only (warm-up).
+- Device -> host (charged to the partition that produced it): only when a host consumer reads
+  a device-partition output: an eager fallback op (a view op falling back reads no data: its
+  output aliases the input's residency), a graph output returned to the user or to AOTAutograd's
+  runtime (input mutations, gradients), and nothing else. A partition's output consumed by
+  another device partition of the same target stays in HBM. Forward outputs that AOTAutograd
+  saves for the backward (output descriptor ``SavedForBackwards*``) do not leave the device at
+  the forward: the backward charges them only if a fallback there reads them. Without output
+  descriptors, every graph output is treated as read by the host.
+- Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
+  bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
+  ``runtime_sim.targets``); bytes are ``numel x element size``. HBM capacity is not modelled:
+  everything that was sent stays resident while its tensor lives.
 """
 from __future__ import annotations
 
+import hashlib
+import operator
+import re
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -31,13 +68,15 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from neuron_compiler.errors import NeuronFallbackError
-from runtime_sim.costs import host_transfer_ns
-from runtime_sim.targets import get_target
+from torch.utils._pytree import tree_leaves
+
+from neuron_compiler.errors import NeuronFallbackError, NeuronInternalError
 from neuron_compiler.options import NeuronOptions
 from neuron_compiler.partition import is_compute_node, lowering_api, op_name
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
-                                     active_profiles)
+                                     active_profiles, graph_call)
+from runtime_sim.costs import host_transfer_ns
+from runtime_sim.targets import Target, get_target
 
 Signature = tuple
 
@@ -164,20 +203,254 @@ def specialise(gm: GraphModule, args: tuple) -> GraphModule:
     return new
 
 
+# ---- residency ---------------------------------------------------------------------------------
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors do not track a version counter
+        return None
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+Producer = tuple  # (GraphRecord, partition name, signature): the device partition that wrote it
+
+
+@dataclass(eq=False)
+class _Where:
+    """Where the data of one tensor at ``version`` is: on the host and/or in some targets' HBM."""
+
+    ref: weakref.ref
+    version: int
+    host: bool
+    devices: set[str]
+    producer: Producer | None
+
+
+class Residency:
+    """The process-wide record of where each live tensor's current data is (module docstring)."""
+
+    def __init__(self) -> None:
+        self._where: dict[int, _Where] = {}
+
+    def _lookup(self, t: torch.Tensor) -> _Where | None:
+        w = self._where.get(id(t))
+        if w is None or w.ref() is not t or w.version != _version(t):
+            return None
+        return w
+
+    def _track(self, t: torch.Tensor, host: bool, devices: set[str],
+               producer: Producer | None) -> _Where | None:
+        v = _version(t)
+        if v is None:
+            return None
+        table, key = self._where, id(t)
+
+        def forget(ref: weakref.ref) -> None:
+            w = table.get(key)
+            if w is not None and w.ref is ref:
+                del table[key]
+
+        w = _Where(weakref.ref(t, forget), v, host, set(devices), producer)
+        table[key] = w
+        return w
+
+    def on_device(self, t: torch.Tensor, target: str) -> bool:
+        w = self._lookup(t)
+        return w is not None and target in w.devices
+
+    def on_host(self, t: torch.Tensor) -> bool:
+        w = self._lookup(t)
+        return w is None or w.host
+
+    def to_device(self, t: torch.Tensor, target: str) -> tuple[bool, Producer | None, bool]:
+        """A device partition of ``target`` reads ``t``. Returns (send: a host->device copy is
+        needed, producer, fetch: the data first comes back from ``producer``'s device)."""
+        w = self._lookup(t)
+        if w is not None and target in w.devices:
+            return False, None, False
+        if w is None:
+            w = self._track(t, True, set(), None)
+            if w is not None:
+                w.devices.add(target)
+            return True, None, False
+        fetch = not w.host
+        w.host = True
+        w.devices.add(target)
+        return True, w.producer, fetch
+
+    def to_host(self, t: torch.Tensor) -> tuple[bool, Producer | None]:
+        """A host consumer reads ``t``: (a device->host copy is needed, who produced it)."""
+        w = self._lookup(t)
+        if w is None or w.host:
+            return False, None
+        w.host = True
+        return True, w.producer
+
+    def produced(self, t: torch.Tensor, target: str, producer: Producer) -> bool:
+        """``t`` was written by a device partition: its data is in ``target``'s HBM only. False
+        when ``t`` cannot be tracked (no version counter): the caller copies it out at once."""
+        return self._track(t, False, {target}, producer) is not None
+
+    def alias(self, out: torch.Tensor, base: torch.Tensor) -> None:
+        """``out`` is a view of ``base`` made without reading data: it is where ``base`` is."""
+        w = self._lookup(base)
+        if w is not None:
+            self._track(out, w.host, w.devices, w.producer)
+
+
+RESIDENCY = Residency()
+
+
+def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> None:
+    """Device -> host copy of ``t`` (on the host link of its producer's target)."""
+    if not profs:
+        return
+    if producer is None:
+        raise AssertionError("device-only data without a producing partition")
+    target = get_target(producer[0].target)
+    nbytes = tensor_bytes(t)
+    ns = host_transfer_ns(nbytes, target, transfers=1)
+    for p in profs:
+        p.note_transfer_out(producer, ns, nbytes)
+
+
+def read_on_host(value: object, profs: tuple) -> None:
+    """A host consumer reads every tensor in ``value``: copy device-only data out."""
+    for t in tree_leaves(value):
+        if isinstance(t, torch.Tensor):
+            copy, producer = RESIDENCY.to_host(t)
+            if copy:
+                _charge_out(producer, t, profs)
+
+
+# ---- process-wide program cache ----------------------------------------------------------------
+_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback"})
+
+
+@dataclass(eq=False)
+class _Program:
+    """One lowering result, shared by every identical partition specialisation."""
+
+    origin: str                                   # "<graph>/<partition> <signature>"
+    stage_files: list[tuple[str, str]] | None     # dump files of that lowering (None: no dump)
+    compiled: object | None = None                # lowering CompiledGraph
+    unsupported: Exception | None = None          # or the Unsupported it raised
+
+
+class ProgramCache:
+    """Structural key -> ``_Program``, held weakly (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple, need_stage_files: bool = False) -> _Program | None:
+        prog = self._entries.get(key)
+        if prog is None or (need_stage_files and prog.stage_files is None):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return prog
+
+    def put(self, key: tuple, prog: _Program) -> None:
+        self._entries[key] = prog
+
+    def info(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries)}
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = self.misses = 0
+
+
+PROGRAM_CACHE = ProgramCache()
+
+
+def program_cache_info() -> dict[str, int]:
+    """Process-wide program-cache counts: ``hits``, ``misses`` and live ``entries``."""
+    return PROGRAM_CACHE.info()
+
+
+class _Ref:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __repr__(self) -> str:
+        return f"%{self.i}"
+
+
+def _val_key(v: object) -> object:
+    if isinstance(v, torch.Tensor):
+        return ("T", tuple(str(s) for s in v.shape), tuple(str(s) for s in v.stride()),
+                str(v.dtype))
+    if isinstance(v, (tuple, list)):
+        return tuple(_val_key(x) for x in v)
+    return repr(v)
+
+
+def _target_key(gm: GraphModule, n: Node) -> object:
+    if n.op == "call_function":
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            return str(t)
+        return f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', repr(t))}"
+    if n.op == "get_attr":
+        value = operator.attrgetter(str(n.target))(gm)
+        if isinstance(value, torch.Tensor):
+            digest = hashlib.sha256(to_numpy(value).tobytes()).hexdigest()
+            return ("tensor", tuple(value.shape), str(value.dtype), digest)
+        return ("object", id(gm), str(n.target))   # never shared across graph modules
+    if n.op in ("call_module", "call_method"):
+        return (n.op, id(gm), str(n.target))
+    return None                                     # placeholder/output: position is enough
+
+
+def program_key(gm: GraphModule, specs: list, options: NeuronOptions,
+                compiler: object) -> tuple:
+    """The structural key of a specialised partition (see the module docstring)."""
+    h = hashlib.sha256()
+    index: dict[Node, int] = {}
+    for n in gm.graph.nodes:
+        index[n] = len(index)
+        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _Ref(index[a]))
+        h.update(repr((n.op, _target_key(gm, n), args, _val_key(n.meta.get("val")))).encode())
+        h.update(b"\n")
+    opts = tuple(sorted((k, repr(v)) for k, v in options.to_dict().items()
+                        if k not in _RUNTIME_ONLY_OPTIONS))
+    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype)) for s in specs), opts, compiler)
+
+
+# ---- eager fallback ----------------------------------------------------------------------------
+def _is_view_op(op: object) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and bool(getattr(op, "is_view", False))
+
+
 class FallbackOp(torch.nn.Module):
-    """One eager fallback node; measures its wall time into the open profiles."""
+    """One eager fallback node: copies the device data it reads to the host (a view op reads
+    none) and measures its wall time into the open profiles."""
 
     def __init__(self, op: object, name: str, reason: str, graph: GraphRecord):
         super().__init__()
         self.op, self.op_name, self.reason, self.graph = op, name, reason, graph
+        self.is_view = _is_view_op(op)
 
     def forward(self, *args: object, **kwargs: object) -> object:
         profs = active_profiles()
-        if not profs:
-            return self.op(*args, **kwargs)
+        if not self.is_view:
+            read_on_host((args, kwargs), profs)
         t0 = time.perf_counter_ns()
         out = self.op(*args, **kwargs)
         dt = time.perf_counter_ns() - t0
+        if self.is_view and args and isinstance(args[0], torch.Tensor):
+            for o in tree_leaves(out):
+                if isinstance(o, torch.Tensor):
+                    RESIDENCY.alias(o, args[0])
         for p in profs:
             p.note_fallback_time(self.graph, self.op_name, self.reason, dt)
         return out
@@ -204,15 +477,18 @@ def wrap_fallback_nodes(gm: GraphModule, reasons: dict[str, str], graph: GraphRe
 # ---- device partitions -------------------------------------------------------------------------
 @dataclass
 class _Compiled:
-    """One specialisation of a partition: a lowered program, or the reason it could not be."""
+    """One specialisation of a partition: its (shared) program, or the reason it has none."""
 
     signature: Signature
-    compiled: object | None = None          # lowering CompiledGraph
+    program: _Program | None = None
     out_meta: list[torch.Tensor] = field(default_factory=list)
-    transfer_ns: float = 0.0
     failure: PartitionFailure | None = None
     eager: GraphModule | None = None
     stats_dumped: bool = False
+
+    @property
+    def compiled(self) -> object | None:
+        return self.program.compiled if self.program is not None else None
 
 
 class DevicePartition(torch.nn.Module):
@@ -232,7 +508,7 @@ class DevicePartition(torch.nn.Module):
         sig = signature(args)
         entry = self._cache.get(sig)
         if entry is None:
-            entry = self._compile(sig, args)
+            entry = self._prepare(sig, args)
             self._cache[sig] = entry
         profs = active_profiles()
         if entry.failure is not None:
@@ -241,12 +517,15 @@ class DevicePartition(torch.nn.Module):
             assert entry.eager is not None
             return entry.eager(*args)
         compiled = entry.compiled
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        sent, sent_bytes = self._inputs_to_device(tensors, profs)
         if self.options.sim_mode == "timing":
             out = self.sub(*args)
             _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]
+            outs = list(out) if self.returns_tuple else [out]
         else:
-            tensors = [to_numpy(a) for a in args if isinstance(a, torch.Tensor)]
-            outs_np, result = compiled.run(tensors, mode="functional")  # type: ignore[union-attr]
+            arrays = [to_numpy(a) for a in tensors]
+            outs_np, result = compiled.run(arrays, mode="functional")  # type: ignore[union-attr]
             if len(outs_np) != len(entry.out_meta):
                 raise RuntimeError(f"{self.graph.name}/{self.name}: program returned "
                                    f"{len(outs_np)} outputs, graph has {len(entry.out_meta)}")
@@ -256,12 +535,35 @@ class DevicePartition(torch.nn.Module):
             entry.stats_dumped = True
             self.dump.write_partition_stats(self.name, sig, result.stats)  # type: ignore
         shapes = [list(s[1]) for s in sig if s[0] == "T"]
+        ns = host_transfer_ns(sent_bytes, self.target, transfers=sent) if sent else 0.0
         for p in profs:
-            p.note_partition_call(self.graph, self.name, sig, shapes, compiled, result,
-                                  entry.transfer_ns)
+            p.note_partition_call(self.graph, self.name, sig, shapes, compiled, result, ns,
+                                  sent_bytes, sent)
+        producer = (self.graph, self.name, sig)
+        inputs = {id(t) for t in tensors}
+        for o in outs:
+            if isinstance(o, torch.Tensor) and id(o) not in inputs:
+                if not RESIDENCY.produced(o, self.target.name, producer):
+                    _charge_out(producer, o, profs)    # untracked: it leaves the device at once
         return out
 
-    def _compile(self, sig: Signature, args: tuple) -> _Compiled:
+    def _inputs_to_device(self, tensors: list[torch.Tensor], profs: tuple) -> tuple[int, int]:
+        """Charge the inputs whose current data is not in this target's HBM; (count, bytes)."""
+        sent = nbytes = 0
+        seen: set[int] = set()
+        for t in tensors:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            send, producer, fetch = RESIDENCY.to_device(t, self.target.name)
+            if fetch:                                  # device-only data of another target
+                _charge_out(producer, t, profs)
+            if send:
+                sent += 1
+                nbytes += tensor_bytes(t)
+        return sent, nbytes
+
+    def _prepare(self, sig: Signature, args: tuple) -> _Compiled:
         api = lowering_api()
         t0 = time.perf_counter()
         gm = specialise(self.sub, args)
@@ -270,15 +572,22 @@ class DevicePartition(torch.nn.Module):
         out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]
         out_meta = [n.meta["val"] for n in out_nodes]
+        key = program_key(gm, specs, self.options, api.compile_graph)
+        prog = PROGRAM_CACHE.get(key, need_stage_files=self.dump is not None)
+        hit = prog is not None
         writer = (self.dump.partition_writer(self.name, sig, gm)  # type: ignore[union-attr]
                   if self.dump is not None else None)
-        entry = _Compiled(sig, out_meta=out_meta)
-        try:
-            entry.compiled = api.compile_graph(gm, specs, self.options.target, dump=writer,
-                                                     name=self.name)
-        except api.Unsupported as exc:
-            if writer is not None:
-                writer("unsupported.txt", f"{exc}\n")
+        if prog is None:
+            prog = self._lower(api, gm, specs, sig, writer)
+            PROGRAM_CACHE.put(key, prog)
+        elif writer is not None:
+            for filename, text in prog.stage_files or ():
+                writer(filename, text)
+            writer("cache_hit.txt", f"program taken from the process-wide program cache: "
+                                    f"first lowered for {prog.origin}\n")
+        entry = _Compiled(sig, program=prog, out_meta=out_meta)
+        if prog.unsupported is not None:
+            exc = prog.unsupported
             entries = self._failure_entries(exc, sig)
             if self.options.fallback == "error":
                 raise NeuronFallbackError([(e.op, e.count, e.reason) for e in entries]) from exc
@@ -287,18 +596,42 @@ class DevicePartition(torch.nn.Module):
                        if is_compute_node(n)}
             entry.eager = wrap_fallback_nodes(clone_graph_module(self.sub), reasons, self.graph,
                                               str(exc))
-        if entry.compiled is not None:
-            if self.dump is not None:
-                self.dump.write_compiled(self.name, sig, entry.compiled)  # type: ignore
-            nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            nbytes += sum(m.numel() * m.element_size() for m in out_meta)
-            entry.transfer_ns = host_transfer_ns(nbytes, self.target,
-                                                 transfers=len(tensors) + len(out_meta))
+        elif self.dump is not None:
+            self.dump.write_compiled(self.name, sig, prog.compiled)  # type: ignore
         dt = time.perf_counter() - t0
         for p in active_profiles():
-            p.note_compile(dt)
+            p.note_compile(dt, cache_hit=hit)
         return entry
 
+    def _lower(self, api: object, gm: GraphModule, specs: list, sig: Signature,
+               writer: object | None) -> _Program:
+        files: list[tuple[str, str]] | None = [] if writer is not None else None
+
+        def capture(filename: str, text: str) -> None:
+            files.append((filename, text))  # type: ignore[union-attr]
+            writer(filename, text)  # type: ignore[operator]
+
+        dump = capture if writer is not None else None
+        prog = _Program(f"{self.graph.name}/{self.name} {describe_signature(sig)}", files)
+        try:
+            prog.compiled = api.compile_graph(gm, specs, self.options.target,  # type: ignore
+                                              dump=dump, name=self.name)
+        except api.Unsupported as exc:  # type: ignore[attr-defined]
+            if dump is not None:
+                dump("unsupported.txt", f"{exc}\n")
+            prog.unsupported = exc
+        except Exception as exc:   # a compiler bug: an error with context, never a fallback
+            raise self._internal_error(exc, gm, sig) from exc
+        return prog
+
+    def _internal_error(self, exc: Exception, gm: GraphModule,
+                        sig: Signature) -> NeuronInternalError:
+        msg = str(exc)
+        named = [f"{op_name(n)} (node {n.name})" for n in gm.graph.nodes if is_compute_node(n)
+                 and re.search(rf"(?<![\w.]){re.escape(n.name)}(?!\w)", msg)]
+        every = [f"{op} x{c}" for op, c in sorted(self.ops.items())]
+        return NeuronInternalError(self.graph.name, self.name, describe_signature(sig),
+                                   named or every, every, exc)
 
     def _node_reason(self, node: Node, exc: Exception, sig: Signature) -> str:
         if op_name(node) == str(getattr(exc, "op", "")):
@@ -312,12 +645,23 @@ class DevicePartition(torch.nn.Module):
 
 
 class NeuronGraph:
-    """The compiled ATen graph: the outer GraphModule plus its compile-time record."""
+    """The compiled ATen graph: the outer GraphModule plus its compile-time record. Its outputs
+    are read by the host (AOTAutograd's runtime, the user), except those saved for the backward
+    graph (see "Residency" in the module docstring)."""
 
     def __init__(self, gm: GraphModule, record: GraphRecord):
         self.gm, self.record = gm, record
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        descs = out.meta.get("desc") or ()
+        self.saved_for_backward = frozenset(
+            i for i, d in enumerate(descs) if type(d).__name__.startswith("SavedForBackwards"))
 
     def __call__(self, *args: object) -> object:
-        for p in active_profiles():
-            p.note_graph_call(self.record)
-        return self.gm(*args)
+        with graph_call(self.record):
+            out = self.gm(*args)
+            profs = active_profiles()
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for i, o in enumerate(outs):
+                if i not in self.saved_for_backward:
+                    read_on_host(o, profs)
+        return out

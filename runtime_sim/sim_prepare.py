@@ -5,7 +5,16 @@ attributes, and each operand's memory, partition start and count, free dims and 
 instructions of a tiled loop share a few signatures), the dependent-instruction penalty, its
 waits and signals, the checked geometry of its operands (when checks are on), TensorE facts for
 the dynamic model (exposed LoadStationary time), the NC-v2 shared-port mask, and the static
-statistics (FLOPs, DMA count and bytes, HBM bytes, spill bytes, per-engine work).
+statistics (FLOPs and their TensorE time at peak, transcendental ScalarE elements and their time
+at the ScalarE rate, DMA count and bytes, HBM bytes, spill bytes).
+
+Transcendental functions (``TRANSCENDENTAL``): the ``activation`` functions that only ScalarE's
+lookup tables compute -- exp, log, tanh, sigmoid, gelu (erf and tanh forms), silu, erf, sin, cos.
+Not in the set: sqrt, rsqrt and reciprocal (VectorE computes them with its ``pow`` / ``divide``
+ALU ops, so they are not work that must run on ScalarE), and identity/copy/relu/square/abs/sign/
+neg (VectorE work as well). Their time at the ScalarE rate is ``elements / (lanes x ScalarE
+clock x the 2-byte factor when input and output are 2-byte floats)``: one element per lane per
+cycle, all 128 lanes, no fixed cost, stride penalty or MIN_II floor.
 
 Invariant: nothing here reads or advances simulated time; ``simulator._simulate`` runs the
 event loop over the lists built here.
@@ -18,23 +27,28 @@ from typing import Callable
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
                      check_waits)
 from .costs import Cost, clock_ghz, depends_on_previous, instr_cost
-from .isa import EngineKind, Instr, Memory, Op, Queue
+from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue
 from .targets import Target
 
 ENGINE_NAMES = ("pe", "dve", "act", "pool", "dma")
 PORT_SBUF, PORT_PSUM = 1, 2   # NC-v2 shared ports: VectorE/GpSimdE on SBUF, VectorE/ScalarE on PSUM
+TRANSCENDENTAL = frozenset({ActFunc.EXP, ActFunc.LOG, ActFunc.TANH, ActFunc.SIGMOID, ActFunc.GELU,
+                            ActFunc.GELU_TANH, ActFunc.SILU, ActFunc.ERF, ActFunc.SIN, ActFunc.COS})
 
 
 class _Static:
     """Per-signature facts of an instruction: its cost and its static statistics."""
 
-    __slots__ = ("cost", "busy", "lat", "work", "flops", "tensor_ns", "dma_bytes", "hbm_bytes", "port")
+    __slots__ = ("cost", "busy", "lat", "flops", "tensor_ns", "trans", "trans_ns", "dma_bytes",
+                 "hbm_bytes", "port")
 
     def __init__(self, ins: Instr, q: Queue, tgt: Target) -> None:
         self.cost = c = instr_cost(ins, q, tgt, None)
-        self.busy, self.lat, self.work = c.busy_ns, c.latency_ns, c.work_ns
+        self.busy, self.lat = c.busy_ns, c.latency_ns
         self.flops = 0
         self.tensor_ns = 0.0
+        self.trans = 0             # transcendental elements (ScalarE activation)
+        self.trans_ns = 0.0
         self.dma_bytes = 0
         self.hbm_bytes = 0
         self.port = 0
@@ -42,6 +56,13 @@ class _Static:
             st, mv = ins.srcs
             self.flops = 2 * st.partitions * st.free_size * mv.free_size
             self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
+        elif ins.op is Op.ACTIVATION and ins.attrs.func in TRANSCENDENTAL:  # type: ignore[union-attr]
+            s0 = ins.srcs[0]
+            self.trans = s0.partitions * s0.free_size
+            two = all(a.dtype.itemsize == 2 and a.dtype.is_float for a in (s0,) + ins.writes[:1])
+            lanes_per_ns = tgt.lanes * tgt.scalar_clock_ghz * (
+                tgt.scalar_bf16_factor if two else 1)
+            self.trans_ns = self.trans / lanes_per_ns
         elif ins.op is Op.DMA_COPY:
             s0, d0 = ins.srcs[0], ins.dst
             assert d0 is not None
@@ -60,7 +81,7 @@ class _Static:
 # on the whole attrs object is part of the key, since the operand rules read all of it).
 _COST_ATTRS: dict[Op, Callable[[object], object]] = {
     Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: None, Op.TRANSPOSE: lambda a: None,
-    Op.ACTIVATION: lambda a: a.reduce, Op.TENSOR_TENSOR: lambda a: a.op,
+    Op.ACTIVATION: lambda a: (a.reduce, a.func), Op.TENSOR_TENSOR: lambda a: a.op,
     Op.TENSOR_TENSOR_SCAN: lambda a: a.initial_from_src,
     Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
     Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
@@ -121,8 +142,9 @@ class Prepared:
         self.wait_q: list[set[str]] = []
         self.touch: set[tuple[object, int, bool]] = set()
         self.flops = 0
-        self.tensor_ns = 0.0
-        self.work: dict[str, float] = {}
+        self.tensor_ns = 0.0             # sum over matmuls of FLOPs / TensorE peak for their dtype
+        self.trans = 0                   # transcendental elements of ScalarE activations
+        self.trans_ns = 0.0              # ... at the ScalarE rate (see the module docstring)
         self.dma_count = self.dma_bytes = self.hbm_bytes = self.spill_bytes = 0
         self.static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
 
@@ -155,7 +177,6 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
         prev_st = prev_st_obj = None
         prev: Instr | None = None
         prev_buf: str | None = None
-        wsum = 0.0
         q_wait_set: set[str] = set()
         q_sig_set: set[str] = set()
         q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
@@ -218,13 +239,12 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
                 prev_buf = d.buffer if d is not None else None
             b_l.append(bz)
             l_l.append(st.lat)
-            wsum += st.work
             if d_l is not None:
                 d_l.append(st.cost)
                 nst[st] = nst.get(st, 0) + 1
                 if spill_names and (ss[0].buffer in spill_names or d.buffer in spill_names):  # type: ignore[union-attr]
                     P.spill_bytes += st.dma_bytes
-            elif st.flops:
+            elif st.flops or st.trans:
                 nst[st] = nst.get(st, 0) + 1
             if p_l is not None:
                 p_l.append(st.port)
@@ -255,6 +275,8 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
             P.hbm_bytes += n * st.hbm_bytes
             P.flops += n * st.flops
             P.tensor_ns += n * st.tensor_ns
+            P.trans += n * st.trans
+            P.trans_ns += n * st.trans_ns
         w_l.append(())                      # sentinel: the "head" of a finished queue
         P.wait_q.append(q_wait_set)
         P.sig_q.append(q_sig_set)
@@ -269,5 +291,4 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
             P.geoms.append(g_l)
         if eng is not EngineKind.DMA:
             P.static_busy[eng.value] += sum(b_l)
-            P.work[eng.value] = P.work.get(eng.value, 0.0) + wsum
     return P

@@ -47,9 +47,9 @@ dve, act, pool: sum of busy time; dma: union of the DMA data phases of all queue
 starts with "spill"; ``sbuf_peak_bytes``/``psum_peak_bytes`` = max over that memory's buffers of
 (offset + bytes_per_partition) x 128 partitions (the planner's high-water mark, whether or not
 every byte is used); ``min_hbm_bytes`` = sizes of the input buffers + sizes of the output buffers;
-``roofline_ns`` = max(sum over matmuls of FLOPs / TensorE peak for their dtype, min_hbm_bytes /
-the core's HBM share, per Vector/Scalar/GpSimd engine the sum of its streaming time
-``Cost.work_ns``, i.e. the element work at the rate that engine runs it, without fixed costs).
+``roofline_ns`` = the physical floor max(sum over matmuls of FLOPs / TensorE peak for their
+dtype, transcendental activation elements / the ScalarE rate, min_hbm_bytes / the core's HBM
+share), each term also reported (stats.py); ``hbm_bytes / min_hbm_bytes`` is the traffic ratio.
 """
 from __future__ import annotations
 
@@ -364,18 +364,22 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     engine_busy = {k: v for k, v in P.static_busy.items() if k != "dma"}
     engine_busy["pe"] += sum(r.extra for r in ramps)
     engine_busy["dma"] = _union(dma_iv)
-    min_hbm = sum(bufs[n].bytes_per_partition for n in program.inputs) + \
-        sum(bufs[n].bytes_per_partition for n in program.outputs)
+    # compulsory HBM bytes: each distinct input buffer read once, each distinct output written once
+    min_hbm = sum(bufs[n].bytes_per_partition * bufs[n].partitions for n in set(program.inputs)) + \
+        sum(bufs[n].bytes_per_partition * bufs[n].partitions for n in set(program.outputs))
     peaks = {Memory.SBUF: 0, Memory.PSUM: 0}
     for b in program.buffers:
         if b.memory in peaks:
             peaks[b.memory] = max(peaks[b.memory], ((b.offset or 0) + b.bytes_per_partition) * tgt.sbuf_partitions)
-    roof = max([P.tensor_ns, min_hbm / tgt.hbm_bytes_per_ns_per_core] + list(P.work.values()))
+    hbm_floor = min_hbm / tgt.hbm_bytes_per_ns_per_core
+    roof = max(P.tensor_ns, P.trans_ns, hbm_floor)
     stats = SimStats(
         target=tgt.name, total_ns=total, instructions=sum(heads), engine_busy_ns=engine_busy,
         semaphore_wait_ns=wait_ns, flops=P.flops, hbm_bytes=P.hbm_bytes, min_hbm_bytes=min_hbm,
         dma_count=P.dma_count, dma_bytes=P.dma_bytes, spill_bytes=P.spill_bytes,
         sbuf_peak_bytes=peaks[Memory.SBUF], psum_peak_bytes=peaks[Memory.PSUM], roofline_ns=roof,
+        roofline_tensor_ns=P.tensor_ns, roofline_scalar_ns=P.trans_ns, roofline_hbm_ns=hbm_floor,
+        transcendental_elements=P.trans,
         tensor_peak_flops_per_ns=tgt.tensor_peak_flops_per_ns, hbm_peak_bytes_per_ns=tgt.hbm_bytes_per_ns_per_core)
     outputs = {n: mem.dump(n) for n in program.outputs} if mem is not None else {}
     return SimResult(stats=stats, outputs=outputs, trace=events)

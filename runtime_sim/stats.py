@@ -7,10 +7,16 @@ Invariants
   busy fraction lies in [0, 1].
 - ``tensor_flop_utilisation()`` = matmul FLOPs / (bf16 TensorE peak x total time);
   ``hbm_utilisation()`` = DMA HBM bytes / (the core's HBM share x total time).
-- ``roofline_ns`` is the largest of: FLOPs at TensorE peak, the program's minimum HBM traffic
-  (its input and output buffers, each moved once) at the core's share of HBM bandwidth, and, per
-  Vector/Scalar/GpSimd engine, its element work at the rate that engine streams each
-  instruction (``costs.Cost.work_ns``: no MIN_II floor, fixed overhead or dependency penalty).
+- ``roofline_ns`` is the physical floor of the program's work on one NeuronCore, the largest of
+  ``roofline_tensor_ns`` (matmul FLOPs at the TensorE peak for their dtype),
+  ``roofline_scalar_ns`` (transcendental activation elements at the ScalarE rate; the set is
+  ``sim_prepare.TRANSCENDENTAL``) and ``roofline_hbm_ns`` (``min_hbm_bytes``, the compulsory
+  traffic: every program input read once and every output written once, at the core's share of
+  HBM bandwidth). It never grows with the bytes a program happens to move: that traffic is
+  ``hbm_bytes``, reported beside it as ``traffic_ratio() = hbm_bytes / min_hbm_bytes`` (1.0 =
+  nothing moved twice; None when the program has no compulsory bytes).
+- ``roofline_ns <= total_ns`` for every program that reads each of its inputs and writes each
+  of its outputs (each floor term is a lower bound of the time of the instructions it counts).
 """
 from __future__ import annotations
 
@@ -26,15 +32,29 @@ class SimStats:
     semaphore_wait_ns: dict[str, float] = field(default_factory=dict)
     flops: int = 0
     hbm_bytes: int = 0                # bytes read from or written to HBM by DMA
-    min_hbm_bytes: int = 0            # program inputs + outputs
+    min_hbm_bytes: int = 0            # compulsory: program inputs read once + outputs written once
     dma_count: int = 0
     dma_bytes: int = 0
     spill_bytes: int = 0              # DMA bytes into/out of buffers whose name starts "spill"
     sbuf_peak_bytes: int = 0          # per-partition high-water mark x partitions
     psum_peak_bytes: int = 0
-    roofline_ns: float = 0.0
+    roofline_ns: float = 0.0          # max of the three floors below
+    roofline_tensor_ns: float = 0.0   # matmul FLOPs / TensorE peak (per dtype)
+    roofline_scalar_ns: float = 0.0   # transcendental elements / ScalarE rate
+    roofline_hbm_ns: float = 0.0      # min_hbm_bytes / the core's HBM share
+    transcendental_elements: int = 0  # elements of ScalarE activations with a transcendental func
     tensor_peak_flops_per_ns: float = 0.0   # the target's bf16 TensorE peak (for the utilisation)
     hbm_peak_bytes_per_ns: float = 0.0      # the core's share of HBM bandwidth
+
+    def roofline_bound(self) -> str:
+        """Which floor binds: ``"tensor"``, ``"scalar"`` or ``"hbm"`` (ties in that order)."""
+        floors = {"tensor": self.roofline_tensor_ns, "scalar": self.roofline_scalar_ns,
+                  "hbm": self.roofline_hbm_ns}
+        return max(floors, key=lambda k: floors[k])
+
+    def traffic_ratio(self) -> float | None:
+        """HBM bytes the program moved / its compulsory bytes (None without compulsory bytes)."""
+        return self.hbm_bytes / self.min_hbm_bytes if self.min_hbm_bytes > 0 else None
 
     def busy_fraction(self) -> dict[str, float]:
         if self.total_ns <= 0:
@@ -63,6 +83,11 @@ class SimStats:
             "dma_count": self.dma_count, "dma_bytes": self.dma_bytes,
             "spill_bytes": self.spill_bytes, "sbuf_peak_bytes": self.sbuf_peak_bytes,
             "psum_peak_bytes": self.psum_peak_bytes, "roofline_ns": self.roofline_ns,
+            "roofline_tensor_ns": self.roofline_tensor_ns,
+            "roofline_scalar_ns": self.roofline_scalar_ns,
+            "roofline_hbm_ns": self.roofline_hbm_ns, "roofline_bound": self.roofline_bound(),
+            "transcendental_elements": self.transcendental_elements,
+            "traffic_ratio": self.traffic_ratio(),
             "tensor_flop_utilisation": self.tensor_flop_utilisation(),
             "hbm_utilisation": self.hbm_utilisation(),
         }

@@ -1,18 +1,27 @@
-"""Reductions: sum, mean, amax, amin over any dims (keepdim or not).
+"""Reductions: sum, mean, amax, amin, any, all over any dims (keepdim or not).
 
 Engines: VectorE ``tensor_reduce`` along the free axis with the kept elements on partitions; a sum
 over leading (row) dims of a row-major tensor uses TensorE instead (ones-vector matmul reduces over
 partitions and accumulates in PSUM). Tiling: any shape; see ``tiling/reduce.py``.
+
+``any``/``all`` are a max/min REDUCE over 0/1 truth values: a bool input is reduced as it is, any
+other input first goes through one POINTWISE ``x != 0`` kernel (bool; NaN != 0 is true, as in
+torch). The reduce accumulates in fp32 and casts the 0.0/1.0 result to the output dtype (bool, or
+uint8 for uint8 inputs as torch does), so every step is exact.
 """
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
 
-from lowering.frontend import LowerCtx
-from lowering.kir import KKind, KOp, ReduceKAttrs, ReduceOp, TensorRef
+from lowering.errors import LoweringError
+from lowering.frontend import LowerCtx, machine_dtype
+from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, ReduceKAttrs, ReduceOp,
+                          TensorRef, const, load)
 from lowering.ops.elementwise import _torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import register
+from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from runtime_sim.isa import DType
 
 aten = torch.ops.aten
 
@@ -115,3 +124,66 @@ def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False):
         return var
     mean = mean_k if keepdim else apply_view(mean_k, tdt, lambda t: t.view(tuple(vals[1].shape)))
     return (var, mean)
+
+
+# ---- any / all ----------------------------------------------------------------------------
+# Zero-ness survives the engines' fp32 conversion for every integer width (a non-zero integer
+# never rounds to 0.0), so integer inputs are accepted from anywhere, unlike arithmetic.
+ANY_ALL_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES | frozenset({torch.uint8, torch.int8})
+
+
+def _reduced_dims(dims, rank: int) -> tuple[int, ...]:
+    """ATen's any/all dims: None reduces every dim; an empty list reduces none (unlike amax's
+    ``dim=()``); a 0-d tensor has nothing to reduce."""
+    if rank == 0:
+        return ()
+    if dims is None:
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({d % rank for d in dims}))
+
+
+def _truth(ctx: LowerCtx, x: TensorRef, dtype: DType) -> TensorRef:
+    """``x != 0`` as ``dtype`` (one POINTWISE kernel)."""
+    out = ctx.new_tensor(x.shape, dtype)
+    expr = Expr(EOp.NE, (load(0, x.dtype), const(0.0)), dtype)
+    ctx.emit(KOp(KKind.POINTWISE, (out,), (x,), PointwiseAttrs(expr)))
+    return out
+
+
+def emit_any_all(ctx: LowerCtx, x: TensorRef, dims, keepdim: bool, is_all: bool) -> TensorRef:
+    """any = max(x != 0), all = min(x != 0) over ``dims``. An empty input is filled with the
+    identity (any: False, all: True) by a POINTWISE kernel: that is the value of an empty
+    reduction, and an empty output gets no element at all."""
+    v = ctx.out_val
+    odt = machine_dtype(v.dtype, ctx.op)
+    rd = _reduced_dims(dims, x.rank)
+    shape = tuple(1 if (d in rd and keepdim) else s for d, s in enumerate(x.shape)
+                  if d not in rd or keepdim)
+    if shape != tuple(v.shape):
+        raise LoweringError(f"{ctx.op}: reducing {list(x.shape)} over {list(rd)} (keepdim="
+                            f"{keepdim}) gives {list(shape)}, but ATen says {list(v.shape)}")
+    if not rd:                       # nothing reduced: the truth values themselves
+        return _truth(ctx, x, odt)
+    if x.numel == 0:                 # empty reduction (or empty output): the identity
+        out = ctx.new_tensor(shape, odt)
+        fill = Expr(EOp.CAST, (const(1.0 if is_all else 0.0),), odt)
+        ctx.emit(KOp(KKind.POINTWISE, (out,), (), PointwiseAttrs(fill)))
+        return out
+    t = x if x.dtype is DType.BOOL else _truth(ctx, x, DType.BOOL)
+    return emit_reduce(ctx, t, ReduceOp.MIN if is_all else ReduceOp.MAX, rd, keepdim)
+
+
+def _any_all_rule(is_all: bool, with_dims: bool):
+    def lower(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim=None, keepdim: bool = False):
+        return emit_any_all(ctx, x, dim if with_dims else None, keepdim, is_all)
+    lower.__doc__ = (f"{'all' if is_all else 'any'}: ``x != 0`` on VectorE/GpSimdE (skipped for "
+                     f"bool inputs), then a VectorE ``tensor_reduce`` {'min' if is_all else 'max'}"
+                     "; any shape (see ``tiling/reduce.py``).")
+    return lower
+
+
+for _is_all, _ov in ((False, aten.any), (True, aten.all)):
+    register(_ov.default, dtypes=ANY_ALL_DTYPES)(_any_all_rule(_is_all, with_dims=False))
+    register(_ov.dim, _ov.dims, dtypes=ANY_ALL_DTYPES)(_any_all_rule(_is_all, with_dims=True))

@@ -1,0 +1,288 @@
+"""Generated code against the physical floor, per target, and cold compile time against Inductor.
+
+    python bench/bench_codegen.py                      # everything: ~20 min on 2 cores today
+    python bench/bench_codegen.py --cases quick --targets trn2 --skip-inductor
+    python bench/bench_codegen.py --cases mm2048,bert,cold_bert --json rows.json
+
+Part 1, for each case of issue 6's table on each target (trn1, trn2, trn3), in sim_mode="timing":
+  - steady us: the simulated steady state, i.e. the *second* call of the compiled function: device
+    time (``simulated_time_us``) for kernels (operands live on the device, as in a kernel
+    benchmark); device time plus that call's host<->device transfer for models. Eager fallback
+    wall time is not included (as in floors.py); fallback ops are listed instead.
+  - floor us: max(TensorE FLOPs / bf16 peak, ScalarE transcendentals / ScalarE rate, compulsory HBM
+    bytes / per-core HBM bandwidth), from the published per-core peaks below, computed exactly as
+    ``../shared/tools/floors.py`` does (same table, same work counts; models: FLOPs from
+    ``FlopCounterMode``, bytes = every weight read once). Never from the project's own report.
+  - of floor: floor / steady (1.0 = at the floor); instrs: machine instructions summed over the
+    device partitions; compile s: wall time of the first call (after one tiny warm-up compile
+  that absorbs the process's one-time import costs); fallbacks: ops run in eager PyTorch.
+  A case that crashes prints FAILED with the exception and the run goes on.
+
+Part 2, cold compile (first call wall time, sim_mode="timing", target trn2) of full-size bert-base
+and gpt2-small (b1 s128 bf16, random weights, no_grad) beside PyTorch Inductor's cold compile
+(``torch.compile(m)``, default backend, same model, same input), and their ratio (issue 6 wants
+<= 0.30); plus the compile of mm 8192^3 bf16 (issue 6 wants < 2 s). Each measurement runs in a
+fresh Python process (so no in-process cache of either compiler survives), with the backend's
+modules and the model built before the clock starts; Inductor's caches are off: a fresh
+TORCHINDUCTOR_CACHE_DIR, force_disable_caches, fx_graph_cache, autotune_local_cache and the AOT
+autograd cache disabled; NEURON_CACHE_DIR / NEURON_DUMP_DIR are unset for ours. Wall times
+depend on the machine and its load: compare figures from the same run only.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+# Per NeuronCore, from shared/hardware.md (AWS NeuronCore-v2/v3/v4 architecture pages);
+# the same table as ../shared/tools/floors.py (tests/test_bench_codegen.py checks they agree).
+PEAK = {
+    #        bf16 FLOP/s               HBM B/s       ScalarE elements/s
+    "trn1": (128 * 128 * 2 * 2.8e9, 820e9 / 2, 128 * 1.4e9),
+    "trn2": (128 * 128 * 2 * 2.4e9, 2.9e12 / 8, 128 * 1.2e9),
+    "trn3": (128 * 128 * 2 * 2.4e9, 4.9e12 / 8, 128 * 1.2e9),
+}
+
+
+def floor_s(target: str, flops: float = 0.0, nbytes: float = 0.0, transcendentals: float = 0.0):
+    pe, bw, act = PEAK[target]
+    return max(flops / pe, nbytes / bw, transcendentals / act)
+
+
+def bf16(*shape):
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Case:
+    """``build()`` returns (fn, args, work), work being floor_s's keyword arguments."""
+    key: str
+    name: str
+    build: Callable[[], tuple]
+    model: bool = False  # steady state includes the call's transfer
+
+
+def _mm(m, k, n):
+    return lambda: (torch.mm, (bf16(m, k), bf16(k, n)), {"flops": 2 * m * k * n})
+
+
+def _attention(written_out: bool):
+    b, h, s, d = 1, 8, 2048, 128
+    fn = ((lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, dim=-1) @ v)
+          if written_out else F.scaled_dot_product_attention)
+    work = {"flops": 4 * b * h * s * s * d, "nbytes": 4 * b * h * s * d * 2,
+            "transcendentals": b * h * s * s}
+    return lambda: (fn, (bf16(b, h, s, d), bf16(b, h, s, d), bf16(b, h, s, d)), work)
+
+
+def _rowwise(kind: str):
+    rows, cols = 8192, 4096
+    io = 2 * rows * cols * 2
+
+    def build():
+        x, w = bf16(rows, cols), bf16(cols)
+        if kind == "layer_norm":
+            return (lambda x, w: F.layer_norm(x, (cols,), w, w)), (x, w), {"nbytes": io + 4 * cols}
+        fn = (lambda x: torch.softmax(x, dim=-1)) if kind == "softmax" else F.gelu
+        return fn, (x,), {"nbytes": io, "transcendentals": rows * cols}
+    return build
+
+
+def make_model(key: str):
+    """(model, input_ids) for 'gpt2' or 'bert': full-size configs, random weights, bf16, eval."""
+    import transformers as T
+    torch.manual_seed(0)
+    if key == "gpt2":
+        return (T.GPT2LMHeadModel(T.GPT2Config()).eval().to(torch.bfloat16),
+                torch.randint(0, 50257, (1, 128)))
+    return T.BertModel(T.BertConfig()).eval().to(torch.bfloat16), torch.randint(0, 30522, (1, 128))
+
+
+def _model(key: str):
+    def build():
+        from torch.utils.flop_counter import FlopCounterMode
+        m, ids = make_model(key)
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            m(input_ids=ids)
+        wbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+        return (lambda ids, m=m: m(input_ids=ids)), (ids,), {"flops": fc.get_total_flops(),
+                                                             "nbytes": wbytes}
+    return build
+
+
+CASES = [
+    Case("mm_nki", "mm 4096x8192x8192 (NKI tutorial)", _mm(4096, 8192, 8192)),
+    Case("mm4096", "mm 4096^3", _mm(4096, 4096, 4096)),
+    Case("mm2048", "mm 2048^3", _mm(2048, 2048, 2048)),
+    Case("sdpa", "sdpa [1,8,2048,128]", _attention(False)),
+    Case("attn", "attention written out", _attention(True)),
+    Case("layer_norm", "layer_norm [8192,4096]", _rowwise("layer_norm")),
+    Case("softmax", "softmax [8192,4096]", _rowwise("softmax")),
+    Case("gelu", "gelu [8192,4096]", _rowwise("gelu")),
+    Case("gpt2", "gpt2-small b1 s128", _model("gpt2"), model=True),
+    Case("bert", "bert-base b1 s128", _model("bert"), model=True),
+]
+COLD = {"cold_bert": "bert-base b1 s128", "cold_gpt2": "gpt2-small b1 s128",
+        "mm8192": "mm 8192^3 bf16"}
+QUICK = ["mm2048", "sdpa", "attn", "layer_norm", "softmax", "gelu"]
+
+
+def measure(name: str, fn, args, target: str, work: dict, with_transfer: bool) -> dict:
+    """One row: compile (first call), then the profiled second call; exceptions become FAILED."""
+    import neuron_compiler
+    row = {"case": name, "target": target, "floor_us": floor_s(target, **work) * 1e6}
+    try:
+        torch._dynamo.reset()
+        c = torch.compile(fn, backend="neuron", options={"target": target, "sim_mode": "timing"})
+        t = time.perf_counter()
+        with torch.no_grad():
+            c(*args)
+        row["compile_s"] = time.perf_counter() - t
+        with torch.no_grad(), neuron_compiler.profile() as p:
+            c(*args)
+        d = p.to_dict()
+    except Exception as e:  # a crash is reported, not a traceback
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e) else ''}"
+        return row
+    xfer = d.get("transfer_time_us", 0.0) if with_transfer else 0.0
+    row.update(device_us=d["simulated_time_us"], transfer_us=xfer,
+               steady_us=d["simulated_time_us"] + xfer,
+               instructions=sum(int(q["instructions"]) for q in d["partitions"]),
+               fallbacks=sorted({str(f["op"]) for f in d["fallbacks"]}))
+    row["of_floor"] = row["floor_us"] / row["steady_us"] if row["steady_us"] > 0 else 0.0
+    return row
+
+
+HEADER = (f"{'case':34s} {'target':6s} {'steady us':>10s} {'xfer us':>9s} {'floor us':>9s} "
+          f"{'of floor':>8s} {'instrs':>8s} {'compile s':>9s}  fallbacks")
+
+
+def format_row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['case']:34s} {r['target']:6s} FAILED {r['error']}"
+    return (f"{r['case']:34s} {r['target']:6s} {r['steady_us']:10.1f} {r['transfer_us']:9.1f} "
+            f"{r['floor_us']:9.1f} {r['of_floor']:8.0%} {r['instructions']:8d} "
+            f"{r['compile_s']:9.1f}  {','.join(r['fallbacks']) or '-'}")
+
+
+def cold_child(what: str, backend: str) -> dict:
+    """Runs in a fresh process: wall time of the first call of a freshly compiled function."""
+    if backend == "inductor":
+        import torch._functorch.config as fc
+        import torch._inductor.config as ic
+        importlib.import_module("torch._inductor.compile_fx")  # imported before the clock
+        torch.compiler.config.force_disable_caches = True
+        ic.fx_graph_cache = ic.autotune_local_cache = False
+        fc.enable_autograd_cache = False
+        opts = {}
+    else:
+        import neuron_compiler  # noqa: F401
+        opts = {"backend": "neuron", "options": {"target": "trn2", "sim_mode": "timing"}}
+    if what == "mm8192":
+        m, args = torch.mm, (bf16(8192, 8192), bf16(8192, 8192))
+    else:
+        model, ids = make_model(what.removeprefix("cold_"))
+        m, args = (lambda ids: model(input_ids=ids)), (ids,)
+    torch._dynamo.reset()
+    c = torch.compile(m, **opts)
+    t = time.perf_counter()
+    with torch.no_grad():
+        c(*args)
+    return {"compile_s": time.perf_counter() - t}
+
+
+def cold(what: str, backend: str) -> dict:
+    """Runs cold_child in a fresh interpreter; {'compile_s': ...} or {'error': ...}."""
+    with tempfile.TemporaryDirectory(prefix="bench_codegen_") as tmp:
+        env = {k: v for k, v in os.environ.items() if k not in ("NEURON_CACHE_DIR", "NEURON_DUMP_DIR")}
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+                   TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--cold-child",
+                                f"{what}:{backend}"], env=env, capture_output=True, text=True,
+                               timeout=3600)
+        except subprocess.TimeoutExpired:
+            return {"error": "TimeoutExpired: more than 3600 s"}
+    lines = p.stdout.strip().splitlines()
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    err = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    return {"error": f"child exit {p.returncode}: {err[:120]}"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default="trn1,trn2,trn3")
+    ap.add_argument("--cases", default="all", help="comma list of keys, 'quick' or 'all': "
+                    + ",".join([c.key for c in CASES] + list(COLD)))
+    ap.add_argument("--skip-inductor", action="store_true", help="cold compile: ours only")
+    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    ap.add_argument("--cold-child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.cold_child:
+        print(json.dumps(cold_child(*a.cold_child.split(":"))))
+        return 0
+    targets = [t for t in a.targets.split(",") if t]
+    keys = (QUICK if a.cases == "quick" else [c.key for c in CASES] + list(COLD)
+            if a.cases == "all" else [k for k in a.cases.split(",") if k])
+    known = {c.key for c in CASES} | set(COLD)
+    bad = [k for k in keys if k not in known] + [t for t in targets if t not in PEAK]
+    if bad:
+        ap.error(f"unknown case or target {bad}; cases: {sorted(known)}, targets: {sorted(PEAK)}")
+    rows: list[dict] = []
+    if any(c.key in keys for c in CASES):
+        # one tiny compile first, so the first row does not also pay the process's one-time costs
+        measure("warm-up", torch.mm, (bf16(128, 128), bf16(128, 128)), targets[0], {}, False)
+        print(HEADER, flush=True)
+    for case in (c for c in CASES if c.key in keys):
+        print(f"[bench_codegen] building {case.name}", file=sys.stderr, flush=True)
+        try:
+            fn, args, work = case.build()
+        except Exception as e:
+            for t in targets:
+                rows.append({"case": case.name, "target": t, "error": f"{type(e).__name__}: {e}"})
+                print(format_row(rows[-1]), flush=True)
+            continue
+        for t in targets:
+            print(f"[bench_codegen] {case.name} on {t}", file=sys.stderr, flush=True)
+            rows.append(measure(case.name, fn, args, t, work, case.model))
+            print(format_row(rows[-1]), flush=True)
+    cold_keys = [k for k in COLD if k in keys]
+    if cold_keys:
+        print(f"\ncold compile, first call, fresh process, trn2 timing  {'neuron s':>9s} "
+              f"{'inductor s':>10s} {'ratio':>6s}  (issue 6: ratio <= 0.30; mm 8192^3 < 2 s)")
+    for k in cold_keys:
+        row = {"case": f"cold compile {COLD[k]}", "target": "trn2"}
+        for backend in ("neuron",) + (() if a.skip_inductor or k == "mm8192" else ("inductor",)):
+            print(f"[bench_codegen] cold compile {COLD[k]} with {backend}", file=sys.stderr,
+                  flush=True)
+            res = cold(k, backend)
+            row[f"{backend}_compile_s"] = res.get("compile_s")
+            if "error" in res:
+                row[f"{backend}_error"] = res["error"]
+        ours, theirs = row.get("neuron_compile_s"), row.get("inductor_compile_s")
+        row["ratio"] = ours / theirs if ours is not None and theirs else None
+        fmt = lambda v, w: f"{v:{w}.2f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
+        errs = "  ".join(f"{b} FAILED {row[f'{b}_error']}" for b in ("neuron", "inductor")
+                         if f"{b}_error" in row)
+        print(f"{COLD[k]:52s} {fmt(ours, 9)} {fmt(theirs, 10)} {fmt(row['ratio'], 6)}  {errs}",
+              flush=True)
+        rows.append(row)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"targets": targets, "cases": keys, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
