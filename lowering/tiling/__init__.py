@@ -1,13 +1,13 @@
-"""Tiling: kernel-level IR -> instructions in program order (one tiler per kernel kind)."""
+"""Tiling: kernel-level IR -> tile IR (one tiler per kernel kind, all writing a TirBuilder)."""
 from __future__ import annotations
 
-from lowering.kir import KKind, KProgram
-from lowering.tiling.builder import TileBuilder
+from lowering.kir import KKind, KProgram, Role
 from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
-from lowering.tiling.schedule import ListScheduler
+from lowering.tir.builder import TirBuilder
+from lowering.tir.ir import TProgram
 from runtime_sim.targets import Target
 
 TILERS = {
@@ -19,10 +19,16 @@ TILERS = {
 }
 
 
-def tile_program(kp: KProgram, target: Target) -> TileBuilder:
-    b = TileBuilder(target, scheduler=ListScheduler(target))
+def tile_program(kp: KProgram, target: Target) -> tuple[TProgram, list[str]]:
+    """The tile program of ``kp`` and the tilers' notes (choices worth a line in the dump)."""
+    b = TirBuilder(target)
+    for h in kp.buffers.values():
+        b.hbm_tensor(h.name, h.bytes, h.dtype, h.role.value)
+    b.live = {r.buffer for k in kp.kernels for r in k.ins} | {r.buffer for r in kp.outputs}
     for i, k in enumerate(kp.kernels):
         b.tag = f"k{i}:{k.kind.value}:{','.join(k.origin)}"
         b.prefix = f"k{i}."
         TILERS[k.kind](b, k)
-    return b
+    outs = tuple(dict.fromkeys(r.buffer for r in kp.outputs
+                               if kp.buffers[r.buffer].role is not Role.INPUT))
+    return b.program(tuple(kp.inputs), outs), b.notes

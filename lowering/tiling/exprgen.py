@@ -1,4 +1,4 @@
-"""Expression -> engine instructions on one [p, free] tile.
+"""Expression -> engine instructions on one ``[p, *free]`` tile of the current loop iteration.
 
 Used by every kernel that evaluates a pointwise expression per tile: POINTWISE kernels and the
 epilogues of MATMUL kernels. Transcendental functions go to ScalarE (``activation``), arithmetic
@@ -8,10 +8,9 @@ tile (select) is materialised with ``memset``.
 
 Invariants
 - Each distinct sub-expression is computed once per tile (expressions are values: equal
-  sub-trees share one result).
+  sub-trees share one result), into a tile of its own taken in the current loop (two slots, so
+  the next iteration's value can be computed while this one is still read).
 - Each result is rounded to its node's dtype, exactly like the ATen op it came from.
-- Intermediate tiles come from ``work``, whose slot count is at least twice the number of
-  intermediates, so no live value is overwritten within one tile's evaluation.
 """
 from __future__ import annotations
 
@@ -19,8 +18,9 @@ import math
 
 from lowering.errors import LoweringError
 from lowering.kir import BINARY_OPS, EOp, Expr, UNARY_OPS
-from lowering.tiling.builder import Pool, Tile, TileBuilder
-from runtime_sim.isa import AP, ActFunc, AluOp, DType
+from lowering.tir.builder import TirBuilder
+from lowering.tir.ir import TAP
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 ACT_OF: dict[EOp, ActFunc] = {
     EOp.EXP: ActFunc.EXP, EOp.LOG: ActFunc.LOG, EOp.SQRT: ActFunc.SQRT, EOp.RSQRT: ActFunc.RSQRT,
@@ -46,6 +46,7 @@ _PY = {
 
 
 def count_intermediates(expr: Expr) -> int:
+    """Distinct non-leaf sub-expressions (each needs a tile), plus two for casts/constants."""
     seen: set[Expr] = set()
 
     def walk(x: Expr) -> None:
@@ -60,38 +61,38 @@ def count_intermediates(expr: Expr) -> int:
 
 
 class ExprGen:
-    """Evaluate expressions on one tile shape ``[p, *free]``; ``leaf(expr)`` supplies LOAD /
-    ACC / INDEX leaves as APs."""
+    """Evaluate expressions on one tile shape ``[p, *free]`` of the current iteration;
+    ``leaf(expr)`` supplies LOAD / ACC / INDEX leaves as access patterns."""
 
-    def __init__(self, b: TileBuilder, work: Pool, p: int, free: tuple[int, ...], leaf):
-        self.b, self.work, self.p, self.free, self.leaf = b, work, p, free, leaf
-        self.memo: dict[Expr, AP | float] = {}
+    def __init__(self, b: TirBuilder, p: int, free: tuple[int, ...], leaf, bufs: int = 2):
+        self.b, self.p, self.free, self.leaf, self.bufs = b, p, free, leaf, bufs
+        self.memo: dict[Expr, TAP | float] = {}
 
-    def _tile(self, dtype: DType) -> Tile:
-        return self.b.tile(self.work, self.p, self.free, dtype)
+    def new(self, dtype: DType) -> TAP:
+        return self.b.tile("w", Memory.SBUF, self.p, self.free, dtype, self.bufs).ap()
 
-    def value(self, x: Expr) -> AP | float:
+    def value(self, x: Expr) -> TAP | float:
         if x in self.memo:
             return self.memo[x]
         v = self._value(x)
         self.memo[x] = v
         return v
 
-    def tile_of(self, x: Expr, dtype: DType | None = None) -> AP:
-        """``x`` as a tile AP of ``dtype`` (default its own dtype)."""
+    def tile_of(self, x: Expr, dtype: DType | None = None) -> TAP:
+        """``x`` as a tile access of ``dtype`` (default its own dtype)."""
         v = self.value(x)
         dt = dtype or x.dtype
         if isinstance(v, float):
-            t = self._tile(dt).ap()
+            t = self.new(dt)
             self.b.memset(t, v)
             return t
         if v.dtype != dt:
-            t = self._tile(dt).ap()
+            t = self.new(dt)
             self.b.tensor_copy(t, v)
             return t
         return v
 
-    def _value(self, x: Expr) -> AP | float:
+    def _value(self, x: Expr) -> TAP | float:
         op = x.op
         if op in (EOp.LOAD, EOp.ACC, EOp.INDEX):
             return self.leaf(x)
@@ -100,29 +101,30 @@ class ExprGen:
         args = [self.value(a) for a in x.args]
         if all(isinstance(a, float) for a in args):
             return _round_const(_fold(x, args), x.dtype)
-        out = self._tile(x.dtype).ap()
+        b = self.b
+        out = self.new(x.dtype)
         if op is EOp.CAST:
-            self.b.tensor_copy(out, args[0])
+            b.tensor_copy(out, args[0])
         elif op is EOp.NEG:
-            self.b.tensor_scalar(out, args[0], AluOp.MULTIPLY, -1.0)
+            b.tensor_scalar(out, args[0], AluOp.MULTIPLY, -1.0)
         elif op is EOp.LOGICAL_NOT:
-            self.b.tensor_scalar(out, args[0], AluOp.IS_EQUAL, 0.0)
+            b.tensor_scalar(out, args[0], AluOp.IS_EQUAL, 0.0)
         elif op in ACT_OF:
-            self.b.activation(out, args[0], ACT_OF[op])
+            b.activation(out, args[0], ACT_OF[op])
         elif op in BINARY_OPS:
             a, c = args
             alu = ALU_OF[op]
             if isinstance(a, float):
-                self.b.tensor_scalar(out, c, alu, a, reverse0=True)
+                b.tensor_scalar(out, c, alu, a, reverse0=True)
             elif isinstance(c, float):
-                self.b.tensor_scalar(out, a, alu, c)
+                b.tensor_scalar(out, a, alu, c)
             else:
-                self.b.tensor_tensor(out, a, c, alu)
+                b.tensor_tensor(out, a, c, alu)
         elif op is EOp.WHERE:
             cond = self.tile_of(x.args[0])
             t = self.tile_of(x.args[1], x.dtype)
             f = self.tile_of(x.args[2], x.dtype)
-            self.b.select(out, cond, t, f)
+            b.select(out, cond, t, f)
         else:
             raise LoweringError(f"no tile code for expression op {op}")
         return out
@@ -157,4 +159,3 @@ def _fold(x: Expr, args: list[float]) -> float:
             raise LoweringError(f"cannot fold {op}")
         return float(f(np.asarray([args[0]], dtype=np.float32))[0])
     raise LoweringError(f"cannot fold {op}")
-

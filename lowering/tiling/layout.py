@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from runtime_sim.isa import AP, Memory
 
 Strides = tuple[int, ...]
 
@@ -100,21 +99,6 @@ def _prod(free) -> int:
     for s, _ in free:
         n *= s
     return n
-
-
-def hbm_ap(buffer: str, dtype, offset: int, p: int, row_stride: int,
-           free: tuple[tuple[int, int], ...]) -> AP:
-    """An HBM AP over a [p, *free] block (partition-major element order, like an SBUF tile);
-    ``free`` is (size, stride) per free axis. Size-1 axes are dropped."""
-    dims: list[tuple[int, int]] = []
-    if p > 1:
-        dims.append((row_stride, p))
-    for size, stride in free:
-        if size > 1:
-            dims.append((stride, size))
-    if not dims:
-        dims.append((1, 1))
-    return AP(buffer, Memory.HBM, 0, 1, offset * dtype.itemsize, tuple(dims), dtype)
 
 
 @dataclass(frozen=True)

@@ -1,219 +1,205 @@
-"""Tiling of MATMUL kernels on TensorE.
+"""Tiling of MATMUL kernels on TensorE: blocked loop nests chosen by ``matmul_plan``.
 
-``out[b] = A[b] @ B[b]`` over any leading batch axes, with A [M, K], B [K, N]: for each (M tile of 128, N tile of 512) the
-stationary tiles A^T[k-tile, m-tile] and moving tiles B[k-tile, n-tile] meet in TensorE,
-accumulating fp32 in one PSUM bank over the K tiles (``accumulate=False`` on the first); the
-epilogue expression evacuates PSUM through VectorE/ScalarE and the result is stored by DMA.
+``out[b] = A[b] @ B[b]`` over any leading batch axes, with A [M, K], B [K, N]. TensorE computes
+``psum[m, n] (+)= stationary[k, m].T @ moving[k, n]`` with K on partitions (<= 128), the
+stationary free size M <= 128 and the moving free size N <= 512 (one fp32 PSUM bank). Both
+operands are needed as [K on partitions, free] tiles: A^T for the stationary side, B for the
+moving side. Each side is obtained by its *form* (``matmul_plan.operand_form``): a direct DMA
+when the free axis is contiguous in HBM; a DMA transpose (2-byte types, trn2+) when K is the
+contiguous axis (a row-major A, or the W^T of a linear layer); else rows loaded row-major and
+transposed on TensorE through PSUM.
 
-The loop order keeps one operand resident in SBUF and streams the other: M outer (stationary
-resident) or N outer (moving resident), whichever moves fewer HBM bytes (``choose_order``); when
-neither fits (a very long K), both stream per K tile, so the working set is bounded for any K.
-
-A^T is loaded directly when A's M axis is contiguous (e.g. a transposed view in a backward
-graph); otherwise A[m-tile, k-tile] is loaded row-major and transposed on TensorE into PSUM, then
-copied to SBUF (as NKI kernels do).
+Loop nest (resident A; resident B is the mirror image), per batch index:
+    for each block of ``block`` m-tiles:              A^T block [K, block*128] resident in SBUF
+        for each K tile: load A^T[k, block]            (one DMA per K tile; prefetched with 2 slots)
+        for each group of ``group`` n-tiles:           accumulators [block x group] in PSUM
+            for each K tile:
+                load B[k, group]                       (three slots: loads run ahead)
+                for m-tile, n-tile: matmul             (the group starts at k == 0)
+            for m-tile, n-tile: epilogue(psum) -> SBUF -> store
+The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM.
+Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
 """
 from __future__ import annotations
 
-import itertools
-import math
+from contextlib import ExitStack
+from dataclasses import dataclass
 
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
-from lowering.tiling.builder import TileBuilder
 from lowering.tiling.exprgen import ExprGen, count_intermediates
-from lowering.tiling.layout import hbm_ap
-from runtime_sim.isa import AP, DType, Memory
+from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, Blocking, MatmulShape,
+                                         choose_blocking, operand_form)
+from lowering.tir.affine import Affine, aff
+from lowering.tir.builder import Tile, TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
+from runtime_sim.isa import DType, Memory
+
+F32 = DType.FP32
+TM, TN, TK = 128, 512, 128
 
 
-RESIDENT_BUDGET = 96 * 1024  # bytes per partition for the operand kept resident
+@dataclass
+class _Side:
+    """One operand viewed as X[*batch, K, F] (A^T: F = M; B: F = N)."""
+
+    ref: object
+    kstride: int
+    fstride: int
+    F: int
+    form: str
+
+    def base(self, bidx: tuple[Affine, ...]) -> Affine:
+        return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
+
+    def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
+             f0: Affine, fw: int) -> None:
+        """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw]."""
+        r = self.ref
+        dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
+        if self.form == DMA_T:
+            src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
+                         self.fstride, ((kt, self.kstride),))
+            b.dma(dap, src, transpose=True)
+            return
+        if self.form == PE_T:
+            for c0, cw in b.tiled(fw, 128, "t"):
+                rows = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
+                b.dma(rows.ap(), hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride
+                                        + k0 * self.kstride, cw, self.fstride, ((kt, self.kstride),)))
+                tp = b.tile("tps", Memory.PSUM, kt, cw, F32, 2)
+                b.transpose(tp.ap(), rows.ap())
+                b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tp.ap())
+            return
+        src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
+                     self.kstride, ((fw, self.fstride),))
+        b.dma(dap, src)
 
 
-class _MatmulTiler:
-    """Loads of stationary / moving tiles and the epilogue of one MATMUL kernel."""
-
-    def __init__(self, b: TileBuilder, k: KOp, order: str):
-        self.b, self.k = b, k
-        self.A, self.B, self.out = k.ins[0], k.ins[1], k.outs[0]
-        self.epi = k.attrs.epilogue
-        t = b.target
-        self.KT, self.MT, self.NT = t.pe_rows, t.pe_cols, t.moving_free_max
-        K = self.A.shape[-1]
-        self.nk = -(-K // self.KT)
-        A, Bm = self.A, self.B
-        self.direct = A.strides[-2] == 1 and A.shape[-2] > 1
-        # B with a strided N axis but a contiguous K axis (W^T of a linear layer): load B^T rows
-        # contiguously and transpose them on TensorE instead of an element-strided DMA.
-        self.b_transposed = Bm.strides[-1] != 1 and Bm.strides[-2] == 1 and Bm.shape[-1] > 1
-        nk = self.nk
-        stat_bufs = 2 * nk if order == STATIONARY else 2
-        self.stat_pool = b.pool("stat", Memory.SBUF, stat_bufs, self.MT * A.dtype.itemsize)
-
-        needs_tps = not self.direct or self.b_transposed
-        # PSUM banks: 2 x group accumulators (double buffered) + 2 for TensorE transposes
-        banks = t.psum_banks - (2 if needs_tps else 0)
-        self.group = max(1, min(banks // 2, -(-Bm.shape[-1] // self.NT)))
-        if order == MOVING:  # the group's moving tiles stay resident: bound them by the budget
-            per_tile = 2 * self.nk * self.NT * Bm.dtype.itemsize
-            self.group = max(1, min(self.group, RESIDENT_BUDGET // per_tile))
-        self.psum = b.pool("acc", Memory.PSUM, 2 * self.group, self.NT * 4)
-        mov_bufs = 2 * nk * self.group if order == MOVING else max(2, min(2 * nk, 8))
-        self.mov_pool = b.pool("mov", Memory.SBUF, mov_bufs, self.NT * Bm.dtype.itemsize)
-        if needs_tps:
-            isz = max(A.dtype.itemsize, Bm.dtype.itemsize)
-            self.row_pool = b.pool("rows", Memory.SBUF, 2, self.KT * isz)
-            self.tps = b.pool("tps", Memory.PSUM, 2, self.NT * 4)
-        epi = self.epi
-        self.used = sorted(epi.loads()) if epi is not None else []
-        self.ep_pools = {i: b.pool(f"epi{i}", Memory.SBUF, 2, self.NT * k.ins[i].dtype.itemsize)
-                         for i in self.used}
-        self.work = b.pool("evac", Memory.SBUF, 2 * count_intermediates(epi), self.NT * 4)
-
-    def _k(self, ki: int) -> tuple[int, int]:
-        k0 = ki * self.KT
-        return k0, min(self.KT, self.A.shape[-1] - k0)
-
-    def stationary(self, bi: int, m0: int, mt: int, ki: int) -> AP:
-        """A^T[k-tile, m-tile] in SBUF (K on partitions)."""
-        b, A = self.b, self.A
-        k0, kt = self._k(ki)
-        base = _boff(A, bi)
-        st = b.tile(self.stat_pool, kt, mt, A.dtype)
-        if self.direct:
-            b.dma(st.ap(), hbm_ap(A.buffer, A.dtype, base + k0 * A.strides[-1] + m0 * A.strides[-2],
-                                  kt, A.strides[-1], ((mt, A.strides[-2]),)))
-        else:
-            rows = b.tile(self.row_pool, mt, kt, A.dtype)
-            b.dma(rows.ap(), hbm_ap(A.buffer, A.dtype, base + m0 * A.strides[-2] + k0 * A.strides[-1],
-                                    mt, A.strides[-2], ((kt, A.strides[-1]),)))
-            tp = b.tile(self.tps, kt, mt, DType.FP32)
-            b.transpose(tp.ap(), rows.ap())
-            b.tensor_copy(st.ap(), tp.ap())
-        return st.ap()
-
-    def moving(self, bi: int, n0: int, nt: int, ki: int) -> AP:
-        """B[k-tile, n-tile] in SBUF (K on partitions)."""
-        b, Bm = self.b, self.B
-        k0, kt = self._k(ki)
-        base = _boff(Bm, bi)
-        mv = b.tile(self.mov_pool, kt, nt, Bm.dtype)
-        if self.b_transposed:
-            tp = b.tile(self.tps, kt, nt, DType.FP32)
-            for c0 in range(0, nt, self.MT):
-                ct = min(self.MT, nt - c0)
-                rows = b.tile(self.row_pool, ct, kt, Bm.dtype)
-                b.dma(rows.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[-2]
-                                        + (n0 + c0) * Bm.strides[-1], ct, Bm.strides[-1],
-                                        ((kt, Bm.strides[-2]),)))
-                b.transpose(tp.ap(elem_offset=c0, dims=((1, ct),)), rows.ap())
-            b.tensor_copy(mv.ap(), tp.ap())
-        else:
-            b.dma(mv.ap(), hbm_ap(Bm.buffer, Bm.dtype, base + k0 * Bm.strides[-2] + n0 * Bm.strides[-1],
-                                  kt, Bm.strides[-2], ((nt, Bm.strides[-1]),)))
-        return mv.ap()
-
-    def block(self, bi, m0: int, mt: int, group: list[tuple[int, int]], stats, movs) -> None:
-        """Accumulate ``group``'s N tiles over K in PSUM (one bank each; K outer, so every
-        stationary tile serves the whole group), then run the epilogue and store each."""
-        b = self.b
-        accs = [b.tile(self.psum, mt, nt, DType.FP32) for _, nt in group]
-        for ki in range(self.nk):
-            st = stats(ki)
-            for (n0, nt), acc in zip(group, accs):
-                b.matmul(acc.ap(), st, movs(ki, n0, nt), accumulate=ki > 0)
-        for (n0, nt), acc in zip(group, accs):
-            self.epilogue(bi, m0, mt, n0, nt, acc.ap())
-
-    def epilogue(self, bi, m0: int, mt: int, n0: int, nt: int, acc: AP) -> None:
-        b, out, k = self.b, self.out, self.k
-        loads: dict[int, AP] = {}
-        for i in self.used:
-            x = k.ins[i]
-            tl = b.tile(self.ep_pools[i], mt, nt, x.dtype)
-            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bi) + m0 * x.strides[-2]
-                                  + n0 * x.strides[-1], mt, x.strides[-2], ((nt, x.strides[-1]),)))
-            loads[i] = tl.ap()
-
-        def leaf(x: Expr) -> AP:
-            if x.op is EOp.ACC:
-                return acc
-            if x.op is EOp.LOAD:
-                return loads[x.index]
-            # INDEX over [*B, M, N]: batch fixed, M runs on partitions, N along the free dim
-            t = b.tile(self.work, mt, nt, x.dtype).ap()
-            rank = out.rank
-            base, pstep, step = ((m0, 1, 0) if x.index == rank - 2 else
-                                 (n0, 0, 1) if x.index == rank - 1 else (bi[x.index], 0, 0))
-            b.iota(t, base, pstep, (step,))
-            return t
-
-        gen = ExprGen(b, self.work, mt, (nt,), leaf)
-        res = gen.tile_of(self.epi if self.epi is not None else Expr(EOp.ACC), out.dtype)
-        if res.memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
-            ev = b.tile(self.work, mt, nt, out.dtype).ap()
-            b.tensor_copy(ev, res)
-            res = ev
-        b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, bi) + m0 * out.strides[-2]
-                     + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),)), res)
-
-
-MOVING, STATIONARY, STREAM = "moving", "stationary", "stream"
-
-
-def _boff(ref, bidx: tuple[int, ...]) -> int:
-    """Element offset of batch index ``bidx`` (the leading axes) in ``ref``."""
-    return ref.offset + sum(i * st for i, st in zip(bidx, ref.strides[:-2]))
-
-
-def choose_order(k: KOp, target) -> str:
-    """Which operand stays resident in SBUF across the inner loop: ``MOVING`` (N outer),
-    ``STATIONARY`` (M outer), or ``STREAM`` (neither: both are loaded per K tile, for a K too
-    long to keep all its tiles). Picks the order that moves fewer HBM bytes among those whose
-    resident block fits ``RESIDENT_BUDGET``."""
-    A, Bm = k.ins[0], k.ins[1]
-    *_, M, K = A.shape
-    N = Bm.shape[-1]
-    nk = -(-K // target.pe_rows)
-    a_bytes, b_bytes = A.numel * A.dtype.itemsize, Bm.numel * Bm.dtype.itemsize
-    options = []
-    if 2 * nk * target.pe_cols * A.dtype.itemsize <= RESIDENT_BUDGET:
-        options.append((a_bytes + -(-M // target.pe_cols) * b_bytes, 0, STATIONARY))
-    if 2 * nk * target.moving_free_max * Bm.dtype.itemsize <= RESIDENT_BUDGET:
-        options.append((b_bytes + -(-N // target.moving_free_max) * a_bytes, 1, MOVING))
-    return min(options)[2] if options else STREAM
-
-
-def tile_matmul(b: TileBuilder, k: KOp) -> None:
+def tile_matmul(b: TirBuilder, k: KOp) -> None:
     assert isinstance(k.attrs, MatmulKAttrs)
-    A, Bm = k.ins[0], k.ins[1]
+    A, Bm, out = k.ins[0], k.ins[1], k.outs[0]
     *batch, M, K = A.shape
     N = Bm.shape[-1]
     if K == 0:
         raise Unsupported("matmul", "contraction size K=0 is not supported")
-    if M == 0 or N == 0 or math.prod(batch) == 0:
+    if M == 0 or N == 0 or any(n == 0 for n in batch):
         return
-    order = choose_order(k, b.target)
-    mm = _MatmulTiler(b, k, order)
-    MT, NT, nk = mm.MT, mm.NT, mm.nk
-    n_tiles = [(n0, min(NT, N - n0)) for n0 in range(0, N, NT)]
-    groups = [n_tiles[i:i + mm.group] for i in range(0, len(n_tiles), mm.group)]
-    for bi in itertools.product(*[range(n) for n in batch]):
-        if order == MOVING:
-            for group in groups:
-                movs = {(ki, n0): mm.moving(bi, n0, nt, ki) for n0, nt in group for ki in range(nk)}
-                for m0 in range(0, M, MT):
-                    mt = min(MT, M - m0)
-                    mm.block(bi, m0, mt, group,
-                             lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki),
-                             lambda ki, n0, nt, movs=movs: movs[(ki, n0)])
-            continue
-        for m0 in range(0, M, MT):
-            mt = min(MT, M - m0)
-            if order == STATIONARY:
-                stats = [mm.stationary(bi, m0, mt, ki) for ki in range(nk)]
-                get_stat = stats.__getitem__
-            else:  # STREAM: one stationary load per K tile, shared by the group
-                get_stat = (lambda ki, m0=m0, mt=mt: mm.stationary(bi, m0, mt, ki))
-            for group in groups:
-                mm.block(bi, m0, mt, group, get_stat,
-                         lambda ki, n0, nt: mm.moving(bi, n0, nt, ki))
+    t = b.target
+    sa = _Side(A, A.strides[-1], A.strides[-2], M, operand_form(A.strides[-1], A.strides[-2], M, A.dtype, t))
+    sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, operand_form(Bm.strides[-2], Bm.strides[-1], N, Bm.dtype, t))
+    epi = k.attrs.epilogue
+    used = sorted(epi.loads()) if epi is not None else []
+    shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
+                        tuple(k.ins[i].dtype for i in used), count_intermediates(epi) if epi else 1)
+    try:
+        best, scored = choose_blocking(shape, t)
+    except ValueError as e:
+        raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
+    b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
+           f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
+           f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
+    _emit(b, k, sa, sb, best, used)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int]) -> None:
+    A, out = k.ins[0], k.outs[0]
+    *batch, M, K = A.shape
+    N = k.ins[1].shape[-1]
+    dt = A.dtype
+    res, strm = (sa, sb) if c.resident == "A" else (sb, sa)
+    rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
+    with ExitStack() as es:
+        bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
+        rbase, sbase = res.base(bidx), strm.base(bidx)
+        for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
+            if not c.stream:
+                blk = b.tile("res", Memory.SBUF, TK, (-(-K // TK)) * rw, dt, c.block_bufs)
+            for k0, kt in b.tiled(K, TK, "kr"):
+                if not c.stream:
+                    res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw)
+            for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
+                nr, ns = -(-rw // rt), -(-sw // st)
+                acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
+                for k0, kt in b.tiled(K, TK, "k"):
+                    sblk = b.tile("str", Memory.SBUF, kt, sw, dt, 3)
+                    strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw)
+                    if c.stream:      # K too long to keep a block: both sides per K tile
+                        blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
+                        res.load(b, blk, aff(0), rbase, k0, kt, r0, rw)
+                        koff = aff(0)
+                    else:
+                        koff = k0 // TK * rw
+                    for i0, iw in b.tiled(rw, rt, "i"):
+                        for j0, jw in b.tiled(sw, st, "j"):
+                            ia, ja = i0 // rt, j0 // st          # tile indices (affine)
+                            if c.resident == "A":
+                                cell = (ia * ns + ja) * TN
+                                stat = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
+                                mov = sblk.ap(kt, elem_offset=j0, dims=((1, jw),))
+                                dst = acc.ap(iw, elem_offset=cell, dims=((1, jw),))
+                            else:
+                                cell = (ja * nr + ia) * TN
+                                stat = sblk.ap(kt, elem_offset=j0, dims=((1, jw),))
+                                mov = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
+                                dst = acc.ap(jw, elem_offset=cell, dims=((1, iw),))
+                            b.matmul(dst, stat, mov, start_when=(k0,))
+                for i0, iw in b.tiled(rw, rt, "ei"):
+                    for j0, jw in b.tiled(sw, st, "ej"):
+                        ia, ja = i0 // rt, j0 // st
+                        if c.resident == "A":
+                            m0, mt, n0, nt = r0 + i0, iw, s0 + j0, jw
+                            cell = (ia * ns + ja) * TN
+                        else:
+                            m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
+                            cell = (ja * nr + ia) * TN
+                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+
+
+def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
+              nt: int, acc: TAP) -> None:
+    out = k.outs[0]
+    loads: dict[int, TAP] = {}
+    for i in used:
+        x = k.ins[i]
+        tl = b.tile(f"epi{i}", Memory.SBUF, mt, nt, x.dtype, 2)
+        b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2]
+                              + n0 * x.strides[-1], mt, x.strides[-2], ((nt, x.strides[-1]),)))
+        loads[i] = tl.ap()
+
+    def leaf(x: Expr) -> TAP:
+        if x.op is EOp.ACC:
+            return acc
+        if x.op is EOp.LOAD:
+            return loads[x.index]
+        # INDEX over [*B, M, N]: batch fixed, M runs on partitions, N along the free dim
+        tl = b.tile("idx", Memory.SBUF, mt, nt, x.dtype, 2).ap()
+        rank = out.rank
+        if x.index == rank - 2:
+            b.iota(tl, m0, 1, (0,))
+        elif x.index == rank - 1:
+            b.iota(tl, n0, 0, (1,))
+        else:
+            b.iota(tl, bidx[x.index], 0, (0,))
+        return tl
+
+    gen = ExprGen(b, mt, (nt,), leaf)
+    res = gen.tile_of(k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC), out.dtype)
+    if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
+        ev = gen.new(out.dtype)
+        b.tensor_copy(ev, res)
+        res = ev
+    b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
+                 + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),)), res)
+
+
+def _boff(ref, bidx) -> Affine:
+    """Element offset of batch index ``bidx`` (the leading axes) in ``ref``."""
+    return ref.offset + sum((i * st for i, st in zip(bidx, ref.strides[:-2])), aff(0))

@@ -1,35 +1,44 @@
-"""Tiling of row-wise kernels: SOFTMAX (and log-softmax) and LAYER_NORM.
+"""Tiling of row-wise kernels: SOFTMAX (and log-softmax) and LAYER_NORM, one pass over HBM.
 
-Rows (every axis but the normalised ones) go on partitions, 128 per tile; a whole row sits in
-the free dim of one tile, so each row is read from HBM once and written once.
+Rows (every axis but the normalised ones) go on partitions, 128 per tile, in a loop over row
+tiles (the partial tile peeled); a whole row sits in the free dim of one tile, so each row is
+read from HBM once and written once.
 
-softmax:     mx = reduce_max(x)                      VectorE tensor_reduce
-             e, s = exp(x - mx), sum(e)               ScalarE activation, bias=-mx, reduce=add
-             y = e * (1/s)   | log: y = x - mx - ln(s) VectorE tensor_scalar (per-partition operands)
-layer_norm:  mean = sum(x)/C                          VectorE tensor_reduce + tensor_scalar
-             ss = sum((x - mean)^2)                   ScalarE activation(square), bias=-mean, reduce
-             rstd = rsqrt(ss/C + eps)                 VectorE tensor_scalar + ScalarE rsqrt
-             y = (x - mean) * rstd [* w] [+ b]        VectorE tensor_scalar, tensor_tensor
-Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA.
+softmax:     mx = reduce_max(x)                       VectorE tensor_reduce
+             e, s = exp(x - mx), sum(e)                ScalarE activation, bias=-mx, reduce=add
+             y = e * (1/s)  | log: y = x - mx - ln(s)  VectorE tensor_scalar (per-partition operands)
+layer_norm:  (mean, var) = bn_aggr(bn_stats(x))        VectorE, chunks of <= 512 equal columns
+             rstd = (var + eps) ** -0.5                VectorE tensor_scalar
+             xn = x * rstd + (-mean * rstd)            ScalarE activation (per-partition scale, bias)
+             y = xn [* w] [+ b]                        VectorE / GpSimdE tensor_tensor
+  (rows with no equal split into <= 512 columns use sum and sum of squares instead of bn_stats).
+  xn and the products are computed in the output dtype when it is a 2-byte float (the engines'
+  fast modes; each step rounds once, as a bf16 program would), else in fp32.
+Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA. Statistics
+outputs (mean, rstd) that nothing reads are not stored.
 
 Rows whose tiles do not fit one SBUF partition are streamed in column chunks instead
-(``rowwise_chunked.py``: two or three passes over HBM).
+(``rowwise_chunked.py``).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from contextlib import ExitStack
 
 from lowering.errors import Unsupported
 from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
-from lowering.tiling.builder import TileBuilder
-from lowering.tiling.layout import hbm_ap, plan_rows
+from lowering.tiling.layout import plan_rows
+from lowering.tiling.pointwise import outer_loops
 from lowering.tiling.rowwise_chunked import tile_layer_norm_chunked, tile_softmax_chunked
+from lowering.tir.affine import Affine
+from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 F32 = DType.FP32
+BN_MAX = 512
 
 
-def _row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
+def row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
     """Operands from index ``n_full`` on hold one value per row (reduced axes of size 1)."""
     x = k.ins[0]
     strides = [tuple(0 if d in red_dims and j >= n_full else s for d, s in enumerate(o.strides))
@@ -41,68 +50,84 @@ def _row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
     return plan, plan.red_size
 
 
-def _fits(b: TileBuilder, C: int, bytes_per_elem: int) -> bool:
-    """Every pool of a single-tile row-wise kernel holds whole rows: do they fit the SBUF
+def fits(b: TirBuilder, C: int, bytes_per_elem: int) -> bool:
+    """Every tile of a single-tile row-wise kernel holds whole rows: do they fit the SBUF
     partition (1/8 kept for the small per-row statistics and alignment)?"""
     return C * bytes_per_elem <= b.target.sbuf_bytes_per_partition * 7 // 8
 
 
-def _free(plan, slot: int) -> tuple[tuple[int, int], ...]:
+def free_of(plan, slot: int) -> tuple[tuple[int, int], ...]:
     return tuple((s, st[slot]) for s, st in plan.red)
 
 
-def _row_tiles(b: TileBuilder, plan, x, pool, C: int):
-    """Yield (bases, r0, p, x tile AP) for every tile of up to 128 rows, the rows loaded."""
+def row_tiles(b: TirBuilder, plan, n_ops: int):
+    """Yield (bases, r0, p) for every tile of up to 128 rows: loops over the outer kept axes and
+    the full row tiles, then the partial tile."""
     P = b.target.sbuf_partitions
-    for bases in plan.outer_offsets():
-        for r0 in range(0, plan.rows, P):
-            p = min(P, plan.rows - r0)
-            xt = b.tile(pool, p, C, x.dtype).ap()
-            b.dma(xt, hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
-                             plan.row_strides[0], _free(plan, 0)))
-            yield bases, r0, p, xt
+    with ExitStack() as es:
+        bases = outer_loops(b, es, plan, n_ops)
+        for r0, p in b.tiled(plan.rows, P, "r"):
+            yield bases, r0, p
 
 
-def _store_rows(b: TileBuilder, plan, slot: int, ref, bases, r0: int, p: int, tile, free=True):
+def load_rows(b: TirBuilder, plan, x, bases, r0, p: int, C: int, bufs: int = 3) -> TAP:
+    t = b.tile("x", Memory.SBUF, p, C, x.dtype, bufs).ap()
+    b.dma(t, hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
+                    plan.row_strides[0], free_of(plan, 0)))
+    return t
+
+
+def store_rows(b: TirBuilder, plan, slot: int, ref, bases, r0, p: int, tile: TAP, free=True) -> None:
     """Store a [p, C] (``free``) or [p, 1] tile to operand ``slot``'s rows."""
     b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot], p,
-                 plan.row_strides[slot], _free(plan, slot) if free else ()), tile)
+                 plan.row_strides[slot], free_of(plan, slot) if free else ()), tile)
 
 
-def tile_softmax(b: TileBuilder, k: KOp) -> None:
+def small(b: TirBuilder, p: int, dtype: DType = F32, n: int = 1) -> TAP:
+    return b.tile("st", Memory.SBUF, p, n, dtype).ap()
+
+
+def tile_softmax(b: TirBuilder, k: KOp) -> None:
     assert isinstance(k.attrs, SoftmaxKAttrs)
     x, out = k.ins[0], k.outs[0]
     if x.numel == 0:
         return
-    d = k.attrs.dim
-    plan, C = _row_plan(k, (d,), [x, out], 2)
-    if not _fits(b, C, 2 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize):
+    plan, C = row_plan(k, (k.attrs.dim,), [x, out], 2)
+    if not fits(b, C, 3 * x.dtype.itemsize + 2 * 4 + 2 * out.dtype.itemsize):
         return tile_softmax_chunked(b, k, plan)
-    xp = b.pool("sx", Memory.SBUF, 2, C * x.dtype.itemsize)
-    ep = b.pool("se", Memory.SBUF, 2, C * 4)
-    op = b.pool("sy", Memory.SBUF, 2, C * out.dtype.itemsize)
-    small = b.pool("sstat", Memory.SBUF, 8, 4)
-    for bases, r0, p, xa in _row_tiles(b, plan, x, xp, C):
-        mx = b.tile(small, p, 1, F32).ap()
+    for bases, r0, p in row_tiles(b, plan, 2):
+        xa = load_rows(b, plan, x, bases, r0, p, C)
+        mx = small(b, p)
         b.tensor_reduce(mx, xa, AluOp.MAX)
-        nmx = b.tile(small, p, 1, F32).ap()
+        nmx = small(b, p)
         b.tensor_scalar(nmx, mx, AluOp.MULTIPLY, -1.0)
-        e = b.tile(ep, p, C, F32).ap()
-        s = b.tile(small, p, 1, F32).ap()
+        e = b.tile("e", Memory.SBUF, p, C, F32).ap()
+        s = small(b, p)
         b.activation(e, xa, ActFunc.EXP, bias_ap=nmx, reduce=AluOp.ADD, accum=s)
-        y = b.tile(op, p, C, out.dtype).ap()
+        y = b.tile("y", Memory.SBUF, p, C, out.dtype).ap()
         if k.attrs.log:
-            ls = b.tile(small, p, 1, F32).ap()
+            ls = small(b, p)
             b.activation(ls, s, ActFunc.LOG)
             b.tensor_scalar(y, xa, AluOp.SUBTRACT, mx, op1=AluOp.SUBTRACT, operand1=ls)
         else:
-            rs = b.tile(small, p, 1, F32).ap()
+            rs = small(b, p)
             b.activation(rs, s, ActFunc.RECIPROCAL)
             b.tensor_scalar(y, e, AluOp.MULTIPLY, rs)
-        _store_rows(b, plan, 1, out, bases, r0, p, y)
+        store_rows(b, plan, 1, out, bases, r0, p, y)
 
 
-def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
+def bn_chunk(C: int) -> int | None:
+    """Largest column count <= 512 that splits ``C`` into equal chunks (bn_aggr needs equal
+    counts), or None when only tiny chunks would (then sums are cheaper)."""
+    n = -(-C // BN_MAX)
+    while n <= 4 * -(-C // BN_MAX):
+        if C % n == 0:
+            return C // n
+        n += 1
+    return None
+
+
+def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
     a = k.attrs
     assert isinstance(a, LayerNormKAttrs)
     x = k.ins[0]
@@ -110,60 +135,94 @@ def tile_layer_norm(b: TileBuilder, k: KOp) -> None:
     if x.numel == 0:
         return
     red = tuple(range(x.rank - a.normalized_ndim, x.rank))
-    plan, C = _row_plan(k, red, [x, y, mean, rstd], 2)
+    plan, C = row_plan(k, red, [x, y, mean, rstd], 2)
     P = b.target.sbuf_partitions
-    # weight / bias: (ref, its plan over x's axes with partition stride 0, is_weight)
-    prm = []
+    prm = []      # (ref, its plan over x's axes with partition stride 0, is_weight)
     for j, flag, is_w in ((1, a.has_weight, True), (2 if a.has_weight else 1, a.has_bias, False)):
         if flag:
             w = k.ins[j]
             wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
             prm.append((w, plan_rows(x.shape, red, wst, [w.offset]), is_w))
-    if not _fits(b, C, len(prm) * 4 + 2 * x.dtype.itemsize + 3 * 4 + 2 * y.dtype.itemsize):
+    wdt = y.dtype if y.dtype.itemsize == 2 and y.dtype.is_float else F32
+    if not fits(b, C, len(prm) * wdt.itemsize + 3 * x.dtype.itemsize + 2 * 4 + 2 * y.dtype.itemsize):
         return tile_layer_norm_chunked(b, k, plan, [(w, wp.red[0][1][0], is_w) for w, wp, is_w in prm])
-    pp = b.pool("lnw", Memory.SBUF, max(1, len(prm)), C * 4)
+    live = b.live
     params = []
+    loaded: dict = {}
     for w, wplan, _ in prm:
-        wt = b.tile(pp, P, C, w.dtype)
+        if w in loaded:          # the same view as weight and bias: load it once
+            params.append(loaded[w])
+            continue
+        wt = b.tile("lnw", Memory.SBUF, P, C, w.dtype)
         # every partition reads the same row: partition stride 0
-        b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, _free(wplan, 0)))
-        params.append(wt.ap())
-    xp = b.pool("lx", Memory.SBUF, 2, C * x.dtype.itemsize)
-    wk = b.pool("lwork", Memory.SBUF, 3, C * 4)
-    yp = b.pool("ly", Memory.SBUF, 2, C * y.dtype.itemsize)
-    small = b.pool("lstat", Memory.SBUF, 12, 4)
-    for bases, r0, p, xa in _row_tiles(b, plan, x, xp, C):
-        s = b.tile(small, p, 1, F32).ap()
-        b.tensor_reduce(s, xa, AluOp.ADD)
-        mu = b.tile(small, p, 1, F32).ap()
-        b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
-        nmu = b.tile(small, p, 1, F32).ap()
-        b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
-        sq = b.tile(wk, p, C, F32).ap()
-        ss = b.tile(small, p, 1, F32).ap()
-        b.activation(sq, xa, ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
-        var = b.tile(small, p, 1, F32).ap()
-        b.tensor_scalar(var, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=a.eps)
-        rs = b.tile(small, p, 1, F32).ap()
-        b.activation(rs, var, ActFunc.RSQRT)
+        b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, w.offset, P, 0, free_of(wplan, 0)))
+        if w.dtype != wdt:
+            wc = b.tile("lnwc", Memory.SBUF, P, C, wdt)
+            b.tensor_copy(wc.ap(), wt.ap())
+            wt = wc
+        loaded[w] = wt
+        params.append(wt)
+    ch = bn_chunk(C)
+    for bases, r0, p in row_tiles(b, plan, 4):
+        xa = load_rows(b, plan, x, bases, r0, p, C)
+        mu, rs = _stats(b, xa, p, C, ch, a.eps)
+        nmr = small(b, p)
+        b.tensor_scalar(nmr, mu, AluOp.MULTIPLY, rs, op1=AluOp.MULTIPLY, operand1=-1.0)
         if params:
-            cur = b.tile(wk, p, C, F32).ap()
-            b.tensor_scalar(cur, xa, AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
-            for j, prm in enumerate(params):
+            cur = b.tile("xn", Memory.SBUF, p, C, wdt).ap()
+            b.activation(cur, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
+            for j, wt in enumerate(params):
                 is_w = a.has_weight and j == 0
                 last = j == len(params) - 1
-                nxt = b.tile(yp, p, C, y.dtype).ap() if last else b.tile(wk, p, C, F32).ap()
-                b.tensor_tensor(nxt, cur, replace(prm, partitions=p),
-                                AluOp.MULTIPLY if is_w else AluOp.ADD)
+                nxt = b.tile("ly" if last else "lw", Memory.SBUF, p, C, y.dtype if last else wdt).ap()
+                b.tensor_tensor(nxt, cur, wt.ap(p), AluOp.MULTIPLY if is_w else AluOp.ADD)
                 cur = nxt
             yt = cur
         else:
-            yt = b.tile(yp, p, C, y.dtype).ap()
-            b.tensor_scalar(yt, xa, AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
-        _store_rows(b, plan, 1, y, bases, r0, p, yt)
+            yt = b.tile("ly", Memory.SBUF, p, C, y.dtype).ap()
+            b.activation(yt, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
+        store_rows(b, plan, 1, y, bases, r0, p, yt)
         for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
+            if ref.buffer not in live:
+                continue
             if val.dtype != ref.dtype:
-                c = b.tile(small, p, 1, ref.dtype).ap()
+                c = small(b, p, ref.dtype)
                 b.tensor_copy(c, val)
                 val = c
-            _store_rows(b, plan, slot, ref, bases, r0, p, val, free=False)
+            store_rows(b, plan, slot, ref, bases, r0, p, val, free=False)
+
+
+def _stats(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, eps: float) -> tuple[TAP, TAP]:
+    """(mean, rstd) of each row of ``xa`` as [p, 1] fp32 tiles."""
+    rs = small(b, p)
+    if ch is not None:
+        n = C // ch
+        stats = small(b, p, F32, 2 * n)
+        for j in range(n) if n <= 8 else ():
+            b.bn_stats(_col(stats, 2 * j, 2), _col(xa, j * ch, ch))
+        if n > 8:
+            with b.loop(n, "s") as j:
+                b.bn_stats(_col(stats, j * 2, 2), _col(xa, j * ch, ch))
+        mv = small(b, p, F32, 2)
+        b.bn_aggr(mv, stats)
+        mu = _col(mv, 0, 1)
+        b.tensor_scalar(rs, _col(mv, 1, 1), AluOp.ADD, eps, op1=AluOp.POW, operand1=-0.5)
+        return mu, rs
+    s = small(b, p)
+    b.tensor_reduce(s, xa, AluOp.ADD)
+    mu = small(b, p)
+    b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
+    nmu = small(b, p)
+    b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
+    sq = b.tile("sq", Memory.SBUF, p, C, F32).ap()
+    ss = small(b, p)
+    b.activation(sq, xa, ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
+    b.tensor_scalar(rs, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=eps)
+    b.tensor_scalar(rs, rs, AluOp.POW, -0.5)
+    return mu, rs
+
+
+def _col(t: TAP, start, n: int) -> TAP:
+    """Columns ``[start, start + n)`` of a [p, m] tile access (``start`` may be affine)."""
+    from dataclasses import replace
+    return replace(t, offset=t.offset + Affine.of(start) * t.dtype.itemsize, dims=((1, n),))

@@ -8,8 +8,9 @@ softmax / log-softmax (two passes over HBM, "online softmax"):
 layer norm (three passes): mean; sum of squared deviations; normalise (with weight/bias chunks
 broadcast to all partitions by stride-0 DMA).
 
-The working set is a few chunk tiles plus per-row statistics, so any row length runs; the price
-is reading x two (softmax) or three (layer norm) times from HBM, which the simulated time shows.
+Each pass is a loop over the chunks of a row tile; the first chunk of a pass that carries a
+running statistic is peeled (it initialises the statistic), the partial last chunk follows the
+loop. Running statistics live in tiles taken per row tile and are updated in place.
 
 Invariants
 - Same numerics as the single-tile kernels up to fp32 reassociation of the row sums.
@@ -17,21 +18,36 @@ Invariants
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from contextlib import ExitStack
 
 from lowering.errors import Unsupported
 from lowering.kir import KOp
-from lowering.tiling.builder import TileBuilder
-from lowering.tiling.layout import hbm_ap
-from runtime_sim.isa import AP, ActFunc, AluOp, DType, Memory
+from lowering.tiling.pointwise import outer_loops
+from lowering.tir.affine import aff
+from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 F32 = DType.FP32
 CHUNK = 2048
 
 
-def _chunks(C: int):
-    for c0 in range(0, C, CHUNK):
-        yield c0, min(CHUNK, C - c0)
+def chunks(b: TirBuilder, C: int, peel_first: bool):
+    """Yield (c0, f, first) over ``0 .. C-1`` in chunks of CHUNK: optionally the first chunk
+    alone, then a loop over the other full chunks, then the tail."""
+    full, tail = divmod(C, CHUNK)
+    start = 0
+    if peel_first:
+        f = CHUNK if full else tail
+        yield aff(0), f, True
+        start = 1
+        if not full:
+            return
+    if full > start:
+        with b.loop(full - start, "c") as v:
+            yield (v + start) * CHUNK, CHUNK, False
+    if tail and full:
+        yield aff(full * CHUNK), tail, False
 
 
 def _single_axis(k: KOp, plan) -> tuple[int, tuple[int, ...]]:
@@ -41,148 +57,126 @@ def _single_axis(k: KOp, plan) -> tuple[int, tuple[int, ...]]:
     return plan.red[0]
 
 
-def _rows(b: TileBuilder, plan):
+def _rows(b: TirBuilder, plan, n_ops: int):
     P = b.target.sbuf_partitions
-    for bases in plan.outer_offsets():
-        for r0 in range(0, plan.rows, P):
-            yield bases, r0, min(P, plan.rows - r0)
+    with ExitStack() as es:
+        bases = outer_loops(b, es, plan, n_ops)
+        for r0, p in b.tiled(plan.rows, P, "r"):
+            yield bases, r0, p
 
 
-def _load(b, pool, ref, plan, slot, bases, r0, p, c0, f, cst) -> AP:
-    t = b.tile(pool, p, f, ref.dtype).ap()
+def _load(b, ref, plan, slot, bases, r0, p, c0, f, cst) -> TAP:
+    t = b.tile("cx", Memory.SBUF, p, f, ref.dtype, 3).ap()
     b.dma(t, hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot]
                     + c0 * cst[slot], p, plan.row_strides[slot], ((f, cst[slot]),)))
     return t
 
 
-def _store(b, ref, plan, slot, bases, r0, p, c0, f, cst, tile: AP) -> None:
+def _store(b, ref, plan, slot, bases, r0, p, c0, f, cst, tile: TAP) -> None:
     b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot] + c0 * cst[slot],
                  p, plan.row_strides[slot], ((f, cst[slot]),) if f else ()), tile)
 
 
-def tile_softmax_chunked(b: TileBuilder, k: KOp, plan) -> None:
+def _sm(b: TirBuilder, p: int, dtype: DType = F32) -> TAP:
+    return b.tile("cs", Memory.SBUF, p, 1, dtype).ap()
+
+
+def tile_softmax_chunked(b: TirBuilder, k: KOp, plan) -> None:
     x, out = k.ins[0], k.outs[0]
     C, cst = _single_axis(k, plan)
-    xp = b.pool("cx", Memory.SBUF, 2, CHUNK * x.dtype.itemsize)
-    wk = b.pool("cwork", Memory.SBUF, 2, CHUNK * 4)
-    yp = b.pool("cy", Memory.SBUF, 2, CHUNK * out.dtype.itemsize)
-    small = b.pool("cstat", Memory.SBUF, 16, 4)
-
-    def sm() -> AP:  # at most 8 per chunk, so the running m and s (<= 8 back) stay live
-        return b.tile(small, p, 1, F32).ap()
-
-    for bases, r0, p in _rows(b, plan):
-        m = s = None
-        for c0, f in _chunks(C):
-            xt = _load(b, xp, x, plan, 0, bases, r0, p, c0, f, cst)
-            mc = sm()
+    for bases, r0, p in _rows(b, plan, 2):
+        m = b.tile("cm", Memory.SBUF, p, 1, F32).ap()       # running max
+        s = b.tile("csum", Memory.SBUF, p, 1, F32).ap()     # running sum at that max
+        for c0, f, first in chunks(b, C, peel_first=True):
+            xt = _load(b, x, plan, 0, bases, r0, p, c0, f, cst)
+            mc = m if first else _sm(b, p)
             b.tensor_reduce(mc, xt, AluOp.MAX)
-            nm = mc if m is None else sm()
-            if m is not None:
+            if not first:
+                nm = _sm(b, p)
                 b.tensor_tensor(nm, m, mc, AluOp.MAX)
-            neg = sm()
+            else:
+                nm = m
+            neg = _sm(b, p)
             b.tensor_scalar(neg, nm, AluOp.MULTIPLY, -1.0)
-            sc = sm()
-            b.activation(b.tile(wk, p, f, F32).ap(), xt, ActFunc.EXP, bias_ap=neg,
-                         reduce=AluOp.ADD, accum=sc)
-            if s is None:
-                s = sc
-            else:  # rescale the running sum to the new maximum
-                d = sm()
+            e = b.tile("ce", Memory.SBUF, p, f, F32).ap()
+            sc = s if first else _sm(b, p)
+            b.activation(e, xt, ActFunc.EXP, bias_ap=neg, reduce=AluOp.ADD, accum=sc)
+            if not first:  # rescale the running sum to the new maximum
+                d = _sm(b, p)
                 b.tensor_tensor(d, m, nm, AluOp.SUBTRACT)
-                fac = sm()
+                fac = _sm(b, p)
                 b.activation(fac, d, ActFunc.EXP)
-                s2 = sm()
-                b.tensor_tensor(s2, s, fac, AluOp.MULTIPLY)
-                s3 = sm()
-                b.tensor_tensor(s3, s2, sc, AluOp.ADD)
-                s = s3
-            m = nm
-        neg = sm()
+                b.tensor_tensor(s, s, fac, AluOp.MULTIPLY)
+                b.tensor_tensor(s, s, sc, AluOp.ADD)
+                b.tensor_copy(m, nm)
+        neg = b.tile("cneg", Memory.SBUF, p, 1, F32).ap()
         b.tensor_scalar(neg, m, AluOp.MULTIPLY, -1.0)
-        fin = sm()
+        fin = b.tile("cfin", Memory.SBUF, p, 1, F32).ap()
         b.activation(fin, s, ActFunc.LOG if k.attrs.log else ActFunc.RECIPROCAL)
-        for c0, f in _chunks(C):
-            xt = _load(b, xp, x, plan, 0, bases, r0, p, c0, f, cst)
-            y = b.tile(yp, p, f, out.dtype).ap()
+        for c0, f, _ in chunks(b, C, peel_first=False):
+            xt = _load(b, x, plan, 0, bases, r0, p, c0, f, cst)
+            y = b.tile("cy", Memory.SBUF, p, f, out.dtype).ap()
             if k.attrs.log:
                 b.tensor_scalar(y, xt, AluOp.SUBTRACT, m, op1=AluOp.SUBTRACT, operand1=fin)
             else:
-                e = b.tile(wk, p, f, F32).ap()
+                e = b.tile("ce2", Memory.SBUF, p, f, F32).ap()
                 b.activation(e, xt, ActFunc.EXP, bias_ap=neg)
                 b.tensor_scalar(y, e, AluOp.MULTIPLY, fin)
             _store(b, out, plan, 1, bases, r0, p, c0, f, cst, y)
 
 
-def tile_layer_norm_chunked(b: TileBuilder, k: KOp, plan, params: list) -> None:
-    """``params``: (ref, strides along the normalised axis, is_weight) for weight/bias."""
+def tile_layer_norm_chunked(b: TirBuilder, k: KOp, plan, params: list) -> None:
+    """``params``: (ref, stride along the normalised axis, is_weight) for weight/bias."""
     a = k.attrs
     x = k.ins[0]
     y, mean, rstd = k.outs
     C, cst = _single_axis(k, plan)
     P = b.target.sbuf_partitions
-    xp = b.pool("cx", Memory.SBUF, 2, CHUNK * x.dtype.itemsize)
-    wk = b.pool("cwork", Memory.SBUF, 3, CHUNK * 4)
-    pp = b.pool("cparam", Memory.SBUF, 2 * max(1, len(params)), CHUNK * 4)
-    yp = b.pool("cy", Memory.SBUF, 2, CHUNK * y.dtype.itemsize)
-    small = b.pool("cstat", Memory.SBUF, 16, 4)
-    keep = b.pool("ckeep", Memory.SBUF, 6, 4)  # mean, -mean, rstd of two row tiles
-
-    def sm() -> AP:
-        return b.tile(small, p, 1, F32).ap()
-
-    def kept() -> AP:  # statistics that live across a whole pass (not rotated away by sm())
-        return b.tile(keep, p, 1, F32).ap()
-
-    def accumulate(total, part):
-        if total is None:
-            return part
-        nxt = sm()
-        b.tensor_tensor(nxt, total, part, AluOp.ADD)
-        return nxt
-
-    for bases, r0, p in _rows(b, plan):
-        tot = None
-        for c0, f in _chunks(C):
-            xt = _load(b, xp, x, plan, 0, bases, r0, p, c0, f, cst)
-            part = sm()
+    for bases, r0, p in _rows(b, plan, 4):
+        tot = b.tile("ctot", Memory.SBUF, p, 1, F32).ap()
+        b.memset(tot, -0.0)
+        for c0, f, _ in chunks(b, C, peel_first=False):
+            xt = _load(b, x, plan, 0, bases, r0, p, c0, f, cst)
+            part = _sm(b, p)
             b.tensor_reduce(part, xt, AluOp.ADD)
-            tot = accumulate(tot, part)
-        mu = kept()
+            b.tensor_tensor(tot, tot, part, AluOp.ADD)
+        mu = b.tile("cmu", Memory.SBUF, p, 1, F32).ap()
         b.tensor_scalar(mu, tot, AluOp.MULTIPLY, 1.0 / C)
-        nmu = kept()
+        nmu = b.tile("cnmu", Memory.SBUF, p, 1, F32).ap()
         b.tensor_scalar(nmu, tot, AluOp.MULTIPLY, -1.0 / C)
-        ss = None
-        for c0, f in _chunks(C):
-            xt = _load(b, xp, x, plan, 0, bases, r0, p, c0, f, cst)
-            part = sm()
-            b.activation(b.tile(wk, p, f, F32).ap(), xt, ActFunc.SQUARE, bias_ap=nmu,
+        ss = b.tile("css", Memory.SBUF, p, 1, F32).ap()
+        b.memset(ss, -0.0)
+        for c0, f, _ in chunks(b, C, peel_first=False):
+            xt = _load(b, x, plan, 0, bases, r0, p, c0, f, cst)
+            part = _sm(b, p)
+            b.activation(b.tile("csq", Memory.SBUF, p, f, F32).ap(), xt, ActFunc.SQUARE, bias_ap=nmu,
                          reduce=AluOp.ADD, accum=part)
-            ss = accumulate(ss, part)
-        var = sm()
+            b.tensor_tensor(ss, ss, part, AluOp.ADD)
+        var = _sm(b, p)
         b.tensor_scalar(var, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=a.eps)
-        rs = kept()
+        rs = b.tile("crs", Memory.SBUF, p, 1, F32).ap()
         b.activation(rs, var, ActFunc.RSQRT)
-        for c0, f in _chunks(C):
-            xt = _load(b, xp, x, plan, 0, bases, r0, p, c0, f, cst)
-            cur = b.tile(wk, p, f, F32).ap()
+        for c0, f, _ in chunks(b, C, peel_first=False):
+            xt = _load(b, x, plan, 0, bases, r0, p, c0, f, cst)
+            cur = b.tile("cn", Memory.SBUF, p, f, F32).ap()
             b.tensor_scalar(cur, xt, AluOp.SUBTRACT, mu, op1=AluOp.MULTIPLY, operand1=rs)
             for j, (w, wst, is_w) in enumerate(params):
-                wt = b.tile(pp, P, f, w.dtype).ap()
-                b.dma(wt, hbm_ap(w.buffer, w.dtype, w.offset + c0 * wst, P, 0, ((f, wst),)))
+                wt = b.tile("cw", Memory.SBUF, P, f, w.dtype)
+                b.dma(wt.ap(), hbm_ap(w.buffer, w.dtype, c0 * wst + w.offset, P, 0, ((f, wst),)))
                 last = j == len(params) - 1
-                nxt = b.tile(yp, p, f, y.dtype).ap() if last else b.tile(wk, p, f, F32).ap()
-                b.tensor_tensor(nxt, cur, replace(wt, partitions=p),
-                                AluOp.MULTIPLY if is_w else AluOp.ADD)
+                nxt = b.tile("cyw" if last else "cwk", Memory.SBUF, p, f, y.dtype if last else F32).ap()
+                b.tensor_tensor(nxt, cur, wt.ap(p), AluOp.MULTIPLY if is_w else AluOp.ADD)
                 cur = nxt
             if not params or cur.dtype != y.dtype:
-                yt = b.tile(yp, p, f, y.dtype).ap()
+                yt = b.tile("cyc", Memory.SBUF, p, f, y.dtype).ap()
                 b.tensor_copy(yt, cur)
                 cur = yt
             _store(b, y, plan, 1, bases, r0, p, c0, f, cst, cur)
         for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
+            if ref.buffer not in b.live:
+                continue
             if val.dtype != ref.dtype:
-                c = sm() if ref.dtype is F32 else b.tile(small, p, 1, ref.dtype).ap()
+                c = _sm(b, p, ref.dtype)
                 b.tensor_copy(c, val)
                 val = c
-            _store(b, ref, plan, slot, bases, r0, p, 0, 0, cst, val)
+            _store(b, ref, plan, slot, bases, r0, p, aff(0), 0, cst, val)

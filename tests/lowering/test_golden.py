@@ -1,4 +1,4 @@
-"""Golden text: the kernel IR before/after fusion (and one memory plan) of small graphs.
+"""Golden text: the kernel IR before/after fusion, the tile IR (and one memory plan) of small graphs.
 
 The dumps ``compile_graph(..., dump=...)`` writes are compared with the files under
 ``tests/golden/lowering/<case>/``. After an intended change of the lowering, regenerate them and
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from lowering_helpers import check, rand
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "lowering"
-IR_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt")
+IR_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "tir.txt")
 
 
 def _mlp_gelu(x, w, b):

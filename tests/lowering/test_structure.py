@@ -4,8 +4,8 @@
   no torch is covered by tests/machine/test_checks.py).
 - Registry membership IS the support table: an op without a rule is reported unsupported with a
   reason that names it; a registered op on a bad dtype names the dtype.
-- The memory planner never gives two pools that are live at the same time overlapping bytes, and
-  keeps every pool within the partition; the simulator's checks (capacity, races, uninitialised
+- The memory planner never gives two buffers that are live at the same time overlapping bytes
+  (aliases excepted: see tir/ir.py), and keeps every buffer within the partition; the simulator's checks (capacity, races, uninitialised
   reads) pass on the compiled program.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 import lowering
 from lowering.api import TensorSpec, why_unsupported
 from lowering.frontend import build_kir
-from lowering.memory.planner import plan_pools
 from lowering.passes.fusion import fuse
 from lowering.registry import REGISTRY, _ensure_loaded
 from lowering.tiling import tile_program
+from lowering.tir.plan import plan_memory
 from lowering_helpers import check, compile_fn, rand, trace, unsupported_nodes
 from runtime_sim.isa import Memory
 from runtime_sim.targets import get_target
@@ -133,36 +133,45 @@ def _graph_zoo():
 
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
 def test_planner_never_overlaps_live_pools(target):
+    """Buffers whose lifetimes (top-level statements of the tile program) overlap never share
+    bytes, unless one is an alias of the other (a partial tile reusing its loop's tile, which
+    the sync pass orders); every buffer stays within the partition; PSUM buffers start on a
+    bank; the reported peak is the highest end."""
     fn, inputs = _graph_zoo()
     gm = trace(fn, *inputs)
     assert not unsupported_nodes(gm)
     kp = build_kir(gm, [TensorSpec(tuple(x.shape), x.dtype) for x in inputs])
     fuse(kp)
     t = get_target(target)
-    b = tile_program(kp, t)
-    peaks = plan_pools(b.pools, t)
+    tp, _ = tile_program(kp, t)
+    plan = plan_memory(tp, t)
     caps = {Memory.SBUF: t.sbuf_bytes_per_partition, Memory.PSUM: t.psum_bytes_per_partition}
-    used = [p for p in b.pools.values() if p.first >= 0]
+    used = [b for b in tp.buffers if b.name in plan.offsets]
     assert used
     for mem, cap in caps.items():
-        pools = [p for p in used if p.memory is mem]
-        for p in pools:
-            assert p.offset is not None, p.name
-            assert 0 <= p.offset and p.offset + p.bytes_per_partition <= cap, \
-                f"{p.name} @{p.offset}+{p.bytes_per_partition} exceeds {cap}"
+        bufs = [b for b in used if b.memory is mem]
+        for b in bufs:
+            off, size = plan.offsets[b.name], plan.size(b)
+            assert 0 <= off and off + size <= cap, f"{b.name} @{off}+{size} exceeds {cap}"
             if mem is Memory.PSUM:
-                assert p.offset % t.psum_bank_bytes == 0, p.name
-        for i, p in enumerate(pools):
-            for q in pools[i + 1:]:
-                live_together = p.first <= q.last and q.first <= p.last
-                share_bytes = (p.offset < q.offset + q.bytes_per_partition
-                               and q.offset < p.offset + p.bytes_per_partition)
+                assert off % t.psum_bank_bytes == 0, b.name
+        roots = [b for b in bufs if b.alias is None]
+        for i, p in enumerate(roots):
+            for q in roots[i + 1:]:
+                (pf, pl), (qf, ql) = plan.lifetimes[p.name], plan.lifetimes[q.name]
+                po, qo = plan.offsets[p.name], plan.offsets[q.name]
+                live_together = pf <= ql and qf <= pl
+                share_bytes = po < qo + plan.size(q) and qo < po + plan.size(p)
                 assert not (live_together and share_bytes), (
-                    f"{mem.value}: {p.name} [{p.first},{p.last}] @{p.offset}+"
-                    f"{p.bytes_per_partition} overlaps {q.name} [{q.first},{q.last}] "
-                    f"@{q.offset}+{q.bytes_per_partition}")
-        if pools:
-            assert peaks[mem] == max(p.offset + p.bytes_per_partition for p in pools)
+                    f"{mem.value}: {p.name} [{pf},{pl}] @{po}+{plan.size(p)} overlaps "
+                    f"{q.name} [{qf},{ql}] @{qo}+{plan.size(q)}")
+        for b in bufs:
+            if b.alias is not None:
+                root = tp.buffer(b.alias)
+                assert plan.offsets[b.name] == plan.offsets[root.name]
+                assert plan.size(b) <= plan.size(root) and b.partitions <= root.partitions
+        if roots:
+            assert plan.peaks[mem] == max(plan.offsets[b.name] + plan.size(b) for b in roots)
 
 
 def test_compiled_program_passes_simulator_checks():
@@ -190,22 +199,18 @@ def test_compile_is_deterministic():
 
 
 def test_builder_refuses_a_tile_used_after_its_slot_was_reused():
-    """Rotating pools hand a slot to the next tile; touching the old tile afterwards would read
-    someone else's values silently, so the builder raises instead."""
+    """A tile rotates through its slots with the loop it was taken in; touching it after that
+    loop closed would read a newer allocation's values silently, so the builder raises."""
     from lowering.errors import LoweringError
-    from lowering.tiling.builder import TileBuilder
-    from lowering.tiling.schedule import ListScheduler
+    from lowering.tir.builder import TirBuilder
     from runtime_sim.isa import DType, Memory
     from runtime_sim.targets import get_target
 
-    t = get_target("trn2")
-    b = TileBuilder(t, scheduler=ListScheduler(t))
-    pool = b.pool("p", Memory.SBUF, 2, 64)
-    first = b.tile(pool, 8, 4, DType.FP32)
-    b.memset(first.ap(), 1.0)
-    second = b.tile(pool, 8, 4, DType.FP32)
-    b.tensor_copy(second.ap(), first.ap())          # both live: fine
-    third = b.tile(pool, 8, 4, DType.FP32)          # takes first's slot
-    b.memset(third.ap(), 2.0)
-    with pytest.raises(LoweringError, match="after the slot was given to tile"):
-        b.tensor_copy(second.ap(), first.ap())
+    b = TirBuilder(get_target("trn2"))
+    keep = b.tile("keep", Memory.SBUF, 8, 4, DType.FP32)     # taken outside every loop
+    with b.loop(4, "i"):
+        t = b.tile("t", Memory.SBUF, 8, 4, DType.FP32)
+        b.memset(t.ap(), 1.0)
+        b.tensor_copy(keep.ap(), t.ap())                     # inside its loop: fine
+    with pytest.raises(LoweringError, match="outside its loop"):
+        b.tensor_copy(keep.ap(), t.ap())

@@ -1,0 +1,241 @@
+"""Matmul blocking: enumerate a few candidate loop structures, score each with the simulator's
+own cost table, keep the fastest that fits SBUF and PSUM.
+
+A candidate (``Blocking``) keeps one operand *resident* in SBUF, one block at a time, and
+streams the other:
+- ``resident="A"``: blocks of ``block`` stationary m-tiles (128 rows of A each) hold A^T for
+  all of K; for every group of ``group`` moving n-tiles (512 columns of B each) the K tiles of B
+  stream through, and every B tile meets the whole block (B is read once per block).
+- ``resident="B"``: the mirror image (blocks of n-tiles of B, groups of m-tiles of A^T).
+The PSUM accumulators of one group (block x group tiles, one bank each) stay in PSUM for the
+whole K loop, so a block is at most ``psum_banks`` tiles.
+
+The score of a candidate is an estimate of its run time on the target, from the costs of one
+instruction of each kind (``runtime_sim.costs.instr_cost``) times how often it runs: the busiest
+of TensorE (matmuls, TensorE transposes), the DMA engines and HBM (every load and store, with
+its descriptor cost spread over the queues) and the PSUM evacuation engines, plus the exposed
+time when a block cannot be prefetched (single-buffered) and the pipeline fill. No shape is
+special-cased: every choice falls out of the target description.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from runtime_sim.costs import instr_cost
+from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, DmaAttrs, DType, EngineKind, Instr,
+                             MatmulAttrs, Memory, Op, Queue, TensorCopyAttrs, TransposeAttrs,
+                             dma_queue)
+from runtime_sim.targets import Target
+
+DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
+SBUF_SHARE = 0.80   # of a partition for one matmul kernel (the rest: neighbours, alignment)
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    batch: int
+    M: int
+    N: int
+    K: int
+    dtype: DType          # operand dtype
+    out_dtype: DType
+    a_form: str           # how A^T tiles [K, M] are obtained
+    b_form: str           # how B tiles [K, N] are obtained
+    epi_inputs: tuple[DType, ...] = ()   # full-shape epilogue inputs
+    epi_tiles: int = 2    # SBUF tiles the epilogue evaluates per output tile
+
+
+@dataclass(frozen=True)
+class Blocking:
+    resident: str         # "A" or "B"
+    block: int            # resident tiles per block (A: m-tiles of 128; B: n-tiles of 512)
+    group: int            # streamed tiles per group (A-resident: n-tiles; B-resident: m-tiles)
+    block_bufs: int       # 2: the next block loads while this one computes
+    acc_bufs: int
+    stream: bool = False  # K too long to keep a block: the resident side is loaded per K tile
+    est_ns: float = 0.0
+    detail: dict = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        d = ", ".join(f"{k}={v:.1f}" for k, v in self.detail.items())
+        return (f"resident={self.resident}{' (streamed per K tile)' if self.stream else ''} "
+                f"block={self.block} group={self.group} "
+                f"block_bufs={self.block_bufs} acc_bufs={self.acc_bufs} est={self.est_ns / 1e3:.2f} us ({d})")
+
+
+def operand_form(kstride: int, fstride: int, free: int, dtype: DType, t: Target) -> str:
+    """How to get tiles [K on partitions, F on the free dim] of an operand whose K axis has
+    stride ``kstride`` and F axis ``fstride`` in HBM."""
+    if fstride == 1 or free == 1:
+        return DIRECT
+    if kstride == 1:
+        if dtype.itemsize == 2 and dtype.is_float and t.dma_transpose_efficiency > 0:
+            return DMA_T
+        return PE_T
+    return STRIDED
+
+
+class _Probe:
+    """Costs of one instruction of each kind, from the cost table."""
+
+    def __init__(self, s: MatmulShape, t: Target):
+        self.t = t
+        isz = s.dtype.itemsize
+        dt = s.dtype
+
+        def sb(p, f, d=dt, mem=Memory.SBUF):
+            return AP("p", mem, 0, p, 0, ((1, f),), d)
+
+        def hbm(p, f, d=dt, stride=None):
+            return AP("h", Memory.HBM, 0, 1, 0, ((f if stride is None else stride, p), (1, f)), d)
+
+        pe, act, dve = Queue(EngineKind.TENSOR), Queue(EngineKind.SCALAR), Queue(EngineKind.VECTOR)
+        self.mm = instr_cost(Instr(Op.MATMUL, sb(128, 512, DType.FP32, Memory.PSUM),
+                                   (sb(128, 128), sb(128, 512)), MatmulAttrs(True)), pe, t).busy_ns
+        self.tp = instr_cost(Instr(Op.TRANSPOSE, sb(128, 128, DType.FP32, Memory.PSUM),
+                                   (sb(128, 128),), TransposeAttrs()), pe, t).busy_ns
+        tcp = Instr(Op.TENSOR_COPY, sb(128, 128), (sb(128, 128, DType.FP32, Memory.PSUM),),
+                    TensorCopyAttrs())
+        self.tp_copy = min(instr_cost(tcp, q, t).busy_ns for q in (act, dve))
+        ev = Instr(Op.TENSOR_COPY, sb(128, 512, s.out_dtype), (sb(128, 512, DType.FP32, Memory.PSUM),),
+                   TensorCopyAttrs())
+        evs = Instr(Op.ACTIVATION, sb(128, 512, s.out_dtype), (sb(128, 512, DType.FP32, Memory.PSUM),),
+                    ActivationAttrs(ActFunc.IDENTITY))
+        self.evac = [instr_cost(ev, dve, t).busy_ns, instr_cost(evs, act, t).busy_ns]
+        self.isz = isz
+        self._dma: dict[tuple, tuple[float, float, float]] = {}
+
+    def dma(self, p: int, f: int, isz: int, transpose: bool = False, run: int | None = None):
+        """(engine time, HBM time, descriptor time) of one [p, f] HBM->SBUF transfer."""
+        key = (p, f, isz, transpose, run)
+        c = self._dma.get(key)
+        if c is None:
+            d = {1: DType.UINT8, 2: DType.BF16, 4: DType.FP32}[isz]
+            if transpose:
+                src = AP("h", Memory.HBM, 0, 1, 0, ((p, f), (1, p)), d)
+                ins = Instr(Op.DMA_COPY, AP("s", Memory.SBUF, 0, p, 0, ((1, f),), d), (src,), DmaAttrs(True))
+            else:
+                r = f if run is None else run
+                src = AP("h", Memory.HBM, 0, 1, 0, ((f * 4, p), (r * 2, f // r), (1, r)), d) if r < f \
+                    else AP("h", Memory.HBM, 0, 1, 0, ((f, p), (1, f)), d)
+                ins = Instr(Op.DMA_COPY, AP("s", Memory.SBUF, 0, p, 0, ((1, f),), d), (src,), DmaAttrs())
+            k = instr_cost(ins, dma_queue(0), self.t)
+            c = self._dma[key] = (k.busy_ns, k.hbm_ns, k.issue_ns)
+        return c
+
+
+def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float):
+    """(dma engine ns, hbm ns, descriptor ns, tensorE ns, evac ns) of ``n`` [p, f] operand loads."""
+    if form == DMA_T:
+        e, h, d = pr.dma(p, f, isz, transpose=True)
+        return n * e, n * h, n * d, 0.0, 0.0
+    if form == PE_T:
+        e, h, d = pr.dma(p, f, isz)
+        nt = n * -(-f // 128) * -(-p // 128)
+        return n * e, n * h, n * d, nt * pr.tp, nt * pr.tp_copy
+    e, h, d = pr.dma(p, f, isz, run=1 if form == STRIDED else None)
+    return n * e, n * h, n * d, 0.0, 0.0
+
+
+def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:
+    Mt, Nt, Kt = -(-s.M // 128), -(-s.N // 512), -(-s.K // 128)
+    isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
+    B = s.batch
+    if c.resident == "A":
+        nblocks = -(-Mt // c.block)
+        ngroups = -(-Nt // c.group)
+        res_f, str_f = min(c.block * 128, s.M), min(c.group * 512, s.N)
+        res_n, str_n = B * nblocks * Kt, B * nblocks * ngroups * Kt
+        res_form, str_form = s.a_form, s.b_form
+        group_mm = c.block * c.group * Kt
+    else:
+        nblocks = -(-Nt // c.block)
+        ngroups = -(-Mt // c.group)
+        res_f, str_f = min(c.block * 512, s.N), min(c.group * 128, s.M)
+        res_n, str_n = B * nblocks * Kt, B * nblocks * ngroups * Kt
+        res_form, str_form = s.b_form, s.a_form
+        group_mm = c.block * c.group * Kt
+    if c.stream:
+        res_n = str_n
+    kp = min(128, s.K)
+    r = _load_cost(pr, res_form, kp, res_f, isz, res_n)
+    q = _load_cost(pr, str_form, kp, str_f, isz, str_n)
+    n_out = B * Mt * Nt
+    oe, oh, od = pr.dma(min(128, s.M), min(512, s.N), osz)
+    epi = [pr.dma(min(128, s.M), min(512, s.N), d.itemsize) for d in s.epi_inputs]
+    dma_e = r[0] + q[0] + n_out * (oe + sum(e for e, _, _ in epi))
+    hbm = r[1] + q[1] + n_out * (oh + sum(h for _, h, _ in epi))
+    desc = (r[2] + q[2] + n_out * (od + sum(d for _, _, d in epi))) / t.dma_engines
+    dma = max(dma_e, hbm, desc)
+    pe = B * Mt * Nt * Kt * pr.mm + r[3] + q[3]
+    evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
+    # exposed: the first block's first loads; single-buffered blocks wait for the previous block
+    fill = 2 * (t.dma_fixed_latency_ns + t.dma_descriptor_ns)
+    block_load = (r[0] / max(res_n, 1)) * Kt
+    group_time = group_mm * pr.mm
+    exposed = 0.0
+    if nblocks > 1 and c.block_bufs == 1:
+        exposed = (nblocks - 1) * B * max(0.0, block_load - group_time)
+    total = max(pe, dma, evac) + exposed + fill
+    return total, {"pe": pe / 1e3, "dma": dma / 1e3, "evac": evac / 1e3, "exposed": exposed / 1e3}
+
+
+def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
+    """(SBUF bytes per partition, PSUM banks) of a candidate. A partial block, group or tile
+    reuses the bytes of the full one (the builder's tail aliases), so the full shapes count."""
+    isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
+    Kt = -(-s.K // 128)
+    if c.resident == "A":
+        rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
+        res_form, str_form, rt, st = s.a_form, s.b_form, 128, 512
+    else:
+        rw, sw = min(s.N, c.block * 512), min(s.M, c.group * 128)
+        res_form, str_form, rt, st = s.b_form, s.a_form, 512, 128
+    sb = (3 * rw if c.stream else Kt * rw * c.block_bufs) * isz + 3 * sw * isz
+    sb += 2 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
+    acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
+    tps = 0
+    for form in (res_form, str_form):
+        if form == PE_T:
+            sb += 2 * 128 * isz
+            tps += 2
+    return sb, acc + tps
+
+
+def _sizes(n: int) -> list[int]:
+    """Block sizes to try for ``n`` tiles: its divisors (no partial block) and powers of two."""
+    return sorted({d for d in range(1, n + 1) if n % d == 0 and d <= 64} | {min(n, 2 ** i) for i in range(7)})
+
+
+def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
+    Mt, Nt = -(-s.M // 128), -(-s.N // 512)
+    out = []
+    for res, rt, st in (("A", Mt, Nt), ("B", Nt, Mt)):
+        for blk in _sizes(rt):
+            for grp in _sizes(st):
+                if blk * grp > t.psum_banks:
+                    continue
+                for bb in (2, 1):
+                    for ab in (2, 1):
+                        out.append(Blocking(res, blk, grp, bb, ab))
+                        if bb == 1:
+                            out.append(Blocking(res, blk, grp, 1, ab, stream=True))
+    return out
+
+
+def choose_blocking(s: MatmulShape, t: Target) -> tuple[Blocking, list[Blocking]]:
+    """The fastest candidate that fits, and every fitting candidate scored (for the dump)."""
+    pr = _Probe(s, t)
+    cap = int(t.sbuf_bytes_per_partition * SBUF_SHARE)
+    scored = []
+    for c in candidates(s, t):
+        sb, banks = footprint(s, c, t)
+        if sb > cap or banks > t.psum_banks:
+            continue
+        est, det = estimate(s, c, t, pr)
+        scored.append(Blocking(c.resident, c.block, c.group, c.block_bufs, c.acc_bufs, c.stream, est, det))
+    if not scored:  # even one [128 x 512] tile of each side per K tile does not fit
+        raise ValueError(f"no matmul blocking fits: M={s.M} N={s.N} K={s.K} {s.dtype.value}")
+    scored.sort(key=lambda c: (c.est_ns, c.block_bufs == 1, -c.block, -c.group))
+    return scored[0], scored

@@ -1,0 +1,113 @@
+"""Facts about a tile program's structure that the schedule, plan, sync and emit passes share.
+
+For every instruction (by statement id): its enclosing loops, its position path in the statement
+tree, how many times it executes, its *flat index* (the number of its executions before the
+current one, an affine function of its loop variables) and the top-level statement it belongs
+to. For every SBUF/PSUM buffer: the loop that allocates it and the *allocation number* of an
+access (executions of the scope loop's body so far, over all enclosing loops).
+
+Invariants
+- ``flat`` of an instruction is ``sum(var_l * prod(count_m for m inner to l))`` over its loops:
+  the n-th execution (0-based) has flat index n, so its semaphore count after it completes is n+1.
+- Program order of two instances is the lexicographic order of (path position, loop value)
+  pairs; ``precedes_in_body`` compares the static part.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lowering.tir.affine import Affine
+from lowering.tir.ir import Loop, Stmt, TBuf, TInstr, TProgram
+
+
+@dataclass(frozen=True)
+class InstrInfo:
+    ins: TInstr
+    loops: tuple[Loop, ...]
+    path: tuple[int, ...]          # index in each enclosing body, root first (len(loops) + 1)
+    top: int                       # index of its top-level statement
+
+    @property
+    def count(self) -> int:
+        return math.prod(lp.count for lp in self.loops)
+
+    @property
+    def vars(self) -> tuple[str, ...]:
+        return tuple(lp.var for lp in self.loops)
+
+    def counts(self) -> dict[str, int]:
+        return {lp.var: lp.count for lp in self.loops}
+
+
+def flat_of(loops: tuple[Loop, ...]) -> Affine:
+    """Flat iteration index over ``loops`` (outermost first)."""
+    out = Affine(0)
+    stride = 1
+    for lp in reversed(loops):
+        out = out + Affine.var(lp.var) * stride
+        stride *= lp.count
+    return out
+
+
+class Structure:
+    """Index of a tile program: ``info[sid]``, loop lookup, allocation numbers."""
+
+    def __init__(self, tp: TProgram):
+        self.tp = tp
+        self.info: dict[int, InstrInfo] = {}
+        self.loop_of_var: dict[str, Loop] = {}
+        self.top_count = len(tp.body)
+        self._walk(tp.body, (), ())
+        self._flat: dict[int, Affine] = {}
+
+    def _walk(self, body: tuple[Stmt, ...], loops: tuple[Loop, ...], path: tuple[int, ...]) -> None:
+        for i, s in enumerate(body):
+            p = path + (i,)
+            if isinstance(s, Loop):
+                self.loop_of_var[s.var] = s
+                self._walk(s.body, loops + (s,), p)
+            else:
+                self.info[s.sid] = InstrInfo(s, loops, p, p[0])
+
+    def flat(self, sid: int) -> Affine:
+        f = self._flat.get(sid)
+        if f is None:
+            f = self._flat[sid] = flat_of(self.info[sid].loops)
+        return f
+
+    def gen(self, buf: TBuf, sid: int) -> Affine:
+        """Allocation number of ``buf`` seen by instruction ``sid`` (0 for an unscoped buffer)."""
+        if buf.scope is None:
+            return Affine(0)
+        loops = self.info[sid].loops
+        for k, lp in enumerate(loops):
+            if lp.var == buf.scope:
+                return flat_of(loops[:k + 1])
+        raise AssertionError(f"instruction {sid} uses {buf.name} outside its scope {buf.scope}")
+
+    def gen_stride(self, buf: TBuf, sid: int) -> int:
+        """Executions of ``sid`` per allocation of ``buf`` (its loops inside the scope)."""
+        if buf.scope is None:
+            return self.info[sid].count
+        loops = self.info[sid].loops
+        for k, lp in enumerate(loops):
+            if lp.var == buf.scope:
+                return math.prod(x.count for x in loops[k + 1:])
+        raise AssertionError(f"instruction {sid} uses {buf.name} outside its scope {buf.scope}")
+
+
+def common_loops(a: InstrInfo, b: InstrInfo) -> int:
+    """Number of enclosing loops ``a`` and ``b`` share (same Loop nodes, outermost first)."""
+    n = 0
+    for la, lb in zip(a.loops, b.loops):
+        if la is not lb:
+            break
+        n += 1
+    return n
+
+
+def precedes_in_body(a: InstrInfo, b: InstrInfo, c: int) -> bool:
+    """Within one iteration of their ``c`` common loops, does ``a``'s statement come before
+    ``b``'s? (They diverge at path level ``c``.)"""
+    return a.path[c] < b.path[c]

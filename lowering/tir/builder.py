@@ -1,0 +1,321 @@
+"""The tile-IR builder: what every tiler writes into.
+
+A tiler opens loops (``with b.loop(n, "k") as k:``; ``k`` is an ``Affine`` variable), takes
+tiles (``b.tile(...)``: a pool of ``bufs`` slots whose scope is the innermost open loop, so every
+iteration gets the next slot), and emits instructions whose access patterns are affine in the
+open loop variables. The tiler's Python code runs once per *static* statement: a loop of 64
+iterations is one ``Loop`` node, not 64 copies. It never chooses addresses, queues or semaphores:
+the schedule, plan and sync passes do.
+
+Invariants
+- Statements are appended in program order; statement ids increase in that order.
+- An SBUF/PSUM tile may only be touched inside the loop it was taken in (its scope): using it
+  after that loop closed is a ``LoweringError`` (its slot belongs to newer allocations).
+- ``tiled(n, step)`` covers ``0 .. n-1`` exactly once: a loop over the full steps, then a tail.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from lowering.errors import LoweringError
+from lowering.tir.affine import Affine, AffineLike, aff
+from lowering.tir.ir import Loop, Stmt, TAP, TBuf, TInstr, TProgram
+from runtime_sim.isa import (ActivationAttrs, BnAggrAttrs, BnStatsAttrs, DmaAttrs, DType,
+                             EngineKind, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
+                             SelectAttrs, TensorCopyAttrs, TensorReduceAttrs, TensorScalarAttrs,
+                             TensorTensorAttrs, TransposeAttrs)
+from runtime_sim.targets import Target
+
+ELEMENTWISE = (EngineKind.VECTOR, EngineKind.GPSIMD)
+COPY_ENGINES = (EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The current allocation of an SBUF/PSUM buffer: a ``[partitions, *free]`` array."""
+
+    buf: TBuf
+
+    @property
+    def name(self) -> str:
+        return self.buf.name
+
+    @property
+    def partitions(self) -> int:
+        return self.buf.partitions
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        return self.buf.free
+
+    @property
+    def free_size(self) -> int:
+        return math.prod(self.buf.free)
+
+    @property
+    def dtype(self) -> DType:
+        return self.buf.dtype
+
+    @property
+    def memory(self) -> Memory:
+        return self.buf.memory
+
+    def ap(self, partitions: int | None = None, *, partition_start: int = 0,
+           elem_offset: AffineLike = 0, dims: tuple[tuple[int, int], ...] | None = None,
+           dtype: DType | None = None) -> TAP:
+        """The whole tile (default) or a sub-block; ``elem_offset`` and ``dims`` are in elements
+        of the tile's dtype."""
+        if dims is None:
+            dims = ((1, self.free_size),)
+        return TAP(self.buf.name, partition_start,
+                   self.buf.partitions if partitions is None else partitions,
+                   aff(elem_offset) * self.buf.dtype.itemsize, tuple(dims), dtype or self.buf.dtype)
+
+
+def hbm_ap(buf: str, dtype: DType, elem_offset: AffineLike, p: int, row_stride: int,
+           free: tuple[tuple[int, int], ...]) -> TAP:
+    """An HBM access over a ``[p, *free]`` block in partition-major element order (like an SBUF
+    tile); ``free`` is (size, stride) per free axis, in elements; size-1 axes are dropped."""
+    dims: list[tuple[int, int]] = []
+    if p > 1:
+        dims.append((row_stride, p))
+    for size, stride in free:
+        if size > 1:
+            dims.append((stride, size))
+    if not dims:
+        dims.append((1, 1))
+    return TAP(buf, 0, 1, aff(elem_offset) * dtype.itemsize, tuple(dims), dtype)
+
+
+class TirBuilder:
+    def __init__(self, target: Target):
+        self.target = target
+        self.buffers: dict[str, TBuf] = {}
+        self.tag = ""
+        self.prefix = ""
+        self._stack: list[list[Stmt]] = [[]]
+        self._open: list[str] = []          # open loop variables, outermost first
+        self._counts: dict[str, int] = {}
+        self._sid = 0
+        self._nvar = 0
+        self._variants: list[dict] = []     # open tiled() sequences (see tile())
+        self.live: set[str] = set()         # HBM tensors that something reads or returns
+        self.notes: list[str] = []          # decisions worth a line in the dump (e.g. blockings)
+
+    # -- buffers ------------------------------------------------------------------------------
+    def hbm_tensor(self, name: str, nbytes: int, dtype: DType, role: str) -> TBuf:
+        b = TBuf(name, Memory.HBM, 1, (max(1, nbytes),), DType.UINT8, 1, None, role)
+        self.buffers[name] = b
+        return b
+
+    def tile(self, name: str, memory: Memory, partitions: int, free: tuple[int, ...] | int,
+             dtype: DType, bufs: int = 2) -> Tile:
+        """A new buffer of ``bufs`` slots allocated per iteration of the innermost open loop
+        (once, when no loop is open)."""
+        if isinstance(free, int):
+            free = (free,)
+        if partitions > self.target.sbuf_partitions or partitions < 1:
+            raise LoweringError(f"{self.tag}: tile {name} of {partitions} partitions (limit "
+                                f"{self.target.sbuf_partitions})")
+        scope = self._open[-1] if self._open else None
+        base = self.prefix + name
+        n, i = base, 0
+        while n in self.buffers:
+            i += 1
+            n = f"{base}_{i}"
+        b = TBuf(n, memory, partitions, tuple(int(f) for f in free), dtype,
+                 bufs if scope is not None else 1, scope)
+        b = self._variant_of(base, b)
+        self.buffers[n] = b
+        return Tile(b)
+
+    def _variant_of(self, base: str, b: TBuf) -> TBuf:
+        """Inside ``tiled()``: a tile taken in the partial-tile part reuses the bytes of the
+        k-th tile of the same name taken in the loop part (an alias), when it fits."""
+        root_of = None
+        for ctx in reversed(self._variants):
+            k = (base, ctx["seen"][base])
+            ctx["seen"][base] += 1
+            if ctx["tail"] and root_of is None:
+                root_of = ctx["main"].get(k)
+            elif not ctx["tail"]:
+                ctx["main"][k] = b.name
+        if root_of is None:
+            return b
+        r = self.buffers[root_of]
+        root = self.buffers[r.alias] if r.alias else r
+        if (root.memory is b.memory and b.partitions <= root.partitions and b.bufs <= root.bufs
+                and b.slot_bytes <= root.slot_bytes):
+            return replace(b, alias=root.name)
+        return b
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"{self.tag}: {text}" if self.tag else text)
+
+    # -- loops --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def loop(self, count: int, hint: str = "i") -> Iterator[Affine]:
+        """``for var in 0 .. count-1`` around the statements emitted inside the block. A count of
+        one yields the constant 0 (no loop); a count below one is an error."""
+        if count < 1:
+            raise LoweringError(f"{self.tag}: loop {hint} of {count} iterations")
+        if count == 1:
+            yield aff(0)
+            return
+        var = f"{hint}{self._nvar}"
+        self._nvar += 1
+        self._stack.append([])
+        self._open.append(var)
+        self._counts[var] = count
+        try:
+            yield Affine.var(var)
+        finally:
+            body = self._stack.pop()
+            self._open.pop()
+            if body:
+                self._stack[-1].append(Loop(var, count, tuple(body)))
+
+    def tiled(self, n: int, step: int, hint: str = "i") -> Iterator[tuple[Affine, int]]:
+        """Yield ``(start, size)`` covering ``0 .. n-1``: inside a loop over the full steps, then
+        the tail (if any) outside it."""
+        full, tail = divmod(n, step)
+        ctx = {"tail": False, "main": {}, "seen": Counter()}
+        self._variants.append(ctx)
+        try:
+            if full:
+                with self.loop(full, hint) as v:
+                    yield v * step, step
+            if tail:
+                ctx["tail"], ctx["seen"] = True, Counter()
+                yield aff(full * step), tail
+        finally:
+            self._variants.pop()
+
+    @property
+    def open_loops(self) -> tuple[str, ...]:
+        return tuple(self._open)
+
+    def loop_count(self, var: str) -> int:
+        return self._counts[var]
+
+    # -- instructions -------------------------------------------------------------------------
+    def _check(self, a: TAP) -> None:
+        b = self.buffers.get(a.buf)
+        if b is None:
+            raise LoweringError(f"{self.tag}: access to unknown buffer {a.buf}")
+        if b.memory is not Memory.HBM and b.scope is not None and b.scope not in self._open:
+            raise LoweringError(f"{self.tag}: uses tile {b.name} outside its loop {b.scope} "
+                                f"(its slot belongs to newer allocations); give the value a "
+                                f"tile taken in an enclosing loop")
+        for v in a.offset.vars:
+            if v not in self._open:
+                raise LoweringError(f"{self.tag}: access {a} uses loop variable {v} outside its loop")
+
+    def emit(self, op: Op, dst: TAP | None, srcs, attrs: OpAttrs, *,
+             engines: tuple[EngineKind, ...], accum: TAP | None = None,
+             start_when: tuple[AffineLike, ...] = (),
+             dyn_attrs: tuple[tuple[str, AffineLike], ...] = ()) -> TInstr:
+        srcs = tuple(srcs)
+        for a in (dst, accum, *srcs):
+            if a is not None:
+                self._check(a)
+        sw = tuple(aff(v) for v in start_when)
+        for v in sw:
+            for var in v.vars:
+                if var not in self._open:
+                    raise LoweringError(f"{self.tag}: start_when {v} uses loop variable {var} "
+                                        f"outside its loop")
+        dyn = []
+        for f, e in dyn_attrs:
+            e = aff(e)
+            if e.is_const:
+                attrs = replace(attrs, **{f: e.const})
+            else:
+                for v in e.vars:
+                    if v not in self._open:
+                        raise LoweringError(f"{self.tag}: attribute {f}={e} uses loop variable {v} "
+                                            f"outside its loop")
+                dyn.append((f, e))
+        ins = TInstr(self._sid, op, dst, srcs, attrs, accum, engines, sw, tuple(dyn), self.tag)
+        self._sid += 1
+        self._stack[-1].append(ins)
+        return ins
+
+    def program(self, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> TProgram:
+        if len(self._stack) != 1:
+            raise LoweringError("program() inside an open loop")
+        return TProgram(self.target.name, tuple(self.buffers.values()), tuple(self._stack[0]),
+                        tuple(inputs), tuple(outputs))
+
+    # -- one method per ISA op (engine options in preference order) ---------------------------
+    def dma(self, dst: TAP, src: TAP, transpose: bool = False) -> TInstr:
+        return self.emit(Op.DMA_COPY, dst, (src,), DmaAttrs(transpose), engines=(EngineKind.DMA,))
+
+    def matmul(self, dst: TAP, stationary: TAP, moving: TAP, *,
+               start_when: tuple[AffineLike, ...] = (0,)) -> TInstr:
+        """``dst (+)= stationary.T @ moving``: a new accumulation group starts in the iterations
+        where every ``start_when`` expression is 0 (default: always, a single product); the
+        others accumulate. Pass the K-tile offsets of the enclosing K loops."""
+        sw = tuple(aff(v) for v in start_when)
+        if all(v.is_const for v in sw):
+            start = all(v.const == 0 for v in sw)
+            return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(not start),
+                             engines=(EngineKind.TENSOR,))
+        if any(v.is_const and v.const != 0 for v in sw):   # never all zero: always accumulates
+            return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(True),
+                             engines=(EngineKind.TENSOR,))
+        return self.emit(Op.MATMUL, dst, (stationary, moving), MatmulAttrs(True),
+                         engines=(EngineKind.TENSOR,), start_when=tuple(v for v in sw if not v.is_const))
+
+    def transpose(self, dst: TAP, src: TAP) -> TInstr:
+        return self.emit(Op.TRANSPOSE, dst, (src,), TransposeAttrs(), engines=(EngineKind.TENSOR,))
+
+    def activation(self, dst: TAP, src: TAP, func, *, scale: float = 1.0, bias: float = 0.0,
+                   bias_ap: TAP | None = None, scale_ap: TAP | None = None, reduce=None,
+                   accum: TAP | None = None) -> TInstr:
+        srcs = (src,) + tuple(a for a in (bias_ap, scale_ap) if a is not None)
+        attrs = ActivationAttrs(func, scale, bias, bias_ap is not None, scale_ap is not None, reduce)
+        return self.emit(Op.ACTIVATION, dst, srcs, attrs, engines=(EngineKind.SCALAR,), accum=accum)
+
+    def tensor_tensor(self, dst: TAP, a: TAP, b: TAP, op, engines=ELEMENTWISE) -> TInstr:
+        return self.emit(Op.TENSOR_TENSOR, dst, (a, b), TensorTensorAttrs(op), engines=engines)
+
+    def tensor_scalar(self, dst: TAP, src: TAP, op0, operand0: float | TAP = 0.0, *, reverse0=False,
+                      op1=None, operand1: float | TAP = 0.0, reverse1=False,
+                      engines=ELEMENTWISE) -> TInstr:
+        srcs = [src]
+        o0_ap = isinstance(operand0, TAP)
+        o1_ap = isinstance(operand1, TAP)
+        if o0_ap:
+            srcs.append(operand0)
+        if o1_ap:
+            srcs.append(operand1)
+        attrs = TensorScalarAttrs(op0, 0.0 if o0_ap else float(operand0), o0_ap, reverse0,
+                                  op1, 0.0 if o1_ap else float(operand1), o1_ap, reverse1)
+        return self.emit(Op.TENSOR_SCALAR, dst, srcs, attrs, engines=engines)
+
+    def tensor_reduce(self, dst: TAP, src: TAP, op, num_axes: int = 1, engines=ELEMENTWISE) -> TInstr:
+        return self.emit(Op.TENSOR_REDUCE, dst, (src,), TensorReduceAttrs(op, num_axes), engines=engines)
+
+    def tensor_copy(self, dst: TAP, src: TAP, engines=COPY_ENGINES) -> TInstr:
+        return self.emit(Op.TENSOR_COPY, dst, (src,), TensorCopyAttrs(), engines=engines)
+
+    def memset(self, dst: TAP, value: float, engines=ELEMENTWISE) -> TInstr:
+        return self.emit(Op.MEMSET, dst, (), MemsetAttrs(float(value)), engines=engines)
+
+    def iota(self, dst: TAP, base: AffineLike, partition_step: int, steps: tuple[int, ...]) -> TInstr:
+        return self.emit(Op.IOTA, dst, (), IotaAttrs(0, partition_step, steps),
+                         engines=(EngineKind.GPSIMD,), dyn_attrs=(("base", base),))
+
+    def select(self, dst: TAP, pred: TAP, on_true: TAP, on_false: TAP) -> TInstr:
+        return self.emit(Op.SELECT, dst, (pred, on_true, on_false), SelectAttrs(), engines=ELEMENTWISE)
+
+    def bn_stats(self, dst: TAP, src: TAP) -> TInstr:
+        return self.emit(Op.BN_STATS, dst, (src,), BnStatsAttrs(), engines=(EngineKind.VECTOR,))
+
+    def bn_aggr(self, dst: TAP, src: TAP) -> TInstr:
+        return self.emit(Op.BN_AGGR, dst, (src,), BnAggrAttrs(), engines=(EngineKind.VECTOR,))

@@ -1,0 +1,119 @@
+"""Schedule pass: one queue per tile-IR instruction (the same queue in every iteration).
+
+Engines run their instructions in order, so a loop body pipelines across iterations only when
+each engine's part of the body does not wait, in the middle, for another engine's work of the
+same iteration (an engine that hands a tile to another engine and later takes the result back
+stalls every iteration: the *ping-pong* of an in-order machine). The pass therefore treats a
+loop body as an assembly line:
+- an instruction that several engines can run (``TInstr.engines``) never goes to an engine that
+  already worked on its inputs upstream unless that engine produced one of them directly;
+- a tiny instruction (at most a few minimum initiation intervals) stays on the engine of its
+  producer, so it never waits behind big work on another engine;
+- otherwise the engine whose busy time, counted over the top-level statement (a kernel's loop
+  nest, each instruction weighted by how often it runs, every fixed-engine instruction counted
+  from the start) stays lowest. Estimates come from the simulator's cost table
+  (``runtime_sim.costs.instr_cost``) on the instruction's first iteration.
+DMA transfers go to the least-loaded DMA queue, round-robin on ties, so the static transfers of
+one body land on distinct queues (a queue's transfers run and complete in order).
+
+Invariants
+- Only the queue is chosen; correctness never depends on it (the sync pass derives every wait
+  from the bytes touched).
+- Every queue runs its instructions in program order.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from lowering.tir.analysis import Structure
+from lowering.tir.ir import TAP, TInstr, TProgram
+from runtime_sim.costs import clock_ghz, instr_cost
+from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
+from runtime_sim.targets import Target
+
+TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
+
+
+def machine_ap(tp: TProgram, a: TAP, byte_offset: int | None = None) -> AP:
+    """The machine AP of a tile access (``byte_offset`` defaults to the constant part)."""
+    mem = tp.buffer(a.buf).memory
+    off = a.offset.const if byte_offset is None else byte_offset
+    return AP(a.buf, mem, a.partition_start, a.partitions, off, a.dims, a.dtype)
+
+
+def probe_instr(tp: TProgram, ins: TInstr) -> Instr:
+    """A machine instruction with ``ins``'s shapes, for cost estimates."""
+    def m(a):
+        return None if a is None else machine_ap(tp, a)
+    return Instr(ins.op, m(ins.dst), tuple(m(s) for s in ins.srcs), ins.attrs, accum=m(ins.accum))
+
+
+def dma_queues(target: Target) -> list[Queue]:
+    return [dma_queue(e * target.dma_queues_per_engine) for e in range(target.dma_engines)]
+
+
+def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
+    c = instr_cost(probe, q, target)
+    return c.issue_ns if q.engine is EngineKind.DMA else c.busy_ns
+
+
+def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[int, Queue]:
+    st = st or Structure(tp)
+    dmas = dma_queues(target)
+    out: dict[int, Queue] = {}
+    regions: dict[int, list[int]] = defaultdict(list)
+    for sid in sorted(st.info):
+        regions[st.info[sid].top].append(sid)
+    dma_load: dict[Queue, float] = defaultdict(float)   # DMA queues: over the whole program
+    rr = [0]
+    for sids in regions.values():
+        _schedule_region(tp, st, sids, target, dmas, out, dma_load, rr)
+    return out
+
+
+def _schedule_region(tp, st, sids, target, dmas, out, dma_load, rr) -> None:
+    load: dict[Queue, float] = defaultdict(float)
+    probes: dict[int, Instr] = {}
+    for sid in sids:                                 # fixed engines count from the start
+        ins = st.info[sid].ins
+        probes[sid] = probe_instr(tp, ins)
+        if len(ins.engines) == 1 and ins.engines[0] is not EngineKind.DMA:
+            q = Queue(ins.engines[0])
+            load[q] += st.info[sid].count * _occupancy(probes[sid], q, target)
+    writer: dict[str, int] = {}                      # on-chip buffer -> its latest writer
+    upstream: dict[int, frozenset] = {}              # sid -> engines that worked on its inputs
+    for sid in sids:
+        inf = st.info[sid]
+        ins = inf.ins
+        n = inf.count
+        producers = [writer[a.buf] for a in ins.srcs if a.buf in writer]
+        direct = {out[p].engine for p in producers}
+        up: set = set()
+        for p in producers:
+            up |= upstream[p] | {out[p].engine}
+        if EngineKind.DMA in ins.engines:
+            best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[0]) % len(dmas)))
+            q = dmas[best]
+            rr[0] = (best + 1) % len(dmas)
+            dma_load[q] += n * _occupancy(probes[sid], q, target)
+        elif len(ins.engines) == 1:
+            q = Queue(ins.engines[0])
+        else:
+            q = _choose(ins, probes[sid], n, direct, up, load, target)
+            load[q] += n * _occupancy(probes[sid], q, target)
+        out[sid] = q
+        upstream[sid] = frozenset(up)
+        for a in ins.writes:
+            if tp.buffer(a.buf).memory is not Memory.HBM:
+                writer[a.buf] = sid
+
+
+def _choose(ins: TInstr, probe: Instr, n: int, direct: set, up: set, load, target: Target) -> Queue:
+    cands = [Queue(e) for e in ins.engines]
+    costs = {q: _occupancy(probe, q, target) for q in cands}
+    tiny = {q: costs[q] <= TINY_II * target.min_ii_cycles / clock_ghz(q.engine, target) for q in cands}
+    stay = [q for q in cands if q.engine in direct and tiny[q]]
+    if stay:
+        return min(stay, key=lambda q: costs[q])
+    ok = [q for q in cands if q.engine in direct or q.engine not in up] or cands
+    return min(ok, key=lambda q: (load[q] + n * costs[q], q.engine not in direct))

@@ -1,0 +1,314 @@
+"""Sync pass: semaphore waits for a tile program, derived per loop iteration from the bytes
+every instruction touches.
+
+Every awaited instruction ``Y`` gets its own counting semaphore ``s<sid>``, signalled by each of
+its executions, so after the execution with flat index ``n`` (see ``analysis``) completes the
+semaphore holds ``n + 1``. An instruction ``X`` that must run after some execution of ``Y`` (a
+read after write, write after read or write after write on overlapping bytes, different queues)
+waits until ``s<Y>`` reaches that execution's count: an affine function of ``X``'s loop
+variables. A count <= 0 means "no wait" for that iteration.
+
+How the awaited execution is found, for an access of ``X`` at iteration ``i`` and an access of
+``Y`` to the same buffer (one of them a write):
+- Same allocation (both inside the buffer's scope, same allocation number; for HBM tensors the
+  whole program is one allocation): the latest execution ``j`` of ``Y`` before ``X@i`` in
+  program order whose bytes may overlap. In the same iteration of every loop they share when
+  ``Y``'s statement comes first; otherwise in the previous iteration of the innermost shared
+  loop along which different iterations may overlap (shared loops along which iterations are
+  provably disjoint -- *separating* -- keep ``X``'s value).
+- Previous occupant of the slot (``X`` writes, the buffer rotates): the latest execution of
+  ``Y`` in allocation ``gen - bufs`` whose bytes may overlap.
+- ``Y``'s own loops that ``X`` does not share take their last value, unless a loop of ``X``
+  walks the same bytes with the same stride and separates them (then ``Y``'s variable equals
+  ``X``'s: a block loaded tile by tile is awaited tile by tile).
+- Another buffer that held the same SBUF/PSUM bytes earlier: the first occupancy of each slot
+  waits for that buffer's last accesses (constant counts).
+
+Invariants
+- Safety: every wait names an execution of ``Y`` that precedes ``X@i`` in program order (never
+  a later one: no deadlock), and it is no earlier than the latest conflicting execution (no
+  race). Approximations only ever wait for a *later* preceding execution (over-waiting).
+  ``emit`` checks the first property on every instance; the simulator's race detector checks
+  the second on every functional run.
+- Accesses on the same queue need no wait (queues run and complete in order).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from lowering.tir.affine import Affine
+from lowering.tir.analysis import InstrInfo, Structure, common_loops, flat_of, precedes_in_body
+from lowering.tir.ir import TAP, TBuf, TProgram
+from lowering.tir.plan import MemPlan
+from runtime_sim.isa import Memory, Queue
+
+
+@dataclass(frozen=True)
+class Wait:
+    sem: int                                 # sid of the awaited instruction
+    count: Affine                            # over the waiting instruction's loop variables
+    first_gen: tuple[Affine, int] | None = None   # only while this allocation number < limit
+
+
+@dataclass
+class SyncPlan:
+    waits: dict[int, tuple[Wait, ...]] = field(default_factory=dict)
+    signalers: set[int] = field(default_factory=set)
+
+    def text(self) -> str:
+        lines = []
+        for sid in sorted(self.waits):
+            ws = ", ".join(f"s{w.sem}>={w.count}" + (f" if {w.first_gen[0]}<{w.first_gen[1]}"
+                                                       if w.first_gen else "") for w in self.waits[sid])
+            lines.append(f"{sid:4d}: waits {ws}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Access:
+    info: InstrInfo
+    tap: TAP
+    write: bool
+
+    @property
+    def sid(self) -> int:
+        return self.info.ins.sid
+
+
+def _y(v: str) -> str:
+    return "y:" + v
+
+
+def _rename(a: Affine) -> Affine:
+    return Affine(a.const, tuple((_y(v), c) for v, c in a.terms))
+
+
+def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
+                st: Structure | None = None) -> SyncPlan:
+    st = st or Structure(tp)
+    by_buf: dict[str, list[_Access]] = defaultdict(list)
+    for sid in sorted(st.info):
+        inf = st.info[sid]
+        for a, w in inf.ins.accesses():
+            by_buf[a.buf].append(_Access(inf, a, w))
+    found: dict[int, dict[int, list[Wait]]] = defaultdict(lambda: defaultdict(list))
+
+    for name, accs in by_buf.items():
+        buf = tp.buffer(name)
+        for x in accs:
+            for y in accs:
+                if x.sid == y.sid or not (x.write or y.write):
+                    continue
+                if queues[x.sid] == queues[y.sid]:
+                    continue
+                w = _same_buffer(st, buf, x, y)
+                if w is not None:
+                    found[x.sid][y.sid].append(w)
+
+    # members of one alias group: every write waits for the latest preceding access of the others
+    groups: dict[str, list[str]] = defaultdict(list)
+    for b in tp.buffers:
+        if b.alias is not None and b.name in by_buf:
+            groups[b.alias].append(b.name)
+    for root, members in groups.items():
+        names = [root] + members if root in by_buf else members
+        for xn in names:
+            for yn in names:
+                if xn == yn:
+                    continue
+                for x in by_buf[xn]:
+                    if not x.write:
+                        continue
+                    for y in by_buf[yn]:
+                        if queues[x.sid] != queues[y.sid]:
+                            w = _same_buffer(st, None, x, y)
+                            if w is not None:
+                                found[x.sid][y.sid].append(w)
+
+    _cross_buffer(tp, st, plan, by_buf, queues, found)
+
+    out = SyncPlan()
+    for xs, per_y in found.items():
+        ws: list[Wait] = []
+        for ys, lst in sorted(per_y.items()):
+            ws.extend(_dominant(lst))
+        out.waits[xs] = tuple(ws)
+        out.signalers.update(per_y)
+    return out
+
+
+def _dominant(ws: list[Wait]) -> list[Wait]:
+    """Drop waits on one semaphore that another wait always matches or exceeds."""
+    keep: list[Wait] = []
+    for w in sorted(set(ws), key=lambda w: (w.first_gen is not None, -w.count.const, str(w.count))):
+        if any(k.first_gen is None and (k.count - w.count).is_const and (k.count - w.count).const >= 0
+               for k in keep):
+            continue
+        keep.append(w)
+    return keep
+
+
+# ---- overlap algebra ------------------------------------------------------------------------
+def _window(a: TAP, b: TAP) -> tuple[int, int]:
+    """Overlap of [off_b + span_b) and [off_a + span_a) <=> off_b - off_a in [lo, hi]."""
+    alo, ahi = a.byte_span()
+    blo, bhi = b.byte_span()
+    return alo - bhi + 1, ahi - blo - 1
+
+
+def _can_overlap(diff: Affine, win: tuple[int, int], dom: dict[str, int]) -> bool:
+    lo, hi = diff.bounds(dom)
+    return lo <= win[1] and hi >= win[0]
+
+
+def _separating(diff: Affine, yv: str, xv: str, win: tuple[int, int], dom: dict[str, int]) -> bool | None:
+    """``diff = c*(yv - xv) + rest`` with the same ``c`` on both: True when only ``yv == xv``
+    can overlap, None when not even that can (never overlaps), False otherwise."""
+    c = diff.coef(yv)
+    if c == 0 or diff.coef(xv) != -c:
+        return False
+    rest = diff - Affine.var(yv) * c + Affine.var(xv) * c
+    rlo, rhi = rest.bounds(dom)
+    if not (rlo <= win[1] and rhi >= win[0]):
+        return None
+    c = abs(c)
+    return c + rlo > win[1] and -c + rhi < win[0]
+
+
+def _choose_free(diff: Affine, free: list[tuple[str, int]], xvars: list[tuple[str, int]],
+                 win: tuple[int, int], dom: dict[str, int]) -> dict[str, Affine] | None:
+    """Values for ``Y``'s free (renamed) variables, outermost first: the variable of a loop of
+    ``X`` that separates it, else its last value. None when no choice can overlap."""
+    choice: dict[str, Affine] = {}
+    used: set[str] = set()
+    for yv, cnt in free:
+        c = diff.coef(yv)
+        if c == 0:
+            choice[yv] = Affine(cnt - 1)
+            continue
+        picked = None
+        for xv, xc in xvars:
+            if xv in used or diff.coef(xv) != -c:
+                continue
+            sep = _separating(diff, yv, xv, win, dom)
+            if sep is None:
+                return None
+            if sep and xc <= cnt:
+                picked = xv
+                break
+        if picked is None:
+            choice[yv] = Affine(cnt - 1)     # over-approximation: the latest of all
+            continue
+        used.add(picked)
+        choice[yv] = Affine.var(picked)
+        diff = diff.subs({yv: Affine.var(picked)})
+    if not _can_overlap(diff, win, dom):
+        return None
+    return choice
+
+
+ALWAYS = (-(1 << 62), 1 << 62)   # an overlap window no difference escapes
+
+
+def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wait | None:
+    """``buf=None``: two members of an alias group, assumed to overlap everywhere (no
+    allocation numbers: the latest preceding access)."""
+    a, b = x.tap, y.tap
+    if buf is not None and (a.partition_start + a.partitions <= b.partition_start
+                            or b.partition_start + b.partitions <= a.partition_start):
+        return None
+    X, Y = x.info, y.info
+    c = common_loops(X, Y)
+    k = -1
+    if buf is not None and buf.scope is not None:
+        k = next(i for i, lp in enumerate(X.loops) if lp.var == buf.scope)
+        assert k < c, (buf.name, x.sid, y.sid)
+    win = _window(a, b) if buf is not None else ALWAYS
+    dom = X.counts()
+    dom.update({_y(lp.var): lp.count for lp in Y.loops})
+    xvars = [(lp.var, lp.count) for lp in X.loops]
+    yflat = _rename(flat_of(Y.loops))
+    boff = _rename(b.offset)
+
+    # same allocation: gen levels (0..k) are X's
+    eq = {_y(Y.loops[m].var): Affine.var(Y.loops[m].var) for m in range(k + 1)}
+    inner = list(range(k + 1, c))                       # shared loops inside the scope
+    priv = [(_y(lp.var), lp.count) for lp in Y.loops[c:]]
+    if precedes_in_body(Y, X, c):
+        sub = dict(eq)
+        sub.update({_y(Y.loops[m].var): Affine.var(Y.loops[m].var) for m in inner})
+        diff = boff.subs(sub) - a.offset
+        ch = _choose_free(diff, priv, xvars, win, dom)
+        if ch is not None:
+            sub.update(ch)
+            return Wait(y.sid, yflat.subs(sub) + 1)
+    # loop-carried within the allocation: innermost shared loop that does not separate
+    for lvl in reversed(inner):
+        v = Y.loops[lvl].var
+        sub = dict(eq)
+        sub.update({_y(Y.loops[m].var): Affine.var(Y.loops[m].var) for m in inner if m != lvl})
+        diff = boff.subs(sub) - a.offset
+        sep = _separating(diff, _y(v), v, win, dom)
+        if sep is None:
+            break                                       # never overlaps at all
+        if sep:
+            continue
+        sub[_y(v)] = Affine.var(v) - 1
+        diff = boff.subs(sub) - a.offset
+        ch = _choose_free(diff, priv, xvars, win, dom)
+        if ch is None:
+            ch = {yv: Affine(cnt - 1) for yv, cnt in priv}
+        sub.update(ch)
+        return Wait(y.sid, yflat.subs(sub) + 1)
+    # previous occupant of the slot
+    if k >= 0 and x.write:
+        gen = st.gen(buf, x.sid)
+        stride = st.gen_stride(buf, y.sid)
+        ifree = [(_y(lp.var), lp.count) for lp in Y.loops[k + 1:]]
+        diff = boff - a.offset
+        # Y's gen-level variables range freely (another allocation): keep them free in diff
+        ch = _choose_free(diff, ifree, xvars, win, dom)
+        if ch is None:
+            return None
+        iflat = _rename(flat_of(Y.loops[k + 1:])).subs(ch)
+        return Wait(y.sid, (gen - buf.bufs) * stride + iflat + 1)
+    return None
+
+
+def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, list[_Access]],
+                  queues: dict[int, Queue], found) -> None:
+    """First occupancy of bytes that an earlier buffer held: wait for its last accesses."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for b in tp.buffers:
+        if b.name in plan.offsets:
+            members[b.alias or b.name].append(b.name)
+    for mem in (Memory.SBUF, Memory.PSUM):
+        bufs = [b for b in tp.buffers if b.memory is mem and b.name in plan.offsets and b.alias is None]
+        bufs.sort(key=lambda b: (plan.lifetimes[b.name][0], b.name))
+        owners: list[tuple[int, int, str]] = []
+        for b in bufs:
+            lo = plan.offsets[b.name]
+            hi = lo + plan.size(b)
+            preds = {o for (l, h, o) in owners if l < hi and lo < h}
+            if preds:
+                writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
+                for pname in sorted(preds):
+                    last = {y.sid: y.info.count for m in members[pname] for y in by_buf[m]}
+                    for x in writers:
+                        xb = tp.buffer(x.tap.buf)
+                        guard = (st.gen(xb, x.sid), xb.bufs) if xb.scope is not None else None
+                        for ys, n in last.items():
+                            if queues[ys] != queues[x.sid]:
+                                found[x.sid][ys].append(Wait(ys, Affine(n), guard))
+            kept: list[tuple[int, int, str]] = []
+            for (l, h, o) in owners:
+                if h <= lo or l >= hi:
+                    kept.append((l, h, o))
+                    continue
+                if l < lo:
+                    kept.append((l, lo, o))
+                if h > hi:
+                    kept.append((hi, h, o))
+            kept.append((lo, hi, b.name))
+            owners = kept
