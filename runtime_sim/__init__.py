@@ -14,8 +14,8 @@ Invariant: this package imports numpy and ml_dtypes only -- never torch, ``lower
 ``neuron_compiler``. A program for it can be written by hand, by a test or by the compiler.
 """
 from .isa import (AP, ATTRS_OF_OP, ENGINES_OF_OP, GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc,
-                  ActivationAttrs, AluOp, BnAggrAttrs, BnStatsAttrs, Buffer, DmaAttrs, DType,
-                  EngineKind, Instr, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
+                  ActivationAttrs, AluOp, BnAggrAttrs, BnStatsAttrs, Buffer, DmaAttrs,
+                  DmaGatherAttrs, DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
                   Program, Queue, SelectAttrs, SemAttrs, TensorCopyAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, TransposeAttrs, ap,
                   dma_queue, tile_ap)
@@ -32,7 +32,8 @@ from .trace import to_chrome_trace, write_chrome_trace
 
 __all__ = [
     "AP", "ATTRS_OF_OP", "ENGINES_OF_OP", "GPSIMD", "SCALAR", "TENSOR", "VECTOR", "ActFunc",
-    "ActivationAttrs", "AluOp", "BnAggrAttrs", "BnStatsAttrs", "Buffer", "DmaAttrs", "DType",
+    "ActivationAttrs", "AluOp", "BnAggrAttrs", "BnStatsAttrs", "Buffer", "DmaAttrs",
+    "DmaGatherAttrs", "DmaScatterAttrs", "DType",
     "EngineKind", "Instr", "IotaAttrs", "MatmulAttrs", "Memory", "MemsetAttrs", "Op", "OpAttrs",
     "Program", "Queue", "SelectAttrs", "SemAttrs", "TensorCopyAttrs", "TensorReduceAttrs",
     "TensorScalarAttrs", "TensorTensorAttrs", "TensorTensorScanAttrs", "TransposeAttrs", "ap",

@@ -31,6 +31,14 @@ Static rules (checked once per program, before it runs; ``simulate(checks=False)
   32, DMA sides of one dtype (DMA does not cast) and equal element counts, DMA transpose only on
   2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
   elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512.
+- Indirect DMA (OperandError; layout in isa.py): the index is an int32/int64 SBUF AP; the table
+  an HBM AP of at least 1 + len(index.dims) + 1 dims whose lock-step sizes equal the index AP's
+  shape and with at most 2 row dims; the data an SBUF AP of the table's dtype (no cast) with the
+  index's partitions and ``lookups per partition x row`` free elements. Scatter: rows are
+  injective (the table AP itself names an element once per lookup, by design, so it is exempt
+  from the written-AP rule); accumulate only onto a float table (the DMA adds in fp32).
+  The indexed dim's size is the bound; out-of-range lookup values are a run-time BoundsError
+  (functional mode: values are only known then) naming the value, the lookup and the bound.
 
 - PSUM accumulation groups (PsumAccumulateError, ``PsumGroups``): in TensorE program order, one
   open matmul accumulation group per PSUM bank; an accumulating matmul must land inside its
@@ -45,8 +53,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
-                  EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue, TensorReduceAttrs,
-                  TensorScalarAttrs, TensorTensorScanAttrs)
+                  DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
+                  TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout)
 from .targets import Target
 
 
@@ -271,6 +279,8 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
     if ins.accum is not None and op is not Op.ACTIVATION:
         raise OperandError(f"only activation has an accum destination, got one on {op.value}")
     for a in ins.writes:
+        if op is Op.DMA_SCATTER:
+            continue                      # the table AP: checked by _r_indirect
         if not is_injective(a.dims):
             raise AccessPatternError(f"written AP {a} addresses some element more than once")
     all_aps = ins.writes + ins.srcs
@@ -305,6 +315,51 @@ def _r_dma(ins: Instr, q: Queue, t: Target) -> None:
         (r, c), (dr, dc) = dma_2d(s), dma_2d(d)
         if (dr, dc) != (c, r):
             raise OperandError(f"DMA transpose: src is {r}x{c}, dst must be {c}x{r}, got {dr}x{dc}")
+
+
+_INDEX_DTYPES = (DType.INT32, DType.INT64)
+
+
+def _r_indirect(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 2)
+    name = ins.op.value
+    scatter = ins.op is Op.DMA_SCATTER
+    data, table = (ins.srcs[0], ins.dst) if scatter else (ins.dst, ins.srcs[0])
+    index = ins.srcs[1]
+    assert data is not None and table is not None
+    if index.memory is not Memory.SBUF or index.dtype not in _INDEX_DTYPES:
+        raise OperandError(f"{name} index must be int32/int64 in SBUF, got {index.dtype.value} in "
+                           f"{index.memory.value} ({index})")
+    if table.memory is not Memory.HBM:
+        raise OperandError(f"{name} table must be in HBM, got {table.memory.value} ({table})")
+    if data.memory is not Memory.SBUF:
+        raise OperandError(f"{name} data side must be in SBUF, got {data.memory.value} ({data})")
+    if data.dtype is not table.dtype:
+        raise OperandError(f"DMA does not cast: {name} data dtype {data.dtype.value} != table dtype "
+                           f"{table.dtype.value}")
+    if len(table.dims) < len(index.dims) + 2:
+        raise OperandError(f"{name} table AP needs {len(index.dims) + 2}+ dims (lock-step x "
+                           f"{len(index.dims) + 1}, indexed, rows), got {len(table.dims)} ({table})")
+    lock, _, row = indirect_layout(table, index)
+    if tuple(sz for _, sz in lock) != index.shape:
+        raise OperandError(f"{name} lock-step dims of the table must have the index shape "
+                           f"{index.shape}, got {tuple(sz for _, sz in lock)} ({table})")
+    if len(row) > 2:
+        raise OperandError(f"{name} rows have at most 2 dims, got {len(row)} ({table})")
+    row_elems = 1
+    for _, sz in row:
+        row_elems *= sz
+    if data.partitions != index.partitions or data.free_size != index.free_size * row_elems:
+        raise OperandError(f"{name} data must be [{index.partitions} partitions x "
+                           f"{index.free_size} lookups x {row_elems} row elements], got "
+                           f"[{data.partitions} x {data.free_size}] ({data})")
+    if scatter:
+        if not is_injective(row):
+            raise AccessPatternError(f"dma_scatter row dims {row} address some element more than once")
+        assert isinstance(ins.attrs, DmaScatterAttrs)
+        if ins.attrs.accumulate and not table.dtype.is_float:
+            raise OperandError(f"dma_scatter accumulate adds in fp32: the table must be a float "
+                               f"type, got {table.dtype.value}")
 
 
 def dma_2d(a: AP) -> tuple[int, int]:
@@ -520,6 +575,7 @@ _OPERAND_RULES = {
     Op.TENSOR_SCALAR: _r_ts,
     Op.TENSOR_REDUCE: _r_reduce, Op.TENSOR_COPY: _r_copy, Op.MEMSET: _r_none, Op.IOTA: _r_none,
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
+    Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect,
 }
 
 

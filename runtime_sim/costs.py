@@ -72,6 +72,14 @@ DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/si
   occupancy: it overlaps other transfers on every engine, which is how one trn2 engine moves
   32 KiB in 1,416 ns in steady state (hardware.md) although a lone transfer takes ~1.3 us more.
 - A queue's DMAs complete (signal their semaphores) in issue order.
+- Indirect DMA (``dma_gather`` / ``dma_scatter``): the same engine spread (by the SBUF data
+  side's partitions), HBM server and fixed latency as a copy; one descriptor per contiguous run
+  of each looked-up row (a contiguous row is one descriptor), each charged
+  ``dma_chunk_overhead_bytes`` of engine time like any chunk, so rows < 256 B are
+  overhead-bound; descriptor generation (software DGE) occupies the queue for
+  ``dma_swdge_ns`` per instruction (ASSUMED, targets.py). ``accumulate`` scatter reads and writes
+  each row (its bytes and descriptors count twice on the engines and on HBM). The index read
+  (a few bytes per lookup, SBUF) and GpSimd's time generating descriptors are not modelled.
 """
 from __future__ import annotations
 
@@ -80,7 +88,8 @@ from typing import Callable, NamedTuple
 
 from .checks import contiguous_run_elems
 from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
-                  Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs)
+                  Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
+                  indirect_layout)
 from .targets import Target
 
 
@@ -290,13 +299,46 @@ def c_dma(ins: Instr, eng: EngineKind, t: Target) -> Cost:
                 lo, hi)
 
 
+def indirect_bytes(ins: Instr) -> tuple[int, int, int]:
+    """(bytes moved, descriptors, HBM bytes) of an indirect DMA (see the module docstring)."""
+    scatter = ins.op is Op.DMA_SCATTER
+    table = ins.dst if scatter else ins.srcs[0]
+    index = ins.srcs[1]
+    assert table is not None
+    row = indirect_layout(table, index)[2]
+    lookups = index.num_elements
+    row_elems = 1
+    for _, sz in row:
+        row_elems *= sz
+    runs = row_elems // max(1, contiguous_run_elems(row))
+    nbytes = lookups * row_elems * table.dtype.itemsize
+    rmw = 2 if scatter and ins.attrs.accumulate else 1  # type: ignore[union-attr]
+    return nbytes * rmw, lookups * runs * rmw, nbytes * rmw
+
+
+def c_dma_indirect(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    side = ins.srcs[0] if ins.op is Op.DMA_SCATTER else ins.dst
+    assert side is not None
+    nbytes, desc, hbm = indirect_bytes(ins)
+    ppe = t.dma_partitions_per_engine
+    p0, p1 = side.partition_start, side.partition_start + side.partitions
+    lo, hi = p0 // ppe, min(t.dma_engines, (p1 - 1) // ppe + 1)
+    most = max(min(p1, (e + 1) * ppe) - max(p0, e * ppe) for e in range(lo, hi))
+    share = most / side.partitions
+    bw = t.dma_engine_bytes_per_ns * t.dma_efficiency
+    data = (nbytes * share + desc * share * t.dma_chunk_overhead_bytes) / bw
+    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_swdge_ns, hbm / t.hbm_bytes_per_ns_per_core,
+                lo, hi)
+
+
 COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.DMA_COPY: c_dma, Op.MATMUL: c_matmul, Op.TRANSPOSE: c_transpose,
     Op.ACTIVATION: c_activation, Op.TENSOR_TENSOR: c_tensor_tensor,
     Op.TENSOR_TENSOR_SCAN: c_tensor_tensor_scan,
     Op.TENSOR_SCALAR: c_tensor_scalar, Op.TENSOR_REDUCE: c_tensor_reduce,
     Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
-    Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.SEM: c_sem,
+    Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.DMA_GATHER: c_dma_indirect,
+    Op.DMA_SCATTER: c_dma_indirect, Op.SEM: c_sem,
 }
 assert set(COSTS) == set(Op), "every op needs a cost function"
 

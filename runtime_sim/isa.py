@@ -20,6 +20,18 @@ Invariants
   one when it completes.
 - Offsets of SBUF/PSUM buffers are decided by the memory planner (``Buffer.offset``), never by
   the code that emits the instructions.
+- Indirect DMA (``dma_gather`` / ``dma_scatter``; NKI: ``dma_copy`` with a ``vector_offset``
+  access pattern, software descriptor generation) has three operands: an *index* AP in SBUF
+  (int32/int64) of shape ``(P, *I)``, one lookup per element, in row-major order; a *table* AP in
+  HBM whose dims are, outermost first, the **lock-step dims** (one per index axis: the partition
+  axis, then each free dim of the index, with the same sizes as the index AP's shape; stride 0
+  when every lookup reads the same table), the **indexed dim** ``(stride, V)`` (``V`` is the
+  bound: a lookup value must lie in ``[0, V)``), then the **row dims** (0-2, one row per lookup);
+  and a *data* AP in SBUF of ``P`` partitions holding ``prod(I) x row`` elements per partition.
+  Lookup ``(p, i)`` addresses the table element at ``byte_offset + (lockstep(p, i) + index[p, i]
+  * indexed_stride + row offset) * itemsize``, so the table AP's bounding box is exactly the bytes
+  the instruction may touch. gather: ``dst`` = data, ``srcs = (table, index)``; scatter:
+  ``dst`` = table, ``srcs = (data, index)``.
 """
 from __future__ import annotations
 
@@ -238,6 +250,8 @@ class Op(enum.Enum):
     SELECT = "select"
     BN_STATS = "bn_stats"
     BN_AGGR = "bn_aggr"
+    DMA_GATHER = "dma_gather"    # indirect DMA: rows of an HBM table by an SBUF index
+    DMA_SCATTER = "dma_scatter"  # indirect DMA: rows into an HBM table by an SBUF index
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -404,13 +418,29 @@ class BnAggrAttrs:
 
 
 @dataclass(frozen=True)
+class DmaGatherAttrs:
+    """``dst[p, i, row] = table[lockstep(p, i) + index[p, i] * indexed_stride + row]``; srcs =
+    (table, index); an index outside ``[0, V)`` is a machine error (NKI ``oob_mode.error``)."""
+
+
+@dataclass(frozen=True)
+class DmaScatterAttrs:
+    """``table[lockstep(p, i) + index[p, i] * indexed_stride + row] (+)= data[p, i, row]``;
+    srcs = (data, index); lookups are applied in row-major (p, i) order. ``accumulate``: NKI's
+    ``dst_rmw_op=add`` (fp32 in the DMA engine, rounded to the table dtype per lookup)."""
+
+    accumulate: bool = False
+
+
+@dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
 
 
 OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
-                MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, SemAttrs]
+                MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
+                DmaScatterAttrs, SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -418,7 +448,8 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.TENSOR_TENSOR_SCAN: TensorTensorScanAttrs, Op.TENSOR_SCALAR: TensorScalarAttrs,
     Op.TENSOR_REDUCE: TensorReduceAttrs,
     Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
-    Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs, Op.SEM: SemAttrs,
+    Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
+    Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -437,6 +468,8 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.SELECT: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
     Op.BN_STATS: frozenset({EngineKind.VECTOR}),
     Op.BN_AGGR: frozenset({EngineKind.VECTOR}),
+    Op.DMA_GATHER: frozenset({EngineKind.DMA}),
+    Op.DMA_SCATTER: frozenset({EngineKind.DMA}),
     Op.SEM: frozenset(EngineKind),
 }
 
@@ -518,6 +551,14 @@ def ap(buf: Buffer, dtype: DType, dims: tuple[tuple[int, int], ...] | list, *,
         partitions = 1 if buf.memory is Memory.HBM else buf.partitions
     return AP(buf.name, buf.memory, partition_start, partitions, byte_offset,
               tuple((int(st), int(sz)) for st, sz in dims), dtype)
+
+
+def indirect_layout(table: AP, index: AP) -> tuple[tuple[tuple[int, int], ...], tuple[int, int],
+                                                     tuple[tuple[int, int], ...]]:
+    """Split an indirect DMA's table dims into (lock-step dims, indexed dim, row dims) for the
+    index AP ``index`` (see the module docstring); no validation (checks.py does that)."""
+    n = 1 + len(index.dims)
+    return table.dims[:n], table.dims[n], table.dims[n + 1:]
 
 
 def tile_ap(buf: Buffer, dtype: DType, partitions: int, free: int, *, partition_start: int = 0,

@@ -39,6 +39,14 @@ Conventions (the executable spec of the ISA)
 - ``tensor_copy``: same dtype -> exact copy; int -> int exact (saturating); otherwise through fp32.
 - ``bn_stats``: [P, 2] = (mean, population variance) of the free elements; ``bn_aggr``: combine
   k (mean, var) pairs of equal counts: mean = avg(mean_i), var = avg(var_i + (mean_i - mean)^2).
+- ``dma_gather`` / ``dma_scatter`` (indirect DMA; operand layout in isa.py): lookups in row-major
+  ``(p, i)`` order of the index AP; every lookup value must lie in ``[0, V)`` of the table's
+  indexed dim, else BoundsError naming the value, the lookup and the bound (nothing is written).
+  Bytes are copied exactly (no cast). Gather reads only the rows it looks up (a never-written
+  row is an uninitialised read; the rest of the table is not read). Scatter writes the rows in
+  lookup order, so with duplicate indices the last lookup wins; with ``accumulate`` each lookup
+  reads its row, adds in fp32 and rounds to the table dtype before the next one (NKI
+  ``dst_rmw_op=add``; DMA compute is fp32), and the row must have been written before.
 - ``sem``: nothing.
 """
 from __future__ import annotations
@@ -48,10 +56,10 @@ from typing import Callable
 
 import numpy as np
 
-from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, IotaAttrs,
-                  MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs, TensorScalarAttrs,
-                  TensorTensorAttrs, TensorTensorScanAttrs)
-from .checks import dma_2d
+from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
+                  Instr, IotaAttrs, MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs,
+                  TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout)
+from .checks import BoundsError, dma_2d
 from .memory import MachineMemory
 
 F32 = np.float32
@@ -331,6 +339,64 @@ def bn_aggr(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
 
 
+def _lookups(m: MachineMemory, table: AP, index: AP) -> tuple[list[AP], int]:
+    """The row AP of every lookup, in (p, i) order, and the row's element count; raises
+    BoundsError (nothing touched yet) when a lookup value is outside the indexed dim."""
+    lock, (vst, bound), row = indirect_layout(table, index)
+    idx = m.read(index).reshape(-1).astype(np.int64)
+    bad = np.flatnonzero((idx < 0) | (idx >= bound))
+    if bad.size:
+        j = int(bad[0])
+        where = tuple(int(c) for c in np.unravel_index(j, index.shape))
+        raise BoundsError(f"index value {int(idx[j])} of lookup {where} (partition "
+                          f"{index.partition_start + where[0]} of {index.buffer}) is outside the "
+                          f"bound [0, {bound}) of the table's indexed dim ({table}); "
+                          f"{bad.size} of {idx.size} lookups are out of range")
+    base = np.zeros(index.shape, dtype=np.int64)
+    for axis, (st, sz) in enumerate(lock):
+        if st:
+            shape = [1] * len(lock)
+            shape[axis] = sz
+            base += (np.arange(sz, dtype=np.int64) * st).reshape(shape)
+    offs = base.reshape(-1) + idx * vst
+    isz = table.dtype.itemsize
+    dims = row if row else ((1, 1),)
+    n = 1
+    for _, sz in dims:
+        n *= sz
+    aps = [AP(table.buffer, table.memory, 0, 1, table.byte_offset + int(o) * isz, dims, table.dtype)
+           for o in offs]
+    return aps, n
+
+
+def dma_gather(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    table, index = ins.srcs
+    aps, n = _lookups(m, table, index)
+    rows: dict[int, np.ndarray] = {}
+    out = np.empty((len(aps), n), dtype=table.dtype.np)
+    for j, a in enumerate(aps):
+        r = rows.get(a.byte_offset)
+        if r is None:
+            r = rows[a.byte_offset] = m.read(a).reshape(-1)
+        out[j] = r
+    m.write(_dst(ins), out.reshape(-1))
+
+
+def dma_scatter(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    data, index = ins.srcs
+    table = _dst(ins)
+    assert isinstance(ins.attrs, DmaScatterAttrs)
+    aps, n = _lookups(m, table, index)
+    x = m.read(data).reshape(len(aps), n)
+    if not ins.attrs.accumulate:
+        for j, a in enumerate(aps):
+            m.write(a, x[j])
+        return
+    xf = x.astype(F32)
+    for j, a in enumerate(aps):
+        m.write(a, m.read_f32(a).reshape(-1) + xf[j])
+
+
 def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     return None
 
@@ -340,6 +406,7 @@ SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.ACTIVATION: activation, Op.TENSOR_TENSOR: tensor_tensor,
     Op.TENSOR_TENSOR_SCAN: tensor_tensor_scan, Op.TENSOR_SCALAR: tensor_scalar,
     Op.TENSOR_REDUCE: tensor_reduce, Op.TENSOR_COPY: tensor_copy, Op.MEMSET: memset,
-    Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr, Op.SEM: sem,
+    Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr,
+    Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.SEM: sem,
 }
 assert set(SEMANTICS) == set(Op), "every op needs a semantics function"

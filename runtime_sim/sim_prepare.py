@@ -26,7 +26,7 @@ from typing import Callable
 
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
                      check_waits)
-from .costs import Cost, clock_ghz, depends_on_previous, instr_cost
+from .costs import Cost, clock_ghz, depends_on_previous, indirect_bytes, instr_cost
 from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue
 from .targets import Target
 
@@ -68,6 +68,8 @@ class _Static:
             assert d0 is not None
             self.dma_bytes = s0.bytes
             self.hbm_bytes = s0.bytes * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
+        elif ins.op is Op.DMA_GATHER or ins.op is Op.DMA_SCATTER:
+            self.dma_bytes, _, self.hbm_bytes = indirect_bytes(ins)
         elif tgt.shared_ports and ins.op is not Op.SEM:
             mems = {a.memory for a in ins.writes + ins.srcs}
             e = q.engine
@@ -86,7 +88,8 @@ _COST_ATTRS: dict[Op, Callable[[object], object]] = {
     Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
     Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
     Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
-    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.SEM: lambda a: None,
+    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.DMA_GATHER: lambda a: None,
+    Op.DMA_SCATTER: lambda a: a.accumulate, Op.SEM: lambda a: None,
 }
 
 

@@ -36,8 +36,10 @@ race detection costs several times the simulation itself). ``checks=False`` skip
 (memory bounds are still guarded in functional mode).
 
 Dynamic costs (costs.py): the TensorE power ramp on trn2/trn3 and the exposed LoadStationary
-(``TensorRamp``), the NC-v2 shared SBUF/PSUM ports on trn1 (``SharedPorts``). Not modelled:
-indirect (gather) DMA. docs/simulator.md states the whole model and its calibration.
+(``TensorRamp``), the NC-v2 shared SBUF/PSUM ports on trn1 (``SharedPorts``). Indirect DMA
+(``dma_gather``/``dma_scatter``) is timed like a copy with one descriptor per looked-up row;
+its bounds check on index values runs in functional mode only (timing mode has no values).
+docs/simulator.md states the whole model and its calibration.
 
 Statistics (SimStats): ``total_ns`` = last completion; ``engine_busy_ns`` per engine name (pe,
 dve, act, pool: sum of busy time; dma: union of the DMA data phases of all queues);

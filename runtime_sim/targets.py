@@ -77,6 +77,15 @@ class Target:
     # Sustained fraction of dma_engine_bytes_per_ns that DMA data phases reach (1.0: the
     # documented figure is the sustained rate). FITTED on trn1, see TRN1 below.
     dma_efficiency: float = 1.0
+    # Indirect DMA (dma_gather / dma_scatter): its descriptors depend on index values in SBUF, so
+    # they are generated at run time by software DGE on GpSimd (nki-dge.rst: "swdge is the only
+    # mode that supports indirect (gather/scatter) operations"), one descriptor per lookup row
+    # (each pays dma_chunk_overhead_bytes in the data phase, like any contiguous chunk).
+    # ASSUMED (no published software-DGE figure; nki-dge.rst only says it "consumes GpSimd
+    # cycles"): generation occupies the queue as long as hardware DGE's documented ~600 ns per
+    # instruction (nki-dge.rst, hardware.md DMA), on every target (trn1's pre-built descriptors
+    # cannot serve data-dependent addresses).
+    dma_swdge_ns: float = 600.0
 
     # --- TensorE power ramp (trn2/trn3; hardware.md, tools/neuron-explorer/overview-summary-page.rst:
     # "starts near 50% speed and ramps to full over ~3 us; falls back if utilisation drops below
