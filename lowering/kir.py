@@ -18,6 +18,12 @@ Invariants
   ``[*B, M, K] @ [*B, K, N]`` (one or more batch axes); its optional epilogue expression has
   one ACC leaf (the fp32 product) and LOAD leaves indexing ``ins[2:]``, which are views of the
   output's shape.
+- A GATHER kernel computes ``outs[0][I, R] = ins[0][I, ins[1][I], R]``: ``ins[1]`` is the
+  integer index (shape ``I``, one lookup per element), ``ins[0]`` a view of the table of shape
+  ``(*I, V, *R)`` whose first ``len(I)`` axes are lock-step with the index (stride 0 when every
+  lookup reads the same table: an embedding), axis ``attrs.axis == len(I)`` is the indexed axis
+  of size ``attrs.bound == V``, and ``R`` is the row each lookup copies; ``outs[0]`` has shape
+  ``(*I, *R)`` and the table's dtype. Values are copied as bytes (no arithmetic).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
   produce in eager), so fusion does not change rounding.
@@ -192,6 +198,7 @@ class KKind(enum.Enum):
     REDUCE = "reduce"
     SOFTMAX = "softmax"
     LAYER_NORM = "layer_norm"
+    GATHER = "gather"
 
 
 class ReduceOp(enum.Enum):
@@ -237,7 +244,16 @@ class LayerNormKAttrs:
     has_bias: bool
 
 
-KAttrs = PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs
+@dataclass(frozen=True)
+class GatherKAttrs:
+    """Row/element gather (see the module docstring): ``axis`` is the table view's indexed axis
+    (= the index's rank), ``bound`` its size; a lookup value outside ``[0, bound)`` is an error."""
+
+    axis: int
+    bound: int
+
+
+KAttrs = PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
 
 
 @dataclass(frozen=True)
