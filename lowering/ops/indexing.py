@@ -6,6 +6,8 @@
 - ``aten.gather.default(x, dim, index, sparse_grad)``: an element gather,
   ``out[I] = x[I with I[dim] := index[I]]``; the other axes of ``x`` walk in lock-step with the
   index (``index.size(d) <= x.size(d)`` for ``d != dim``, as torch requires).
+- ``aten.index_select.default(x, dim, index)``: ``out[A, k, B] = x[A, index[k], B]``, a gather
+  of the blocks ``x[A, i, :]`` whose lookups are ``(A, k)`` (the index broadcast over ``A``).
 
 Engine: DMA only -- index tiles loaded by DMA, one indirect DMA (``dma_gather``) per tile of up
 to 128 lookups, the rows stored by DMA (``tiling/gather.py``); any index shape, any row length
@@ -47,6 +49,7 @@ def _check_embedding(node: fx.Node) -> str | None:
 
 
 def _check_gather(node: fx.Node) -> str | None:
+    """gather(x, dim, index) and index_select(x, dim, index): the index is argument 2."""
     idt = _dtype_of(node.args[2])
     if idt not in INDEX_DTYPES:
         return f"index must be int32 or int64, got {idt}"
@@ -84,4 +87,22 @@ def gather(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRe
     out = _gather_kernel(ctx, table, index, index.shape)
     if out.shape != shape:                # 0-d result
         out = TensorRef(out.buffer, out.dtype, shape, (), out.offset)
+    return out
+
+
+@register(aten.index_select.default, dtypes=GATHER_DTYPES, check=_check_gather)
+def index_select(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRef) -> TensorRef:
+    if x.rank == 0:
+        x = TensorRef(x.buffer, x.dtype, (1,), (1,), x.offset)
+    d = dim % x.rank
+    k = index.numel
+    lead, rest = x.shape[:d], x.shape[d + 1:]
+    ist = index.strides[0] if index.rank == 1 else 1
+    idx = TensorRef(index.buffer, index.dtype, lead + (k,), (0,) * d + (ist,), index.offset)
+    table = TensorRef(x.buffer, x.dtype, lead + (k, x.shape[d]) + rest,
+                      x.strides[:d] + (0, x.strides[d]) + x.strides[d + 1:], x.offset)
+    out = _gather_kernel(ctx, table, idx, lead + (k,) + rest)
+    shape = tuple(ctx.out_val.shape)
+    if out.shape != shape:                # 0-d input
+        out = TensorRef(out.buffer, out.dtype, shape, (1,) * len(shape), out.offset)
     return out

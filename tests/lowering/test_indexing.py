@@ -135,6 +135,21 @@ def test_gather_dims_and_dtypes(dtype):
     run(lambda x, i: torch.gather(x, 1, i), y, torch.randint(0, 129, (2, 50, 3), generator=g))
 
 
+def _index_select_on(dim):
+    return lambda x, i: torch.index_select(x, dim, i)
+
+
+@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
+def test_index_select(idt):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 129, 10, generator=g).to(torch.bfloat16)
+    for dim, k in ((0, 5), (1, 513), (-1, 7)):
+        i = torch.randint(0, x.shape[dim], (k,), generator=g).to(idt)
+        i[0] = x.shape[dim] - 1
+        run(_index_select_on(dim), x, i)
+    run(lambda x, i: torch.index_select(x.t(), 0, i), table(50, 129), torch.tensor([128, 0, 5, 5]).to(idt))
+
+
 def test_bert_token_type_pattern():
     """transformers' BertEmbeddings: gather(expand(int64 buffer), 1, position ids slice), then the
     result indexes an embedding table (an index computed on the device feeding another gather)."""
@@ -164,6 +179,9 @@ def test_out_of_range_index_is_a_machine_error(bad):
     assert "dma_gather" in msg and "embedding" in msg, msg        # the instruction and its ATen op
     assert f"index value {bad}" in msg and "[0, 300)" in msg, msg   # the value and the bound
     run_with(embed, (w, i), (w, i))                                   # in range: runs
+    with pytest.raises(BoundsError, match=r"index value 10 .*\[0, 10\)"):
+        run_with(lambda x, i: torch.index_select(x, 1, i), (table(4, 10), torch.tensor([9, 1])),
+                 (table(4, 10), torch.tensor([10, 1])))
     x, k = table(4, 9), torch.tensor([[0], [8], [1], [2]])
     with pytest.raises(BoundsError, match=r"index value 9 .*\[0, 9\)"):
         run_with(lambda x, k: torch.gather(x, 1, k), (x, k), (x, torch.tensor([[0], [9], [1], [2]])))
@@ -185,6 +203,8 @@ def test_a_wrong_lowering_fails(monkeypatch):
             run(embed, w, i)
     with pytest.raises(AssertionError, match="elements differ"):
         run(lambda x, j: torch.gather(x, 1, j), table(4, 9), torch.tensor([[0], [5], [1], [2]]))
+    with pytest.raises(AssertionError, match="elements differ"):
+        run(lambda x, j: torch.index_select(x, 0, j), table(9, 4), torch.tensor([0, 5, 1]))
 
 
 # ---- integer graph inputs -------------------------------------------------------------------

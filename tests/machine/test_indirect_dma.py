@@ -275,3 +275,13 @@ def test_bf16_bytes_exact_and_int_table():
     bf = np.array([[np.nan, -0.0, 1e-40]], dtype=np.float32).astype(ml_dtypes.bfloat16)
     got, _ = run_gather(np.repeat(bf, 2, axis=0), np.array([[1]]), BF16, I32)
     assert got.view(np.uint16).tolist() == [bf.view(np.uint16)[0].tolist()]
+
+
+@pytest.mark.parametrize("checks", [False, "static", True])
+def test_gather_with_every_checks_setting(checks):
+    """The cost cache key (checks off) and the static rules handle the indirect ops."""
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    b = gather_prog(table, np.array([[3], [9]]), F32, I64)
+    res = b.run(checks=checks)
+    np.testing.assert_array_equal(res.outputs["o_rows"].view(np.float32), [6, 7, 18, 19])
+    assert b.run(mode="timing", checks=checks).stats.total_ns == pytest.approx(res.stats.total_ns)
