@@ -38,7 +38,7 @@ from lowering.tiling.matmul_plan import PE_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
-from runtime_sim.isa import ActFunc, AluOp, DType, Memory
+from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 F32 = DType.FP32
 QB, KB = 128, 512
@@ -99,40 +99,79 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
         b.memset(l[0].ap(), 0.0)
         b.memset(acc.ap(), 0.0)
         st.append((qt, nm, l, acc))
-    # Software pipeline over key blocks: the products of block i+1 are issued before block i's
-    # softmax is consumed, into the other of two score banks per query block (the banks live
-    # for the whole group; the key loop is unrolled by two so that each bank is fixed).
+    # Software pipeline over key blocks. Block b's *early* stage (products S = Q K^T, row max,
+    # exp, statistics) is issued before block b-1's *late* stage (P^T transposes, second
+    # products, accumulator update), so every in-order engine finds the next block's early
+    # work ahead of the previous block's late work. Score banks, probabilities and exp factors
+    # live in two slots per query block (by block parity: the key loop is unrolled by two).
     full, tail = divmod(Sk, KB)
     kbs = [(aff(i * KB), KB) for i in range(full)] + ([(aff(full * KB), tail)] if tail else [])
     nb = len(kbs)
-    S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, 1) for j in range(len(blocks))]
-         for u in range(2 if nb > 1 else 1)]
+    nu = 2 if nb > 1 else 1
+    S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, 1) for j in range(len(blocks))] for u in range(nu)]
     O = [[b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, 1) for j, (_, qr) in enumerate(blocks)]
-         for u in range(2 if nb > 1 else 1)]
-    kv0 = _load_kv(b, sk, V, bidx, kbs[0][0], kbs[0][1], D, Dv, dt)
-    _qk(b, st, blocks, kv0[0], S[0], kbs[0][1], D)
-    L = (full - 1) // 2 if full >= 3 else 0        # loop iterations: blocks 2i, 2i+1 (+QK 2i+2)
+         for u in range(nu)]
+    P = [[b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt, 1) for j, (_, qr) in enumerate(blocks)]
+         for u in range(nu)]
+    AL = [[b.tile(f"al{j}_{u}", Memory.SBUF, qr, 2, F32, 1) for j, (_, qr) in enumerate(blocks)]
+          for u in range(nu)]            # per slot: the exp factor a and the block's row sum
+    pipe = (st, blocks, S, P, AL, O, bidx, D, Dv)
+
+    def early(bi_or_aff, kw: int, u: int, k0: Affine) -> None:
+        kt = _load_k(b, sk, bidx, k0, kw, D, dt)
+        _qk(b, st, blocks, kt, S[u], kw, D)
+        _early(b, k, pipe, u, k0, kw)
+
+    def late(u: int, k0: Affine, kw: int) -> None:
+        vt = _load_v(b, V, bidx, k0, kw, Dv)
+        _late(b, k, pipe, u, vt, kw)
+
+    early(0, kbs[0][1], 0, kbs[0][0])
+    L = (full - 1) // 2 if full >= 3 else 0     # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1
     if L:
         with b.loop(L, "kb") as i:
-            kv1 = _load_kv(b, sk, V, bidx, (2 * i + 1) * KB, KB, D, Dv, dt)
-            _qk(b, st, blocks, kv1[0], S[1], KB, D)
-            v0 = _load_v(b, V, bidx, 2 * i * KB, KB, Dv)
-            _process(b, k, st, blocks, S[0], O[0], v0, bidx, 2 * i * KB, KB, Dv, 0)
-            k2 = _load_k(b, sk, bidx, (2 * i + 2) * KB, KB, D, dt)
-            _qk(b, st, blocks, k2, S[0], KB, D)
-            _process(b, k, st, blocks, S[1], O[1], kv1[1], bidx, (2 * i + 1) * KB, KB, Dv, 1)
-    # the rest, unrolled: block 2L is in S[0] already
-    pending = kv0[1] if L == 0 else _load_v(b, V, bidx, kbs[2 * L][0], kbs[2 * L][1], Dv)
-    for n, bi in enumerate(range(2 * L, nb)):
-        u = n % 2
-        nxt = None
+            early(None, KB, 1, (2 * i + 1) * KB)
+            late(0, 2 * i * KB, KB)
+            early(None, KB, 0, (2 * i + 2) * KB)
+            late(1, (2 * i + 1) * KB, KB)
+    for bi in range(2 * L, nb):                 # the rest, unrolled: block 2L's early stage is done
         if bi + 1 < nb:
-            nxt = _load_kv(b, sk, V, bidx, kbs[bi + 1][0], kbs[bi + 1][1], D, Dv, dt)
-            _qk(b, st, blocks, nxt[0], S[1 - u], kbs[bi + 1][1], D)
-        _process(b, k, st, blocks, S[u], O[u], pending, bidx, kbs[bi][0], kbs[bi][1], Dv, bi % 2)
-        pending = nxt[1] if nxt is not None else None
+            early(bi + 1, kbs[bi + 1][1], (bi + 1) % 2, kbs[bi + 1][0])
+        late(bi % 2, kbs[bi][0], kbs[bi][1])
     for j, (q0, qr) in enumerate(blocks):
         _finish(b, k, st[j], nb % 2, bidx, q0, qr, Dv)
+
+
+def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int) -> None:
+    """Row max, exp and statistics of one key block for every query block of the group, stage
+    by stage across the blocks; statistics are read from slot ``u`` and written to the other
+    (a key block's parity is its slot)."""
+    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
+    ph1 = [_softmax_max(b, k, st[j], S[u][j], bidx, q0, qr, k0, kw, u) for j, (q0, qr) in enumerate(blocks)]
+    for j, (q0, qr) in enumerate(blocks):
+        _softmax_exp(b, k, st[j], ph1[j], P[u][j], AL[u][j], qr, kw, u)
+
+
+def _late(b: TirBuilder, k: KOp, pipe, u: int, vt, kw: int) -> None:
+    """P^T transposes (into the free score bank), second products and accumulator updates of
+    one key block for every query block of the group."""
+    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
+    nsub = -(-kw // 128)
+    pts = [_transpose_block(b, k, S[u][j], P[u][j].ap(qr, dims=((1, kw),)), qr, kw, nsub)
+           for j, (q0, qr) in enumerate(blocks)]
+    for j, (q0, qr) in enumerate(blocks):
+        for s0, sw in b.tiled(kw, 128, "pv"):
+            sub = s0 // 128
+            b.matmul(O[u][j].ap(), _cols(pts[j], sub * qr, qr, sw), _cols(vt.ap(), sub * Dv, Dv, sw),
+                     start_when=(s0,))
+    # interleaved across the blocks, so no instruction reads the previous one's result on the
+    # same engine (the dependent-instruction penalty)
+    for j in range(len(blocks)):
+        b.tensor_scalar(st[j][3].ap(), st[j][3].ap(), AluOp.MULTIPLY, _cols(AL[u][j].ap(), 0, 1))
+    for j in range(len(blocks)):
+        b.tensor_tensor(st[j][3].ap(), st[j][3].ap(), O[u][j].ap(), AluOp.ADD)
+    for j in range(len(blocks)):
+        _softmax_update(b, st[j], AL[u][j], u)    # l' = l * a + sum (off the next block's path)
 
 
 def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DType):
@@ -142,11 +181,6 @@ def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DTy
     for d0, dw in b.tiled(D, 128, "dk"):
         sk.load(b, kt, d0 // 128 * kw, sk.base(bidx), d0, dw, k0, kw)
     return kt
-
-
-def _load_kv(b: TirBuilder, sk: _Side, V, bidx, k0: Affine, kw: int, D: int, Dv: int, dt: DType):
-    """K^T [D, kw] and V of one key block."""
-    return _load_k(b, sk, bidx, k0, kw, D, dt), _load_v(b, V, bidx, k0, kw, Dv)
 
 
 def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int):
@@ -170,28 +204,6 @@ def _qk(b: TirBuilder, st, blocks, kt, S, kw: int, D: int) -> None:
                      kt.ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
 
 
-def _process(b: TirBuilder, k: KOp, st, blocks, S, O, vt, bidx, k0: Affine, kw: int, Dv: int,
-             par: int) -> None:
-    """One key block for every query block of the group, stage by stage across the blocks (so
-    that each in-order engine finds the next block's work behind the current one's); the
-    statistics are read from slot ``par`` and written to the other."""
-    nsub = -(-kw // 128)
-    ph1 = [_softmax_max(b, k, st[j], S[j], bidx, q0, qr, k0, kw, par) for j, (q0, qr) in enumerate(blocks)]
-    ph2 = [_softmax_exp(b, k, st[j], ph1[j], qr, kw, par) for j, (q0, qr) in enumerate(blocks)]
-    for j in range(len(blocks)):
-        _softmax_update(b, st[j], ph2[j], par)
-    pts = [_transpose_block(b, k, S[j], ph2[j][0], qr, kw, nsub) for j, (q0, qr) in enumerate(blocks)]
-    for j, (q0, qr) in enumerate(blocks):
-        for s0, sw in b.tiled(kw, 128, "pv"):
-            sub = s0 // 128
-            b.matmul(O[j].ap(), _cols(pts[j], sub * qr, qr, sw), _cols(vt.ap(), sub * Dv, Dv, sw),
-                     start_when=(s0,))
-    for j in range(len(blocks)):
-        acc, al = st[j][3], ph2[j][1]
-        b.tensor_scalar(acc.ap(), acc.ap(), AluOp.MULTIPLY, al)
-        b.tensor_tensor(acc.ap(), acc.ap(), O[j].ap(), AluOp.ADD)
-
-
 def _softmax_max(b: TirBuilder, k: KOp, state, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int,
                  par: int):
     """Phase 1 of an online-softmax step: -m' = min(-scale * rowmax, -m), into the other slot.
@@ -209,25 +221,22 @@ def _softmax_max(b: TirBuilder, k: KOp, state, s, bidx, q0: Affine, qr: int, k0:
     return src, act_scale
 
 
-def _softmax_exp(b: TirBuilder, k: KOp, state, ph1, qr: int, kw: int, par: int):
-    """Phase 2 (ScalarE): P = exp(scale * S - m') with its row sum, a = exp(m - m').
-    Returns (P, a, row sum)."""
+def _softmax_exp(b: TirBuilder, k: KOp, state, ph1, pt, alt, qr: int, kw: int, par: int):
+    """Phase 2 (ScalarE): P = exp(scale * S - m') with its row sum, a = exp(m - m') (into
+    columns 1 and 0 of ``alt``)."""
     src, act_scale = ph1
     nm = state[1]
-    p = b.tile("p", Memory.SBUF, qr, kw, k.attrs.p_dtype).ap()
-    ps = b.tile("ps", Memory.SBUF, qr, 1, F32).ap()
+    p = pt.ap(qr, dims=((1, kw),))
     b.activation(p, src, ActFunc.EXP, scale=act_scale, bias_ap=nm[1 - par].ap(), reduce=AluOp.ADD,
-                 accum=ps)
-    al = b.tile("al", Memory.SBUF, qr, 1, F32).ap()
-    b.activation(al, nm[par].ap(), ActFunc.EXP, scale=-1.0, bias_ap=nm[1 - par].ap())
-    return p, al, ps
+                 accum=_cols(alt.ap(), 1, 1))
+    b.activation(_cols(alt.ap(), 0, 1), nm[par].ap(), ActFunc.EXP, scale=-1.0, bias_ap=nm[1 - par].ap())
 
 
-def _softmax_update(b: TirBuilder, state, ph2, par: int) -> None:
-    """Phase 3: l' = l * a + sum, into the other slot."""
+def _softmax_update(b: TirBuilder, state, alt, par: int) -> None:
+    """Phase 3: l' = l * a + sum, into the other slot (``alt`` holds a and the sum)."""
     l = state[2]
-    _, al, ps = ph2
-    b.tensor_scalar(l[1 - par].ap(), l[par].ap(), AluOp.MULTIPLY, al, op1=AluOp.ADD, operand1=ps)
+    b.tensor_scalar(l[1 - par].ap(), l[par].ap(), AluOp.MULTIPLY, _cols(alt.ap(), 0, 1),
+                    op1=AluOp.ADD, operand1=_cols(alt.ap(), 1, 1))
 
 
 def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int) -> TAP:
@@ -236,17 +245,9 @@ def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: i
     for s0, sw in b.tiled(kw, 128, "ts"):
         tp = _cols(s.ap(), s0 // 128 * qr, qr, sw)
         b.transpose(tp, _cols(p, s0, sw))
-        b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp)
+        # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
+        b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
     return pt
-
-
-def _pv_block(b: TirBuilder, pt: TAP, vt, qr: int, kw: int, Dv: int, u: str):
-    o = b.tile(f"op{u}", Memory.PSUM, qr, Dv, F32)
-    for s0, sw in b.tiled(kw, 128, "pv"):
-        sub = s0 // 128
-        b.matmul(o.ap(), _cols(pt, sub * qr, qr, sw), _cols(vt.ap(), sub * Dv, Dv, sw),
-                 start_when=(s0,))
-    return o
 
 
 def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int) -> TAP:
