@@ -37,6 +37,9 @@ from runtime_sim.isa import DType, Memory
 
 F32 = DType.FP32
 TM, TN, TK = 128, 512, 128
+# slots per epilogue tile: a store holds its tile for its whole DMA latency (~2 us), and the
+# next group's products wait for the evacuation of their PSUM cell
+EPI_BUFS = 4
 
 
 @dataclass
@@ -192,7 +195,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
             b.iota(tl, bidx[x.index], 0, (0,))
         return tl
 
-    gen = ExprGen(b, mt, (nt,), leaf)
+    gen = ExprGen(b, mt, (nt,), leaf, bufs=EPI_BUFS)
     res = gen.tile_of(k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC), out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
         ev = gen.new(out.dtype)
