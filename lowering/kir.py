@@ -55,12 +55,27 @@ class TensorRef:
         return len(self.shape)
 
     def is_contiguous(self) -> bool:
-        return self.strides == contiguous_strides(self.shape) or self.numel <= 1
+        """Row-major dense (the stride of a size-1 axis does not matter)."""
+        return self.numel <= 1 or all(st == cs for n, st, cs in zip(self.shape, self.strides,
+                                                                    contiguous_strides(self.shape)) if n != 1)
 
     def __str__(self) -> str:
         st = "" if self.is_contiguous() else f" strides={list(self.strides)}"
         off = f" +{self.offset}" if self.offset else ""
         return f"%{self.buffer}{list(self.shape)}:{self.dtype.value}{st}{off}"
+
+
+def view_as(ref: "TensorRef", shape: tuple[int, ...]) -> "TensorRef | None":
+    """``ref`` reshaped to ``shape`` as a view (PyTorch's view rules, on a meta tensor), or None
+    when no view of this layout has that shape."""
+    import torch
+    span = ref.offset + 1 + sum((s - 1) * st for s, st in zip(ref.shape, ref.strides) if s > 0)
+    t = torch.empty(max(span, 1), device="meta").as_strided(ref.shape, ref.strides, ref.offset)
+    try:
+        v = t.view(shape)
+    except RuntimeError:
+        return None
+    return TensorRef(ref.buffer, ref.dtype, tuple(v.shape), tuple(v.stride()), v.storage_offset())
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -199,6 +214,7 @@ class KKind(enum.Enum):
     SOFTMAX = "softmax"
     LAYER_NORM = "layer_norm"
     GATHER = "gather"
+    ATTENTION = "attention"
 
 
 class ReduceOp(enum.Enum):
@@ -253,7 +269,31 @@ class GatherKAttrs:
     bound: int
 
 
-KAttrs = PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
+@dataclass(frozen=True)
+class AttentionKAttrs:
+    """``outs[0][b] = epilogue(softmax(score(scale * Q[b] @ KT[b])) @ V[b])`` over views
+    ``ins = (Q [*B, Sq, D], KT [*B, D, Sk], V [*B, Sk, Dv], *extra)``: one kernel for the
+    matmul -> softmax -> matmul pattern (written out or from scaled_dot_product_attention).
+
+    ``score``: expression over ACC (``scale`` times the product, fp32) and LOAD leaves indexing
+    ``extra`` (views of the [*B, Sq, Sk] score shape, e.g. an additive mask) and INDEX leaves
+    over the score axes; None means the scaled product itself. ``causal``: keys after the query
+    (``k > q + causal_offset``) are masked with -inf, and whole key blocks past the diagonal are
+    skipped. ``safe``: a row whose scores are all -inf gives 0 (torch's ``_safe_softmax``)
+    instead of NaN. ``epilogue``: expression over ACC (the normalised output, fp32) giving the
+    output dtype. ``p_dtype``: dtype of the probabilities fed to the second product."""
+
+    scale: float
+    score: Expr | None
+    causal: bool
+    causal_offset: int
+    safe: bool
+    epilogue: Expr
+    p_dtype: DType
+
+
+KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
+          | AttentionKAttrs)
 
 
 @dataclass(frozen=True)
@@ -282,6 +322,7 @@ class KProgram:
     kernels: list[KOp] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[TensorRef] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)     # e.g. WhyNoFuse lines of the fusions
 
     def __str__(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]
@@ -290,4 +331,5 @@ class KProgram:
         for k in self.kernels:
             lines.append(str(k))
         lines.append("outputs: " + ", ".join(map(str, self.outputs)))
+        lines += [f"# {n}" for n in self.notes]
         return "\n".join(lines)

@@ -6,7 +6,9 @@
 2. Pointwise into a matmul epilogue: a POINTWISE kernel that reads a MATMUL output (the whole
    output, same shape) that nobody else reads becomes the matmul's epilogue, evaluated while
    PSUM is evacuated.
-3. Copies into batched matmuls: a contiguous copy that only exists to merge batch axes for a
+3. Attention (``passes/attention.py``): matmul -> softmax -> matmul becomes one ATTENTION
+   kernel; kernels whose outputs nothing reads are dropped.
+4. Copies into batched matmuls: a contiguous copy that only exists to merge batch axes for a
    matmul operand is dropped; the matmul reads the strided source with several batch axes.
 
 Invariants
@@ -20,7 +22,7 @@ import math
 from dataclasses import replace
 
 from lowering.kir import (EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs, PointwiseAttrs, Role,
-                          TensorRef, contiguous_strides)
+                          TensorRef, contiguous_strides, view_as)
 
 MAX_EXPR = 48
 
@@ -43,8 +45,7 @@ def _writers(kp: KProgram) -> dict[str, list[int]]:
 
 
 def _is_whole(kp: KProgram, ref: TensorRef) -> bool:
-    return (ref.offset == 0 and ref.strides == contiguous_strides(ref.shape)
-            and ref.numel == kp.buffers[ref.buffer].numel)
+    return ref.offset == 0 and ref.is_contiguous() and ref.numel == kp.buffers[ref.buffer].numel
 
 
 def _axis_map(view: TensorRef, src_shape: tuple[int, ...]) -> list[int | None] | None:
@@ -246,14 +247,10 @@ def _shift_index(expr: Expr, by: int) -> Expr:
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:
-    """View ``r`` (of ``shape``) as ``shape3`` when that is a pure leading-dims regrouping."""
+    """View ``r`` (of ``shape``) as ``shape3`` (the matmul's [*B, M, N]) when PyTorch could."""
     if shape == shape3:
         return r
-    if len(shape) == 2 and shape3 == (1,) + tuple(shape):
-        return TensorRef(r.buffer, r.dtype, shape3, (0,) + r.strides, r.offset)
-    if len(shape) == 3 and len(shape3) == 3 and shape == shape3:
-        return r
-    return None
+    return view_as(r, shape3)
 
 
 def _split_batch(r: TensorRef, nb: tuple[int, ...]) -> TensorRef:
@@ -315,9 +312,11 @@ def absorb_copies_into_matmul(kp: KProgram) -> bool:
 
 
 def fuse(kp: KProgram) -> KProgram:
-    """Run the fusions to a fixed point (in place); return the program."""
+    """Run the fusions to a fixed point (in place); return the program. Refused attention
+    fusions are recorded in ``kp.notes`` (WhyNoFuse lines)."""
+    from lowering.passes.attention import drop_dead_kernels, fuse_attention
     changed = True
     while changed:
-        changed = (fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
-                   or absorb_copies_into_matmul(kp))
+        changed = (drop_dead_kernels(kp) or fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
+                   or absorb_copies_into_matmul(kp) or fuse_attention(kp, kp.notes))
     return kp

@@ -37,6 +37,9 @@ from runtime_sim.isa import DType, Memory
 
 F32 = DType.FP32
 TM, TN, TK = 128, 512, 128
+# slots per epilogue tile: a store holds its tile for its whole DMA latency (~2 us), and the
+# next group's products wait for the evacuation of their PSUM cell
+EPI_BUFS = 4
 
 
 @dataclass
@@ -48,26 +51,28 @@ class _Side:
     fstride: int
     F: int
     form: str
+    tp_bufs: int = 2      # PSUM slots per TensorE-transpose load site
 
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
              f0: Affine, fw: int) -> None:
-        """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw]."""
+        """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
+        is a plain strided copy whatever the form)."""
         r = self.ref
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
-        if self.form == DMA_T:
+        if self.form == DMA_T and fw > 1 and kt > 1:
             src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
                          self.fstride, ((kt, self.kstride),))
             b.dma(dap, src, transpose=True)
             return
-        if self.form == PE_T:
+        if self.form == PE_T and fw > 1 and kt > 1:
             for c0, cw in b.tiled(fw, 128, "t"):
                 rows = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
                 b.dma(rows.ap(), hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride
                                         + k0 * self.kstride, cw, self.fstride, ((kt, self.kstride),)))
-                tp = b.tile("tps", Memory.PSUM, kt, cw, F32, 2)
+                tp = b.tile("tps", Memory.PSUM, kt, cw, F32, self.tp_bufs)
                 b.transpose(tp.ap(), rows.ap())
                 b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tp.ap())
             return
@@ -190,7 +195,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
             b.iota(tl, bidx[x.index], 0, (0,))
         return tl
 
-    gen = ExprGen(b, mt, (nt,), leaf)
+    gen = ExprGen(b, mt, (nt,), leaf, bufs=EPI_BUFS)
     res = gen.tile_of(k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC), out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
         ev = gen.new(out.dtype)

@@ -193,7 +193,7 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
         rw, sw = min(s.N, c.block * 512), min(s.M, c.group * 128)
         res_form, str_form, rt, st = s.b_form, s.a_form, 512, 128
     sb = (3 * rw if c.stream else Kt * rw * c.block_bufs) * isz + 3 * sw * isz
-    sb += 2 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
+    sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
     acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
     tps = 0
     for form in (res_form, str_form):

@@ -1,12 +1,15 @@
 """Plan pass: an SBUF/PSUM byte offset for every on-chip buffer, from its lifetime.
 
-A buffer's slots are reused in every iteration of every loop around its accesses, so it lives
-from the start of the first to the end of the last *top-level statement* that touches it (a
-top-level statement is one loop nest of a kernel, or a lone instruction). Offsets come from
-``pack_offsets`` with the partition size as capacity; lifetimes are first padded by
-``LIFETIME_PAD`` top-level statements so that neighbouring kernels prefer distinct bytes (then
+Lifetimes, coarse first: a buffer lives from the start of the first to the end of the last
+*top-level statement* that touches it (one loop nest of a kernel, or a lone instruction),
+padded by ``LIFETIME_PAD`` statements so that neighbouring kernels prefer distinct bytes (then
 the next kernel's loads need not wait for the previous kernel to release its memory); if that
-does not fit, the exact lifetimes are packed.
+does not fit, the exact coarse lifetimes; if that does not fit either, *fine* lifetimes in
+statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
+over the loop nests around its accesses, so buffers of disjoint phases of one kernel (a block
+load, then the block's products) share bytes, and the sync pass orders every write of one after
+the latest preceding access of the other, in both directions across loop iterations. Offsets
+come from ``pack_offsets`` with the partition size as capacity.
 
 Invariants
 - Two buffers whose lifetimes overlap never share bytes.
@@ -23,7 +26,7 @@ from lowering.errors import Unsupported
 from lowering.memory import lower_bound
 from lowering.memory.packing import PackingError, pack_offsets
 from lowering.tir.analysis import Structure
-from lowering.tir.ir import TBuf, TProgram
+from lowering.tir.ir import Loop, TBuf, TProgram
 from runtime_sim.isa import Memory
 from runtime_sim.targets import Target
 
@@ -35,8 +38,17 @@ SBUF_ALIGN = 64
 class MemPlan:
     offsets: dict[str, int] = field(default_factory=dict)       # buffer -> byte offset
     slot_stride: dict[str, int] = field(default_factory=dict)   # buffer -> bytes between slots
-    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # [first, last] top stmt
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # [first, last], see modes
     peaks: dict[Memory, int] = field(default_factory=dict)
+    # per memory: "coarse" (lifetimes in top-level statements) or "fine" (statement positions:
+    # buffers of disjoint phases of one loop nest share bytes; the sync pass orders them)
+    modes: dict[Memory, str] = field(default_factory=dict)
+    # alias members placed in their root's bytes (coarse mode honours the builder's aliases;
+    # fine mode plans every buffer on its own)
+    roots: dict[str, str] = field(default_factory=dict)
+
+    def root_of(self, name: str) -> str:
+        return self.roots.get(name, name)
 
     def size(self, b: TBuf) -> int:
         return self.slot_stride[b.name] * b.bufs
@@ -49,15 +61,15 @@ class MemPlan:
         bufs = [b for b in tp.buffers if b.name in self.offsets]
         for mem in (Memory.SBUF, Memory.PSUM):
             live = [(b.name, *self._live(b), self.size(b)) for b in bufs
-                    if b.memory is mem and b.alias is None]
+                    if b.memory is mem and b.name not in self.roots]
             lb = lower_bound(live)
             peak = self.peaks.get(mem, 0)
             ratio = f"{peak / lb:.3f}" if lb else "-"
             lines.append(f"{mem.value} peak {peak} B/partition, lower bound {lb} (largest live "
-                         f"total), peak/lower bound {ratio}")
+                         f"total), peak/lower bound {ratio}, lifetimes {self.modes.get(mem, '-')}")
         for b in sorted(bufs, key=lambda b: (b.memory.value, self.offsets[b.name], b.name)):
             f, l = self.lifetimes[b.name]
-            alias = f"  (in {b.alias})" if b.alias else ""
+            alias = f"  (in {self.roots[b.name]})" if b.name in self.roots else ""
             lines.append(f"  {b.memory.value:4s} {b.name:14s} @{self.offsets[b.name]:7d} {b.bufs} x "
                          f"{self.slot_stride[b.name]} B  live [{f}, {l}]{alias}")
         return "\n".join(lines)
@@ -79,6 +91,47 @@ def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
     return out
 
 
+def fine_lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
+    """[first, last] statement position (preorder) of every accessed buffer: an allocation lives
+    inside one iteration of its scope loop, from its first to its last access there (an access
+    in a loop nested inside the scope counts as that whole loop); an unscoped buffer from the
+    first to the last loop nest around its accesses. Aliases are not merged: in fine mode every
+    buffer is planned on its own."""
+    pre: dict[int, int] = {}        # id(statement) -> preorder position
+    end: dict[int, int] = {}
+    n = 0
+
+    def walk(body) -> None:
+        nonlocal n
+        for s in body:
+            pre[id(s)] = n
+            n += 1
+            if isinstance(s, Loop):
+                walk(s.body)
+            end[id(s)] = n - 1
+
+    walk(tp.body)
+    out: dict[str, tuple[int, int]] = {}
+
+    def add(name: str, lo: int, hi: int) -> None:
+        f, l = out.get(name, (lo, hi))
+        out[name] = (min(f, lo), max(l, hi))
+
+    for sid, inf in st.info.items():
+        for a, _ in inf.ins.accesses():
+            b = tp.buffer(a.buf)
+            if b.memory is Memory.HBM:
+                continue
+            # every allocation lives inside one iteration of its scope: from the first to the
+            # last access there, each access widened to the loop around it inside the scope
+            k = next(i for i, lp in enumerate(inf.loops) if lp.var == b.scope) + 1 \
+                if b.scope is not None else 0
+            node = inf.loops[k] if k < len(inf.loops) else inf.ins
+            lo, hi = pre[id(node)], end[id(node)]
+            add(b.name, lo, hi)
+    return out
+
+
 def slot_stride(b: TBuf, target: Target) -> int:
     if b.memory is Memory.PSUM:
         bank = target.psum_bank_bytes
@@ -89,43 +142,54 @@ def slot_stride(b: TBuf, target: Target) -> int:
 def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> MemPlan:
     st = st or Structure(tp)
     plan = MemPlan()
-    live = lifetimes(tp, st)
+    coarse = lifetimes(tp, st)
+    fine = None
     for mem, cap in ((Memory.SBUF, target.sbuf_bytes_per_partition),
                      (Memory.PSUM, target.psum_bytes_per_partition)):
-        used = [b for b in tp.buffers if b.memory is mem and b.name in live and b.alias is None]
-        for b in used:
-            plan.slot_stride[b.name] = slot_stride(b, target)
-            plan.lifetimes[b.name] = live[b.name]
-        aliases = [b for b in tp.buffers if b.memory is mem and b.name in live and b.alias is not None]
-        if not used:
+        present = [b for b in tp.buffers if b.memory is mem and b.name in coarse]
+        if not present:
             plan.peaks[mem] = 0
             continue
+        for b in present:
+            plan.slot_stride[b.name] = slot_stride(b, target)
+        roots = [b for b in present if b.alias is None]
+        aliases = [b for b in present if b.alias is not None]
         offsets = None
-        for pad in (LIFETIME_PAD, 0):
+        # whole loop nests first (padded, so neighbouring kernels need not share bytes; the
+        # builder's aliases share their root's bytes), then phases inside a loop nest (every
+        # buffer on its own: buffers of disjoint parts of one body share bytes)
+        for mode, pad in (("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)):
+            if mode == "fine" and fine is None:
+                fine = fine_lifetimes(tp, st)
+            live = coarse if mode == "coarse" else fine
+            used = roots if mode == "coarse" else present
             items = [(b.name, max(0, live[b.name][0] - pad), live[b.name][1] + 1 + pad, plan.size(b))
                      for b in used]
             try:
                 offsets = pack_offsets(items, capacity=cap)
-                break
             except PackingError:
                 continue
+            plan.modes[mem] = mode
+            for b in present:
+                plan.lifetimes[b.name] = live[b.name]
+            if mode == "coarse":
+                for b in aliases:
+                    offsets[b.name] = offsets[b.alias]
+                    plan.slot_stride[b.name] = plan.slot_stride[b.alias]
+                    plan.roots[b.name] = b.alias
+            break
         if offsets is None:
-            big = max(used, key=plan.size)
-            total = max(sum(plan.size(b) for b in used
-                            if live[b.name][0] <= t <= live[b.name][1]) for t in range(st.top_count))
+            big = max(present, key=plan.size)
             raise Unsupported("memory planner", f"{mem.value.upper()} working set does not fit: "
-                              f"{len(used)} buffers, up to {total} B/partition live at once "
-                              f"(largest {big.name}: {plan.size(big)} B), capacity {cap} B/partition")
+                              f"{len(present)} buffers (largest {big.name}: {plan.size(big)} B), "
+                              f"capacity {cap} B/partition, even sharing bytes between the phases "
+                              f"of one loop nest")
         peak = 0
-        for b in used:
+        for b in present:
             off = offsets[b.name]
             if mem is Memory.PSUM and off % target.psum_bank_bytes:
                 raise AssertionError(f"PSUM buffer {b.name} not bank-aligned at {off}")
             plan.offsets[b.name] = off
             peak = max(peak, off + plan.size(b))
-        for b in aliases:  # the root's bytes, slot by slot
-            plan.offsets[b.name] = plan.offsets[b.alias]
-            plan.slot_stride[b.name] = plan.slot_stride[b.alias]
-            plan.lifetimes[b.name] = live[b.name]
         plan.peaks[mem] = peak
     return plan

@@ -109,8 +109,8 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
     # members of one alias group: every write waits for the latest preceding access of the others
     groups: dict[str, list[str]] = defaultdict(list)
     for b in tp.buffers:
-        if b.alias is not None and b.name in by_buf:
-            groups[b.alias].append(b.name)
+        if plan.root_of(b.name) != b.name and b.name in by_buf:
+            groups[plan.root_of(b.name)].append(b.name)
     for root, members in groups.items():
         names = [root] + members if root in by_buf else members
         for xn in names:
@@ -278,19 +278,40 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
 
 def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, list[_Access]],
                   queues: dict[int, Queue], found) -> None:
-    """First occupancy of bytes that an earlier buffer held: wait for its last accesses."""
+    """Buffers that share SBUF/PSUM bytes. Inside one loop nest (a top-level statement both
+    touch): every write of each waits for the latest preceding access of the other. Otherwise
+    (disjoint loop nests): the first occupancy of each slot waits for the earlier buffer's last
+    accesses (constant counts; owners retire the bytes a later buffer takes, so only the latest
+    owner is awaited)."""
     members: dict[str, list[str]] = defaultdict(list)
     for b in tp.buffers:
         if b.name in plan.offsets:
-            members[b.alias or b.name].append(b.name)
+            members[plan.root_of(b.name)].append(b.name)
+    tops: dict[str, set[int]] = {}
+    for root, ms in members.items():
+        tops[root] = {x.info.top for m in ms for x in by_buf[m]}
     for mem in (Memory.SBUF, Memory.PSUM):
-        bufs = [b for b in tp.buffers if b.memory is mem and b.name in plan.offsets and b.alias is None]
+        bufs = [b for b in tp.buffers if b.memory is mem and b.name in plan.offsets
+                and plan.root_of(b.name) == b.name]
         bufs.sort(key=lambda b: (plan.lifetimes[b.name][0], b.name))
+        span = {b.name: (plan.offsets[b.name], plan.offsets[b.name] + plan.size(b)) for b in bufs}
+        by_top: dict[int, list[str]] = defaultdict(list)
+        for b in bufs:
+            for t in tops[b.name]:
+                by_top[t].append(b.name)
+        paired: set[tuple[str, str]] = set()
+        for names in by_top.values():
+            for i, an in enumerate(names):
+                for bn in names[i + 1:]:
+                    (alo, ahi), (blo, bhi) = span[an], span[bn]
+                    if alo < bhi and blo < ahi and (an, bn) not in paired:
+                        paired.add((an, bn))
+                        _pairwise(members, by_buf, queues, found, st, an, bn)
+                        _pairwise(members, by_buf, queues, found, st, bn, an)
         owners: list[tuple[int, int, str]] = []
         for b in bufs:
-            lo = plan.offsets[b.name]
-            hi = lo + plan.size(b)
-            preds = {o for (l, h, o) in owners if l < hi and lo < h}
+            lo, hi = span[b.name]
+            preds = {o for (l, h, o) in owners if l < hi and lo < h and not (tops[o] & tops[b.name])}
             if preds:
                 writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
                 for pname in sorted(preds):
@@ -312,3 +333,17 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
                     kept.append((hi, h, o))
             kept.append((lo, hi, b.name))
             owners = kept
+
+
+def _pairwise(members, by_buf, queues, found, st: Structure, xn: str, yn: str) -> None:
+    """Every write to group ``xn`` waits for the latest preceding access to group ``yn``."""
+    for xm in members[xn]:
+        for x in by_buf[xm]:
+            if not x.write:
+                continue
+            for ym in members[yn]:
+                for y in by_buf[ym]:
+                    if queues[x.sid] != queues[y.sid]:
+                        w = _same_buffer(st, None, x, y)
+                        if w is not None:
+                            found[x.sid][y.sid].append(w)

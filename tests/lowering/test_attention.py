@@ -1,0 +1,91 @@
+"""Fused attention: matmul -> softmax -> matmul (written out, or scaled_dot_product_attention)
+becomes one ATTENTION kernel (online softmax over key blocks) that matches eager.
+
+Shapes cross the tile edges: query rows 1 / 128 / 129 / 300 (blocks of 128, groups of them),
+keys 1 / 700 / 1537 / 2048 / 2600 (blocks of 512; >= 3 full blocks run the software-pipelined
+key loop, the rest its unrolled remainder), head widths 16 / 64 / 128.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lowering_helpers import assert_close, lower_and_run
+
+CASES = [(1, 2, 200, 700, 64), (2, 1, 128, 128, 128), (1, 1, 1, 1, 16), (1, 1, 300, 2048, 64),
+         (1, 1, 129, 2600, 32), (1, 1, 64, 1537, 16)]
+
+
+def _kernels(low) -> list[str]:
+    return [ln.split("= ", 1)[1].split("[", 1)[0] for ln in low.dumps["ir_post_fusion.txt"].splitlines()
+            if " = " in ln]
+
+
+def _written(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", CASES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("form", ["sdpa", "written"])
+def test_attention_is_one_kernel_and_matches_eager(form, shape, dtype):
+    B, H, S, Sk, D = shape
+    g = torch.Generator().manual_seed(S * 7 + Sk)
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (S, Sk, Sk))
+    fn = F.scaled_dot_product_attention if form == "sdpa" else _written
+    low = lower_and_run(fn, q, k, v)
+    assert _kernels(low) == ["attention"], low.dumps["ir_post_fusion.txt"]
+    ref = fn(q, k, v)
+    assert_close(low.outputs[0], ref)
+    bad = low.outputs[0].clone()       # the tolerance can fail: drop the last query row
+    bad[..., -1, :] = 0
+    with pytest.raises(AssertionError):
+        assert_close(bad, ref)
+
+
+def test_attention_with_an_additive_mask():
+    """A mask added to the scores stays in the score expression of the fused kernel."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (130, 600, 600))
+    mask = torch.randn(1, 2, 130, 600, generator=g)
+    fn = lambda q, k, v, m: torch.softmax(q @ k.transpose(-1, -2) * 0.2 + m, dim=-1) @ v  # noqa: E731
+    low = lower_and_run(fn, q, k, v, mask)
+    assert _kernels(low) == ["attention"], low.dumps["ir_post_fusion.txt"]
+    assert_close(low.outputs[0], fn(q, k, v, mask))
+
+
+def test_fully_masked_rows_are_nan_in_softmax_and_zero_in_safe_softmax():
+    """A row whose scores are all -inf: eager softmax gives NaN, SDPA's _safe_softmax 0."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=g) for n in (5, 700, 700))
+    mask = torch.zeros(1, 1, 5, 700)
+    mask[..., 2, :] = float("-inf")
+    written = lambda q, k, v, m: torch.softmax(q @ k.transpose(-1, -2) + m, dim=-1) @ v  # noqa: E731
+    low = lower_and_run(written, q, k, v, mask)
+    ref = written(q, k, v, mask)
+    assert torch.isnan(ref[..., 2, :]).all()
+    assert_close(low.outputs[0], ref)
+    boolmask = mask == 0
+    sdpa = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    low = lower_and_run(sdpa, q, k, v, boolmask)
+    ref = sdpa(q, k, v, boolmask)
+    assert (ref[..., 2, :] == 0).all()
+    assert_close(low.outputs[0], ref)
+
+
+def test_probabilities_read_twice_are_not_fused():
+    """The softmax output is also returned: the pattern stays three kernels, and the dump says
+    why."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 64, 16, generator=g) for _ in range(3))
+
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return p @ v, p
+
+    low = lower_and_run(fn, q, k, v)
+    assert "attention" not in _kernels(low)
+    out, p = fn(q, k, v)
+    assert_close(low.outputs[0], out)
+    assert_close(low.outputs[1], p)
