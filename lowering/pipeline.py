@@ -3,6 +3,7 @@
     ATen FX graph
       -> build_kir            kernel-level IR, one kernel per op        (ir_pre_fusion.txt)
       -> fuse                 elementwise chains, matmul epilogues      (ir_post_fusion.txt)
+      -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
       -> schedule             a queue per tile instruction
       -> plan_memory          SBUF/PSUM offsets from buffer lifetimes   (memory_plan.txt)
@@ -23,11 +24,13 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.fusion import fuse
+from lowering.passes.residency import choose_resident
 from lowering.registry import op_name
 from lowering.tiling import tile_program
 from lowering.tir.analysis import Structure
 from lowering.tir.emit import emit_program
 from lowering.tir.plan import plan_memory
+from lowering.tir.resident import NotResident
 from lowering.tir.schedule import schedule
 from lowering.tir.sync import synchronize
 from lowering.tir.verify import verify_tir
@@ -53,7 +56,7 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     verify_kir(kp)
     op_of = {n.name: op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     try:
-        tp, notes = tile_program(kp, t)
+        tp, notes = _tile_with_residency(kp, t)
         emit("tir.txt", lambda: "\n".join([f"# {n}" for n in notes] + [str(tp)]))
         st = Structure(tp)
         verify_tir(tp, st)
@@ -72,6 +75,20 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     outputs = tuple(OutputView(r.buffer, r.shape, r.strides, r.offset, _torch_dtype(r.dtype))
                     for r in kp.outputs)
     return CompiledGraph(name or "partition", program, tuple(input_specs), outputs, ops)
+
+
+def _tile_with_residency(kp, t):
+    """Tile with the chosen resident tensors; a tensor whose accesses do not follow the SBUF
+    layout is dropped from the set and the program tiled again."""
+    dropped: set[str] = set()
+    while True:
+        resident = choose_resident(kp, t.sbuf_bytes_per_partition, frozenset(dropped))
+        try:
+            return tile_program(kp, t, resident)
+        except NotResident as e:
+            if e.buffer in dropped or e.buffer not in resident:
+                raise
+            dropped.add(e.buffer)
 
 
 def _torch_dtype(dt):

@@ -98,6 +98,96 @@ def _score_of(epi: Expr | None) -> tuple[float, Expr | None] | None:
     return 1.0, epi
 
 
+def _index_affine(e: Expr, qa: int, ka: int) -> tuple[float, float, float] | None:
+    """An expression of the query/key INDEX leaves (axes ``qa``, ``ka``) built from casts, adds,
+    subtractions and products with constants, as (coefficient of q, of k, constant)."""
+    if e.op is EOp.INDEX:
+        return (1.0, 0.0, 0.0) if e.index == qa else (0.0, 1.0, 0.0) if e.index == ka else None
+    if e.op is EOp.CONST:
+        return (0.0, 0.0, e.value)
+    if e.op is EOp.CAST:
+        return _index_affine(e.args[0], qa, ka)
+    if e.op in (EOp.ADD, EOp.SUB):
+        a, b = (_index_affine(x, qa, ka) for x in e.args)
+        if a is None or b is None:
+            return None
+        sg = 1.0 if e.op is EOp.ADD else -1.0
+        return (a[0] + sg * b[0], a[1] + sg * b[1], a[2] + sg * b[2])
+    if e.op is EOp.MUL:
+        a, b = (_index_affine(x, qa, ka) for x in e.args)
+        if a is None or b is None:
+            return None
+        if a[:2] == (0.0, 0.0):
+            return (b[0] * a[2], b[1] * a[2], b[2] * a[2])
+        if b[:2] == (0.0, 0.0):
+            return (a[0] * b[2], a[1] * b[2], a[2] * b[2])
+    return None
+
+
+def _causal_offset(cond: Expr, qa: int, ka: int) -> int | None:
+    """``cond`` true exactly when key ``k <= q + offset`` (integer indices): the offset."""
+    while cond.op is EOp.AND:
+        a, b = cond.args
+        if b.op is EOp.CAST and b.args[0].op is EOp.CONST and b.args[0].value:
+            cond = a
+        elif a.op is EOp.CAST and a.args[0].op is EOp.CONST and a.args[0].value:
+            cond = b
+        else:
+            return None
+    if cond.op not in (EOp.LE, EOp.LT, EOp.GE, EOp.GT):
+        return None
+    x, y = (_index_affine(a, qa, ka) for a in cond.args)
+    if x is None or y is None:
+        return None
+    cq, ck, c0 = x[0] - y[0], x[1] - y[1], x[2] - y[2]     # cond: cq q + ck k + c0 (op) 0
+    if cond.op in (EOp.GE, EOp.GT):
+        cq, ck, c0 = -cq, -ck, -c0
+    if ck <= 0 or cq != -ck or (c0 / ck) != int(c0 / ck):
+        return None
+    off = -int(c0 / ck)                                     # k <= q + off  (or < for LT/GT)
+    return off - 1 if cond.op in (EOp.LT, EOp.GT) else off
+
+
+def _const(x: Expr):
+    while x.op is EOp.CAST:
+        x = x.args[0]
+    return x.value if x.op is EOp.CONST else None
+
+
+def _negated(cond: Expr) -> Expr | None:
+    """``c`` when ``cond`` is ``not c`` (``eq(c, 0)`` or ``logical_not(c)``)."""
+    if cond.op is EOp.LOGICAL_NOT:
+        return cond.args[0]
+    if cond.op is EOp.EQ and _const(cond.args[1]) == 0.0 and cond.args[0].dtype is DType.BOOL:
+        return cond.args[0]
+    return None
+
+
+def _split_causal(score: Expr, rank: int) -> tuple[Expr | None, int] | None:
+    """The causal forms the decompositions produce, as (unmasked score, offset):
+    ``add(s, where(keep, 0, -inf))`` (SDPA's is_causal), ``where(keep, s, -inf)`` and
+    ``where(not keep, -inf, s)`` (masked_fill with a tril mask), ``keep`` being k <= q + offset."""
+    qa, ka = rank - 2, rank - 1
+    if score.op is EOp.ADD:
+        for s, m in (score.args, score.args[::-1]):
+            if m.op is EOp.WHERE and _const(m.args[1]) == 0.0 and _const(m.args[2]) == float("-inf"):
+                off = _causal_offset(m.args[0], qa, ka)
+                if off is not None:
+                    return s, off
+    if score.op is EOp.WHERE:
+        cond, t, f = score.args
+        if _const(f) == float("-inf"):
+            off = _causal_offset(cond, qa, ka)
+            if off is not None:
+                return t, off
+        if _const(t) == float("-inf"):
+            keep = _negated(cond)
+            off = _causal_offset(keep, qa, ka) if keep is not None else None
+            if off is not None:
+                return f, off
+    return None
+
+
 def _is_not_neg_inf(e: Expr) -> bool:
     """``x != -inf`` in the forms the decompositions produce (``eq(eq(x, -inf), 0)``, ``ne``)."""
     if e.op is EOp.NE and e.args[0].op is EOp.LOAD and e.args[1].op is EOp.CONST:
@@ -205,6 +295,13 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
         if sc is None:
             continue
         scale, score = sc
+        causal, offset = False, 0
+        if score is not None and not _has_loads(score):
+            split = _split_causal(score, mm1.outs[0].rank)
+            if split is not None:
+                causal, offset = True, split[1]
+                rest = _score_of(split[0])
+                scale, score = rest if rest is not None else (1.0, split[0])
         q, k, v = mm1.ins[0], mm1.ins[1], mm2.ins[1]
         dead = [si, mi, m2i] + (fix[0] if fix else [])
         for j, ref in ((0, q), (1, k)):
@@ -228,7 +325,7 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
             continue
         extra = tuple(mm1.ins[2:])
         p_dtype = v.dtype if v.dtype.itemsize <= 2 else DType.FP32
-        attrs = AttentionKAttrs(scale, score, False, 0, fix is not None,
+        attrs = AttentionKAttrs(scale, score, causal, offset, fix is not None,
                                 mm2.attrs.epilogue or Expr(EOp.ACC), p_dtype)
         out = mm2.outs[0]
         origin = tuple(o for i in sorted(dead) for o in kp.kernels[i].origin)
@@ -242,6 +339,10 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
                 kp.buffers.pop(bname, None)
         return True
     return False
+
+
+def _has_loads(e: Expr) -> bool:
+    return e.op is EOp.LOAD or any(_has_loads(a) for a in e.args)
 
 
 def _why(why: list[str] | None, k: KOp, reason: str) -> None:

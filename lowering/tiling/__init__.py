@@ -23,16 +23,21 @@ TILERS = {
 }
 
 
-def tile_program(kp: KProgram, target: Target) -> tuple[TProgram, list[str]]:
-    """The tile program of ``kp`` and the tilers' notes (choices worth a line in the dump)."""
+def tile_program(kp: KProgram, target: Target, resident: dict | None = None) -> tuple[TProgram, list[str]]:
+    """The tile program of ``kp`` and the tilers' notes (choices worth a line in the dump);
+    ``resident`` (``passes.residency.choose_resident``) names the tensors kept in SBUF."""
     b = TirBuilder(target)
+    resident = resident or {}
     for h in kp.buffers.values():
-        b.hbm_tensor(h.name, h.bytes, h.dtype, h.role.value)
+        b.hbm_tensor(h.name, h.bytes, h.dtype, h.role.value, resident.get(h.name))
     b.live = {r.buffer for k in kp.kernels for r in k.ins} | {r.buffer for r in kp.outputs}
     for i, k in enumerate(kp.kernels):
         b.tag = f"k{i}:{k.kind.value}:{','.join(k.origin)}"
         b.prefix = f"k{i}."
         TILERS[k.kind](b, k)
+    if resident:
+        b.notes.append("resident in SBUF: " + ", ".join(
+            f"{n} ({r.rows}x{r.cols}, {r.bytes_per_partition} B/partition)" for n, r in resident.items()))
     outs = tuple(dict.fromkeys(r.buffer for r in kp.outputs
                                if kp.buffers[r.buffer].role is not Role.INPUT))
     return b.program(tuple(kp.inputs), outs), b.notes

@@ -64,20 +64,62 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                tp_bufs=1)
     # PSUM: per query block and key block of a step one score bank (the probability
     # transposes reuse it once the exp has read it) and one output bank
-    U = 2 if Sk > KB else 1          # score and output banks per query block
+    # score and output banks per query block: two of each for the two key-block parities of
+    # the software pipeline, or (a single key block) two slots each so that consecutive groups
+    # or batch items overlap
+    per_q = 4
     # a K loaded through TensorE transposes needs a bank per load site of the loop body
-    tp_banks = 2 * U if sk.form == PE_T else 0
-    J = max(1, min(4, (t.psum_banks - tp_banks) // (2 * U), -(-Sq // QB)))
+    tp_banks = 4 if sk.form == PE_T else 0
+    J = max(1, min(4, (t.psum_banks - tp_banks) // per_q, -(-Sq // QB)))
     b.note(f"attention {'x'.join(map(str, batch))} x [{Sq}x{D}] keys {Sk} values {Dv}: Q {sq.form}, "
-           f"K {sk.form}; {J} query blocks x {U} key blocks of {KB} interleaved per step")
+           f"K {sk.form}; {J} query blocks per group, key blocks of {KB} software-pipelined")
+    masks = _causal_masks(b, k, Sq, Sk, J) if k.attrs.causal else None
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
-        for g0, gw in b.tiled(Sq, J * QB, "qg"):
-            _group(b, k, sq, sk, bidx, g0, gw, D, Sk, Dv)
+        if masks is None:
+            for g0, gw in b.tiled(Sq, J * QB, "qg"):
+                _group(b, k, sq, sk, bidx, g0, gw, D, Sk, Dv, None)
+        else:   # causal: every group on its own, with the key blocks its queries can see
+            for g in range(-(-Sq // (J * QB))):
+                g0 = g * J * QB
+                _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks)
+
+
+def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
+    """For a static (query block, key block) pair: None when every key is visible to every
+    query, else d = k0 - q0 - off (key c of the block is visible to query p iff c - p + d <= 0)."""
+    if k0 + kw - 1 <= q0 + off:
+        return None
+    return k0 - q0 - off
+
+
+def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int) -> dict:
+    """One additive mask tile [128, KB] (0 visible, -3e38 hidden) per distinct diagonal offset
+    d, set once at the start of the kernel."""
+    off = k.attrs.causal_offset
+    ds = set()
+    for g in range(-(-Sq // (J * QB))):
+        for j in range(J):
+            q0 = g * J * QB + j * QB
+            if q0 >= Sq:
+                break
+            qr = min(QB, Sq - q0)
+            for k0 in range(0, min(Sk, q0 + qr + off), KB):
+                d = _diag_offsets(q0, qr, k0, min(KB, Sk - k0), off)
+                if d is not None:
+                    ds.add(d)
+    out = {}
+    for d in sorted(ds):
+        t = b.tile(f"mask{len(out)}", Memory.SBUF, QB, KB, F32)
+        b.iota(t.ap(), d, -1, (1,))                     # c - p + d
+        b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0)
+        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -LOWEST)   # 0 or -3.4e38
+        out[d] = t
+    return out
 
 
 def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: int, D: int, Sk: int,
-           Dv: int) -> None:
+           Dv: int, masks: dict | None) -> None:
     a = k.attrs
     V = k.ins[2]
     dt, pdt = sq.ref.dtype, a.p_dtype
@@ -104,30 +146,43 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
     # products, accumulator update), so every in-order engine finds the next block's early
     # work ahead of the previous block's late work. Score banks, probabilities and exp factors
     # live in two slots per query block (by block parity: the key loop is unrolled by two).
+    if masks is not None:     # causal: only the keys the group's last query can see
+        Sk = min(Sk, g0.const + gw + k.attrs.causal_offset)
     full, tail = divmod(Sk, KB)
     kbs = [(aff(i * KB), KB) for i in range(full)] + ([(aff(full * KB), tail)] if tail else [])
     nb = len(kbs)
+    # per key block, per query block: the causal mask tile, or None when all keys are visible
+    diag = [[None] * len(blocks) for _ in kbs]
+    if masks is not None:
+        for bi, (k0, kw) in enumerate(kbs):
+            for j, (q0, qr) in enumerate(blocks):
+                d = _diag_offsets(q0.const, qr, k0.const, kw, k.attrs.causal_offset)
+                diag[bi][j] = masks[d] if d is not None else None
+    clean = next((bi for bi, row in enumerate(diag) if any(m is not None for m in row)), nb)
     nu = 2 if nb > 1 else 1
-    S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, 1) for j in range(len(blocks))] for u in range(nu)]
-    O = [[b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, 1) for j, (_, qr) in enumerate(blocks)]
+    sb = 1 if nb > 1 else 2
+    S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, sb) for j in range(len(blocks))] for u in range(nu)]
+    O = [[b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, sb) for j, (_, qr) in enumerate(blocks)]
          for u in range(nu)]
-    P = [[b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt, 1) for j, (_, qr) in enumerate(blocks)]
+    P = [[b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt, sb) for j, (_, qr) in enumerate(blocks)]
          for u in range(nu)]
-    AL = [[b.tile(f"al{j}_{u}", Memory.SBUF, qr, 2, F32, 1) for j, (_, qr) in enumerate(blocks)]
+    AL = [[b.tile(f"al{j}_{u}", Memory.SBUF, qr, 2, F32, sb) for j, (_, qr) in enumerate(blocks)]
           for u in range(nu)]            # per slot: the exp factor a and the block's row sum
     pipe = (st, blocks, S, P, AL, O, bidx, D, Dv)
 
-    def early(bi_or_aff, kw: int, u: int, k0: Affine) -> None:
+    def early(bi, kw: int, u: int, k0: Affine) -> None:
         kt = _load_k(b, sk, bidx, k0, kw, D, dt)
         _qk(b, st, blocks, kt, S[u], kw, D)
-        _early(b, k, pipe, u, k0, kw)
+        _early(b, k, pipe, u, k0, kw, diag[bi] if bi is not None else [None] * len(blocks))
 
     def late(u: int, k0: Affine, kw: int) -> None:
         vt = _load_v(b, V, bidx, k0, kw, Dv)
         _late(b, k, pipe, u, vt, kw)
 
     early(0, kbs[0][1], 0, kbs[0][0])
-    L = (full - 1) // 2 if full >= 3 else 0     # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1
+    # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1 (full, unmasked blocks only)
+    nclean = min(full, clean)
+    L = (nclean - 1) // 2 if nclean >= 3 else 0
     if L:
         with b.loop(L, "kb") as i:
             early(None, KB, 1, (2 * i + 1) * KB)
@@ -142,12 +197,13 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
         _finish(b, k, st[j], nb % 2, bidx, q0, qr, Dv)
 
 
-def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int) -> None:
+def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int, masks) -> None:
     """Row max, exp and statistics of one key block for every query block of the group, stage
     by stage across the blocks; statistics are read from slot ``u`` and written to the other
     (a key block's parity is its slot)."""
     st, blocks, S, P, AL, O, bidx, D, Dv = pipe
-    ph1 = [_softmax_max(b, k, st[j], S[u][j], bidx, q0, qr, k0, kw, u) for j, (q0, qr) in enumerate(blocks)]
+    ph1 = [_softmax_max(b, k, st[j], S[u][j], bidx, q0, qr, k0, kw, u, masks[j])
+           for j, (q0, qr) in enumerate(blocks)]
     for j, (q0, qr) in enumerate(blocks):
         _softmax_exp(b, k, st[j], ph1[j], P[u][j], AL[u][j], qr, kw, u)
 
@@ -205,15 +261,19 @@ def _qk(b: TirBuilder, st, blocks, kt, S, kw: int, D: int) -> None:
 
 
 def _softmax_max(b: TirBuilder, k: KOp, state, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int,
-                 par: int):
+                 par: int, mask=None):
     """Phase 1 of an online-softmax step: -m' = min(-scale * rowmax, -m), into the other slot.
     Returns (score access, its scale)."""
     a = k.attrs
     nm = state[1]
     src, act_scale = s.ap(qr, dims=((1, kw),)), a.scale
-    if a.score is not None or a.causal:
+    if a.score is not None:
         src = _score_tile(b, k, s, bidx, q0, qr, k0, kw)
         act_scale = 1.0
+    if mask is not None:          # a causal diagonal block: hidden keys at -3.4e38
+        sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
+        b.tensor_tensor(sc, src, mask.ap(qr, dims=((1, kw),)), AluOp.ADD)
+        src = sc
     mb = b.tile("mb", Memory.SBUF, qr, 1, F32).ap()
     b.tensor_reduce(mb, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
     b.tensor_scalar(nm[1 - par].ap(), mb, AluOp.MULTIPLY, -act_scale, op1=AluOp.MIN,

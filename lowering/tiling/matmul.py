@@ -93,7 +93,8 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     t = b.target
     sa = _Side(A, A.strides[-1], A.strides[-2], M, operand_form(A.strides[-1], A.strides[-2], M, A.dtype, t))
     sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, operand_form(Bm.strides[-2], Bm.strides[-1], N, Bm.dtype, t))
-    epi = k.attrs.epilogue
+    epi, folded = fold_row_bias(k)
+    k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
     used = sorted(epi.loads()) if epi is not None else []
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
                         tuple(k.ins[i].dtype for i in used), count_intermediates(epi) if epi else 1)
@@ -104,7 +105,34 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
-    _emit(b, k, sa, sb, best, used)
+    _emit(b, k, sa, sb, best, used, folded)
+
+
+def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
+    """``add(acc, bias)`` in the epilogue, where the bias view is the same for every row (stride
+    0 along M), becomes part of the PSUM accumulation: one more product ``ones[1, M].T @
+    bias[1, N]`` per cell, so the bias row is loaded once per group (one partition) instead of
+    a [128, 512] broadcast per cell. Returns (new epilogue, folded input indices)."""
+    epi = k.attrs.epilogue
+    if epi is None:
+        return None, []
+    folded: list[int] = []
+
+    def walk(x: Expr) -> Expr:
+        if x.op is EOp.ADD and len(folded) < 2:
+            a, c = x.args
+            for acc_side, other in ((a, c), (c, a)):
+                if (acc_side.op is EOp.ACC and other.op is EOp.LOAD and other.index >= 2
+                        and k.ins[other.index].strides[-2] == 0
+                        and k.ins[other.index].dtype == k.ins[0].dtype and x.dtype.is_float):
+                    folded.append(other.index)
+                    return Expr(EOp.CAST, (Expr(EOp.ACC),), x.dtype)
+        if not x.args:
+            return x
+        return Expr(x.op, tuple(walk(y) for y in x.args), x.dtype, x.index, x.value)
+
+    new = walk(epi)
+    return (new if folded else epi), folded
 
 
 def _prod(xs) -> int:
@@ -114,7 +142,8 @@ def _prod(xs) -> int:
     return n
 
 
-def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int]) -> None:
+def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
+          folded: list[int]) -> None:
     A, out = k.ins[0], k.outs[0]
     *batch, M, K = A.shape
     N = k.ins[1].shape[-1]
@@ -134,7 +163,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
                 for k0, kt in b.tiled(K, TK, "k"):
-                    sblk = b.tile("str", Memory.SBUF, kt, sw, dt, 3)
+                    sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
                     strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw)
                     if c.stream:      # K too long to keep a block: both sides per K tile
                         blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
@@ -156,6 +185,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                                 mov = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
                                 dst = acc.ap(jw, elem_offset=cell, dims=((1, iw),))
                             b.matmul(dst, stat, mov, start_when=(k0,))
+                for fi in folded:
+                    _bias_products(b, k, fi, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns)
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
                         ia, ja = i0 // rt, j0 // st
@@ -166,6 +197,30 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                             m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
                             cell = (ja * nr + ia) * TN
                         _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+
+
+def _bias_products(b: TirBuilder, k: KOp, fi: int, bidx, c: Blocking, acc, r0, rw: int, s0, sw: int,
+                   rt: int, st: int, nr: int, ns: int) -> None:
+    """acc[cell] += ones[1, rows].T @ bias[1, cols] for every cell of the group: the row bias
+    folded into the accumulation (see ``fold_row_bias``)."""
+    x = k.ins[fi]
+    n0, nw = (s0, sw) if c.resident == "A" else (r0, rw)
+    row = b.tile(f"bias{fi}", Memory.SBUF, 1, nw, x.dtype, 2)
+    b.dma(row.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + n0 * x.strides[-1], 1, 0,
+                           ((nw, x.strides[-1]),)))
+    ones = b.tile("ones", Memory.SBUF, 1, 128, x.dtype, 1)
+    b.memset(ones.ap(), 1.0)
+    for i0, iw in b.tiled(rw, rt, "bi"):
+        for j0, jw in b.tiled(sw, st, "bj"):
+            ia, ja = i0 // rt, j0 // st
+            if c.resident == "A":      # i: m-tiles, j: n-tiles
+                b.matmul(acc.ap(iw, elem_offset=(ia * ns + ja) * TN, dims=((1, jw),)),
+                         ones.ap(1, dims=((1, iw),)), row.ap(1, elem_offset=j0, dims=((1, jw),)),
+                         start_when=(1,))
+            else:                      # i: n-tiles, j: m-tiles
+                b.matmul(acc.ap(jw, elem_offset=(ja * nr + ia) * TN, dims=((1, iw),)),
+                         ones.ap(1, dims=((1, jw),)), row.ap(1, elem_offset=i0, dims=((1, iw),)),
+                         start_when=(1,))
 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,

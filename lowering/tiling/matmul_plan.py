@@ -20,7 +20,7 @@ special-cased: every choice falls out of the target description.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runtime_sim.costs import instr_cost
 from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, DmaAttrs, DType, EngineKind, Instr,
@@ -54,13 +54,14 @@ class Blocking:
     block_bufs: int       # 2: the next block loads while this one computes
     acc_bufs: int
     stream: bool = False  # K too long to keep a block: the resident side is loaded per K tile
+    stream_bufs: int = 3  # slots of the streamed tiles (set from the DMA latency, see estimate)
     est_ns: float = 0.0
     detail: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         d = ", ".join(f"{k}={v:.1f}" for k, v in self.detail.items())
         return (f"resident={self.resident}{' (streamed per K tile)' if self.stream else ''} "
-                f"block={self.block} group={self.group} "
+                f"block={self.block} group={self.group} stream_bufs={self.stream_bufs} "
                 f"block_bufs={self.block_bufs} acc_bufs={self.acc_bufs} est={self.est_ns / 1e3:.2f} us ({d})")
 
 
@@ -177,8 +178,32 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     exposed = 0.0
     if nblocks > 1 and c.block_bufs == 1:
         exposed = (nblocks - 1) * B * max(0.0, block_load - group_time)
-    total = max(pe, dma, evac) + exposed + fill
-    return total, {"pe": pe / 1e3, "dma": dma / 1e3, "evac": evac / 1e3, "exposed": exposed / 1e3}
+    # a streamed tile is in flight for its whole DMA latency: with ``stream_bufs`` slots the
+    # loads sustain at most stream_bufs transfers per latency
+    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    q1 = q[0] / max(str_n, 1)
+    dma = max(dma, str_n * (lat + q1) / max(1, c.stream_bufs))
+    # every execution of one static transfer goes through its queue, whose descriptor
+    # generation serialises them
+    dma = max(dma, q[2], r[2])
+    # fill: the first resident and streamed tiles; drain: the last group's epilogue
+    fill = lat + r[0] / max(res_n, 1) + lat + q1
+    cells = c.block * c.group
+    drain = cells * (sum(pr.evac) / len(pr.evac) + oe) + lat
+    total = max(pe, dma, evac) + exposed + fill + drain
+    return total, {"pe": pe / 1e3, "dma": dma / 1e3, "evac": evac / 1e3, "exposed": exposed / 1e3,
+                   "fill": fill / 1e3, "drain": drain / 1e3}
+
+
+def stream_slots(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> int:
+    """Slots for the streamed tiles: enough transfers in flight to cover the DMA latency while
+    TensorE works through one streamed tile (3 to 8)."""
+    isz = s.dtype.itemsize
+    str_f = min(c.group * 512, s.N) if c.resident == "A" else min(c.group * 128, s.M)
+    data = pr.dma(min(128, s.K), str_f, isz)[0]
+    work = max(data, c.block * c.group * pr.mm)
+    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    return max(3, min(8, -(-int(lat + data) // max(1, int(work))) + 1))
 
 
 def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
@@ -192,7 +217,7 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     else:
         rw, sw = min(s.N, c.block * 512), min(s.M, c.group * 128)
         res_form, str_form, rt, st = s.b_form, s.a_form, 512, 128
-    sb = (3 * rw if c.stream else Kt * rw * c.block_bufs) * isz + 3 * sw * isz
+    sb = (3 * rw if c.stream else Kt * rw * c.block_bufs) * isz + c.stream_bufs * sw * isz
     sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
     acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
     tps = 0
@@ -230,11 +255,12 @@ def choose_blocking(s: MatmulShape, t: Target) -> tuple[Blocking, list[Blocking]
     cap = int(t.sbuf_bytes_per_partition * SBUF_SHARE)
     scored = []
     for c in candidates(s, t):
+        c = replace(c, stream_bufs=stream_slots(s, c, t, pr))
         sb, banks = footprint(s, c, t)
         if sb > cap or banks > t.psum_banks:
             continue
         est, det = estimate(s, c, t, pr)
-        scored.append(Blocking(c.resident, c.block, c.group, c.block_bufs, c.acc_bufs, c.stream, est, det))
+        scored.append(replace(c, est_ns=est, detail=det))
     if not scored:  # even one [128 x 512] tile of each side per K tile does not fit
         raise ValueError(f"no matmul blocking fits: M={s.M} N={s.N} K={s.K} {s.dtype.value}")
     scored.sort(key=lambda c: (c.est_ns, c.block_bufs == 1, -c.block, -c.group))

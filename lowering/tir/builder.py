@@ -104,13 +104,32 @@ class TirBuilder:
         self._nvar = 0
         self._variants: list[dict] = []     # open tiled() sequences (see tile())
         self.live: set[str] = set()         # HBM tensors that something reads or returns
+        self.resident: dict[str, tuple[object, str]] = {}   # tensor -> (Residency, SBUF buffer)
         self.notes: list[str] = []          # decisions worth a line in the dump (e.g. blockings)
 
     # -- buffers ------------------------------------------------------------------------------
-    def hbm_tensor(self, name: str, nbytes: int, dtype: DType, role: str) -> TBuf:
+    def hbm_tensor(self, name: str, nbytes: int, dtype: DType, role: str, resident=None) -> TBuf:
+        """A tensor in HBM; with ``resident`` (a ``passes.residency.Residency``) it lives in an
+        SBUF buffer ``r.<name>`` instead, and accesses are mapped onto it (``tir.resident``)."""
         b = TBuf(name, Memory.HBM, 1, (max(1, nbytes),), DType.UINT8, 1, None, role)
         self.buffers[name] = b
+        if resident is not None:
+            rb = TBuf(f"r.{name}", Memory.SBUF, min(128, resident.rows),
+                      (resident.tiles * resident.cols,), dtype, 1, None)
+            self.buffers[rb.name] = rb
+            self.resident[name] = (resident, rb.name)
         return b
+
+    def is_resident(self, name: str) -> bool:
+        return name in self.resident
+
+    def map_resident(self, a: TAP) -> TAP:
+        """``a`` itself, or its access of the resident tensor's SBUF buffer."""
+        if a.buf not in self.resident:
+            return a
+        from lowering.tir.resident import map_ap
+        res, rb = self.resident[a.buf]
+        return map_ap(res, rb, a, self._counts)
 
     def tile(self, name: str, memory: Memory, partitions: int, free: tuple[int, ...] | int,
              dtype: DType, bufs: int = 2) -> Tile:
@@ -253,6 +272,12 @@ class TirBuilder:
 
     # -- one method per ISA op (engine options in preference order) ---------------------------
     def dma(self, dst: TAP, src: TAP, transpose: bool = False) -> TInstr:
+        if dst.buf in self.resident or src.buf in self.resident:
+            from lowering.tir import resident
+            return resident.dma(self, dst, src, transpose)
+        return self.emit_dma(dst, src, transpose)
+
+    def emit_dma(self, dst: TAP, src: TAP, transpose: bool = False) -> TInstr:
         return self.emit(Op.DMA_COPY, dst, (src,), DmaAttrs(transpose), engines=(EngineKind.DMA,))
 
     def matmul(self, dst: TAP, stationary: TAP, moving: TAP, *,

@@ -89,3 +89,26 @@ def test_probabilities_read_twice_are_not_fused():
     out, p = fn(q, k, v)
     assert_close(low.outputs[0], out)
     assert_close(low.outputs[1], p)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 128, 128, 64), (1, 1, 300, 300, 32), (1, 1, 1100, 1100, 16),
+                                   (1, 1, 200, 700, 16)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("form", ["sdpa", "written"])
+def test_causal_attention_skips_hidden_blocks_and_matches_eager(form, shape):
+    """A causal mask (SDPA's is_causal, or the tril mask a GPT writes out) becomes the kernel's
+    causal flag: hidden key blocks are skipped, diagonal blocks get a precomputed mask."""
+    B, H, S, Sk, D = shape
+    g = torch.Generator().manual_seed(S + Sk)
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for n in (S, Sk, Sk))
+    if form == "sdpa":
+        fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    else:
+        def fn(q, k, v):
+            s = q @ k.transpose(-1, -2) * D ** -0.5
+            keep = torch.ones(S, Sk, dtype=torch.bool).tril()
+            return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+    low = lower_and_run(fn, q, k, v)
+    post = low.dumps["ir_post_fusion.txt"]
+    assert _kernels(low)[-1] == "attention" and "causal=True" in post, post
+    ref = fn(q, k, v)
+    assert_close(low.outputs[0], ref)
