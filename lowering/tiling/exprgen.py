@@ -78,31 +78,40 @@ class ExprGen:
         self.memo[x] = v
         return v
 
-    def tile_of(self, x: Expr, dtype: DType | None = None) -> TAP:
-        """``x`` as a tile access of ``dtype`` (default its own dtype)."""
-        v = self.value(x)
+    def tile_of(self, x: Expr, dtype: DType | None = None, out: TAP | None = None) -> TAP:
+        """``x`` as a tile access of ``dtype`` (default its own dtype); with ``out`` the result
+        is computed into that access (the last instruction writes it) and ``out`` returned."""
         dt = dtype or x.dtype
+        if out is not None and x not in self.memo and x.dtype == dt and x.args and x.op is not EOp.CONST:
+            v = self._value(x, out)
+            self.memo[x] = v
+            if v is out:
+                return out
+        else:
+            v = self.value(x)
         if isinstance(v, float):
-            t = self.new(dt)
+            t = out if out is not None else self.new(dt)
             self.b.memset(t, v)
             return t
-        if v.dtype != dt:
-            t = self.new(dt)
+        if v.dtype != dt or (out is not None and v is not out):
+            t = out if out is not None else self.new(dt)
             self.b.tensor_copy(t, v)
             return t
         return v
 
-    def _value(self, x: Expr) -> TAP | float:
+    def _value(self, x: Expr, dst: TAP | None = None) -> TAP | float:
         op = x.op
         if op in (EOp.LOAD, EOp.ACC, EOp.INDEX):
             return self.leaf(x)
         if op is EOp.CONST:
             return _round_const(x.value, x.dtype)
+        if op is EOp.CAST and x.args[0].dtype == x.dtype and dst is None:
+            return self.value(x.args[0])          # a cast to the same type moves nothing
         args = [self.value(a) for a in x.args]
         if all(isinstance(a, float) for a in args):
             return _round_const(_fold(x, args), x.dtype)
         b = self.b
-        out = self.new(x.dtype)
+        out = dst if dst is not None else self.new(x.dtype)
         if op is EOp.CAST:
             b.tensor_copy(out, args[0])
         elif op is EOp.NEG:

@@ -229,9 +229,14 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     loads: dict[int, TAP] = {}
     for i in used:
         x = k.ins[i]
+        src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2] + n0 * x.strides[-1],
+                     mt, x.strides[-2], ((nt, x.strides[-1]),))
+        view = b.resident_view(src, mt)
+        if view is not None:
+            loads[i] = view
+            continue
         tl = b.tile(f"epi{i}", Memory.SBUF, mt, nt, x.dtype, 2)
-        b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2]
-                              + n0 * x.strides[-1], mt, x.strides[-2], ((nt, x.strides[-1]),)))
+        b.dma(tl.ap(), src)
         loads[i] = tl.ap()
 
     def leaf(x: Expr) -> TAP:
@@ -251,13 +256,19 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
         return tl
 
     gen = ExprGen(b, mt, (nt,), leaf, bufs=EPI_BUFS)
-    res = gen.tile_of(k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC), out.dtype)
+    expr = k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC)
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
+                 + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),))
+    target = b.resident_view(dst, mt)
+    if target is not None:            # the output stays in SBUF: evacuate PSUM straight into it
+        gen.tile_of(expr, out.dtype, out=target)
+        return
+    res = gen.tile_of(expr, out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
         ev = gen.new(out.dtype)
         b.tensor_copy(ev, res)
         res = ev
-    b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
-                 + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),)), res)
+    b.dma(dst, res)
 
 
 def _boff(ref, bidx) -> Affine:

@@ -110,6 +110,10 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         # free axes the input broadcasts along (stride 0) are not loaded: the SBUF access
         # pattern repeats the loaded values (stride 0)
         free = free_of(s)
+        view = b.resident_view(hbm_ap(x.buffer, x.dtype, off(s), p, reg.row_strides[s], free), p)
+        if view is not None:          # already in SBUF: read it where it is
+            tiles[i] = view
+            continue
         compact = tuple(fs for fs in free if fs[1] != 0)
         t = b.tile(f"in{i}", Memory.SBUF, p, tuple(n for n, _ in compact) or 1, x.dtype, IN_BUFS)
         b.dma(t.ap(), hbm_ap(x.buffer, x.dtype, off(s), p, reg.row_strides[s], compact))
@@ -124,12 +128,17 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         return t
 
     gen = ExprGen(b, p, fsz, leaf)
+    dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
+    target = b.resident_view(dst, p)
+    if target is not None:            # the output stays in SBUF: compute it in place
+        gen.tile_of(expr, out.dtype, out=target)
+        return
     res = gen.tile_of(expr, out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM
         ev = gen.new(out.dtype)
         b.tensor_copy(ev, res)
         res = ev
-    b.dma(hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0)), res)
+    b.dma(dst, res)
 
 
 def _transposed_load(reg: Region, slot: int, dtype: DType) -> bool:

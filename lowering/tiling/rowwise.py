@@ -71,10 +71,20 @@ def row_tiles(b: TirBuilder, plan, n_ops: int):
 
 
 def load_rows(b: TirBuilder, plan, x, bases, r0, p: int, C: int, bufs: int = 3) -> TAP:
+    src = hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p, plan.row_strides[0],
+                 free_of(plan, 0))
+    view = b.resident_view(src, p)
+    if view is not None:
+        return view
     t = b.tile("x", Memory.SBUF, p, C, x.dtype, bufs).ap()
-    b.dma(t, hbm_ap(x.buffer, x.dtype, bases[0] + r0 * plan.row_strides[0], p,
-                    plan.row_strides[0], free_of(plan, 0)))
+    b.dma(t, src)
     return t
+
+
+def row_target(b: TirBuilder, plan, slot: int, ref, bases, r0, p: int) -> TAP | None:
+    """Operand ``slot``'s rows in SBUF when that tensor stays there (compute into it)."""
+    return b.resident_view(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot],
+                                  p, plan.row_strides[slot], free_of(plan, slot)), p)
 
 
 def store_rows(b: TirBuilder, plan, slot: int, ref, bases, r0, p: int, tile: TAP, free=True) -> None:
@@ -104,7 +114,8 @@ def tile_softmax(b: TirBuilder, k: KOp) -> None:
         e = b.tile("e", Memory.SBUF, p, C, F32).ap()
         s = small(b, p)
         b.activation(e, xa, ActFunc.EXP, bias_ap=nmx, reduce=AluOp.ADD, accum=s)
-        y = b.tile("y", Memory.SBUF, p, C, out.dtype).ap()
+        target = row_target(b, plan, 1, out, bases, r0, p)
+        y = target if target is not None else b.tile("y", Memory.SBUF, p, C, out.dtype).ap()
         if k.attrs.log:
             ls = small(b, p)
             b.activation(ls, s, ActFunc.LOG)
@@ -113,7 +124,8 @@ def tile_softmax(b: TirBuilder, k: KOp) -> None:
             rs = small(b, p)
             b.activation(rs, s, ActFunc.RECIPROCAL)
             b.tensor_scalar(y, e, AluOp.MULTIPLY, rs)
-        store_rows(b, plan, 1, out, bases, r0, p, y)
+        if target is None:
+            store_rows(b, plan, 1, out, bases, r0, p, y)
 
 
 def bn_chunk(C: int) -> int | None:
@@ -168,20 +180,26 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
         mu, rs = _stats(b, xa, p, C, ch, a.eps)
         nmr = small(b, p)
         b.tensor_scalar(nmr, mu, AluOp.MULTIPLY, rs, op1=AluOp.MULTIPLY, operand1=-1.0)
+        target = row_target(b, plan, 1, y, bases, r0, p)
+
+        def final() -> TAP:
+            return target if target is not None else b.tile("ly", Memory.SBUF, p, C, y.dtype).ap()
+
         if params:
             cur = b.tile("xn", Memory.SBUF, p, C, wdt).ap()
             b.activation(cur, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
             for j, wt in enumerate(params):
                 is_w = a.has_weight and j == 0
                 last = j == len(params) - 1
-                nxt = b.tile("ly" if last else "lw", Memory.SBUF, p, C, y.dtype if last else wdt).ap()
+                nxt = final() if last else b.tile("lw", Memory.SBUF, p, C, wdt).ap()
                 b.tensor_tensor(nxt, cur, wt.ap(p), AluOp.MULTIPLY if is_w else AluOp.ADD)
                 cur = nxt
             yt = cur
         else:
-            yt = b.tile("ly", Memory.SBUF, p, C, y.dtype).ap()
+            yt = final()
             b.activation(yt, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
-        store_rows(b, plan, 1, y, bases, r0, p, yt)
+        if target is None:
+            store_rows(b, plan, 1, y, bases, r0, p, yt)
         for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
             if ref.buffer not in live:
                 continue

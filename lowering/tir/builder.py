@@ -123,6 +123,17 @@ class TirBuilder:
     def is_resident(self, name: str) -> bool:
         return name in self.resident
 
+    def resident_view(self, a: TAP, partitions: int) -> TAP | None:
+        """For an HBM access of a resident tensor laid out as ``partitions`` rows (its outermost
+        axis), the same elements in the tensor's SBUF buffer with that shape (use it directly as
+        an operand or destination: no copy); None for any other access (load or store it)."""
+        if a.buf not in self.resident:
+            return None
+        m = self.map_resident(a)
+        free = math.prod(s for _, s in m.dims)
+        want = math.prod(s for _, s in a.dims) // max(1, partitions)
+        return m if m.partitions == partitions and free == want else None
+
     def map_resident(self, a: TAP) -> TAP:
         """``a`` itself, or its access of the resident tensor's SBUF buffer."""
         if a.buf not in self.resident:
