@@ -24,7 +24,7 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.fusion import fuse
-from lowering.passes.residency import choose_resident
+from lowering.passes.residency import choose_resident, row_lengths
 from lowering.registry import op_name
 from lowering.tiling import tile_program
 from lowering.tir.analysis import Structure
@@ -78,17 +78,22 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
 
 
 def _tile_with_residency(kp, t):
-    """Tile with the chosen resident tensors; a tensor whose accesses do not follow the SBUF
-    layout is dropped from the set and the program tiled again."""
+    """Tile with the chosen resident tensors; a tensor whose accesses do not follow its SBUF
+    layout gets the next shorter row length, or is dropped from the set after its last one,
+    and the program is tiled again."""
     dropped: set[str] = set()
+    narrow: dict[str, int] = {}
+    lengths = row_lengths(kp)
     while True:
-        resident = choose_resident(kp, t.sbuf_bytes_per_partition, frozenset(dropped))
+        resident = choose_resident(kp, t.sbuf_bytes_per_partition, frozenset(dropped), narrow)
         try:
             return tile_program(kp, t, resident)
         except NotResident as e:
             if e.buffer in dropped or e.buffer not in resident:
                 raise
-            dropped.add(e.buffer)
+            narrow[e.buffer] = narrow.get(e.buffer, 0) + 1
+            if narrow[e.buffer] >= len(lengths.get(e.buffer, ())):
+                dropped.add(e.buffer)
 
 
 def _torch_dtype(dt):

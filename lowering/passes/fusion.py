@@ -10,10 +10,16 @@
    kernel; kernels whose outputs nothing reads are dropped.
 4. Copies into batched matmuls: a contiguous copy that only exists to merge batch axes for a
    matmul operand is dropped; the matmul reads the strided source with several batch axes.
+5. Activations (``passes/patterns.py``): a written-out function ScalarE has as one activation
+   (the tanh GELU) becomes that activation (the one rewrite here that changes rounding).
+6. Pointwise into an attention epilogue: a POINTWISE kernel that only reads the ATTENTION
+   output, through a permutation of its axes, becomes the attention's epilogue, and the
+   attention writes the consumer's tensor in the consumer's layout.
 
 Invariants
 - A fused producer disappears only when every reader inlined it and it is not a graph output.
-- Inlining never changes rounding: every expression node keeps the dtype of its ATen op.
+- Inlining never changes rounding: every expression node keeps the dtype of its ATen op
+  (activation recognition, 5, is the documented exception).
 - Expressions stay below ``MAX_EXPR`` nodes (recomputation is bounded).
 """
 from __future__ import annotations
@@ -21,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from lowering.kir import (EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs, PointwiseAttrs, Role,
-                          TensorRef, contiguous_strides, view_as)
+from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs,
+                          PointwiseAttrs, Role, TensorRef, contiguous_strides, view_as)
 
 MAX_EXPR = 48
 
@@ -147,12 +153,19 @@ def fuse_pointwise_chains(kp: KProgram) -> bool:
 
 
 def _drop_unused_inputs(k: KOp) -> KOp:
+    """Drop inputs the expression no longer loads and merge equal views (a tensor the
+    expression reads several times through the same view is loaded once per tile)."""
     if not isinstance(k.attrs, PointwiseAttrs):
         return k
-    used = sorted(k.attrs.expr.loads())
-    remap = {old: new for new, old in enumerate(used)}
+    ins: list[TensorRef] = []
+    remap: dict[int, int] = {}
+    for old in sorted(k.attrs.expr.loads()):
+        r = k.ins[old]
+        if r not in ins:
+            ins.append(r)
+        remap[old] = ins.index(r)
     expr = k.attrs.expr.map_loads(lambda x: replace(x, index=remap[x.index]))
-    return KOp(k.kind, k.outs, tuple(k.ins[i] for i in used), PointwiseAttrs(expr), k.origin)
+    return KOp(k.kind, k.outs, tuple(ins), PointwiseAttrs(expr), k.origin)
 
 
 def fuse_matmul_epilogues(kp: KProgram) -> bool:
@@ -164,7 +177,7 @@ def fuse_matmul_epilogues(kp: KProgram) -> bool:
         X = mm.outs[0].buffer
         if X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
             continue
-        users = readers.get(X, [])
+        users = sorted(set(readers.get(X, [])))
         if len(users) != 1:
             continue
         c = kp.kernels[users[0]]
@@ -311,12 +324,60 @@ def absorb_copies_into_matmul(kp: KProgram) -> bool:
     return False
 
 
+def fuse_attention_epilogues(kp: KProgram) -> bool:
+    """6. above: ``y = f(permute(attention(...)))`` -> ``attention(..., epilogue=f)`` writing y."""
+    readers, writers = _readers(kp), _writers(kp)
+    outputs = {r.buffer for r in kp.outputs}
+    for ai, at in enumerate(kp.kernels):
+        if at.kind is not KKind.ATTENTION or not isinstance(at.attrs, AttentionKAttrs):
+            continue
+        aout = at.outs[0]
+        X = aout.buffer
+        if (X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1
+                or not _is_whole(kp, aout)):
+            continue
+        users = sorted(set(readers.get(X, [])))
+        if len(users) != 1 or users[0] < ai:
+            continue
+        c = kp.kernels[users[0]]
+        if c.kind is not KKind.POINTWISE or not isinstance(c.attrs, PointwiseAttrs):
+            continue
+        cout = c.outs[0]
+        if (len(set(c.ins)) != 1 or c.ins[0].buffer != X or not _is_whole(kp, cout)
+                or cout.numel != aout.numel or _has_index(c.attrs.expr)):
+            continue
+        amap = _axis_map(c.ins[0], aout.shape)
+        if amap is None:
+            continue
+        # a bijection: every attention axis of size > 1 walked by exactly one consumer axis
+        strides = [0] * aout.rank
+        walked = {a for a in amap if a is not None}
+        if any(aout.shape[a] > 1 and a not in walked for a in range(aout.rank)):
+            continue
+        for d, a in enumerate(amap):
+            if a is not None:
+                if c.ins[0].shape[d] != aout.shape[a]:
+                    break
+                strides[a] = cout.strides[d]
+        else:
+            out = TensorRef(cout.buffer, cout.dtype, aout.shape, tuple(strides), cout.offset)
+            expr = c.attrs.expr.map_loads(lambda x: at.attrs.epilogue)
+            kp.kernels[ai] = KOp(KKind.ATTENTION, (out,), at.ins, replace(at.attrs, epilogue=expr),
+                                 at.origin + c.origin)
+            del kp.kernels[users[0]]
+            del kp.buffers[X]
+            return True
+    return False
+
+
 def fuse(kp: KProgram) -> KProgram:
     """Run the fusions to a fixed point (in place); return the program. Refused attention
     fusions are recorded in ``kp.notes`` (WhyNoFuse lines)."""
     from lowering.passes.attention import drop_dead_kernels, fuse_attention
+    from lowering.passes.patterns import recognise_activations
     changed = True
     while changed:
-        changed = (drop_dead_kernels(kp) or fuse_pointwise_chains(kp) or fuse_matmul_epilogues(kp)
-                   or absorb_copies_into_matmul(kp) or fuse_attention(kp, kp.notes))
+        changed = (drop_dead_kernels(kp) or fuse_pointwise_chains(kp) or recognise_activations(kp)
+                   or fuse_matmul_epilogues(kp) or absorb_copies_into_matmul(kp)
+                   or fuse_attention(kp, kp.notes) or fuse_attention_epilogues(kp))
     return kp

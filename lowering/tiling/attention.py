@@ -33,8 +33,8 @@ from contextlib import ExitStack
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, EOp, Expr, KOp
 from lowering.tiling.exprgen import ExprGen
-from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_plan import PE_T, operand_form
+from lowering.tiling.matmul import _Side, _form
+from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -58,9 +58,8 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     if Dv > 512:
         raise Unsupported(",".join(k.origin) or "attention", f"value width Dv={Dv} > 512 (one PSUM bank)")
     t = b.target
-    sq = _Side(Q, Q.strides[-1], Q.strides[-2], Sq, operand_form(Q.strides[-1], Q.strides[-2], Sq, Q.dtype, t),
-               tp_bufs=1)
-    sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, operand_form(KT.strides[-2], KT.strides[-1], Sk, KT.dtype, t),
+    sq = _Side(Q, Q.strides[-1], Q.strides[-2], Sq, operand_form(Q.strides[-1], Q.strides[-2], Sq, Q.dtype, t), tp_bufs=1)
+    sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, _form(b, KT, KT.strides[-2], KT.strides[-1], Sk),
                tp_bufs=1)
     # PSUM: per query block and key block of a step one score bank (the probability
     # transposes reuse it once the exp has read it) and one output bank
@@ -69,7 +68,7 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     # or batch items overlap
     per_q = 4
     # a K loaded through TensorE transposes needs a bank per load site of the loop body
-    tp_banks = 4 if sk.form == PE_T else 0
+    tp_banks = 4 if sk.form in (PE_T, RES_T) else 0
     J = max(1, min(4, (t.psum_banks - tp_banks) // per_q, -(-Sq // QB)))
     b.note(f"attention {'x'.join(map(str, batch))} x [{Sq}x{D}] keys {Sk} values {Dv}: Q {sq.form}, "
            f"K {sk.form}; {J} query blocks per group, key blocks of {KB} software-pipelined")
@@ -358,9 +357,13 @@ def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, D
     o = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
     b.tensor_scalar(o, acc.ap(), AluOp.MULTIPLY, rl)
     gen = ExprGen(b, qr, (Dv,), lambda x: o)
-    res = gen.tile_of(a.epilogue, out.dtype)
-    b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
-                 out.strides[-2], ((Dv, out.strides[-1]),)), res)
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
+                 out.strides[-2], ((Dv, out.strides[-1]),))
+    target = b.resident_view(dst, qr)
+    if target is not None:            # the output stays in SBUF: computed straight into it
+        gen.tile_of(a.epilogue, out.dtype, out=target)
+        return
+    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
 
 
 def _cols(t: TAP, start, n: int, partitions: int | None = None) -> TAP:

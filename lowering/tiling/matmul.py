@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
-from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, Blocking, MatmulShape,
+from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          choose_blocking, operand_form)
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
@@ -67,13 +67,17 @@ class _Side:
                          self.fstride, ((kt, self.kstride),))
             b.dma(dap, src, transpose=True)
             return
-        if self.form == PE_T and fw > 1 and kt > 1:
+        if self.form in (PE_T, RES_T) and fw > 1 and kt > 1:
             for c0, cw in b.tiled(fw, 128, "t"):
-                rows = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
-                b.dma(rows.ap(), hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride
-                                        + k0 * self.kstride, cw, self.fstride, ((kt, self.kstride),)))
+                src = hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride + k0 * self.kstride,
+                             cw, self.fstride, ((kt, self.kstride),))
+                rows = b.resident_view(src, cw)      # RES_T: the rows are already in SBUF
+                if rows is None:
+                    t = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
+                    b.dma(t.ap(), src)
+                    rows = t.ap()
                 tp = b.tile("tps", Memory.PSUM, kt, cw, F32, self.tp_bufs)
-                b.transpose(tp.ap(), rows.ap())
+                b.transpose(tp.ap(), rows)
                 b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tp.ap())
             return
         src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
@@ -91,8 +95,8 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     if M == 0 or N == 0 or any(n == 0 for n in batch):
         return
     t = b.target
-    sa = _Side(A, A.strides[-1], A.strides[-2], M, operand_form(A.strides[-1], A.strides[-2], M, A.dtype, t))
-    sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, operand_form(Bm.strides[-2], Bm.strides[-1], N, Bm.dtype, t))
+    sa = _Side(A, A.strides[-1], A.strides[-2], M, _form(b, A, A.strides[-1], A.strides[-2], M))
+    sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, _form(b, Bm, Bm.strides[-2], Bm.strides[-1], N))
     epi, folded = fold_row_bias(k)
     k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
     used = sorted(epi.loads()) if epi is not None else []
@@ -108,9 +112,17 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     _emit(b, k, sa, sb, best, used, folded)
 
 
+def _form(b: TirBuilder, ref, kstride: int, fstride: int, free: int) -> str:
+    """``operand_form``, except that rows of a tensor resident in SBUF are transposed on TensorE
+    straight from its buffer (``RES_T``) instead of taking a DMA transpose (SBUF -> SBUF, the DMA
+    latency on the critical path)."""
+    form = operand_form(kstride, fstride, free, ref.dtype, b.target)
+    return RES_T if form in (DMA_T, PE_T) and b.is_resident(ref.buffer) else form
+
+
 def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     """``add(acc, bias)`` in the epilogue, where the bias view is the same for every row (stride
-    0 along M), becomes part of the PSUM accumulation: one more product ``ones[1, M].T @
+    0 along M) and every use of the product is that sum, becomes part of the PSUM accumulation: one more product ``ones[1, M].T @
     bias[1, N]`` per cell, so the bias row is loaded once per group (one partition) instead of
     a [128, 512] broadcast per cell. Returns (new epilogue, folded input indices)."""
     epi = k.attrs.epilogue
@@ -119,20 +131,30 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     folded: list[int] = []
 
     def walk(x: Expr) -> Expr:
-        if x.op is EOp.ADD and len(folded) < 2:
+        if x.op is EOp.ADD:
             a, c = x.args
             for acc_side, other in ((a, c), (c, a)):
                 if (acc_side.op is EOp.ACC and other.op is EOp.LOAD and other.index >= 2
                         and k.ins[other.index].strides[-2] == 0
-                        and k.ins[other.index].dtype == k.ins[0].dtype and x.dtype.is_float):
-                    folded.append(other.index)
+                        and k.ins[other.index].dtype == k.ins[0].dtype and x.dtype.is_float
+                        and (other.index in folded or not folded)):
+                    if other.index not in folded:    # the same sum may occur more than once
+                        folded.append(other.index)
+                    hits[0] += 1
                     return Expr(EOp.CAST, (Expr(EOp.ACC),), x.dtype)
         if not x.args:
             return x
         return Expr(x.op, tuple(walk(y) for y in x.args), x.dtype, x.index, x.value)
 
+    hits = [0]
     new = walk(epi)
+    if hits[0] != _count_acc(epi):     # the bare product is used too: it must stay bias-free
+        return epi, []
     return (new if folded else epi), folded
+
+
+def _count_acc(x: Expr) -> int:
+    return (x.op is EOp.ACC) + sum(_count_acc(a) for a in x.args)
 
 
 def _prod(xs) -> int:

@@ -29,6 +29,7 @@ from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, DmaAttrs, DType, Engi
 from runtime_sim.targets import Target
 
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
+RES_T = "resident_transpose"   # rows of an SBUF-resident tensor, transposed on TensorE (no DMA)
 SBUF_SHARE = 0.80   # of a partition for one matmul kernel (the rest: neighbours, alignment)
 
 
@@ -131,9 +132,11 @@ def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float):
     if form == DMA_T:
         e, h, d = pr.dma(p, f, isz, transpose=True)
         return n * e, n * h, n * d, 0.0, 0.0
-    if form == PE_T:
-        e, h, d = pr.dma(p, f, isz)
+    if form in (PE_T, RES_T):
         nt = n * -(-f // 128) * -(-p // 128)
+        if form == RES_T:
+            return 0.0, 0.0, 0.0, nt * pr.tp, nt * pr.tp_copy
+        e, h, d = pr.dma(p, f, isz)
         return n * e, n * h, n * d, nt * pr.tp, nt * pr.tp_copy
     e, h, d = pr.dma(p, f, isz, run=1 if form == STRIDED else None)
     return n * e, n * h, n * d, 0.0, 0.0
@@ -222,8 +225,8 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
     tps = 0
     for form in (res_form, str_form):
-        if form == PE_T:
-            sb += 2 * 128 * isz
+        if form in (PE_T, RES_T):
+            sb += 2 * 128 * isz if form == PE_T else 0
             tps += 2
     return sb, acc + tps
 

@@ -14,7 +14,12 @@ loop body as an assembly line:
   from the start) stays lowest. Estimates come from the simulator's cost table
   (``runtime_sim.costs.instr_cost``) on the instruction's first iteration.
 DMA transfers go to the least-loaded DMA queue, round-robin on ties, so the static transfers of
-one body land on distinct queues (a queue's transfers run and complete in order).
+one body land on distinct queues (a queue's transfers run and complete in order). Each DMA
+engine has several queues (``Target.dma_queues_per_engine``): loads of data no instruction of
+the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
+queues, so that they never wait in line behind a transfer that waits for compute (an output
+store, a load of an intermediate); they wait only for their slot to be free, and run ahead
+into the next kernel's weights while the current kernel computes.
 
 Invariants
 - Only the queue is chosen; correctness never depends on it (the sync pass derives every wait
@@ -32,6 +37,7 @@ from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
 from runtime_sim.targets import Target
 
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
+PREFETCH_LANES = 2   # prefetch queues per engine: consecutive kernels alternate between them
 
 
 def machine_ap(tp: TProgram, a: TAP, byte_offset: int | None = None) -> AP:
@@ -48,8 +54,11 @@ def probe_instr(tp: TProgram, ins: TInstr) -> Instr:
     return Instr(ins.op, m(ins.dst), tuple(m(s) for s in ins.srcs), ins.attrs, accum=m(ins.accum))
 
 
-def dma_queues(target: Target) -> list[Queue]:
-    return [dma_queue(e * target.dma_queues_per_engine) for e in range(target.dma_engines)]
+def dma_queues(target: Target, lane: int = 0) -> list[Queue]:
+    """Queue ``lane`` of every DMA engine (lane 1: the prefetch queues, when engines have more
+    than one)."""
+    lane = min(lane, target.dma_queues_per_engine - 1)
+    return [dma_queue(e * target.dma_queues_per_engine + lane) for e in range(target.dma_engines)]
 
 
 def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
@@ -59,19 +68,27 @@ def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
 
 def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[int, Queue]:
     st = st or Structure(tp)
-    dmas = dma_queues(target)
+    lanes = tuple(dma_queues(target, i) for i in range(1 + PREFETCH_LANES))
+    written = {a.buf for inf in st.info.values() for a in inf.ins.writes
+               if tp.buffer(a.buf).memory is Memory.HBM}
     out: dict[int, Queue] = {}
     regions: dict[int, list[int]] = defaultdict(list)
     for sid in sorted(st.info):
         regions[st.info[sid].top].append(sid)
     dma_load: dict[Queue, float] = defaultdict(float)   # DMA queues: over the whole program
-    rr = [0]
-    for sids in regions.values():
-        _schedule_region(tp, st, sids, target, dmas, out, dma_load, rr)
+    rr = [0] * len(lanes)
+    for n, sids in enumerate(regions.values()):
+        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n)
     return out
 
 
-def _schedule_region(tp, st, sids, target, dmas, out, dma_load, rr) -> None:
+def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
+    """A load into SBUF of HBM data that no instruction of the program writes."""
+    return (ins.dst is not None and tp.buffer(ins.dst.buf).memory is not Memory.HBM
+            and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written for a in ins.srcs))
+
+
+def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n: int) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
@@ -92,9 +109,11 @@ def _schedule_region(tp, st, sids, target, dmas, out, dma_load, rr) -> None:
         for p in producers:
             up |= upstream[p] | {out[p].engine}
         if EngineKind.DMA in ins.engines:
-            best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[0]) % len(dmas)))
+            lane = 1 + n % PREFETCH_LANES if _prefetchable(tp, ins, written) else 0
+            dmas = lanes[lane]
+            best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[lane]) % len(dmas)))
             q = dmas[best]
-            rr[0] = (best + 1) % len(dmas)
+            rr[lane] = (best + 1) % len(dmas)
             dma_load[q] += n * _occupancy(probes[sid], q, target)
         elif len(ins.engines) == 1:
             q = Queue(ins.engines[0])

@@ -1,0 +1,152 @@
+"""The paths a transformer layer takes between kernels: activation recognition, epilogue fusion
+into matmul and attention, residency layouts that differ between writer and reader, operands
+transposed straight from SBUF, and the DMA prefetch queues.
+
+Each test checks values against eager through the simulator AND the structure that makes the
+path fast (one kernel where there were two, a tensor kept in SBUF, a queue choice), so a
+regression to the slow path fails even when the values still match.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lowering.kir import EOp, Expr
+from lowering.passes.patterns import _rewrite
+from lowering_helpers import assert_close, compile_fn, lower_and_run, rand
+from runtime_sim.isa import EngineKind, Memory
+from runtime_sim.targets import get_target
+
+
+def _kernels(low) -> list[str]:
+    return [ln.split("= ", 1)[1].split("[", 1)[0] for ln in low.dumps["ir_post_fusion.txt"].splitlines()
+            if " = " in ln]
+
+
+def _notes(low) -> list[str]:
+    return [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+
+
+def gelu_new(x):
+    """transformers' NewGELUActivation, written out as GPT-2 does."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# ---- activation recognition -----------------------------------------------------------------
+
+X = Expr(EOp.LOAD, index=0)
+
+
+def _c(v):
+    return Expr(EOp.CONST, value=v)
+
+
+def _m(a, b):
+    return Expr(EOp.MUL, (a, b))
+
+
+def _a(a, b):
+    return Expr(EOp.ADD, (a, b))
+
+
+def _tanh_gelu(inner_cube, outer):
+    inner = _m(_c(math.sqrt(2 / math.pi)), _a(X, _m(_c(0.044715), inner_cube)))
+    return outer(_a(Expr(EOp.TANH, (inner,)), _c(1.0)))
+
+
+@pytest.mark.parametrize("cube", ["pow", "x*x*x"])
+@pytest.mark.parametrize("outer", ["0.5*x*t", "x*t*0.5", "(x*0.5)*t"])
+def test_tanh_gelu_written_out_is_recognised_in_any_grouping(cube, outer):
+    c = Expr(EOp.POW, (X, _c(3.0))) if cube == "pow" else _m(_m(X, X), X)
+    o = {"0.5*x*t": lambda t: _m(_m(_c(0.5), X), t), "x*t*0.5": lambda t: _m(_m(X, t), _c(0.5)),
+         "(x*0.5)*t": lambda t: _m(_m(X, _c(0.5)), t)}[outer]
+    assert _rewrite(_tanh_gelu(c, o)) == Expr(EOp.GELU_TANH, (X,))
+
+
+@pytest.mark.parametrize("wrong", ["cubic 0.05", "half 0.6", "square"])
+def test_near_misses_of_tanh_gelu_are_left_alone(wrong):
+    cube = _m(X, X) if wrong == "square" else Expr(EOp.POW, (X, _c(3.0)))
+    k = 0.05 if wrong == "cubic 0.05" else 0.044715
+    h = 0.6 if wrong == "half 0.6" else 0.5
+    inner = _m(_c(math.sqrt(2 / math.pi)), _a(X, _m(_c(k), cube)))
+    e = _m(_m(_c(h), X), _a(Expr(EOp.TANH, (inner,)), _c(1.0)))
+    assert _rewrite(e) == e
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_then_written_out_gelu_is_one_matmul_with_the_activation_on_evacuation(dtype):
+    x, w, b = rand(129, 200, dtype=dtype), rand(200, 600, dtype=dtype) * 0.1, rand(600, dtype=dtype)
+    fn = lambda x, w, b: gelu_new(torch.addmm(b, x, w))       # noqa: E731
+    low = lower_and_run(fn, x, w, b)
+    assert _kernels(low) == ["matmul"], low.dumps["ir_post_fusion.txt"]
+    assert "gelu_tanh" in low.dumps["ir_post_fusion.txt"]
+    # eager rounds each of the eight ops; the activation rounds once (bf16: within its tolerance)
+    assert_close(low.outputs[0], fn(x, w, b))
+    exact = F.gelu(torch.addmm(b.float(), x.float(), w.float()), approximate="tanh")
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_close(low.outputs[0].float(), exact, rtol=tol, atol=tol)
+
+
+def test_bias_folded_once_when_the_epilogue_uses_the_sum_twice():
+    """silu(x @ w + b) reads the biased product twice; the bias row joins PSUM exactly once."""
+    x, w, b = rand(129, 96, seed=1), rand(96, 200, seed=2) * 0.1, rand(200, seed=3)
+    fn = lambda x, w, b: F.silu(torch.addmm(b, x, w))          # noqa: E731
+    low = lower_and_run(fn, x, w, b)
+    assert _kernels(low) == ["matmul"]
+    assert_close(low.outputs[0], fn(x, w, b))
+
+
+def test_bias_not_folded_when_the_bare_product_is_used_too():
+    x, w, b = rand(130, 64, seed=4), rand(64, 96, seed=5) * 0.1, rand(96, seed=6)
+    fn = lambda x, w, b: (lambda y: (y + b) * y)(x @ w)        # noqa: E731
+    low = lower_and_run(fn, x, w, b)
+    assert _kernels(low) == ["matmul"]
+    assert_close(low.outputs[0], fn(x, w, b))
+
+
+# ---- attention epilogue, residency across layouts, resident transposes ------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_attention_heads_merged_and_projected_stay_in_sbuf(dtype):
+    """sdpa -> transpose(1, 2) -> [S, H*D] -> @ w: the head merge (and cast) is the attention's
+    epilogue, the merged heads stay in SBUF although the attention writes [H, S, D] blocks of
+    what the projection reads as rows of H*D, and the projection transposes them on TensorE."""
+    B, H, S, D = 1, 3, 129, 32
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(3))
+    w = (torch.randn(H * D, 80, generator=g) * 0.1).to(dtype)
+
+    def fn(q, k, v, w):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(B, S, H * D) @ w
+
+    low = lower_and_run(fn, q, k, v, w)
+    assert _kernels(low) == ["attention", "matmul"], low.dumps["ir_post_fusion.txt"]
+    notes = _notes(low)
+    assert any(n.startswith("# resident in SBUF") for n in notes), notes
+    assert any("A resident_transpose" in n for n in notes), notes
+    assert_close(low.outputs[0], fn(q, k, v, w), scale=4.0)
+
+
+# ---- prefetch queues --------------------------------------------------------------------------
+
+def test_weight_loads_take_the_prefetch_queues_and_stores_do_not():
+    x, w1, w2 = rand(256, 192, seed=8), rand(192, 384, seed=9) * 0.1, rand(384, 160, seed=10) * 0.1
+    fn = lambda x, w1, w2: torch.relu(x @ w1) @ w2             # noqa: E731
+    low = lower_and_run(fn, x, w1, w2)
+    assert_close(low.outputs[0], fn(x, w1, w2))
+    qpe = get_target("trn2").dma_queues_per_engine
+    lanes: dict[str, set[int]] = {}
+    for q, stream in low.compiled.program.streams.items():
+        if q.engine is not EngineKind.DMA:
+            continue
+        for ins in stream:
+            src, dst = ins.srcs[0], ins.writes[0]
+            kind = ("weight" if src.memory is Memory.HBM and src.buffer in ("in1", "in2")
+                    else "store" if dst.memory is Memory.HBM else "other")
+            lanes.setdefault(kind, set()).add(q.index % qpe)
+    assert lanes["weight"] and 0 not in lanes["weight"], lanes
+    assert lanes["store"] == {0}, lanes
