@@ -15,6 +15,9 @@
 6. Pointwise into an attention epilogue: a POINTWISE kernel that only reads the ATTENTION
    output, through a permutation of its axes, becomes the attention's epilogue, and the
    attention writes the consumer's tensor in the consumer's layout.
+7. Reading through copies: an ATTENTION operand that is a pure copy of a view of another
+   tensor (GPT-2's K and V, copied out as the present key/value cache) reads that view itself,
+   so the attention does not wait for the copy; the copy stays for its other readers.
 
 Invariants
 - A fused producer disappears only when every reader inlined it and it is not a graph output.
@@ -370,6 +373,43 @@ def fuse_attention_epilogues(kp: KProgram) -> bool:
     return False
 
 
+def _is_copy(k: KOp) -> bool:
+    """A POINTWISE kernel whose output is exactly its one input (casts to the same dtype)."""
+    if k.kind is not KKind.POINTWISE or not isinstance(k.attrs, PointwiseAttrs) or len(k.ins) != 1:
+        return False
+    e = k.attrs.expr
+    while e.op is EOp.CAST and e.dtype == k.ins[0].dtype:
+        e = e.args[0]
+    return e.op is EOp.LOAD and k.outs[0].dtype == k.ins[0].dtype
+
+
+def read_through_copies(kp: KProgram) -> bool:
+    """7. above."""
+    writers = _writers(kp)
+    for ci, c in enumerate(kp.kernels):
+        if not _is_copy(c) or not _is_whole(kp, c.outs[0]):
+            continue
+        Y, src = c.outs[0].buffer, c.ins[0]
+        if len(writers.get(Y, [])) != 1 or len(writers.get(src.buffer, [])) > 1 or \
+                any(w > ci for w in writers.get(src.buffer, [])):
+            continue
+        for ai in range(ci + 1, len(kp.kernels)):
+            at = kp.kernels[ai]
+            if at.kind is not KKind.ATTENTION or all(r.buffer != Y for r in at.ins):
+                continue
+            ins = list(at.ins)
+            for j, r in enumerate(at.ins):
+                if r.buffer == Y:
+                    amap = _axis_map(r, c.outs[0].shape)
+                    if amap is None:
+                        break
+                    ins[j] = _rebase(amap, r.shape, src)
+            else:
+                kp.kernels[ai] = KOp(at.kind, at.outs, tuple(ins), at.attrs, at.origin)
+                return True
+    return False
+
+
 def fuse(kp: KProgram) -> KProgram:
     """Run the fusions to a fixed point (in place); return the program. Refused attention
     fusions are recorded in ``kp.notes`` (WhyNoFuse lines)."""
@@ -379,5 +419,6 @@ def fuse(kp: KProgram) -> KProgram:
     while changed:
         changed = (drop_dead_kernels(kp) or fuse_pointwise_chains(kp) or recognise_activations(kp)
                    or fuse_matmul_epilogues(kp) or absorb_copies_into_matmul(kp)
-                   or fuse_attention(kp, kp.notes) or fuse_attention_epilogues(kp))
+                   or fuse_attention(kp, kp.notes) or fuse_attention_epilogues(kp)
+                   or read_through_copies(kp))
     return kp

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, EOp, Expr, KOp
 from lowering.tiling.exprgen import ExprGen
-from lowering.tiling.matmul import _Side, _form
+from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
@@ -58,8 +58,11 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     if Dv > 512:
         raise Unsupported(",".join(k.origin) or "attention", f"value width Dv={Dv} > 512 (one PSUM bank)")
     t = b.target
+    # Q^T, K^T by DMA transposes even from SBUF-resident tensors: TensorE transposes would put
+    # their PSUM copies on the VectorE/ScalarE queues the softmax keeps busy (GPT-2: 1160 us
+    # against 1100 us with DMA transposes)
     sq = _Side(Q, Q.strides[-1], Q.strides[-2], Sq, operand_form(Q.strides[-1], Q.strides[-2], Sq, Q.dtype, t), tp_bufs=1)
-    sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, _form(b, KT, KT.strides[-2], KT.strides[-1], Sk),
+    sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, operand_form(KT.strides[-2], KT.strides[-1], Sk, KT.dtype, t),
                tp_bufs=1)
     # PSUM: per query block and key block of a step one score bank (the probability
     # transposes reuse it once the exp has read it) and one output bank
@@ -73,6 +76,14 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     b.note(f"attention {'x'.join(map(str, batch))} x [{Sq}x{D}] keys {Sk} values {Dv}: Q {sq.form}, "
            f"K {sk.form}; {J} query blocks per group, key blocks of {KB} software-pipelined")
     masks = _causal_masks(b, k, Sq, Sk, J) if k.attrs.causal else None
+    sk_seen = min(Sk, Sq + k.attrs.causal_offset) if k.attrs.causal else Sk
+    if batch and batch[-1] > 1 and Sq <= 2 * QB and sk_seen <= KB:
+        # one step per batch item: pipeline the items themselves (see _items)
+        with ExitStack() as es:
+            outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
+            tps = 2 if PE_T in (sq.form, sk.form) or RES_T in (sq.form, sk.form) else 0
+            _items(b, k, sq, sk, outer, batch[-1], Sq, D, sk_seen, Dv, masks, t.psum_banks - tps)
+        return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         if masks is None:
@@ -196,6 +207,154 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
         _finish(b, k, st[j], nb % 2, bidx, q0, qr, Dv)
 
 
+def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
+           Dv: int, masks: dict | None, psum_free: int) -> None:
+    """Batch items (the innermost batch axis) that are one step each (all queries in one group,
+    all keys in one block), software-pipelined ``U`` items deep: item t+U-1's early stage (loads,
+    products, row max, exp) is issued before item t's late stage (P^T, second products,
+    normalisation), every engine finding work of another item ahead of the one that waits.
+    With one key block the softmax needs no running statistics: m = rowmax, P = exp(scale * S -
+    scale * m) with its row sum l, out = (P @ V) / l straight from PSUM. Each of the U items in
+    flight has its own statistics and probability tiles (item t uses set t % U) and, when
+    scores, their transposes and the output fit one PSUM bank together, one bank per query
+    block; the item loop is unrolled by U."""
+    a = k.attrs
+    dt, pdt = sq.ref.dtype, a.p_dtype
+    blocks = [(aff(j * QB), min(QB, Sq - j * QB)) for j in range(-(-Sq // QB))]
+    nd = -(-D // 128)
+    o_col = -(-kw // 128) * 128                 # the P^T transposes write up to here
+    shared = o_col + Dv <= KB                   # scores and output in one bank
+    banks = len(blocks) * (1 if shared else 2)
+    U = max(2, min(4, n, psum_free // banks))
+    diag = [None] * len(blocks)
+    if masks is not None:
+        for j, (q0, qr) in enumerate(blocks):
+            d = _diag_offsets(q0.const, qr, 0, kw, a.causal_offset)
+            diag[j] = masks[d] if d is not None else None
+    # a row with no visible key (its sum is 0) exists only under a score expression or a
+    # causal offset that hides key 0 from the first queries
+    clamp = a.safe and (a.score is not None or a.causal_offset < 0)
+    b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
+           f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
+    sets = []
+    for u in range(U):
+        S = [b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32) for j in range(len(blocks))]
+        O = [_Cols(S[j], o_col, qr, Dv) if shared else b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32)
+             for j, (_, qr) in enumerate(blocks)]
+        P = [b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt) for j, (_, qr) in enumerate(blocks)]
+        L = [b.tile(f"l{j}_{u}", Memory.SBUF, qr, 1, F32) for j, (_, qr) in enumerate(blocks)]
+        sets.append((S, O, P, L))
+
+    def early(item: Affine, u: int) -> None:
+        bidx = outer + (item,)
+        S, O, P, L = sets[u]
+        qts = []
+        for j, (q0, qr) in enumerate(blocks):
+            qt = b.tile(f"qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt, 2)
+            for d0, dw in b.tiled(D, 128, "d"):
+                sq.load(b, qt, d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
+            qts.append((qt,))
+        kt = _load_k(b, sk, bidx, aff(0), kw, D, dt)
+        _qk(b, qts, blocks, kt, S, kw, D)
+        for j, (q0, qr) in enumerate(blocks):
+            src, act_scale = S[j].ap(qr, dims=((1, kw),)), a.scale
+            if a.score is not None:
+                src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
+                act_scale = 1.0
+            if diag[j] is not None:
+                sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
+                b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
+                src = sc
+            mb = b.tile("mb", Memory.SBUF, qr, 1, F32).ap()
+            b.tensor_reduce(mb, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+            nm = b.tile("nm", Memory.SBUF, qr, 1, F32).ap()
+            if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+                b.tensor_scalar(nm, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
+                                LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY,
+                                operand1=-act_scale)
+            else:
+                b.tensor_scalar(nm, mb, AluOp.MULTIPLY, -act_scale)
+            b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=act_scale, bias_ap=nm,
+                         reduce=AluOp.ADD, accum=L[j].ap())
+
+    def late(item: Affine, u: int) -> None:
+        bidx = outer + (item,)
+        S, O, P, L = sets[u]
+        vt = _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
+        nsub = -(-kw // 128)
+        pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub)
+               for j, (q0, qr) in enumerate(blocks)]
+        for j, (q0, qr) in enumerate(blocks):
+            for s0, sw in b.tiled(kw, 128, "pv"):
+                sub = s0 // 128
+                b.matmul(O[j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
+                         start_when=(s0,))
+        for j, (q0, qr) in enumerate(blocks):
+            den = L[j].ap()
+            if clamp:
+                d = b.tile("den", Memory.SBUF, qr, 1, F32).ap()
+                b.tensor_scalar(d, den, AluOp.MAX, TINY)
+                den = d
+            rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
+            b.activation(rl, den, ActFunc.RECIPROCAL)
+            _store(b, k, bidx, q0, qr, Dv, O[j].ap(), rl)
+
+    for t in range(min(U - 1, n)):
+        early(aff(t), t)
+    Lp = (n - U + 1) // U if n >= U else 0
+    if Lp:
+        with b.loop(Lp, "it") as i:
+            for r in range(U):
+                early(U * i + r + U - 1, (r + U - 1) % U)
+                late(U * i + r, r)
+    for t in range(U * Lp, n):               # the rest, unrolled
+        if t + U - 1 < n:
+            early(aff(t + U - 1), (t + U - 1) % U)
+        late(aff(t), t % U)
+
+
+def _only_casts(e: Expr) -> bool:
+    """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
+    dtype gives the same values."""
+    while e.op is EOp.CAST:
+        if not e.dtype.is_float or (e.args[0].op is EOp.CAST
+                                    and e.args[0].dtype.itemsize < e.dtype.itemsize):
+            return False
+        e = e.args[0]
+    return e.op is EOp.ACC
+
+
+def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP) -> None:
+    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output in PSUM."""
+    a, out = k.attrs, k.outs[0]
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
+                 out.strides[-2], ((Dv, out.strides[-1]),))
+    target = b.resident_view(dst, qr)
+    if _only_casts(a.epilogue):      # normalise and round in one instruction
+        w = target if target is not None else b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap()
+        b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
+        if target is None:
+            b.dma(dst, w)
+        return
+    on = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
+    b.tensor_scalar(on, o, AluOp.MULTIPLY, rl)
+    gen = ExprGen(b, qr, (Dv,), lambda x: on)
+    if target is not None:
+        gen.tile_of(a.epilogue, out.dtype, out=target)
+        return
+    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
+
+
+class _Cols:
+    """Columns ``[c0, c0 + n)`` of a PSUM tile, used where a tile is expected (``.ap()``)."""
+
+    def __init__(self, tile, c0: int, partitions: int, n: int):
+        self.tile, self.c0, self.p, self.n = tile, c0, partitions, n
+
+    def ap(self, *args, **kw) -> TAP:
+        return _cols(self.tile.ap(), self.c0, self.n, self.p)
+
+
 def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int, masks) -> None:
     """Row max, exp and statistics of one key block for every query block of the group, stage
     by stage across the blocks; statistics are read from slot ``u`` and written to the other
@@ -217,7 +376,7 @@ def _late(b: TirBuilder, k: KOp, pipe, u: int, vt, kw: int) -> None:
     for j, (q0, qr) in enumerate(blocks):
         for s0, sw in b.tiled(kw, 128, "pv"):
             sub = s0 // 128
-            b.matmul(O[u][j].ap(), _cols(pts[j], sub * qr, qr, sw), _cols(vt.ap(), sub * Dv, Dv, sw),
+            b.matmul(O[u][j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
                      start_when=(s0,))
     # interleaved across the blocks, so no instruction reads the previous one's result on the
     # same engine (the dependent-instruction penalty)
@@ -238,8 +397,14 @@ def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DTy
     return kt
 
 
+def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
+    """The [sw keys, Dv] operand of the second product for keys s0.. of the block."""
+    return _cols(vt.ap(), sub * Dv, Dv, sw)
+
+
 def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int):
-    """V [kw keys on partitions in 128-row pieces, Dv] of one key block."""
+    """V [kw keys on partitions in 128-row pieces, Dv] of one key block. (Reading a resident
+    V in place, as the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
     nsub = -(-kw // 128)
     vt = b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
     for s0, sw in b.tiled(kw, 128, "vs"):

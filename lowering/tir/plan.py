@@ -1,10 +1,11 @@
 """Plan pass: an SBUF/PSUM byte offset for every on-chip buffer, from its lifetime.
 
-Lifetimes, coarse first: a buffer lives from the start of the first to the end of the last
-*top-level statement* that touches it (one loop nest of a kernel, or a lone instruction),
-padded by ``LIFETIME_PAD`` statements so that neighbouring kernels prefer distinct bytes (then
-the next kernel's loads need not wait for the previous kernel to release its memory); if that
-does not fit, the exact coarse lifetimes; if that does not fit either, *fine* lifetimes in
+Lifetimes, whole kernels first: a buffer lives from the start of the kernel before the first
+one that touches it to the end of the last, so no two buffers of one kernel or of neighbouring
+kernels share bytes (a load never waits for another buffer to release its memory, and the next
+kernel's loads start while this one computes); if that does not fit, *coarse* lifetimes: from
+the start of the first to the end of the last *top-level statement* that touches it (one loop
+nest of a kernel, or a lone instruction), padded by ``LIFETIME_PAD`` statements, then exact; if that does not fit either, *fine* lifetimes in
 statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
 over the loop nests around its accesses, so buffers of disjoint phases of one kernel (a block
 load, then the block's products) share bytes, and the sync pass orders every write of one after
@@ -55,9 +56,10 @@ class MemPlan:
 
     def text(self, tp: TProgram, target: Target) -> str:
         lines = [f"target {target.name}: SBUF {target.sbuf_bytes_per_partition} B/partition, "
-                 f"PSUM {target.psum_bytes_per_partition} B/partition (lifetimes in top-level "
-                 f"statements, padded by {LIFETIME_PAD} when that fits, so neighbouring kernels "
-                 f"need not share bytes; the lower bound uses the exact lifetimes)"]
+                 f"PSUM {target.psum_bytes_per_partition} B/partition (lifetimes: whole kernels "
+                 f"and the kernel before when that fits, so no load waits for another buffer's "
+                 f"bytes; else top-level statements padded by {LIFETIME_PAD}, exact, or fine; "
+                 f"the lower bound uses the exact lifetimes)"]
         bufs = [b for b in tp.buffers if b.name in self.offsets]
         for mem in (Memory.SBUF, Memory.PSUM):
             live = [(b.name, *self._live(b), self.size(b)) for b in bufs
@@ -88,6 +90,32 @@ def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
             for name in {a.buf, tp.buffer(a.buf).alias or a.buf}:
                 f, l = out.get(name, (inf.top, inf.top))
                 out[name] = (min(f, inf.top), max(l, inf.top))
+    return out
+
+
+def kernel_lifetimes(tp: TProgram, st: Structure,
+                     coarse: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Coarse lifetimes widened to whole kernels, from the start of the kernel *before* the
+    first one that touches the buffer to the end of the last: no two buffers of one kernel, or
+    of neighbouring kernels, share bytes (no load waits for a byte another buffer of its own
+    kernel or of the previous one still uses). The kernel of a top-level statement is the
+    ``k<i>`` prefix of its instructions' tags."""
+    kern_of: dict[int, int] = {}
+    order: dict[str, int] = {}
+    for sid in sorted(st.info):
+        inf = st.info[sid]
+        if inf.top not in kern_of:
+            key = (inf.ins.tag or "").split(":", 1)[0]
+            kern_of[inf.top] = order.setdefault(key, len(order))
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for top, kk in kern_of.items():
+        first[kk] = min(first.get(kk, top), top)
+        last[kk] = max(last.get(kk, top), top)
+    out = {}
+    for name, (f, l) in coarse.items():
+        kf, kl = kern_of.get(f, 0), kern_of.get(l, 0)
+        out[name] = (first.get(max(0, kf - 1), f), last.get(kl, l))
     return out
 
 
@@ -143,7 +171,7 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
     st = st or Structure(tp)
     plan = MemPlan()
     coarse = lifetimes(tp, st)
-    fine = None
+    fine = kernel = None
     for mem, cap in ((Memory.SBUF, target.sbuf_bytes_per_partition),
                      (Memory.PSUM, target.psum_bytes_per_partition)):
         present = [b for b in tp.buffers if b.memory is mem and b.name in coarse]
@@ -158,11 +186,13 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
         # whole loop nests first (padded, so neighbouring kernels need not share bytes; the
         # builder's aliases share their root's bytes), then phases inside a loop nest (every
         # buffer on its own: buffers of disjoint parts of one body share bytes)
-        for mode, pad in (("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)):
+        for mode, pad in (("kernel", 0), ("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)):
             if mode == "fine" and fine is None:
                 fine = fine_lifetimes(tp, st)
-            live = coarse if mode == "coarse" else fine
-            used = roots if mode == "coarse" else present
+            if mode == "kernel" and kernel is None:
+                kernel = kernel_lifetimes(tp, st, coarse)
+            live = {"coarse": coarse, "kernel": kernel, "fine": fine}[mode]
+            used = roots if mode != "fine" else present
             items = [(b.name, max(0, live[b.name][0] - pad), live[b.name][1] + 1 + pad, plan.size(b))
                      for b in used]
             try:
@@ -171,8 +201,8 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
                 continue
             plan.modes[mem] = mode
             for b in present:
-                plan.lifetimes[b.name] = live[b.name]
-            if mode == "coarse":
+                plan.lifetimes[b.name] = (coarse if mode == "kernel" else live)[b.name]
+            if mode != "fine":
                 for b in aliases:
                     offsets[b.name] = offsets[b.alias]
                     plan.slot_stride[b.name] = plan.slot_stride[b.alias]

@@ -112,3 +112,36 @@ def test_causal_attention_skips_hidden_blocks_and_matches_eager(form, shape):
     assert _kernels(low)[-1] == "attention" and "causal=True" in post, post
     ref = fn(q, k, v)
     assert_close(low.outputs[0], ref)
+
+
+ITEMS = [(1, 12, 128, 128, 64, True), (2, 3, 200, 300, 32, False), (1, 5, 64, 64, 160, False),
+         (1, 4, 129, 129, 16, True), (1, 3, 100, 100, 16, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", ITEMS, ids=lambda s: "x".join(map(str, s[:5])) + ("c" if s[5] else ""))
+def test_heads_of_one_key_block_are_pipelined_across_items(shape, dtype):
+    """Short sequences (every query in one group, every key in one block): the heads
+    themselves are software-pipelined, several in flight (odd counts, two query blocks,
+    D > 128, causal or not)."""
+    B, H, S, Sk, D, causal = shape
+    g = torch.Generator().manual_seed(S * 3 + H)
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (S, Sk, Sk))
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+    low = lower_and_run(fn, q, k, v)
+    assert _kernels(low) == ["attention"]
+    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+    assert any("items software-pipelined" in n for n in notes), notes
+    assert_close(low.outputs[0], fn(q, k, v))
+
+
+def test_fully_masked_rows_of_pipelined_heads_are_zero_in_safe_softmax():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 3, n, 16, generator=g) for n in (5, 70, 70))
+    keep = torch.ones(1, 3, 5, 70, dtype=torch.bool)
+    keep[:, 1, 2, :] = False
+    sdpa = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    low = lower_and_run(sdpa, q, k, v, keep)
+    ref = sdpa(q, k, v, keep)
+    assert (ref[:, 1, 2, :] == 0).all()
+    assert_close(low.outputs[0], ref)
