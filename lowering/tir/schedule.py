@@ -19,9 +19,7 @@ engine has several queues (``Target.dma_queues_per_engine``): loads of data no i
 the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
 queues, so that they never wait in line behind a transfer that waits for compute (an output
 store, a load of an intermediate); they wait only for their slot to be free, and run ahead
-into the next kernel's weights while the current kernel computes. Stores to graph outputs that
-nothing in the program reads back take a third queue of every engine: they can drain late
-without delaying a transfer some kernel waits for.
+into the next kernel's weights while the current kernel computes.
 
 Invariants
 - Only the queue is chosen; correctness never depends on it (the sync pass derives every wait
@@ -70,11 +68,9 @@ def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
 
 def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[int, Queue]:
     st = st or Structure(tp)
-    lanes = tuple(dma_queues(target, i) for i in range(2 + PREFETCH_LANES))
+    lanes = tuple(dma_queues(target, i) for i in range(1 + PREFETCH_LANES))
     written = {a.buf for inf in st.info.values() for a in inf.ins.writes
                if tp.buffer(a.buf).memory is Memory.HBM}
-    read = {a.buf for inf in st.info.values() for a in inf.ins.srcs
-            if tp.buffer(a.buf).memory is Memory.HBM}
     out: dict[int, Queue] = {}
     regions: dict[int, list[int]] = defaultdict(list)
     for sid in sorted(st.info):
@@ -82,7 +78,7 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
     dma_load: dict[Queue, float] = defaultdict(float)   # DMA queues: over the whole program
     rr = [0] * len(lanes)
     for n, sids in enumerate(regions.values()):
-        _schedule_region(tp, st, sids, target, lanes, (written, read), out, dma_load, rr, n)
+        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n)
     return out
 
 
@@ -90,19 +86,6 @@ def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
     """A load into SBUF of HBM data that no instruction of the program writes."""
     return (ins.dst is not None and tp.buffer(ins.dst.buf).memory is not Memory.HBM
             and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written for a in ins.srcs))
-
-
-def _lane(tp: TProgram, ins: TInstr, written_read, n: int) -> int:
-    """0: transfers that depend on compute; 1..PREFETCH_LANES: prefetchable loads (alternating
-    by kernel); the last lane: stores to graph outputs nothing in the program reads (they may
-    drain late without holding up any transfer a kernel waits for)."""
-    written, read = written_read
-    if _prefetchable(tp, ins, written):
-        return 1 + n % PREFETCH_LANES
-    if (ins.dst is not None and tp.buffer(ins.dst.buf).memory is Memory.HBM
-            and tp.buffer(ins.dst.buf).role == "output" and ins.dst.buf not in read):
-        return 1 + PREFETCH_LANES
-    return 0
 
 
 def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n: int) -> None:
@@ -126,7 +109,7 @@ def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n:
         for p in producers:
             up |= upstream[p] | {out[p].engine}
         if EngineKind.DMA in ins.engines:
-            lane = _lane(tp, ins, written, n)
+            lane = 1 + n % PREFETCH_LANES if _prefetchable(tp, ins, written) else 0
             dmas = lanes[lane]
             best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[lane]) % len(dmas)))
             q = dmas[best]
