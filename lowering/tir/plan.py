@@ -32,6 +32,9 @@ from runtime_sim.isa import Memory
 from runtime_sim.targets import Target
 
 LIFETIME_PAD = 2     # top-level statements
+KERNEL_PADS = (1,)   # kernels ahead of the first user whose bytes a buffer stays clear of (2: GPT-2
+#                      1125 us, 3: 1238 us against 1099: deeper prefetch queues more transfers
+#                      ahead of the critical ones on the in-order DMA engines)
 SBUF_ALIGN = 64
 
 
@@ -93,13 +96,14 @@ def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
     return out
 
 
-def kernel_lifetimes(tp: TProgram, st: Structure,
-                     coarse: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    """Coarse lifetimes widened to whole kernels, from the start of the kernel *before* the
-    first one that touches the buffer to the end of the last: no two buffers of one kernel, or
-    of neighbouring kernels, share bytes (no load waits for a byte another buffer of its own
-    kernel or of the previous one still uses). The kernel of a top-level statement is the
-    ``k<i>`` prefix of its instructions' tags."""
+def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, int]],
+                     before: int = 1) -> dict[str, tuple[int, int]]:
+    """Coarse lifetimes widened to whole kernels, from the start of the kernel ``before``
+    kernels ahead of the first one that touches the buffer to the end of the last: no two
+    buffers of one kernel, or of kernels that close, share bytes (a kernel's loads never wait
+    for bytes its own kernel or the ones just before still use, so they can run that far
+    ahead). The kernel of a top-level statement is the ``k<i>`` prefix of its instructions'
+    tags."""
     kern_of: dict[int, int] = {}
     order: dict[str, int] = {}
     for sid in sorted(st.info):
@@ -115,7 +119,7 @@ def kernel_lifetimes(tp: TProgram, st: Structure,
     out = {}
     for name, (f, l) in coarse.items():
         kf, kl = kern_of.get(f, 0), kern_of.get(l, 0)
-        out[name] = (first.get(max(0, kf - 1), f), last.get(kl, l))
+        out[name] = (first.get(max(0, kf - before), f), last.get(kl, l))
     return out
 
 
@@ -186,11 +190,13 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
         # whole loop nests first (padded, so neighbouring kernels need not share bytes; the
         # builder's aliases share their root's bytes), then phases inside a loop nest (every
         # buffer on its own: buffers of disjoint parts of one body share bytes)
-        for mode, pad in (("kernel", 0), ("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)):
+        for mode, pad in ([("kernel", k) for k in KERNEL_PADS]
+                          + [("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)]):
             if mode == "fine" and fine is None:
                 fine = fine_lifetimes(tp, st)
-            if mode == "kernel" and kernel is None:
-                kernel = kernel_lifetimes(tp, st, coarse)
+            if mode == "kernel":
+                kernel = kernel_lifetimes(tp, st, coarse, pad)
+                pad = 0
             live = {"coarse": coarse, "kernel": kernel, "fine": fine}[mode]
             used = roots if mode != "fine" else present
             items = [(b.name, max(0, live[b.name][0] - pad), live[b.name][1] + 1 + pad, plan.size(b))

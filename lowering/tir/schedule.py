@@ -37,7 +37,7 @@ from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
 from runtime_sim.targets import Target
 
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
-PREFETCH_LANES = 2   # prefetch queues per engine: consecutive kernels alternate between them
+PREFETCH_LANES = 2   # prefetch queues per engine: consecutive prefetching kernels alternate
 
 
 def machine_ap(tp: TProgram, a: TAP, byte_offset: int | None = None) -> AP:
@@ -77,8 +77,16 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
         regions[st.info[sid].top].append(sid)
     dma_load: dict[Queue, float] = defaultdict(float)   # DMA queues: over the whole program
     rr = [0] * len(lanes)
-    for n, sids in enumerate(regions.values()):
-        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n)
+    # prefetch lanes alternate between consecutive kernels that prefetch: a kernel whose loads
+    # wait for its own slots holds up only the kernel two prefetching kernels later
+    lane_of: dict[str, int] = {}
+    for sid in sorted(st.info):
+        ins = st.info[sid].ins
+        if EngineKind.DMA in ins.engines and _prefetchable(tp, ins, written):
+            kern = (ins.tag or "").split(":", 1)[0]
+            lane_of.setdefault(kern, 1 + len(lane_of) % PREFETCH_LANES)
+    for sids in regions.values():
+        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of)
     return out
 
 
@@ -88,7 +96,7 @@ def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
             and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written for a in ins.srcs))
 
 
-def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n: int) -> None:
+def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
@@ -109,7 +117,8 @@ def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, n:
         for p in producers:
             up |= upstream[p] | {out[p].engine}
         if EngineKind.DMA in ins.engines:
-            lane = 1 + n % PREFETCH_LANES if _prefetchable(tp, ins, written) else 0
+            lane = (lane_of[(ins.tag or "").split(":", 1)[0]] if _prefetchable(tp, ins, written)
+                    else 0)
             dmas = lanes[lane]
             best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[lane]) % len(dmas)))
             q = dmas[best]
