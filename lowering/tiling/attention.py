@@ -29,6 +29,7 @@ past the block's last query.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, EOp, Expr, KOp
@@ -69,7 +70,7 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     # score and output banks per query block: two of each for the two key-block parities of
     # the software pipeline, or (a single key block) two slots each so that consecutive groups
     # or batch items overlap
-    per_q = 4
+    per_q = 2 if _o_shares_bank(Q.dtype if a.p_dtype is None else a.p_dtype, Dv, t) else 4
     # a K loaded through TensorE transposes needs a bank per load site of the loop body
     tp_banks = 4 if sk.form in (PE_T, RES_T) else 0
     J = max(1, min(4, (t.psum_banks - tp_banks) // per_q, -(-Sq // QB)))
@@ -172,8 +173,12 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
     nu = 2 if nb > 1 else 1
     sb = 1 if nb > 1 else 2
     S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, sb) for j in range(len(blocks))] for u in range(nu)]
-    O = [[b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, sb) for j, (_, qr) in enumerate(blocks)]
-         for u in range(nu)]
+    o0 = _pt_bytes(KB // 128, pdt) // 4        # fp32 column of the output behind the P^T
+    if _o_shares_bank(pdt, Dv, b.target):
+        O = [[_Cols(S[u][j], o0, qr, Dv) for j, (_, qr) in enumerate(blocks)] for u in range(nu)]
+    else:
+        O = [[b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, sb) for j, (_, qr) in enumerate(blocks)]
+             for u in range(nu)]
     P = [[b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt, sb) for j, (_, qr) in enumerate(blocks)]
          for u in range(nu)]
     AL = [[b.tile(f"al{j}_{u}", Memory.SBUF, qr, 2, F32, sb) for j, (_, qr) in enumerate(blocks)]
@@ -222,8 +227,10 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     dt, pdt = sq.ref.dtype, a.p_dtype
     blocks = [(aff(j * QB), min(QB, Sq - j * QB)) for j in range(-(-Sq // QB))]
     nd = -(-D // 128)
-    o_col = -(-kw // 128) * 128                 # the P^T transposes write up to here
-    shared = o_col + Dv <= KB                   # scores and output in one bank
+    # (fp32 transposes here, one copy per 128 keys: measured faster for these short blocks
+    # than P's dtype and one copy, GPT-2 1099 against 1133 us)
+    o_col = -(-_pt_bytes(-(-kw // 128), F32) // 4)     # fp32 column behind the P^T transposes
+    shared = o_col * 4 + Dv * 4 <= b.target.psum_bank_bytes   # scores and output in one bank
     banks = len(blocks) * (1 if shared else 2)
     U = max(2, min(4, n, psum_free // banks))
     diag = [None] * len(blocks)
@@ -282,7 +289,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         S, O, P, L = sets[u]
         vt = _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
         nsub = -(-kw // 128)
-        pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub)
+        pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32)
                for j, (q0, qr) in enumerate(blocks)]
         for j, (q0, qr) in enumerate(blocks):
             for s0, sw in b.tiled(kw, 128, "pv"):
@@ -463,14 +470,37 @@ def _softmax_update(b: TirBuilder, state, alt, par: int) -> None:
                     op1=AluOp.ADD, operand1=_cols(alt.ap(), 1, 1))
 
 
-def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int) -> TAP:
-    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF."""
-    pt = b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, k.attrs.p_dtype).ap()
+def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
+    """A key block's P^T transposes and the [128, Dv] fp32 output of its second product fit
+    its score bank together (then a query block needs one bank per parity, not two)."""
+    return _pt_bytes(KB // 128, pdt) + Dv * 4 <= t.psum_bank_bytes
+
+
+def _pt_bytes(nsub: int, pdt: DType) -> int:
+    """PSUM bytes per partition the P^T transposes of a key block take at the start of its score
+    bank (TensorE transposes write the probabilities' own dtype, exactly)."""
+    return nsub * QB * pdt.itemsize
+
+
+def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int,
+                     tdt: DType | None = None) -> TAP:
+    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF: the transposes
+    write ``tdt`` (default: P's dtype) into the bank, one copy takes them all out when every
+    piece has 128 keys."""
+    pdt = k.attrs.p_dtype
+    tdt = tdt or pdt
+    pt = b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, pdt).ap()
+    bank = s.ap()
+    whole = replace(bank, dims=((1, nsub * qr),), partitions=min(kw, 128), dtype=tdt)
     for s0, sw in b.tiled(kw, 128, "ts"):
-        tp = _cols(s.ap(), s0 // 128 * qr, qr, sw)
+        tp = replace(bank, offset=bank.offset + aff(s0 // 128 * qr) * tdt.itemsize, dims=((1, qr),),
+                     partitions=sw, dtype=tdt)
         b.transpose(tp, _cols(p, s0, sw))
-        # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
-        b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+        if kw % 128 or tdt is not pdt:
+            # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
+            b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+    if not kw % 128 and tdt is pdt:
+        b.tensor_copy(pt, whole, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
     return pt
 
 
