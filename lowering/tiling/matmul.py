@@ -29,7 +29,7 @@ from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
-                                         choose_blocking, operand_form)
+                                         choose_blocking, operand_form, staged)
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -56,10 +56,30 @@ class _Side:
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
+    def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int):
+        """PE_T operands whose rows fit (``matmul_plan.staged``): rows f0 .. f0+fw of X^T, all
+        of K, in one tile ([128 rows, K] per 128 of fw, one DMA each), for ``load`` to transpose
+        from; None otherwise (then every K tile loads its own rows)."""
+        r = self.ref
+        if not staged(self.form, fw, K, r.dtype.itemsize, b.target) or fw <= 1 or K <= 1:
+            return None
+        nch = -(-fw // 128)
+        rows = b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, 2)
+        if fw % 128 == 0:      # every chunk has 128 rows: all of them in one DMA
+            b.dma(rows.ap(128, dims=((K, nch), (1, K))),
+                  hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, 128, self.fstride,
+                         ((nch, 128 * self.fstride), (K, self.kstride))))
+            return (rows, K)
+        for c0, cw in b.tiled(fw, 128, "sg"):
+            b.dma(rows.ap(cw, elem_offset=c0 // 128 * K, dims=((1, K),)),
+                  hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride, cw, self.fstride,
+                         ((K, self.kstride),)))
+        return (rows, K)
+
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
-             f0: Affine, fw: int) -> None:
+             f0: Affine, fw: int, stage=None) -> None:
         """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
-        is a plain strided copy whatever the form)."""
+        is a plain strided copy whatever the form); ``stage``: the rows from ``stage``."""
         r = self.ref
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
         if self.form == DMA_T and fw > 1 and kt > 1:
@@ -72,7 +92,10 @@ class _Side:
                 src = hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride + k0 * self.kstride,
                              cw, self.fstride, ((kt, self.kstride),))
                 rows = b.resident_view(src, cw)      # RES_T: the rows are already in SBUF
-                if rows is None:
+                if stage is not None:
+                    st, K = stage
+                    rows = st.ap(cw, elem_offset=c0 // 128 * K + k0, dims=((1, kt),))
+                elif rows is None:
                     t = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
                     b.dma(t.ap(), src)
                     rows = t.ap()
@@ -178,15 +201,17 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
                 blk = b.tile("res", Memory.SBUF, TK, (-(-K // TK)) * rw, dt, c.block_bufs)
+                rstage = res.stage(b, rbase, r0, rw, K)
             for k0, kt in b.tiled(K, TK, "kr"):
                 if not c.stream:
-                    res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw)
+                    res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw, rstage)
             for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
+                sstage = strm.stage(b, sbase, s0, sw, K)
                 for k0, kt in b.tiled(K, TK, "k"):
                     sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
-                    strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw)
+                    strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage)
                     if c.stream:      # K too long to keep a block: both sides per K tile
                         blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
                         res.load(b, blk, aff(0), rbase, k0, kt, r0, rw)

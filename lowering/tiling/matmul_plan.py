@@ -31,6 +31,19 @@ from runtime_sim.targets import Target
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
 RES_T = "resident_transpose"   # rows of an SBUF-resident tensor, transposed on TensorE (no DMA)
 SBUF_SHARE = 0.80   # of a partition for one matmul kernel (the rest: neighbours, alignment)
+STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
+
+
+def staged(form: str, F: int, K: int, isz: int, t: Target) -> bool:
+    """A TensorE-transposed operand (PE_T) loads its rows once per block or group, all of K at
+    a time ([128 rows, K] per DMA: K x itemsize bytes per partition, not a [128, 128] tile's 256
+    bytes, which the DMA fixed cost dominates), when two slots of them fit ``STAGE_SHARE``."""
+    return (form == PE_T and K > 128
+            and stage_bytes(F, K, isz) * 2 <= STAGE_SHARE * SBUF_SHARE * t.sbuf_bytes_per_partition)
+
+
+def stage_bytes(F: int, K: int, isz: int) -> int:
+    return -(-F // 128) * K * isz
 
 
 @dataclass(frozen=True)
@@ -127,8 +140,15 @@ class _Probe:
         return c
 
 
-def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float):
-    """(dma engine ns, hbm ns, descriptor ns, tensorE ns, evac ns) of ``n`` [p, f] operand loads."""
+def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float, K: int = 0):
+    """(dma engine ns, hbm ns, descriptor ns, tensorE ns, evac ns) of ``n`` [p, f] operand loads
+    (``K``: the contraction size, for staged rows; 0 when not staged)."""
+    if form == PE_T and K:
+        kt = -(-K // 128)
+        rows = n / kt * -(-f // 128)                  # [128, K] row loads, one per 128 of f
+        e, h, d = pr.dma(min(128, f), K, isz)
+        nt = n * -(-f // 128) * -(-p // 128)
+        return rows * e, rows * h, rows * d, nt * pr.tp, nt * pr.tp_copy
     if form == DMA_T:
         e, h, d = pr.dma(p, f, isz, transpose=True)
         return n * e, n * h, n * d, 0.0, 0.0
@@ -163,8 +183,9 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     if c.stream:
         res_n = str_n
     kp = min(128, s.K)
-    r = _load_cost(pr, res_form, kp, res_f, isz, res_n)
-    q = _load_cost(pr, str_form, kp, str_f, isz, str_n)
+    r = _load_cost(pr, res_form, kp, res_f, isz, res_n,
+                   s.K if not c.stream and staged(res_form, res_f, s.K, isz, t) else 0)
+    q = _load_cost(pr, str_form, kp, str_f, isz, str_n, s.K if staged(str_form, str_f, s.K, isz, t) else 0)
     n_out = B * Mt * Nt
     oe, oh, od = pr.dma(min(128, s.M), min(512, s.N), osz)
     epi = [pr.dma(min(128, s.M), min(512, s.N), d.itemsize) for d in s.epi_inputs]
@@ -189,6 +210,13 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     # every execution of one static transfer goes through its queue, whose descriptor
     # generation serialises them
     dma = max(dma, q[2], r[2])
+    # unstaged TensorE-transposed loads: [128, 128] row tiles through two slots each, every
+    # one in flight for the DMA latency
+    for form, f, n, st in ((res_form, res_f, res_n, not c.stream and staged(res_form, res_f, s.K, isz, t)),
+                           (str_form, str_f, str_n, staged(str_form, str_f, s.K, isz, t))):
+        if form == PE_T and not st:
+            e1 = pr.dma(kp, min(128, f), isz)[0]
+            dma = max(dma, n * -(-f // 128) * (lat + e1) / 2)
     # fill: the first resident and streamed tiles; drain: the last group's epilogue
     fill = lat + r[0] / max(res_n, 1) + lat + q1
     cells = c.block * c.group
@@ -224,9 +252,12 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
     acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
     tps = 0
-    for form in (res_form, str_form):
+    for form, F, side_stream in ((res_form, rw, c.stream), (str_form, sw, False)):
         if form in (PE_T, RES_T):
-            sb += 2 * 128 * isz if form == PE_T else 0
+            if form == PE_T and not side_stream and staged(form, F, s.K, isz, t):
+                sb += 2 * stage_bytes(F, s.K, isz)
+            elif form == PE_T:
+                sb += 2 * 128 * isz
             tps += 2
     return sb, acc + tps
 

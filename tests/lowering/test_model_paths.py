@@ -152,3 +152,24 @@ def test_weight_loads_take_the_prefetch_queues_and_stores_do_not():
     # weights on the prefetch lanes, where no transfer that waits for compute holds them up
     assert lanes["weight"] and lanes["weight"] <= set(range(1, 1 + PREFETCH_LANES)), lanes
     assert lanes["store"] == {0}, lanes
+
+
+# ---- TensorE-transposed weights load whole rows (trn1 has no DMA transpose) --------------------
+
+@pytest.mark.parametrize("shape", [(130, 300, 200), (64, 1000, 520)], ids=lambda s: "x".join(map(str, s)))
+def test_transposed_weight_rows_are_staged_in_big_loads_on_trn1(shape):
+    """x @ W^T on trn1: W's rows are loaded [128 rows, all of K] per DMA (not a [128, 128] tile
+    per K tile, which the DMA fixed cost dominates) and transposed on TensorE from SBUF."""
+    M, K, N = shape
+    x, w, b = rand(M, K, seed=11), rand(N, K, seed=12) * 0.05, rand(N, seed=13)
+    fn = lambda x, w, b: F.linear(x, w, b)                     # noqa: E731
+    low = lower_and_run(fn, x, w, b, target="trn1")
+    assert _kernels(low) == ["matmul"]
+    tir = low.dumps["tir.txt"]
+    assert "pe_transpose" in tir and "k0.stage" in tir, _notes(low)
+    assert_close(low.outputs[0], fn(x, w, b))
+    # W is read in loads of whole rows: at most one per 128 weight rows and pass over W (not
+    # one per K tile as well)
+    w_loads = sum(1 for q, s in low.compiled.program.streams.items() if q.engine is EngineKind.DMA
+                  for ins in s if ins.srcs and ins.srcs[0].buffer == "in1")
+    assert w_loads <= -(-N // 128) * -(-M // 128), w_loads
