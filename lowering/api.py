@@ -6,6 +6,8 @@
   partition (an FX GraphModule of ATen nodes that all passed ``why_unsupported``), specialised on
   concrete input shapes/dtypes. Raises ``Unsupported`` when something can only be discovered at
   this point (the caller then runs the partition eagerly and records the reason).
+- ``supported_ops() -> list[OpSupport]``: every ATen overload the registry lowers, with its
+  family, dtypes, engines and limits (``python -m lowering.api`` prints ``docs/ops.md``).
 - ``CompiledGraph.run(inputs, mode)``: ``inputs`` are C-contiguous numpy arrays in placeholder
   order (bf16 as ``ml_dtypes.bfloat16``); returns ``(outputs or None, SimResult)``. In
   ``"timing"`` mode no values are computed and outputs is None.
@@ -18,8 +20,11 @@ from __future__ import annotations
 
 from lowering.errors import LoweringError, Unsupported
 from lowering.compiled import CompiledGraph, TensorSpec
-from lowering.registry import why_unsupported
+from lowering.registry import OpSupport, ops_markdown, supported_ops, why_unsupported
 from lowering.pipeline import compile_graph
 
 __all__ = ["why_unsupported", "compile_graph", "CompiledGraph", "TensorSpec", "Unsupported",
-           "LoweringError"]
+           "LoweringError", "supported_ops", "OpSupport", "ops_markdown"]
+
+if __name__ == "__main__":
+    print(ops_markdown(), end="")

@@ -111,3 +111,54 @@ def why_unsupported(node: fx.Node) -> str | None:
 def get_rule(target: Any) -> Rule:
     _ensure_loaded()
     return REGISTRY[target]
+
+
+# what runs a family's kernels (for the support table; the tilers decide per kernel)
+FAMILY_ENGINES = {
+    "elementwise": "VectorE/GpSimdE (arithmetic), ScalarE (transcendental); POINTWISE",
+    "matmul": "TensorE, epilogue on PSUM evacuation; MATMUL (ATTENTION when fused)",
+    "reduction": "VectorE/GpSimdE, TensorE for sums over leading rows; REDUCE",
+    "normalization": "VectorE bn_stats/bn_aggr, ScalarE; LAYER_NORM / SOFTMAX",
+    "indexing": "DMA (indirect gather by an index tile); GATHER",
+    "views": "none: a new view of the same buffer",
+    "shape": "DMA / engine copies; POINTWISE",
+    "constants": "VectorE/GpSimdE memset, GpSimdE iota; POINTWISE",
+}
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    op: str                 # the ATen overload
+    family: str             # lowering/ops/<family>.py
+    dtypes: tuple[str, ...]
+    engines: str
+    limits: str             # the rule's check, as documented ("" when any shape goes)
+
+
+def supported_ops() -> list[OpSupport]:
+    """Every ATen overload the registry lowers, sorted by name (the support table)."""
+    _ensure_loaded()
+    out = []
+    for t, r in REGISTRY.items():
+        doc = (r.check.__doc__ or "").strip().split("\n\n")[0] if r.check else ""
+        if r.check is not None and not doc:
+            doc = f"checked by `{r.check.__module__}.{r.check.__name__}`"
+        out.append(OpSupport(op_name(t), r.family,
+                             tuple(sorted(str(d).replace("torch.", "") for d in r.dtypes)),
+                             FAMILY_ENGINES.get(r.family, r.family), " ".join(doc.split())))
+    return sorted(out, key=lambda o: o.op)
+
+
+def ops_markdown() -> str:
+    """``docs/ops.md``: the support table as Markdown (``python -m lowering.api > docs/ops.md``)."""
+    ops = supported_ops()
+    lines = ["# Supported ATen operators", "",
+             f"Generated from `lowering.api.supported_ops()` ({len(ops)} overloads): regenerate "
+             "with `python -m lowering.api > docs/ops.md` (a test checks that this file is current). "
+             "An op not listed here, or outside its dtypes and limits, runs in eager PyTorch and "
+             "the profile records why.", "",
+             "| op | family | dtypes | engines; kernel | limits |", "|---|---|---|---|---|"]
+    for o in ops:
+        lines.append(f"| `{o.op}` | {o.family} | {', '.join(o.dtypes)} | {o.engines} | "
+                     f"{o.limits.replace('|', '/') or '-'} |")
+    return "\n".join(lines) + "\n"
