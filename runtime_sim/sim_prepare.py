@@ -28,9 +28,11 @@ from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, chec
                      check_waits)
 from .costs import Cost, clock_ghz, depends_on_previous, indirect_bytes, instr_cost
 from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue
+from .loops import Stream
 from .targets import Target
 
 ENGINE_NAMES = ("pe", "dve", "act", "pool", "dma")
+PENALIZED = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)  # dependent-instruction penalty
 PORT_SBUF, PORT_PSUM = 1, 2   # NC-v2 shared ports: VectorE/GpSimdE on SBUF, VectorE/ScalarE on PSUM
 TRANSCENDENTAL = frozenset({ActFunc.EXP, ActFunc.LOG, ActFunc.TANH, ActFunc.SIGMOID, ActFunc.GELU,
                             ActFunc.GELU_TANH, ActFunc.SILU, ActFunc.ERF, ActFunc.SIN, ActFunc.COS})
@@ -152,127 +154,49 @@ class Prepared:
         self.static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
 
 
-def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt: Target, bufs: dict,
+class QueueLists:
+    """One queue's per-instance lists (index = position in the stream) and its statistics."""
+
+    __slots__ = ("busy", "lat", "waits", "sigs", "dcost", "ports", "ls", "geoms", "wait_set",
+                 "sig_set", "nst", "spill")
+
+    def __init__(self) -> None:
+        self.busy: list[float] = []
+        self.lat: list[float] = []
+        self.waits: list[tuple] = []
+        self.sigs: list[tuple] = []
+        self.dcost: list[Cost] | None = None
+        self.ports: list[int] | None = None
+        self.ls: list[float] | None = None
+        self.geoms: list[tuple] = []
+        self.wait_set: set[str] = set()
+        self.sig_set: set[str] = set()
+        self.nst: dict[_Static, int] = {}     # DMA / matmul / transcendental signatures -> count,
+        self.spill = 0                        # in order of first occurrence
+
+
+def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict,
             checks: bool, dynamic: bool) -> Prepared:
+    """``streams[i]``: queue i's instructions, a tuple or (not with ``dynamic``) a
+    ``loops.Stream``, which is prepared per static instruction (sim_prepare_loops)."""
     P = Prepared(len(queues))
     if dynamic:
         P.geoms = []
     apcache: dict = {}
-    penalized = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)
-    cost_attrs = _COST_ATTRS
     spill_names = {b.name for b in program.buffers if b.name.startswith("spill")}
-    touch = P.touch
     for qi, (q, stream) in enumerate(zip(queues, streams)):
         eng = q.engine
-        clk = clock_ghz(eng, tgt)
-        penalty = tgt.dependent_vector_penalty_cycles / clk if eng in penalized else 0.0
-        cache: dict[tuple, _Static] = {}
-        b_l: list[float] = []
-        l_l: list[float] = []
-        w_l: list[tuple] = []
-        s_l: list[tuple] = []
-        d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
-        p_l: list[int] | None = [] if tgt.shared_ports and eng in penalized else None
-        g_l: list[tuple] = []
-        tensor = eng is EngineKind.TENSOR
-        ls_l: list[float] | None = [] if tensor else None
-        groups = PsumGroups(tgt) if tensor and checks else None
-        prev_st = prev_st_obj = None
-        prev: Instr | None = None
-        prev_buf: str | None = None
-        q_wait_set: set[str] = set()
-        q_sig_set: set[str] = set()
-        q_wait_add, q_sig_update = q_wait_set.add, q_sig_set.update
-        icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
-        nst: dict[_Static, int] = {}      # DMA / matmul signatures -> occurrences
-        depc: dict[tuple, bool] = {}      # (ids of the previous writes, ids of the sources) -> dependent?
-        last_sg = None
-        for i, ins in enumerate(stream):
-            op = ins.op
-            d = ins.dst
-            ss = ins.srcs
-            ns = len(ss)
-            # fast path: an instruction made of the very same attrs/AP objects as an earlier one
-            # (ids are stable: the program keeps every object alive while this runs)
-            if ns == 1:
-                ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]))
-            elif ns == 2:
-                ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]), id(ss[1]))
-            else:
-                ikey = (op, id(ins.attrs), id(d), id(ins.accum)) + tuple(map(id, ss))
-            hit = icache.get(ikey)
-            try:
-                if hit is None:
-                    ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
-                    key = _signature(ins, ak)
-                    st = cache.get(key)
-                    if st is None:
-                        if checks:
-                            check_instr_shape(ins, q, tgt)
-                        st = cache[key] = _Static(ins, q, tgt)
-                    gs = _geoms(ins, eng, bufs, apcache, tgt) if checks else None
-                    icache[ikey] = (st, gs)
-                else:
-                    st, gs = hit
-                if checks:
-                    for x in ins.waits:
-                        if type(x[1]) is not int or x[1] < 1 or not x[0]:
-                            check_waits(ins)
-                    if groups is not None and gs and (op is Op.MATMUL or op is Op.TRANSPOSE):
-                        groups.step(ins, gs[0][0])
-                    if dynamic:
-                        g_l.append(gs)
-                        for g, is_w in gs:  # type: ignore[union-attr]
-                            touch.add((g.space, qi, is_w))
-            except MachineError as e:
-                raise e.with_context(q, i, ins) from None
-            bz = st.busy
-            if penalty:
-                if prev_buf is not None:
-                    for x in ss:
-                        if x.buffer == prev_buf or prev.accum is not None:  # type: ignore[union-attr]
-                            dk = (id(prev.dst), id(prev.accum)) + tuple(map(id, ss))  # type: ignore[union-attr]
-                            dep = depc.get(dk)
-                            if dep is None:
-                                dep = depc[dk] = depends_on_previous(ins, prev)
-                            if dep:
-                                bz += penalty
-                            break
-                prev = ins
-                prev_buf = d.buffer if d is not None else None
-            b_l.append(bz)
-            l_l.append(st.lat)
-            if d_l is not None:
-                d_l.append(st.cost)
-                nst[st] = nst.get(st, 0) + 1
-                if spill_names and (ss[0].buffer in spill_names or d.buffer in spill_names):  # type: ignore[union-attr]
-                    P.spill_bytes += st.dma_bytes
-            elif st.flops or st.trans:
-                nst[st] = nst.get(st, 0) + 1
-            if p_l is not None:
-                p_l.append(st.port)
-            if ls_l is not None:
-                ls = 0.0
-                if op is Op.MATMUL:
-                    s0 = ss[0]
-                    if s0 is not prev_st_obj:
-                        sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
-                        if sk != prev_st:
-                            ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
-                        prev_st = sk
-                        prev_st_obj = s0
-                ls_l.append(ls)
-            wt = ins.waits
-            w_l.append(wt)
-            if wt:
-                for x in wt:
-                    q_wait_add(x[0])
-            sg = ins.signals
-            s_l.append(sg)
-            if sg and sg is not last_sg:
-                q_sig_update(sg)
-                last_sg = sg
-        for st, n in nst.items():           # static statistics, per signature x occurrences
+        if isinstance(stream, Stream):
+            assert not dynamic, "dynamic checks run on materialized streams"
+            from .sim_prepare_loops import prepare_stream
+            L = prepare_stream(q, stream, tgt, bufs, checks, spill_names)
+        else:
+            L = _prepare_seq(q, stream, tgt, bufs, checks, dynamic, apcache, spill_names)
+            if dynamic:
+                for gs in L.geoms:
+                    for g, is_w in gs:
+                        P.touch.add((g.space, qi, is_w))
+        for st, n in L.nst.items():          # static statistics, per signature x occurrences
             P.dma_count += n if eng is EngineKind.DMA else 0
             P.dma_bytes += n * st.dma_bytes
             P.hbm_bytes += n * st.hbm_bytes
@@ -280,18 +204,136 @@ def prepare(program, queues: list[Queue], streams: list[tuple[Instr, ...]], tgt:
             P.tensor_ns += n * st.tensor_ns
             P.trans += n * st.trans
             P.trans_ns += n * st.trans_ns
-        w_l.append(())                      # sentinel: the "head" of a finished queue
-        P.wait_q.append(q_wait_set)
-        P.sig_q.append(q_sig_set)
-        P.busy.append(b_l)
-        P.lat.append(l_l)
-        P.waits.append(w_l)
-        P.sigs.append(s_l)
-        P.dcost.append(d_l)
-        P.ports.append(p_l if p_l and any(p_l) else None)
-        P.ls.append(ls_l if ls_l and any(ls_l) else None)
+        P.spill_bytes += L.spill
+        L.waits.append(())                   # sentinel: the "head" of a finished queue
+        P.wait_q.append(L.wait_set)
+        P.sig_q.append(L.sig_set)
+        P.busy.append(L.busy)
+        P.lat.append(L.lat)
+        P.waits.append(L.waits)
+        P.sigs.append(L.sigs)
+        P.dcost.append(L.dcost)
+        P.ports.append(L.ports if L.ports and any(L.ports) else None)
+        P.ls.append(L.ls if L.ls and any(L.ls) else None)
         if P.geoms is not None:
-            P.geoms.append(g_l)
+            P.geoms.append(L.geoms)
         if eng is not EngineKind.DMA:
-            P.static_busy[eng.value] += sum(b_l)
+            P.static_busy[eng.value] += sum(L.busy)
     return P
+
+
+def penalty_ns(eng: EngineKind, tgt: Target) -> float:
+    """The dependent-instruction penalty of a compute engine (0 on TensorE and DMA)."""
+    if eng in (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD):
+        return tgt.dependent_vector_penalty_cycles / clock_ghz(eng, tgt)
+    return 0.0
+
+
+def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, checks: bool,
+                 dynamic: bool, apcache: dict, spill_names: set[str]) -> QueueLists:
+    """A straight-line stream, instruction by instruction (equal objects computed once)."""
+    L = QueueLists()
+    eng = q.engine
+    clk = clock_ghz(eng, tgt)
+    penalty = penalty_ns(eng, tgt)
+    cost_attrs = _COST_ATTRS
+    cache: dict[tuple, _Static] = {}
+    b_l, l_l, w_l, s_l, g_l = L.busy, L.lat, L.waits, L.sigs, L.geoms
+    d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
+    p_l: list[int] | None = [] if tgt.shared_ports and eng in PENALIZED else None
+    tensor = eng is EngineKind.TENSOR
+    ls_l: list[float] | None = [] if tensor else None
+    L.dcost, L.ports, L.ls = d_l, p_l, ls_l
+    groups = PsumGroups(tgt) if tensor and checks else None
+    prev_st = prev_st_obj = None
+    prev: Instr | None = None
+    prev_buf: str | None = None
+    q_wait_add, q_sig_update = L.wait_set.add, L.sig_set.update
+    icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
+    nst = L.nst
+    depc: dict[tuple, bool] = {}      # (ids of the previous writes, ids of the sources) -> dependent?
+    last_sg = None
+    for i, ins in enumerate(stream):
+        op = ins.op
+        d = ins.dst
+        ss = ins.srcs
+        ns = len(ss)
+        # fast path: an instruction made of the very same attrs/AP objects as an earlier one
+        # (ids are stable: the program keeps every object alive while this runs)
+        if ns == 1:
+            ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]))
+        elif ns == 2:
+            ikey = (op, id(ins.attrs), id(d), id(ins.accum), id(ss[0]), id(ss[1]))
+        else:
+            ikey = (op, id(ins.attrs), id(d), id(ins.accum)) + tuple(map(id, ss))
+        hit = icache.get(ikey)
+        try:
+            if hit is None:
+                ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
+                key = _signature(ins, ak)
+                st = cache.get(key)
+                if st is None:
+                    if checks:
+                        check_instr_shape(ins, q, tgt)
+                    st = cache[key] = _Static(ins, q, tgt)
+                gs = _geoms(ins, eng, bufs, apcache, tgt) if checks else None
+                icache[ikey] = (st, gs)
+            else:
+                st, gs = hit
+            if checks:
+                for x in ins.waits:
+                    if type(x[1]) is not int or x[1] < 1 or not x[0]:
+                        check_waits(ins)
+                if groups is not None and gs and (op is Op.MATMUL or op is Op.TRANSPOSE):
+                    groups.step(ins, gs[0][0])
+                if dynamic:
+                    g_l.append(gs)
+        except MachineError as e:
+            raise e.with_context(q, i, ins) from None
+        bz = st.busy
+        if penalty:
+            if prev_buf is not None:
+                for x in ss:
+                    if x.buffer == prev_buf or prev.accum is not None:  # type: ignore[union-attr]
+                        dk = (id(prev.dst), id(prev.accum)) + tuple(map(id, ss))  # type: ignore[union-attr]
+                        dep = depc.get(dk)
+                        if dep is None:
+                            dep = depc[dk] = depends_on_previous(ins, prev)
+                        if dep:
+                            bz += penalty
+                        break
+            prev = ins
+            prev_buf = d.buffer if d is not None else None
+        b_l.append(bz)
+        l_l.append(st.lat)
+        if d_l is not None:
+            d_l.append(st.cost)
+            nst[st] = nst.get(st, 0) + 1
+            if spill_names and (ss[0].buffer in spill_names or d.buffer in spill_names):  # type: ignore[union-attr]
+                L.spill += st.dma_bytes
+        elif st.flops or st.trans:
+            nst[st] = nst.get(st, 0) + 1
+        if p_l is not None:
+            p_l.append(st.port)
+        if ls_l is not None:
+            ls = 0.0
+            if op is Op.MATMUL:
+                s0 = ss[0]
+                if s0 is not prev_st_obj:
+                    sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
+                    if sk != prev_st:
+                        ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
+                    prev_st = sk
+                    prev_st_obj = s0
+            ls_l.append(ls)
+        wt = ins.waits
+        w_l.append(wt)
+        if wt:
+            for x in wt:
+                q_wait_add(x[0])
+        sg = ins.signals
+        s_l.append(sg)
+        if sg and sg is not last_sg:
+            q_sig_update(sg)
+            last_sg = sg
+    return L

@@ -63,7 +63,8 @@ import numpy as np
 
 from .checks import InputError, MachineError, UninitializedReadError, check_buffers
 from .costs import DmaModel, SharedPorts, TensorRamp
-from .isa import EngineKind, Instr, Memory, Program, Queue
+from .isa import EngineKind, Memory, Program, Queue
+from .loops import Stream, materialize
 from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
@@ -109,7 +110,12 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
 
     queues: list[Queue] = [q for q in sorted(program.streams) if program.streams[q]]
     nq = len(queues)
-    streams: list[tuple[Instr, ...]] = [tuple(program.streams[q]) for q in queues]
+    # looped streams (loops.Stream) are stepped through per static instruction, unless values,
+    # race checks or a trace need every instance as an instruction: then they are written out
+    aps: dict = {}
+    concrete = functional or dynamic or trace
+    streams: list = [materialize(program.streams[q], aps) if concrete or not isinstance(
+        program.streams[q], Stream) else program.streams[q] for q in queues]
     qnames = [q.name for q in queues]
     engines = [q.engine for q in queues]
 
