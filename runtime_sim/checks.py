@@ -7,7 +7,8 @@ broken. When the error is about an instruction it names the instruction as ``<qu
     dve #12: tensor_tensor(op=add) sbuf:x[p32:+48 ...] <- ...
       partition alignment: Pattern accesses 48 (> 32) partitions starting at partition 32
 
-Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them)
+Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them;
+a looped stream is checked per static instruction, see checks_loops.py)
 - Buffers: unique names; SBUF/PSUM buffers have ``1 <= partitions <= 128``, an ``offset`` that is
   set and non-negative, and ``offset + bytes_per_partition`` within the partition size
   (CapacityError). Buffers may overlap in address space (the planner reuses memory over time);

@@ -45,7 +45,7 @@ def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Targ
     exp = exp or Expansion(stream)
     found: list[tuple[tuple[int, int], MachineError]] = []   # ((position, stage), error)
     for t in range(len(exp.templates)):
-        if len(exp.pos[t]):
+        if exp.size[t]:
             _check_template(exp, t, q, bufs, target, found)
     if q.engine is EngineKind.TENSOR:
         _check_psum_groups(exp, bufs, target, found)
@@ -54,8 +54,18 @@ def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Targ
         it, env = stream.locate(pos)
         if env:
             err.message += f" [loop iteration {', '.join(f'{v}={c}' for v, c in env.items())}]"
-        raise err.with_context(q, pos, it.at(env) if isinstance(it, Looped) else it)
+        raise err.with_context(q, pos, _instance(it, env))
     return exp
+
+
+def _instance(it: Instr | Looped, env: dict[str, int]) -> Instr | str:
+    """The instance for an error message (a malformed Looped as written)."""
+    if not isinstance(it, Looped):
+        return it
+    try:
+        return it.at(env)
+    except Exception:       # e.g. a counter no loop binds: the error says so
+        return str(it)
 
 
 def _check_loops(body: tuple, outer: tuple[str, ...]) -> None:
@@ -95,9 +105,8 @@ def _structure(it: Looped, ins: Instr, bound: set[str]) -> None:
 def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], target: Target,
                     found: list) -> None:
     it = exp.templates[t]
-    pos = exp.pos[t]
     ins = base_of(it)
-    first = int(pos[0])
+    first = exp.first[t]
     try:
         if isinstance(it, Looped):
             _structure(it, ins, set(exp.counts(t)))
@@ -106,17 +115,17 @@ def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], t
         found.append(((first, 0), e))
         return
     # shape rules, once per attribute variant, at the first instance using it
-    variants = [(ins, pos)]
+    variants = [(ins, None)]
     if isinstance(it, Looped) and it.start_when:
         acc = exp.accumulate(t)
         assert acc is not None
-        variants = [(ins, pos[acc]), (replace(ins, attrs=it.first_attrs()), pos[~acc])]
-    for v, vpos in variants:
-        if len(vpos):
+        variants = [(ins, acc), (replace(ins, attrs=it.first_attrs()), ~acc)]
+    for v, where in variants:
+        if where is None or where.any():
             try:
                 check_instr_shape(v, q, target)
             except MachineError as e:
-                found.append(((int(vpos[0]), 0), e))
+                found.append(((first if where is None else int(exp.pos(t)[where][0]), 0), e))
     counts = exp.counts(t)
     for k, a in enumerate(operands(ins)):
         if a is None:
@@ -139,19 +148,35 @@ def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], t
                 try:
                     check_ap(_concrete(exp, t, j, k), bufs, _role(k))
                 except MachineError as e:
-                    found.append(((int(pos[j]), 1 + k), e))
+                    found.append(((int(exp.pos(t)[j]), 1 + k), e))
     if q.engine is EngineKind.TENSOR and ins.dst is not None and ins.dst.buffer in bufs:
-        base = bufs[ins.dst.buffer].offset or 0
-        lo_v, hi_v = _bytes(exp, t, 0, base)
-        bank = target.psum_bank_bytes
-        bad = np.flatnonzero(lo_v // bank != (hi_v - 1) // bank)
-        if len(bad):
-            j = int(bad[0])
-            try:
-                check_psum_bank(ap_geom(_concrete(exp, t, j, 0), bufs[ins.dst.buffer]), target,
-                                ins.op.value)
-            except MachineError as e:
-                found.append(((int(pos[j]), 10), e))
+        _check_bank(exp, t, bufs, target, found)
+
+
+def _check_bank(exp: Expansion, t: int, bufs: dict[str, Buffer], target: Target, found: list) -> None:
+    """The destination stays in one PSUM bank in every instance: decided on one instance when
+    every step of its offset is a whole number of banks, else on each."""
+    it = exp.templates[t]
+    d = base_of(it).dst
+    assert d is not None
+    bank = target.psum_bank_bytes
+    o = it.offsets[0] if isinstance(it, Looped) and it.offsets else None
+    steps = [] if o is None else [k for _, k in o.terms] + ([] if o.rot is None else [o.rot[3]])
+    if all(k % bank == 0 for k in steps):
+        bad = [0]
+        lo0, hi0 = ap_geom(_concrete(exp, t, 0, 0), bufs[d.buffer])[3:5]
+        if lo0 // bank == (hi0 - 1) // bank:
+            return
+    else:
+        lo_v, hi_v = _bytes(exp, t, 0, bufs[d.buffer].offset or 0)
+        bad = np.flatnonzero(lo_v // bank != (hi_v - 1) // bank).tolist()
+        if not bad:
+            return
+    j = int(bad[0])
+    try:
+        check_psum_bank(ap_geom(_concrete(exp, t, j, 0), bufs[d.buffer]), target, base_of(it).op.value)
+    except MachineError as e:
+        found.append(((int(exp.pos(t)[j]), 10), e))
 
 
 def _concrete(exp: Expansion, t: int, k: int, slot: int) -> AP:
@@ -180,12 +205,12 @@ def _check_psum_groups(exp: Expansion, bufs: dict[str, Buffer], target: Target, 
     for t, it in enumerate(exp.templates):
         d = base_of(it).dst
         if base_of(it).op not in (Op.MATMUL, Op.TRANSPOSE) or d is None or d.buffer not in bufs \
-                or not len(exp.pos[t]):
+                or not exp.size[t]:
             continue
         lo, hi = _bytes(exp, t, 0, bufs[d.buffer].offset or 0)
         acc = exp.accumulate(t)
         n = len(lo)
-        parts.append((exp.pos[t], np.full(n, t), np.arange(n), np.full(n, d.partition_start),
+        parts.append((exp.pos(t), np.full(n, t), np.arange(n), np.full(n, d.partition_start),
                       np.full(n, d.partition_start + d.partitions), lo, hi,
                       np.ones(n, dtype=bool) if acc is None else ~acc))
     if not parts:

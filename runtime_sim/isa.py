@@ -18,6 +18,9 @@ Invariants
 - Queues run in order. Cross-queue ordering exists only through semaphores: an instruction may
   wait until a semaphore's count reaches a value, and increments the semaphores in ``signals`` by
   one when it completes.
+- A queue's stream is a tuple of instructions or a loop nest (``loops.Stream``: loops over
+  instructions whose offsets, wait counts and some attributes are expressions of the loop
+  counters); a loop nest means exactly the straight-line sequence of its instances.
 - Offsets of SBUF/PSUM buffers are decided by the memory planner (``Buffer.offset``), never by
   the code that emits the instructions.
 - Indirect DMA (``dma_gather`` / ``dma_scatter``; NKI: ``dma_copy`` with a ``vector_offset``

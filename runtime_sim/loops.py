@@ -415,18 +415,21 @@ def materialize(stream: Sequence[Instr], aps: dict | None = None) -> tuple[Instr
 
 
 class Expansion:
-    """A stream's instances, per static instruction ("template"), as numpy arrays: for template
-    ``t`` (``templates[t]``, in program order), ``pos[t]`` are the positions of its instances in
-    the stream (increasing) and ``env[t][var]`` its counters there; ``tid`` maps every position
-    to its template."""
+    """A stream's instances per static instruction ("template", ``templates[t]`` in program
+    order), evaluated on demand as numpy arrays: ``pos(t)`` are the positions of its instances in
+    the stream (increasing), ``env(t)[var]`` its counters there, ``tid[i]`` the template of
+    position ``i``. ``first[t]`` and ``size[t]`` (its first position and instance count) need no
+    arrays."""
 
     def __init__(self, stream: Stream) -> None:
         self.n = len(stream)
         self.templates: list[Instr | Looped] = []
         self.loops: list[tuple[Loop, ...]] = []
-        self.pos: list[np.ndarray] = []
-        self.env: list[dict[str, np.ndarray]] = []
-        self.tid = np.empty(self.n, dtype=np.int64)
+        self.first: list[int] = []
+        self.size: list[int] = []
+        self._pos: dict[int, np.ndarray] = {}
+        self._env: dict[int, dict[str, np.ndarray]] = {}
+        self._tid: np.ndarray | None = None
         self._visit(stream.body, 0, ())
 
     def _visit(self, body: tuple[Item, ...], base: int, loops: tuple[Loop, ...]) -> None:
@@ -436,40 +439,62 @@ class Expansion:
                 self._visit(it.body, off, loops + (it,))
                 off += it.size
                 continue
-            t = len(self.templates)
             self.templates.append(it)
             self.loops.append(loops)
-            if loops:
-                grid = np.indices(tuple(lp.count for lp in loops), dtype=np.int64).reshape(len(loops), -1)
-                env = {lp.var: grid[k] for k, lp in enumerate(loops)}
-                pos = np.full(grid.shape[1], off, dtype=np.int64)
-                for k, lp in enumerate(loops):
-                    pos += grid[k] * lp.inner
-            else:
-                env = {}
-                pos = np.array([off], dtype=np.int64)
-            self.env.append(env)
-            self.pos.append(pos)
-            self.tid[pos] = t
+            self.first.append(off)
+            n = 1
+            for lp in loops:
+                n *= lp.count
+            self.size.append(n)
             off += 1
+
+    def env(self, t: int) -> dict[str, np.ndarray]:
+        e = self._env.get(t)
+        if e is None:
+            loops = self.loops[t]
+            e = {}
+            if loops:
+                grid = np.indices(tuple(lp.count for lp in loops), dtype=np.int64)
+                e = {lp.var: grid[k].ravel() for k, lp in enumerate(loops)}
+            self._env[t] = e
+        return e
+
+    def pos(self, t: int) -> np.ndarray:
+        p = self._pos.get(t)
+        if p is None:
+            p = np.full(self.size[t], self.first[t], dtype=np.int64)
+            env = self.env(t)
+            for lp in self.loops[t]:
+                p += env[lp.var] * lp.inner
+            self._pos[t] = p
+        return p
+
+    @property
+    def tid(self) -> np.ndarray:
+        if self._tid is None:
+            tid = np.empty(self.n, dtype=np.int64)
+            for t in range(len(self.templates)):
+                tid[self.pos(t)] = t
+            self._tid = tid
+        return self._tid
 
     def counts(self, t: int) -> dict[str, int]:
         return {lp.var: lp.count for lp in self.loops[t]}
 
     def env_at(self, t: int, k: int) -> dict[str, int]:
         """Counters of template ``t``'s ``k``-th instance."""
-        return {v: int(a[k]) for v, a in self.env[t].items()}
+        return {v: int(a[k]) for v, a in self.env(t).items()}
 
     def offsets(self, t: int, slot: int) -> np.ndarray:
         """Byte offsets of operand ``slot`` over template ``t``'s instances."""
         it = self.templates[t]
         a = operands(base_of(it))[slot]
         assert a is not None
-        n = len(self.pos[t])
+        n = self.size[t]
         o = it.offsets[slot] if isinstance(it, Looped) and slot < len(it.offsets) else None
         if o is None:
             return np.full(n, a.byte_offset, dtype=np.int64)
-        return o.vector(self.env[t], n) + a.byte_offset
+        return o.vector(self.env(t), n) + a.byte_offset
 
     def accumulate(self, t: int) -> np.ndarray | None:
         """Matmul: the accumulate flag over template ``t``'s instances (None: not a matmul)."""
@@ -477,11 +502,11 @@ class Expansion:
         ins = base_of(it)
         if ins.op is not Op.MATMUL:
             return None
-        n = len(self.pos[t])
+        n = self.size[t]
         acc = np.full(n, bool(ins.attrs.accumulate))  # type: ignore[union-attr]
         if isinstance(it, Looped) and it.start_when:
             first = np.ones(n, dtype=bool)
             for e in it.start_when:
-                first &= e.vector(self.env[t], n) == 0
+                first &= e.vector(self.env(t), n) == 0
             acc &= ~first
         return acc

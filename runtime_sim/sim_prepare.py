@@ -16,6 +16,10 @@ neg (VectorE work as well). Their time at the ScalarE rate is ``elements / (lane
 clock x the 2-byte factor when input and output are 2-byte floats)``: one element per lane per
 cycle, all 128 lanes, no fixed cost, stride penalty or MIN_II floor.
 
+A looped stream (``loops.Stream``) is prepared per static instruction by
+``sim_prepare_loops.prepare_stream`` into the same lists (unless dynamic checks need every
+instance as an instruction: the simulator then writes it out first).
+
 Invariant: nothing here reads or advances simulated time; ``simulator._simulate`` runs the
 event loop over the lists built here.
 """

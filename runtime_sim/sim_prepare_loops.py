@@ -42,7 +42,7 @@ def prepare_stream(q: Queue, stream: Stream, tgt: Target, bufs: dict[str, Buffer
     groups: list[tuple[int, _Static, np.ndarray]] = []
     for t, it in enumerate(exp.templates):
         ins = base_of(it)
-        pos = exp.pos[t]
+        pos = exp.pos(t)
         if not len(pos):
             continue
         variants = [(ins, pos)]
@@ -104,9 +104,9 @@ def _waits(exp: Expansion, tids: list[int], used: set[str]) -> list[tuple]:
         static = base_of(it).waits
         for s, _ in static:
             used.add(s)
-        if not isinstance(it, Looped) or not it.waits or not len(exp.pos[t]):
+        if not isinstance(it, Looped) or not it.waits or not exp.size[t]:
             continue
-        env, m = exp.env[t], len(exp.pos[t])
+        env, m = exp.env(t), exp.size[t]
         cols, act = [], []
         for w in it.waits:
             c = w.count.vector(env, m)
@@ -132,7 +132,7 @@ def _waits(exp: Expansion, tids: list[int], used: set[str]) -> list[tuple]:
             else:
                 for k, v in zip(idx.tolist(), got):
                     vals[k] = v
-        for p, v in zip(exp.pos[t].tolist(), vals):
+        for p, v in zip(exp.pos(t).tolist(), vals):
             w_l[p] = v
     return w_l
 
@@ -176,8 +176,8 @@ def _add_penalty(exp: Expansion, busy: np.ndarray, pen: float) -> None:
         if not tests:
             continue
         at = chunk + 1                                     # positions of the current instances
-        kp = np.searchsorted(exp.pos[tp], at - 1)
-        kc = np.searchsorted(exp.pos[tc], at)
+        kp = np.searchsorted(exp.pos(tp), at - 1)
+        kc = np.searchsorted(exp.pos(tc), at)
         dep = np.zeros(len(at), dtype=bool)
         for ws, wlo, whi, rs, rlo, rhi in tests:
             wo = off(tp, ws)[kp]
@@ -220,13 +220,13 @@ def _load_stationary(exp: Expansion, tgt: Target, clk: float) -> list[float]:
     parts = []
     for t, it in enumerate(exp.templates):
         ins = base_of(it)
-        if ins.op is not Op.MATMUL or not len(exp.pos[t]):
+        if ins.op is not Op.MATMUL or not exp.size[t]:
             continue
         s0 = ins.srcs[0]
         k = keys.setdefault((s0.buffer, s0.partition_start, s0.partitions, s0.dims), len(keys))
-        m = len(exp.pos[t])
+        m = exp.size[t]
         val = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
-        parts.append((exp.pos[t], np.full(m, k), exp.offsets(t, 2), np.full(m, val)))
+        parts.append((exp.pos(t), np.full(m, k), exp.offsets(t, 2), np.full(m, val)))
     ls = np.zeros(exp.n)
     if parts:
         pos, key, off, val = (np.concatenate(c) for c in zip(*parts))

@@ -22,6 +22,11 @@ Execution model
 - No startable head while some queue still has instructions -> DeadlockError naming every
   blocked instruction and each semaphore it waits on with its current count.
 
+Looped streams (``loops.Stream``) mean their straight-line expansion and time identically. In
+timing mode without race checks or a trace they are prepared per static instruction (no
+instruction object per instance, sim_prepare_loops); otherwise they are written out first
+(functional semantics, race checks and traces work on instances).
+
 Modes
 - ``functional``: memories hold bytes; every name in ``program.inputs`` must be given in
   ``inputs`` (``{name: array}``, any dtype/shape, its bytes are copied in, at most the buffer's
