@@ -13,49 +13,51 @@ with its concrete text, plus the loop counters there), as the instance-by-instan
 - Access patterns: everything but the byte bounds is offset-independent; the bounds are monotone
   in the offset, so the AP is checked at the minimum and maximum of its offset expression over
   the loop ranges. Only when that (for a rotating slot, conservative) test fails are the
-  instances' offsets evaluated (numpy) to find the first one out of bounds, if any.
-- TensorE PSUM rules (one bank per destination; accumulation groups in TensorE program order)
-  depend on each instance's address: evaluated over all instances at once (numpy), the groups
-  by the latest group-opening instance of each bank.
+  instances' offsets evaluated to find the first one out of bounds, if any.
+- TensorE PSUM rules depend on each instance's address. One bank per destination: decided on
+  one instance when every step of the offset is a multiple of the bank size, else evaluated per
+  instance. Accumulation groups (in TensorE program order): every accumulating product must lie
+  in the latest group-opening product of its bank, evaluated per instance.
+Per-instance evaluations run on numpy arrays, one ``loops.units`` unit at a time (the open
+groups carried from unit to unit), so their memory does not grow with the trip counts.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
 from .checks import (MachineError, ProgramError, ap_geom, check_ap, check_ap_layout,
                      check_instr_shape, check_psum_bank, check_waits, psum_group_error)
 from .isa import AP, Buffer, EngineKind, Instr, Op, Queue
-from .loops import VARYING_FIELDS, Expansion, Loop, Looped, Stream, base_of, operands
+from .loops import VARYING_FIELDS, Expansion, Loop, Looped, Stream, base_of, operands, units
 from .targets import Target
 
 _ROLES = ("dst", "accum")
+Found = list[tuple[tuple[int, int], MachineError]]    # ((position, stage), error)
 
 
 def _role(k: int) -> str:
     return _ROLES[k] if k < 2 else f"src{k - 2}"
 
 
-def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Target,
-                 exp: Expansion | None = None) -> Expansion:
-    """Raise the first violation of a static rule in ``stream`` on queue ``q``; return the
-    stream's expansion (for the caller to reuse)."""
+def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Target) -> None:
+    """Raise the first violation of a static rule in ``stream`` on queue ``q``."""
     _check_loops(stream.body, ())
-    exp = exp or Expansion(stream)
-    found: list[tuple[tuple[int, int], MachineError]] = []   # ((position, stage), error)
+    exp = Expansion(stream.body)          # static facts only: no per-instance arrays
+    found: Found = []
     for t in range(len(exp.templates)):
         if exp.size[t]:
-            _check_template(exp, t, q, bufs, target, found)
+            _check_template(stream, exp, t, q, bufs, target, found)
     if q.engine is EngineKind.TENSOR:
-        _check_psum_groups(exp, bufs, target, found)
+        _check_psum_groups(stream, bufs, target, found)
     if found:
         (pos, _), err = min(found, key=lambda f: f[0])
         it, env = stream.locate(pos)
         if env:
             err.message += f" [loop iteration {', '.join(f'{v}={c}' for v, c in env.items())}]"
         raise err.with_context(q, pos, _instance(it, env))
-    return exp
 
 
 def _instance(it: Instr | Looped, env: dict[str, int]) -> Instr | str:
@@ -102,8 +104,29 @@ def _structure(it: Looped, ins: Instr, bound: set[str]) -> None:
                                f"(enclosing loops: {sorted(bound)})")
 
 
-def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], target: Target,
-                    found: list) -> None:
+Pred = Callable[[Expansion, int, dict[str, int]], np.ndarray]
+
+
+def _first(stream: Stream, it: Instr | Looped, pred: Pred) -> tuple[int, dict[str, int]] | None:
+    """The first instance of ``it`` (position, counters) where ``pred`` (a mask over a unit's
+    instances of it) holds."""
+    for ue, outer, base in units(stream.body):
+        best = None
+        for t, x in enumerate(ue.templates):
+            if x is it and ue.size[t]:
+                hit = np.flatnonzero(pred(ue, t, outer))
+                if len(hit):
+                    k = int(hit[0])
+                    p = base + int(ue.pos(t)[k])
+                    if best is None or p < best[0]:
+                        best = (p, ue.env_at(t, k, outer))
+        if best is not None:
+            return best
+    return None
+
+
+def _check_template(stream: Stream, exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer],
+                    target: Target, found: Found) -> None:
     it = exp.templates[t]
     ins = base_of(it)
     first = exp.first[t]
@@ -115,17 +138,18 @@ def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], t
         found.append(((first, 0), e))
         return
     # shape rules, once per attribute variant, at the first instance using it
-    variants = [(ins, None)]
+    variants: list[tuple[Instr, int | None]] = [(ins, first)]
     if isinstance(it, Looped) and it.start_when:
-        acc = exp.accumulate(t)
-        assert acc is not None
-        variants = [(ins, acc), (replace(ins, attrs=it.first_attrs()), ~acc)]
-    for v, where in variants:
-        if where is None or where.any():
-            try:
-                check_instr_shape(v, q, target)
-            except MachineError as e:
-                found.append(((first if where is None else int(exp.pos(t)[where][0]), 0), e))
+        variants = []
+        for v, want in ((ins, True), (replace(ins, attrs=it.first_attrs()), False)):
+            at = _first(stream, it, lambda ue, u, o, want=want: ue.accumulate(u, o) == want)
+            if at is not None:
+                variants.append((v, at[0]))
+    for v, p in variants:
+        try:
+            check_instr_shape(v, q, target)
+        except MachineError as e:
+            found.append(((p, 0), e))
     counts = exp.counts(t)
     for k, a in enumerate(operands(ins)):
         if a is None:
@@ -141,94 +165,112 @@ def _check_template(exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer], t
             olo, ohi = o.bounds(counts)
             lo, hi = lo + olo, hi + ohi
         if lo < 0 or hi > buf.bytes_per_partition:     # at the extremes: look at each instance
-            lo_v, hi_v = _bytes(exp, t, k, 0)
-            bad = np.flatnonzero((lo_v < 0) | (hi_v > buf.bytes_per_partition))
-            if len(bad):
-                j = int(bad[0])
-                try:
-                    check_ap(_concrete(exp, t, j, k), bufs, _role(k))
-                except MachineError as e:
-                    found.append(((int(exp.pos(t)[j]), 1 + k), e))
+            size = buf.bytes_per_partition
+            at = _first(stream, it, lambda ue, u, outer, k=k, size=size: _out_of(ue, u, k, outer, size))
+            if at is not None:
+                _record(found, (at[0], 1 + k), lambda: check_ap(operands(it.at(at[1]))[k], bufs, _role(k)))  # type: ignore[union-attr, arg-type]
     if q.engine is EngineKind.TENSOR and ins.dst is not None and ins.dst.buffer in bufs:
-        _check_bank(exp, t, bufs, target, found)
+        _check_bank(stream, it, bufs, target, found, first)
 
 
-def _check_bank(exp: Expansion, t: int, bufs: dict[str, Buffer], target: Target, found: list) -> None:
-    """The destination stays in one PSUM bank in every instance: decided on one instance when
-    every step of its offset is a whole number of banks, else on each."""
-    it = exp.templates[t]
-    d = base_of(it).dst
-    assert d is not None
-    bank = target.psum_bank_bytes
-    o = it.offsets[0] if isinstance(it, Looped) and it.offsets else None
-    steps = [] if o is None else [k for _, k in o.terms] + ([] if o.rot is None else [o.rot[3]])
-    if all(k % bank == 0 for k in steps):
-        bad = [0]
-        lo0, hi0 = ap_geom(_concrete(exp, t, 0, 0), bufs[d.buffer])[3:5]
-        if lo0 // bank == (hi0 - 1) // bank:
-            return
-    else:
-        lo_v, hi_v = _bytes(exp, t, 0, bufs[d.buffer].offset or 0)
-        bad = np.flatnonzero(lo_v // bank != (hi_v - 1) // bank).tolist()
-        if not bad:
-            return
-    j = int(bad[0])
+def _record(found: Found, key: tuple[int, int], check: Callable[[], object]) -> None:
     try:
-        check_psum_bank(ap_geom(_concrete(exp, t, j, 0), bufs[d.buffer]), target, base_of(it).op.value)
+        check()
     except MachineError as e:
-        found.append(((int(exp.pos(t)[j]), 10), e))
+        found.append((key, e))
 
 
-def _concrete(exp: Expansion, t: int, k: int, slot: int) -> AP:
-    """Operand ``slot`` of template ``t``'s ``k``-th instance."""
-    it = exp.templates[t]
-    ins = it.at(exp.env_at(t, k)) if isinstance(it, Looped) else it
-    a = operands(ins)[slot]
-    assert a is not None
-    return a
-
-
-def _bytes(exp: Expansion, t: int, slot: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+def _bytes(ue: Expansion, t: int, slot: int, outer: dict[str, int], base: int) -> tuple[np.ndarray, np.ndarray]:
     """[lo, hi) bytes (``base`` + the AP's extent) of operand ``slot`` over template ``t``'s
-    instances."""
-    a = operands(base_of(exp.templates[t]))[slot]
+    instances in a unit."""
+    a = operands(base_of(ue.templates[t]))[slot]
     assert a is not None
     lo0, hi0 = a.byte_extent()
-    offs = exp.offsets(t, slot) + base
+    offs = ue.offsets(t, slot, outer) + base
     return offs + (lo0 - a.byte_offset), offs + (hi0 - a.byte_offset)
 
 
-def _check_psum_groups(exp: Expansion, bufs: dict[str, Buffer], target: Target, found: list) -> None:
-    """checks.PsumGroups over every matmul/transpose instance, vectorized: an accumulating
+def _out_of(ue: Expansion, t: int, slot: int, outer: dict[str, int], size: int) -> np.ndarray:
+    lo, hi = _bytes(ue, t, slot, outer, 0)
+    return (lo < 0) | (hi > size)
+
+
+def _check_bank(stream: Stream, it: Instr | Looped, bufs: dict[str, Buffer], target: Target,
+                found: Found, first: int) -> None:
+    """The destination stays in one PSUM bank in every instance."""
+    d = base_of(it).dst
+    assert d is not None
+    buf = bufs[d.buffer]
+    bank = target.psum_bank_bytes
+    o = it.offsets[0] if isinstance(it, Looped) and it.offsets else None
+    steps = [] if o is None else [k for _, k in o.terms] + ([] if o.rot is None else [o.rot[3]])
+    if all(k % bank == 0 for k in steps):     # every instance at the same place in its bank
+        at = None if o is None else stream.locate(first)[1]
+        lo, hi = ap_geom(d if at is None else operands(it.at(at))[0], buf)[3:5]  # type: ignore[union-attr, arg-type]
+        if lo // bank == (hi - 1) // bank:
+            return
+        pos_env: tuple[int, dict[str, int]] | None = (first, at or {})
+    else:
+        def crosses(ue: Expansion, u: int, outer: dict[str, int]) -> np.ndarray:
+            lo_v, hi_v = _bytes(ue, u, 0, outer, buf.offset or 0)
+            return lo_v // bank != (hi_v - 1) // bank
+        pos_env = _first(stream, it, crosses)
+        if pos_env is None:
+            return
+    p, env = pos_env
+    inst = it.at(env) if isinstance(it, Looped) else it
+    _record(found, (p, 10), lambda: check_psum_bank(ap_geom(inst.dst, buf), target, inst.op.value))  # type: ignore[arg-type]
+
+
+def _check_psum_groups(stream: Stream, bufs: dict[str, Buffer], target: Target, found: Found) -> None:
+    """checks.PsumGroups over every matmul/transpose instance, unit by unit: an accumulating
     instance must lie inside the latest group-opening instance of its bank."""
-    parts = []
-    for t, it in enumerate(exp.templates):
-        d = base_of(it).dst
-        if base_of(it).op not in (Op.MATMUL, Op.TRANSPOSE) or d is None or d.buffer not in bufs \
-                or not exp.size[t]:
+    bank_bytes = target.psum_bank_bytes
+    open_: dict[int, tuple[int, int, int, int]] = {}       # bank -> open group, across units
+    for ue, outer, base in units(stream.body):
+        parts = []
+        for t, it in enumerate(ue.templates):
+            d = base_of(it).dst
+            if base_of(it).op not in (Op.MATMUL, Op.TRANSPOSE) or d is None \
+                    or d.buffer not in bufs or not ue.size[t]:
+                continue
+            lo, hi = _bytes(ue, t, 0, outer, bufs[d.buffer].offset or 0)
+            acc = ue.accumulate(t, outer)
+            n = len(lo)
+            parts.append((ue.pos(t), np.full(n, t), np.arange(n), np.full(n, d.partition_start),
+                          np.full(n, d.partition_start + d.partitions), lo, hi,
+                          np.ones(n, dtype=bool) if acc is None else ~acc))
+        if not parts:
             continue
-        lo, hi = _bytes(exp, t, 0, bufs[d.buffer].offset or 0)
-        acc = exp.accumulate(t)
-        n = len(lo)
-        parts.append((exp.pos(t), np.full(n, t), np.arange(n), np.full(n, d.partition_start),
-                      np.full(n, d.partition_start + d.partitions), lo, hi,
-                      np.ones(n, dtype=bool) if acc is None else ~acc))
-    if not parts:
-        return
-    cols = [np.concatenate(c) for c in zip(*parts)]
-    order = np.argsort(cols[0], kind="stable")
-    pos, tid, inst, p0, p1, lo, hi, opens = (c[order] for c in cols)
-    bank = lo // target.psum_bank_bytes
-    for b in np.unique(bank[~opens]):
-        sel = np.flatnonzero(bank == b)
-        last = np.maximum.accumulate(np.where(opens[sel], np.arange(len(sel)), -1))
-        o = sel[np.maximum(last, 0)]
-        bad = ~opens[sel] & ((last < 0) | (p0[o] > p0[sel]) | (p1[sel] > p1[o])
-                             | (lo[o] > lo[sel]) | (hi[sel] > hi[o]))
-        hit = np.flatnonzero(bad)
-        if len(hit):
-            j, k = sel[hit[0]], o[hit[0]]
+        cols = [np.concatenate(c) for c in zip(*parts)]
+        order = np.argsort(cols[0], kind="stable")
+        pos, tid, inst, p0, p1, lo, hi, opens = (c[order] for c in cols)
+        bank = lo // bank_bytes
+        hits = []
+        for b in np.unique(bank).tolist():
+            sel = np.flatnonzero(bank == b)
+            last = np.maximum.accumulate(np.where(opens[sel], np.arange(len(sel)), -1))
+            o = sel[np.maximum(last, 0)]
+            g0, g1, glo, ghi = open_.get(b, (0, -1, 0, -1))            # (none: contains nothing)
+            r0 = np.where(last < 0, g0, p0[o])
+            r1 = np.where(last < 0, g1, p1[o])
+            rlo = np.where(last < 0, glo, lo[o])
+            rhi = np.where(last < 0, ghi, hi[o])
+            bad = ~opens[sel] & ((r0 > p0[sel]) | (p1[sel] > r1) | (rlo > lo[sel]) | (hi[sel] > rhi))
+            hit = np.flatnonzero(bad)
+            if len(hit):
+                j = int(sel[hit[0]])
+                none = last[hit[0]] < 0 and b not in open_
+                rect = None if none else (int(r0[hit[0]]), int(r1[hit[0]]), int(rlo[hit[0]]), int(rhi[hit[0]]))
+                hits.append((int(pos[j]), j, b, rect))
+            if opens[sel].any():
+                k = int(sel[last[-1]])
+                open_[b] = (int(p0[k]), int(p1[k]), int(lo[k]), int(hi[k]))
+        if hits:
+            p, j, b, rect = min(hits)
             t = int(tid[j])
-            g = ap_geom(_concrete(exp, t, int(inst[j]), 0), bufs[base_of(exp.templates[t]).dst.buffer])  # type: ignore[union-attr]
-            rect = None if last[hit[0]] < 0 else (int(p0[k]), int(p1[k]), int(lo[k]), int(hi[k]))
-            found.append(((int(pos[j]), 11), psum_group_error(g, int(b), rect)))
+            it = ue.templates[t]
+            d = operands(it.at(ue.env_at(t, int(inst[j]), outer)) if isinstance(it, Looped) else it)[0]
+            assert d is not None
+            found.append(((base + p, 11), psum_group_error(ap_geom(d, bufs[d.buffer]), b, rect)))
+            return

@@ -415,14 +415,15 @@ def materialize(stream: Sequence[Instr], aps: dict | None = None) -> tuple[Instr
 
 
 class Expansion:
-    """A stream's instances per static instruction ("template", ``templates[t]`` in program
-    order), evaluated on demand as numpy arrays: ``pos(t)`` are the positions of its instances in
-    the stream (increasing), ``env(t)[var]`` its counters there, ``tid[i]`` the template of
-    position ``i``. ``first[t]`` and ``size[t]`` (its first position and instance count) need no
-    arrays."""
+    """The instances of a body of items per static instruction ("template", ``templates[t]`` in
+    program order), evaluated on demand as numpy arrays: ``pos(t)`` are the positions of its
+    instances relative to the body's start (increasing), ``env(t)[var]`` the counters of the
+    body's own loops there, ``tid[i]`` the template of position ``i``. ``first[t]`` and
+    ``size[t]`` (first position, instance count) need no arrays. ``outer`` arguments give the
+    counters of loops around the body (a unit of ``units``)."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.n = len(stream)
+    def __init__(self, body: tuple[Item, ...]) -> None:
+        self.n = body_size(body)
         self.templates: list[Instr | Looped] = []
         self.loops: list[tuple[Loop, ...]] = []
         self.first: list[int] = []
@@ -430,7 +431,7 @@ class Expansion:
         self._pos: dict[int, np.ndarray] = {}
         self._env: dict[int, dict[str, np.ndarray]] = {}
         self._tid: np.ndarray | None = None
-        self._visit(stream.body, 0, ())
+        self._visit(body, 0, ())
 
     def _visit(self, body: tuple[Item, ...], base: int, loops: tuple[Loop, ...]) -> None:
         off = base
@@ -448,7 +449,7 @@ class Expansion:
             self.size.append(n)
             off += 1
 
-    def env(self, t: int) -> dict[str, np.ndarray]:
+    def env(self, t: int, outer: dict[str, int] | None = None) -> dict:
         e = self._env.get(t)
         if e is None:
             loops = self.loops[t]
@@ -457,7 +458,7 @@ class Expansion:
                 grid = np.indices(tuple(lp.count for lp in loops), dtype=np.int64)
                 e = {lp.var: grid[k].ravel() for k, lp in enumerate(loops)}
             self._env[t] = e
-        return e
+        return {**outer, **e} if outer else e
 
     def pos(self, t: int) -> np.ndarray:
         p = self._pos.get(t)
@@ -481,11 +482,11 @@ class Expansion:
     def counts(self, t: int) -> dict[str, int]:
         return {lp.var: lp.count for lp in self.loops[t]}
 
-    def env_at(self, t: int, k: int) -> dict[str, int]:
-        """Counters of template ``t``'s ``k``-th instance."""
-        return {v: int(a[k]) for v, a in self.env(t).items()}
+    def env_at(self, t: int, k: int, outer: dict[str, int] | None = None) -> dict[str, int]:
+        """All counters of template ``t``'s ``k``-th instance."""
+        return {**(outer or {}), **{v: int(a[k]) for v, a in self.env(t).items()}}
 
-    def offsets(self, t: int, slot: int) -> np.ndarray:
+    def offsets(self, t: int, slot: int, outer: dict[str, int] | None = None) -> np.ndarray:
         """Byte offsets of operand ``slot`` over template ``t``'s instances."""
         it = self.templates[t]
         a = operands(base_of(it))[slot]
@@ -494,9 +495,9 @@ class Expansion:
         o = it.offsets[slot] if isinstance(it, Looped) and slot < len(it.offsets) else None
         if o is None:
             return np.full(n, a.byte_offset, dtype=np.int64)
-        return o.vector(self.env(t), n) + a.byte_offset
+        return o.vector(self.env(t, outer), n) + a.byte_offset
 
-    def accumulate(self, t: int) -> np.ndarray | None:
+    def accumulate(self, t: int, outer: dict[str, int] | None = None) -> np.ndarray | None:
         """Matmul: the accumulate flag over template ``t``'s instances (None: not a matmul)."""
         it = self.templates[t]
         ins = base_of(it)
@@ -506,7 +507,50 @@ class Expansion:
         acc = np.full(n, bool(ins.attrs.accumulate))  # type: ignore[union-attr]
         if isinstance(it, Looped) and it.start_when:
             first = np.ones(n, dtype=bool)
+            env = self.env(t, outer)
             for e in it.start_when:
-                first &= e.vector(self.env(t), n) == 0
+                first &= e.vector(env, n) == 0
             acc &= ~first
         return acc
+
+
+UNIT = 1 << 13   # instances per unit of ``units`` (bounds the arrays evaluated at once)
+
+
+def units(body: tuple[Item, ...], limit: int | None = None) -> Iterator[tuple[Expansion, dict[str, int], int]]:
+    """The body in consecutive units of at most ``limit`` instances where it can be cut (a loop
+    larger than that is cut into its iterations, recursively), in order: ``(expansion of the
+    unit's items, counters of the loops around them, position of its first instance)``. Equal
+    units (the same items: every iteration of a cut loop) share one ``Expansion``."""
+    cache: dict[tuple[int, ...], Expansion] = {}
+    limit = UNIT if limit is None else limit
+
+    def run(body: tuple[Item, ...], outer: dict[str, int], base: int):
+        group: list[Item] = []
+        start = pos = base
+        size = 0
+        for it in body:
+            n = it.size if isinstance(it, Loop) else 1
+            if group and (size + n > limit or (isinstance(it, Loop) and n > limit)):
+                yield unit(group), outer, start
+                group, size, start = [], 0, pos
+            if isinstance(it, Loop) and n > limit:
+                for v in range(it.count):
+                    yield from run(it.body, {**outer, it.var: v}, pos + v * it.inner)
+                pos += n
+                start = pos
+                continue
+            group.append(it)
+            size += n
+            pos += n
+        if group:
+            yield unit(group), outer, start
+
+    def unit(group: list[Item]) -> Expansion:
+        key = tuple(map(id, group))
+        e = cache.get(key)
+        if e is None:
+            e = cache[key] = Expansion(tuple(group))
+        return e
+
+    return run(body, {}, 0)

@@ -26,7 +26,7 @@ event loop over the lists built here.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
                      check_waits)
@@ -136,7 +136,8 @@ def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) 
 
 
 class Prepared:
-    """Per-queue lists (index = position in the queue's stream) and static statistics."""
+    """Per-queue lists (index = position in the queue's current chunk, see ``chunks``) and
+    static statistics (complete after ``finish``)."""
 
     def __init__(self, nq: int) -> None:
         self.busy: list[list[float]] = []
@@ -147,6 +148,11 @@ class Prepared:
         self.ports: list[list[int] | None] = []       # NC-v2 port masks (None: no port use)
         self.ls: list[list[float] | None] = []        # TensorE: exposed LoadStationary time
         self.geoms: list[list[tuple]] | None = None
+        # a looped stream comes in chunks: the lists above hold the current one; ``chunks[q]``
+        # yields the next ones (None: the lists hold the whole stream)
+        self.chunks: list[Iterator[QueueLists] | None] = []
+        self.port_mask: list[int] = []                # OR of a queue's port masks
+        self.has_ls: list[bool] = []                  # some exposed LoadStationary time possible
         self.sig_q: list[set[str]] = []
         self.wait_q: list[set[str]] = []
         self.touch: set[tuple[object, int, bool]] = set()
@@ -156,6 +162,27 @@ class Prepared:
         self.trans_ns = 0.0              # ... at the ScalarE rate (see the module docstring)
         self.dma_count = self.dma_bytes = self.hbm_bytes = self.spill_bytes = 0
         self.static_busy = dict.fromkeys(ENGINE_NAMES, 0.0)
+        self._stats: list[tuple[EngineKind, QueueLists, object]] = []
+
+    def load(self, q: int, L: QueueLists) -> None:
+        """Make ``L`` queue ``q``'s current lists."""
+        self.busy[q], self.lat[q], self.waits[q], self.sigs[q] = L.busy, L.lat, L.waits, L.sigs
+        self.dcost[q], self.ports[q], self.ls[q] = L.dcost, L.ports, L.ls
+
+    def finish(self) -> None:
+        """Sum the static statistics (once every chunk has been taken), queue by queue."""
+        for eng, st_l, sp in self._stats:
+            for st, n in st_l.nst.items():      # per signature x occurrences
+                self.dma_count += n if eng is EngineKind.DMA else 0
+                self.dma_bytes += n * st.dma_bytes
+                self.hbm_bytes += n * st.hbm_bytes
+                self.flops += n * st.flops
+                self.tensor_ns += n * st.tensor_ns
+                self.trans += n * st.trans
+                self.trans_ns += n * st.trans_ns
+            self.spill_bytes += st_l.spill
+            if eng is not EngineKind.DMA:
+                self.static_busy[eng.value] += sum(st_l.busy) if sp is None else sp.busy_sum  # type: ignore[attr-defined]
 
 
 class QueueLists:
@@ -182,47 +209,51 @@ class QueueLists:
 def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict,
             checks: bool, dynamic: bool) -> Prepared:
     """``streams[i]``: queue i's instructions, a tuple or (not with ``dynamic``) a
-    ``loops.Stream``, which is prepared per static instruction (sim_prepare_loops)."""
+    ``loops.Stream``, which is prepared per static instruction, in chunks (sim_prepare_loops)."""
     P = Prepared(len(queues))
     if dynamic:
         P.geoms = []
     apcache: dict = {}
     spill_names = {b.name for b in program.buffers if b.name.startswith("spill")}
     for qi, (q, stream) in enumerate(zip(queues, streams)):
-        eng = q.engine
+        sp = None
         if isinstance(stream, Stream):
             assert not dynamic, "dynamic checks run on materialized streams"
-            from .sim_prepare_loops import prepare_stream
-            L = prepare_stream(q, stream, tgt, bufs, checks, spill_names)
+            from .sim_prepare_loops import StreamPrep
+            sp = StreamPrep(q, stream, tgt, bufs, checks, spill_names)
+            chunks = sp.chunks()
+            L = next(chunks)
+            P._stats.append((q.engine, sp.stats, sp))
+            P.chunks.append(chunks)
+            P.port_mask.append(sp.port_mask if sp.ports else 0)
+            P.has_ls.append(sp.has_matmul)
+            P.wait_q.append(sp.stats.wait_set)
+            P.sig_q.append(sp.stats.sig_set)
         else:
             L = _prepare_seq(q, stream, tgt, bufs, checks, dynamic, apcache, spill_names)
             if dynamic:
                 for gs in L.geoms:
                     for g, is_w in gs:
                         P.touch.add((g.space, qi, is_w))
-        for st, n in L.nst.items():          # static statistics, per signature x occurrences
-            P.dma_count += n if eng is EngineKind.DMA else 0
-            P.dma_bytes += n * st.dma_bytes
-            P.hbm_bytes += n * st.hbm_bytes
-            P.flops += n * st.flops
-            P.tensor_ns += n * st.tensor_ns
-            P.trans += n * st.trans
-            P.trans_ns += n * st.trans_ns
-        P.spill_bytes += L.spill
-        L.waits.append(())                   # sentinel: the "head" of a finished queue
-        P.wait_q.append(L.wait_set)
-        P.sig_q.append(L.sig_set)
-        P.busy.append(L.busy)
-        P.lat.append(L.lat)
-        P.waits.append(L.waits)
-        P.sigs.append(L.sigs)
-        P.dcost.append(L.dcost)
-        P.ports.append(L.ports if L.ports and any(L.ports) else None)
-        P.ls.append(L.ls if L.ls and any(L.ls) else None)
-        if P.geoms is not None:
-            P.geoms.append(L.geoms)
-        if eng is not EngineKind.DMA:
-            P.static_busy[eng.value] += sum(L.busy)
+            L.waits.append(())               # sentinel: the "head" of a finished queue
+            if L.ports is not None and not any(L.ports):
+                L.ports = None
+            if L.ls is not None and not any(L.ls):
+                L.ls = None
+            P._stats.append((q.engine, L, None))
+            P.chunks.append(None)
+            m = 0
+            for x in L.ports or ():
+                m |= x
+            P.port_mask.append(m)
+            P.has_ls.append(L.ls is not None)
+            P.wait_q.append(L.wait_set)
+            P.sig_q.append(L.sig_set)
+            if P.geoms is not None:
+                P.geoms.append(L.geoms)
+        for lst in (P.busy, P.lat, P.waits, P.sigs, P.dcost, P.ports, P.ls):
+            lst.append(None)  # type: ignore[arg-type]
+        P.load(qi, L)
     return P
 
 

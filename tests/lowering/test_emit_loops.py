@@ -23,6 +23,7 @@ from lowering.tir.sync import Wait, synchronize
 from lowering_helpers import compile_fn, to_numpy, trace
 from lowering.api import TensorSpec
 from runtime_sim import BoundsError, check_program, get_target, simulate
+from runtime_sim import loops
 from runtime_sim.loops import Index, Loop, Looped, Stream
 
 bf16 = torch.bfloat16
@@ -45,8 +46,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_looped_program_runs_as_its_straight_line_expansion(case, target):
+@pytest.mark.parametrize("target, unit", [("trn1", None), ("trn2", None), ("trn2", 7)])
+def test_looped_program_runs_as_its_straight_line_expansion(case, target, unit, monkeypatch):
+    """(``unit``: the simulator and the checks take the loops in units of 7 instances, so
+    every carried state -- dependent penalty, LoadStationary, PSUM groups -- crosses units.)"""
+    if unit is not None:
+        monkeypatch.setattr(loops, "UNIT", unit)
     fn, make = CASES[case]
     args = make()
     _, cg = compile_fn(fn, *args, target=target)

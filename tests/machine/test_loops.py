@@ -12,7 +12,8 @@ from runtime_sim import (TENSOR, VECTOR, AluOp, BoundsError, Buffer, DeadlockErr
                          DType, Instr, IotaAttrs, MatmulAttrs, Memory, Op, OperandError, Program,
                          ProgramError, PsumAccumulateError, TensorScalarAttrs, ap, check_program,
                          dma_queue, simulate, tile_ap)
-from runtime_sim.loops import Expansion, Index, Loop, Looped, LWait, Stream, materialize
+from runtime_sim import loops
+from runtime_sim.loops import Expansion, Index, Loop, Looped, LWait, Stream, materialize, units
 
 F32, BF16 = DType.FP32, DType.BF16
 LD, ST = dma_queue(0), dma_queue(16)
@@ -94,18 +95,27 @@ def test_index_eval_vector_and_bounds():
 def test_expansion_positions_and_counters():
     inner = Instr(Op.SEM, None, (), __import__("runtime_sim").SemAttrs())
     s = Stream([inner, Loop("i", 2, (inner, Loop("j", 3, (inner,)))), inner])
-    e = Expansion(s)
+    e = Expansion(s.body)
     assert e.n == len(s) == 1 + 2 * 4 + 1
     assert [e.pos(t).tolist() for t in range(4)] == [[0], [1, 5], [2, 3, 4, 6, 7, 8], [9]]
     assert e.env(2)["j"].tolist() == [0, 1, 2, 0, 1, 2]
     assert e.tid.tolist() == [0, 1, 2, 2, 2, 1, 2, 2, 2, 3]
     assert s.locate(7) == (inner, {"i": 1, "j": 1})
+    # cut into units of at most 3: [0], then each i iteration as [1] + [2, 3, 4], then [9]
+    got = [(ue.n, outer, base) for ue, outer, base in units(s.body, 3)]
+    assert got == [(1, {}, 0), (1, {"i": 0}, 1), (3, {"i": 0}, 2), (1, {"i": 1}, 5),
+                   (3, {"i": 1}, 6), (1, {}, 9)]
+    us = list(units(s.body, 3))
+    assert us[2][0] is us[4][0]                 # a repeated body is expanded once
 
 
 # ---- the same program: timing, statistics, values --------------------------------------------
 
 @pytest.mark.parametrize("checks", [True, "static", False])
-def test_looped_and_straight_line_simulate_identically(checks):
+@pytest.mark.parametrize("unit", [None, 1, 4])
+def test_looped_and_straight_line_simulate_identically(checks, unit, monkeypatch):
+    if unit is not None:
+        monkeypatch.setattr(loops, "UNIT", unit)
     p = scale_rows()
     for mode in ("timing", "functional"):
         a = simulate(p, feed(), mode=mode, checks=checks)
@@ -142,11 +152,24 @@ def test_iota_base_varies_per_iteration():
 
 # ---- static checks: a bad late instance is still caught, and named ----------------------------
 
+def _with_unit(n: int, fn, *args):
+    old, loops.UNIT = loops.UNIT, n
+    try:
+        return fn(*args)
+    finally:
+        loops.UNIT = old
+
+
 def _same_error(p: Program, kind: type) -> Exception:
     """The looped program fails check_program as its straight-line expansion does: same rule,
-    same instance (queue, index, instruction), same message (plus the loop iteration)."""
+    same instance (queue, index, instruction), same message (plus the loop iteration), whether
+    the checks take the loops whole or in units of 2 instances."""
+    with pytest.raises(kind) as cut:
+        _with_unit(2, check_program, p)
     with pytest.raises(kind) as looped:
         check_program(p)
+    assert (cut.value.queue, cut.value.index, str(cut.value)) == \
+        (looped.value.queue, looped.value.index, str(looped.value))
     with pytest.raises(kind) as flat:
         check_program(p.flat())
     e, f = looped.value, flat.value
