@@ -47,11 +47,13 @@ def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Targ
     _check_loops(stream.body, ())
     exp = Expansion(stream.body)          # static facts only: no per-instance arrays
     found: Found = []
+    scans: dict[int, list[_Scan]] = {}    # id(template) -> per-instance tests to run
     for t in range(len(exp.templates)):
         if exp.size[t]:
-            _check_template(stream, exp, t, q, bufs, target, found)
-    if q.engine is EngineKind.TENSOR:
-        _check_psum_groups(stream, bufs, target, found)
+            _check_template(stream, exp, t, q, bufs, target, found, scans)
+    tensor = q.engine is EngineKind.TENSOR
+    if scans or tensor:
+        _scan_units(stream, scans, bufs, target, found, tensor)
     if found:
         (pos, _), err = min(found, key=lambda f: f[0])
         it, env = stream.locate(pos)
@@ -107,29 +109,50 @@ def _structure(it: Looped, ins: Instr, bound: set[str]) -> None:
 Pred = Callable[[Expansion, int, dict[str, int]], np.ndarray]
 
 
-def _first(stream: Stream, it: Instr | Looped, pred: Pred) -> tuple[int, dict[str, int]] | None:
-    """The first instance of ``it`` (position, counters) where ``pred`` (a mask over a unit's
-    instances of it) holds."""
+class _Scan:
+    """A per-instance test of one template: ``pred`` masks a unit's instances of it that break
+    the rule; ``report(env)`` raises the rule's error on the first such instance."""
+
+    __slots__ = ("stage", "pred", "report", "done")
+
+    def __init__(self, stage: int, pred: Pred, report: Callable[[dict[str, int]], object]) -> None:
+        self.stage, self.pred, self.report, self.done = stage, pred, report, False
+
+
+def _scan_units(stream: Stream, scans: dict[int, list[_Scan]], bufs: dict[str, Buffer],
+                target: Target, found: Found, tensor: bool) -> None:
+    """One pass over the stream's units: every pending per-instance test, and (TensorE) the
+    PSUM accumulation groups. Stops after the first unit with a violation (later units only
+    hold later instances)."""
+    groups: dict[int, tuple[int, int, int, int]] | None = {} if tensor else None
     for ue, outer, base in units(stream.body):
-        best = None
-        for t, x in enumerate(ue.templates):
-            if x is it and ue.size[t]:
-                hit = np.flatnonzero(pred(ue, t, outer))
-                if len(hit):
-                    k = int(hit[0])
+        first: dict[_Scan, tuple[int, dict[str, int]]] = {}
+        for t, it in enumerate(ue.templates):
+            for sc in scans.get(id(it), ()):
+                if sc.done or not ue.size[t]:
+                    continue
+                bad = np.flatnonzero(sc.pred(ue, t, outer))
+                if len(bad):
+                    k = int(bad[0])
                     p = base + int(ue.pos(t)[k])
-                    if best is None or p < best[0]:
-                        best = (p, ue.env_at(t, k, outer))
-        if best is not None:
-            return best
-    return None
+                    if sc not in first or p < first[sc][0]:   # (a template twice in the unit)
+                        first[sc] = (p, ue.env_at(t, k, outer))
+        for sc, (p, env) in first.items():
+            sc.done = True
+            _record(found, (p, sc.stage), lambda: sc.report(env))
+        hits = len(first)
+        if groups is not None:
+            hits += _psum_groups_unit(ue, outer, base, groups, bufs, target, found)
+        if hits:
+            return
 
 
 def _check_template(stream: Stream, exp: Expansion, t: int, q: Queue, bufs: dict[str, Buffer],
-                    target: Target, found: Found) -> None:
+                    target: Target, found: Found, scans: dict[int, list[_Scan]]) -> None:
     it = exp.templates[t]
     ins = base_of(it)
     first = exp.first[t]
+    todo = scans.setdefault(id(it), [])
     try:
         if isinstance(it, Looped):
             _structure(it, ins, set(exp.counts(t)))
@@ -137,19 +160,24 @@ def _check_template(stream: Stream, exp: Expansion, t: int, q: Queue, bufs: dict
     except MachineError as e:
         found.append(((first, 0), e))
         return
-    # shape rules, once per attribute variant, at the first instance using it
-    variants: list[tuple[Instr, int | None]] = [(ins, first)]
-    if isinstance(it, Looped) and it.start_when:
-        variants = []
-        for v, want in ((ins, True), (replace(ins, attrs=it.first_attrs()), False)):
-            at = _first(stream, it, lambda ue, u, o, want=want: ue.accumulate(u, o) == want)
-            if at is not None:
-                variants.append((v, at[0]))
-    for v, p in variants:
+    # shape rules, per attribute variant: a variant that breaks one fails at its first instance
+    variants = [ins] + ([replace(ins, attrs=it.first_attrs())]
+                        if isinstance(it, Looped) and it.start_when else [])
+    errs = []
+    for v in variants:
         try:
             check_instr_shape(v, q, target)
+            errs.append(None)
         except MachineError as e:
-            found.append(((p, 0), e))
+            errs.append(e)
+    if len(variants) == 1 or (errs[0] is not None and errs[1] is not None):
+        if errs[0] is not None:
+            found.append(((first, 0), errs[0]))
+    else:
+        for v, e, want in zip(variants, errs, (True, False)):
+            if e is not None:
+                todo.append(_Scan(0, lambda ue, u, o, want=want: ue.accumulate(u, o) == want,
+                                  lambda env, v=v: check_instr_shape(v, q, target)))
     counts = exp.counts(t)
     for k, a in enumerate(operands(ins)):
         if a is None:
@@ -166,11 +194,10 @@ def _check_template(stream: Stream, exp: Expansion, t: int, q: Queue, bufs: dict
             lo, hi = lo + olo, hi + ohi
         if lo < 0 or hi > buf.bytes_per_partition:     # at the extremes: look at each instance
             size = buf.bytes_per_partition
-            at = _first(stream, it, lambda ue, u, outer, k=k, size=size: _out_of(ue, u, k, outer, size))
-            if at is not None:
-                _record(found, (at[0], 1 + k), lambda: check_ap(operands(it.at(at[1]))[k], bufs, _role(k)))  # type: ignore[union-attr, arg-type]
+            todo.append(_Scan(1 + k, lambda ue, u, outer, k=k, size=size: _out_of(ue, u, k, outer, size),
+                              lambda env, k=k: check_ap(operands(it.at(env))[k], bufs, _role(k))))  # type: ignore[union-attr, arg-type]
     if q.engine is EngineKind.TENSOR and ins.dst is not None and ins.dst.buffer in bufs:
-        _check_bank(stream, it, bufs, target, found, first)
+        _check_bank(it, counts, bufs, target, found, first, todo)
 
 
 def _record(found: Found, key: tuple[int, int], check: Callable[[], object]) -> None:
@@ -195,82 +222,84 @@ def _out_of(ue: Expansion, t: int, slot: int, outer: dict[str, int], size: int) 
     return (lo < 0) | (hi > size)
 
 
-def _check_bank(stream: Stream, it: Instr | Looped, bufs: dict[str, Buffer], target: Target,
-                found: Found, first: int) -> None:
-    """The destination stays in one PSUM bank in every instance."""
+def _check_bank(it: Instr | Looped, counters: dict[str, int], bufs: dict[str, Buffer],
+                target: Target, found: Found, first: int, todo: list[_Scan]) -> None:
+    """The destination stays in one PSUM bank in every instance: decided on one instance when
+    every step of its offset is a whole number of banks, else per instance."""
     d = base_of(it).dst
     assert d is not None
     buf = bufs[d.buffer]
     bank = target.psum_bank_bytes
+    op = base_of(it).op.value
+
+    def report(env: dict[str, int]) -> None:
+        inst = it.at(env) if isinstance(it, Looped) else it
+        check_psum_bank(ap_geom(inst.dst, buf), target, op)  # type: ignore[arg-type]
+
     o = it.offsets[0] if isinstance(it, Looped) and it.offsets else None
     steps = [] if o is None else [k for _, k in o.terms] + ([] if o.rot is None else [o.rot[3]])
-    if all(k % bank == 0 for k in steps):     # every instance at the same place in its bank
-        at = None if o is None else stream.locate(first)[1]
-        lo, hi = ap_geom(d if at is None else operands(it.at(at))[0], buf)[3:5]  # type: ignore[union-attr, arg-type]
-        if lo // bank == (hi - 1) // bank:
-            return
-        pos_env: tuple[int, dict[str, int]] | None = (first, at or {})
-    else:
-        def crosses(ue: Expansion, u: int, outer: dict[str, int]) -> np.ndarray:
-            lo_v, hi_v = _bytes(ue, u, 0, outer, buf.offset or 0)
-            return lo_v // bank != (hi_v - 1) // bank
-        pos_env = _first(stream, it, crosses)
-        if pos_env is None:
-            return
-    p, env = pos_env
-    inst = it.at(env) if isinstance(it, Looped) else it
-    _record(found, (p, 10), lambda: check_psum_bank(ap_geom(inst.dst, buf), target, inst.op.value))  # type: ignore[arg-type]
+    if all(k % bank == 0 for k in steps):     # every instance at the same place in its bank:
+        _record(found, (first, 10), lambda: report(dict.fromkeys(counters, 0)))
+        return                                # the first one (every counter 0) decides
+
+    def crosses(ue: Expansion, u: int, outer: dict[str, int]) -> np.ndarray:
+        lo_v, hi_v = _bytes(ue, u, 0, outer, buf.offset or 0)
+        return lo_v // bank != (hi_v - 1) // bank
+    todo.append(_Scan(10, crosses, report))
 
 
-def _check_psum_groups(stream: Stream, bufs: dict[str, Buffer], target: Target, found: Found) -> None:
-    """checks.PsumGroups over every matmul/transpose instance, unit by unit: an accumulating
-    instance must lie inside the latest group-opening instance of its bank."""
+def _psum_groups_unit(ue: Expansion, outer: dict[str, int], base: int,
+                      open_: dict[int, tuple[int, int, int, int]], bufs: dict[str, Buffer],
+                      target: Target, found: Found) -> int:
+    """checks.PsumGroups over a unit's matmul/transpose instances: an accumulating instance must
+    lie inside the latest group-opening instance of its bank (``open_``: carried from unit to
+    unit). Returns 1 (and records the error) on the first violation."""
     bank_bytes = target.psum_bank_bytes
-    open_: dict[int, tuple[int, int, int, int]] = {}       # bank -> open group, across units
-    for ue, outer, base in units(stream.body):
-        parts = []
-        for t, it in enumerate(ue.templates):
-            d = base_of(it).dst
-            if base_of(it).op not in (Op.MATMUL, Op.TRANSPOSE) or d is None \
-                    or d.buffer not in bufs or not ue.size[t]:
-                continue
-            lo, hi = _bytes(ue, t, 0, outer, bufs[d.buffer].offset or 0)
-            acc = ue.accumulate(t, outer)
-            n = len(lo)
-            parts.append((ue.pos(t), np.full(n, t), np.arange(n), np.full(n, d.partition_start),
-                          np.full(n, d.partition_start + d.partitions), lo, hi,
-                          np.ones(n, dtype=bool) if acc is None else ~acc))
-        if not parts:
+    parts = []
+    for t, it in enumerate(ue.templates):
+        d = base_of(it).dst
+        if base_of(it).op not in (Op.MATMUL, Op.TRANSPOSE) or d is None \
+                or d.buffer not in bufs or not ue.size[t]:
             continue
-        cols = [np.concatenate(c) for c in zip(*parts)]
-        order = np.argsort(cols[0], kind="stable")
-        pos, tid, inst, p0, p1, lo, hi, opens = (c[order] for c in cols)
-        bank = lo // bank_bytes
-        hits = []
-        for b in np.unique(bank).tolist():
-            sel = np.flatnonzero(bank == b)
-            last = np.maximum.accumulate(np.where(opens[sel], np.arange(len(sel)), -1))
-            o = sel[np.maximum(last, 0)]
-            g0, g1, glo, ghi = open_.get(b, (0, -1, 0, -1))            # (none: contains nothing)
-            r0 = np.where(last < 0, g0, p0[o])
-            r1 = np.where(last < 0, g1, p1[o])
-            rlo = np.where(last < 0, glo, lo[o])
-            rhi = np.where(last < 0, ghi, hi[o])
-            bad = ~opens[sel] & ((r0 > p0[sel]) | (p1[sel] > r1) | (rlo > lo[sel]) | (hi[sel] > rhi))
-            hit = np.flatnonzero(bad)
-            if len(hit):
-                j = int(sel[hit[0]])
-                none = last[hit[0]] < 0 and b not in open_
-                rect = None if none else (int(r0[hit[0]]), int(r1[hit[0]]), int(rlo[hit[0]]), int(rhi[hit[0]]))
-                hits.append((int(pos[j]), j, b, rect))
-            if opens[sel].any():
-                k = int(sel[last[-1]])
-                open_[b] = (int(p0[k]), int(p1[k]), int(lo[k]), int(hi[k]))
-        if hits:
-            p, j, b, rect = min(hits)
-            t = int(tid[j])
-            it = ue.templates[t]
-            d = operands(it.at(ue.env_at(t, int(inst[j]), outer)) if isinstance(it, Looped) else it)[0]
-            assert d is not None
-            found.append(((base + p, 11), psum_group_error(ap_geom(d, bufs[d.buffer]), b, rect)))
-            return
+        lo, hi = _bytes(ue, t, 0, outer, bufs[d.buffer].offset or 0)
+        acc = ue.accumulate(t, outer)
+        n = len(lo)
+        parts.append((ue.pos(t), np.full(n, t), np.arange(n), np.full(n, d.partition_start),
+                      np.full(n, d.partition_start + d.partitions), lo, hi,
+                      np.ones(n, dtype=bool) if acc is None else ~acc))
+    if not parts:
+        return 0
+    cols = [np.concatenate(c) for c in zip(*parts)]
+    order = np.argsort(cols[0], kind="stable")
+    pos, tid, inst, p0, p1, lo, hi, opens = (c[order] for c in cols)
+    bank = lo // bank_bytes
+    hits = []
+    for b in np.unique(bank).tolist():
+        sel = np.flatnonzero(bank == b)
+        last = np.maximum.accumulate(np.where(opens[sel], np.arange(len(sel)), -1))
+        o = sel[np.maximum(last, 0)]
+        g0, g1, glo, ghi = open_.get(b, (0, -1, 0, -1))            # (none: contains nothing)
+        r0 = np.where(last < 0, g0, p0[o])
+        r1 = np.where(last < 0, g1, p1[o])
+        rlo = np.where(last < 0, glo, lo[o])
+        rhi = np.where(last < 0, ghi, hi[o])
+        bad = ~opens[sel] & ((r0 > p0[sel]) | (p1[sel] > r1) | (rlo > lo[sel]) | (hi[sel] > rhi))
+        hit = np.flatnonzero(bad)
+        if len(hit):
+            h = int(hit[0])
+            j = int(sel[h])
+            none = last[h] < 0 and b not in open_
+            rect = None if none else (int(r0[h]), int(r1[h]), int(rlo[h]), int(rhi[h]))
+            hits.append((int(pos[j]), j, b, rect))
+        if opens[sel].any():
+            k = int(sel[last[-1]])
+            open_[b] = (int(p0[k]), int(p1[k]), int(lo[k]), int(hi[k]))
+    if not hits:
+        return 0
+    p, j, b, rect = min(hits)
+    t = int(tid[j])
+    it = ue.templates[t]
+    d = operands(it.at(ue.env_at(t, int(inst[j]), outer)) if isinstance(it, Looped) else it)[0]
+    assert d is not None
+    found.append(((base + p, 11), psum_group_error(ap_geom(d, bufs[d.buffer]), b, rect)))
+    return 1

@@ -24,6 +24,7 @@ Invariants
 """
 from __future__ import annotations
 
+import gc
 import math
 from collections import defaultdict
 from dataclasses import replace
@@ -75,7 +76,7 @@ def _waits(ws: tuple[Wait, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[LWa
                     continue            # never a first occupancy: never active
             else:
                 guard = _index(g)
-        if w.count.is_const and guard is None and w.count.const < 1:
+        if w.count.is_const and w.count.const < 1:
             continue                    # never active
         kept.append(LWait(f"s{w.sem}", _index(w.count), guard, bound))
     if all(w.count.is_const and w.guard is None for w in kept):
@@ -147,7 +148,19 @@ def _check_order_exactly(x: InstrInfo, y: InstrInfo, w: Wait, before: Affine) ->
 
 def emit_program(tp: TProgram, queues: dict[int, Queue], plan: MemPlan, sync: SyncPlan,
                  st: Structure | None = None) -> Program:
-    st = st or Structure(tp)
+    # many small long-lived objects and no cycles: the cyclic GC would only rescan the
+    # process's heap (in a process holding a model, that costs several times the pass itself)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _emit(tp, queues, plan, sync, st or Structure(tp))
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _emit(tp: TProgram, queues: dict[int, Queue], plan: MemPlan, sync: SyncPlan,
+          st: Structure) -> Program:
     items: dict[int, Item] = {}
     for sid, inf in st.info.items():
         items[sid] = _item(tp, st, plan, sync, inf.ins)
