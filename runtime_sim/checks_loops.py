@@ -52,7 +52,7 @@ def check_stream(q: Queue, stream: Stream, bufs: dict[str, Buffer], target: Targ
         if exp.size[t]:
             _check_template(stream, exp, t, q, bufs, target, found, scans)
     tensor = q.engine is EngineKind.TENSOR
-    if scans or tensor:
+    if tensor or any(scans.values()):
         _scan_units(stream, scans, bufs, target, found, tensor)
     if found:
         (pos, _), err = min(found, key=lambda f: f[0])

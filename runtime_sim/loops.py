@@ -450,6 +450,7 @@ class Expansion:
             off += 1
 
     def env(self, t: int, outer: dict[str, int] | None = None) -> dict:
+        """Counters of template ``t``'s instances (arrays; with ``outer``, plus its scalars)."""
         e = self._env.get(t)
         if e is None:
             loops = self.loops[t]
@@ -458,7 +459,12 @@ class Expansion:
                 grid = np.indices(tuple(lp.count for lp in loops), dtype=np.int64)
                 e = {lp.var: grid[k].ravel() for k, lp in enumerate(loops)}
             self._env[t] = e
-        return {**outer, **e} if outer else e
+        if not outer:
+            return e
+        out = dict(outer)
+        for v, a in e.items():
+            out[v] = a + outer[v] if v in outer else a     # a block of a cut loop: + its start
+        return out
 
     def pos(self, t: int) -> np.ndarray:
         p = self._pos.get(t)
@@ -484,7 +490,7 @@ class Expansion:
 
     def env_at(self, t: int, k: int, outer: dict[str, int] | None = None) -> dict[str, int]:
         """All counters of template ``t``'s ``k``-th instance."""
-        return {**(outer or {}), **{v: int(a[k]) for v, a in self.env(t).items()}}
+        return {v: int(a if isinstance(a, int) else a[k]) for v, a in self.env(t, outer).items()}
 
     def offsets(self, t: int, slot: int, outer: dict[str, int] | None = None) -> np.ndarray:
         """Byte offsets of operand ``slot`` over template ``t``'s instances."""
@@ -518,11 +524,15 @@ UNIT = 1 << 13   # instances per unit of ``units`` (bounds the arrays evaluated 
 
 
 def units(body: tuple[Item, ...], limit: int | None = None) -> Iterator[tuple[Expansion, dict[str, int], int]]:
-    """The body in consecutive units of at most ``limit`` instances where it can be cut (a loop
-    larger than that is cut into its iterations, recursively), in order: ``(expansion of the
-    unit's items, counters of the loops around them, position of its first instance)``. Equal
-    units (the same items: every iteration of a cut loop) share one ``Expansion``."""
+    """The body in consecutive units of at most ``limit`` instances where it can be cut, in
+    order: ``(expansion of the unit's items, outer counters, position of its first
+    instance)``. A loop larger than the limit is cut into blocks of whole iterations (the unit's
+    items are then a copy of the loop with the block's count, and ``outer[var]`` is the block's
+    first value, added to the copy's counter), or, when one iteration is larger than the limit,
+    into its iterations, each cut recursively. Equal units (the same items: every full block of
+    a cut loop) share one ``Expansion``."""
     cache: dict[tuple[int, ...], Expansion] = {}
+    blocks: dict[tuple[int, int], Loop] = {}
     limit = UNIT if limit is None else limit
 
     def run(body: tuple[Item, ...], outer: dict[str, int], base: int):
@@ -535,8 +545,17 @@ def units(body: tuple[Item, ...], limit: int | None = None) -> Iterator[tuple[Ex
                 yield unit(group), outer, start
                 group, size, start = [], 0, pos
             if isinstance(it, Loop) and n > limit:
-                for v in range(it.count):
-                    yield from run(it.body, {**outer, it.var: v}, pos + v * it.inner)
+                per = limit // max(1, it.inner)
+                for v0 in range(0, it.count, max(1, per)):
+                    at = pos + v0 * it.inner
+                    if per <= 1:
+                        yield from run(it.body, {**outer, it.var: v0}, at)
+                    else:
+                        k = min(per, it.count - v0)
+                        blk = blocks.get((id(it), k))
+                        if blk is None:
+                            blk = blocks[(id(it), k)] = Loop(it.var, k, it.body)
+                        yield unit([blk]), {**outer, it.var: v0}, at
                 pos += n
                 start = pos
                 continue

@@ -107,6 +107,14 @@ def test_expansion_positions_and_counters():
                    (3, {"i": 1}, 6), (1, {}, 9)]
     us = list(units(s.body, 3))
     assert us[2][0] is us[4][0]                 # a repeated body is expanded once
+    # a long loop of a short body is cut into blocks of whole iterations
+    s2 = Stream([Loop("i", 10, (inner,))])
+    us = list(units(s2.body, 4))
+    assert [(ue.n, outer, base) for ue, outer, base in us] == [(4, {"i": 0}, 0), (4, {"i": 4}, 4),
+                                                               (2, {"i": 8}, 8)]
+    assert us[0][0] is us[1][0]
+    assert us[1][0].env(0, us[1][1])["i"].tolist() == [4, 5, 6, 7]
+    assert us[2][0].env_at(0, 1, us[2][1]) == {"i": 9}
 
 
 # ---- the same program: timing, statistics, values --------------------------------------------
@@ -280,3 +288,43 @@ def test_a_wait_that_never_holds_deadlocks_naming_the_instance():
     with pytest.raises(DeadlockError) as e:
         simulate(scale_rows(extra_wait=1), feed(), mode="timing", checks="static")
     assert "dve #5" in str(e.value) and "ld>=7" in str(e.value)
+
+
+def _replace(p: Program, q, make) -> Program:
+    """``p`` with the one looped instruction of queue ``q`` replaced by ``make(it)``."""
+    it = p.streams[q].body[0].body[0]
+    return dataclasses.replace(p, streams={**p.streams, q: Stream([Loop("t", 6, (make(it),))])})
+
+
+def test_operand_and_layout_rules_fail_at_the_first_instance():
+    from runtime_sim import AlignmentError, EngineError
+    p = scale_rows()
+    # the load's SBUF side in bf16: DMA does not cast
+    bad = _replace(p, LD, lambda it: dataclasses.replace(it, ins=dataclasses.replace(
+        it.ins, dst=dataclasses.replace(it.ins.dst, dtype=BF16))))
+    e = _same_error(bad, OperandError)
+    assert e.index == 0 and "does not cast" in str(e)
+    # 64 partitions from partition 16
+    bad = _replace(p, VECTOR, lambda it: dataclasses.replace(it, ins=dataclasses.replace(
+        it.ins, dst=dataclasses.replace(it.ins.dst, partition_start=16, partitions=64),
+        srcs=(dataclasses.replace(it.ins.srcs[0], partition_start=16, partitions=64),))))
+    e = _same_error(bad, AlignmentError)
+    assert e.index == 0 and "must start at 0 or 64" in str(e)
+    # a DMA on VectorE
+    bad = _replace(p, VECTOR, lambda it: dataclasses.replace(it, ins=dataclasses.replace(
+        it.ins, op=Op.DMA_COPY, attrs=DmaAttrs())))
+    assert _same_error(bad, EngineError).index == 0
+
+
+def test_checking_a_looped_program_does_not_grow_with_its_trip_counts():
+    """Three million instances: the static rules hold per static instruction (no instance is
+    evaluated: every offset stays in bounds at its extremes)."""
+    import time
+    p = scale_rows(T=10**6)
+    assert p.num_instructions == 3 * 10**6
+    t = time.perf_counter()
+    check_program(p)
+    assert time.perf_counter() - t < 0.5
+    with pytest.raises(BoundsError) as e:
+        check_program(scale_rows(T=10**6, y_tiles=10**6 - 1))
+    assert "t=999999" in str(e.value)
