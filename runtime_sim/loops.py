@@ -37,8 +37,11 @@ Invariants
   variable of a loop around it (checks.py enforces both).
 - The position of an instance in its stream is affine in its counters, ``base + sum(v *
   stride_v)`` with ``stride_v`` the instances per iteration of ``v``'s loop: ``Expansion`` uses
-  this to evaluate every instruction's instances at once (numpy), and ``Stream.locate`` to find
+  this to evaluate an instruction's instances at once (numpy), and ``Stream.locate`` to find
   any instance without walking the stream.
+- ``units`` cuts a stream into consecutive units of at most ``UNIT`` instances; whoever needs
+  per-instance values (the simulator, the PSUM checks) evaluates one unit at a time, so the
+  memory it needs does not grow with the trip counts, and equal units share one expansion.
 """
 from __future__ import annotations
 
