@@ -4,10 +4,14 @@
   shapes agree with its kind's rule; no kernel reads a buffer before some kernel wrote it
   (inputs excepted).
 - ``verify_program``: the machine program passes the simulator's static checks (capacity,
-  alignment, bounds, access-pattern limits, engine datapaths).
+  alignment, bounds, access-pattern limits, engine datapaths, PSUM banks and accumulation
+  groups), per static instruction of its looped streams (``runtime_sim/checks_loops.py``): the
+  cost follows the program's size, not its trip counts, and a bad instance is still named.
 Errors name the kernel or instruction and what was expected.
 """
 from __future__ import annotations
+
+import gc
 
 from lowering.errors import LoweringError
 from lowering.kir import KKind, KProgram, PointwiseAttrs, Role, TensorRef
@@ -64,4 +68,10 @@ def verify_kir(kp: KProgram) -> None:
 def verify_program(program: Program) -> None:
     from runtime_sim.checks import check_program
     from runtime_sim.targets import get_target
-    check_program(program, get_target(program.target))
+    was_enabled = gc.isenabled()
+    gc.disable()            # no cycles; spares a rescan of the process's heap (see emit)
+    try:
+        check_program(program, get_target(program.target))
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,7 +1,8 @@
 """runtime_sim: the machine. A cycle-approximate NeuronCore (Trainium) simulator that also
 computes values.
 
-- ``isa``: the program grammar (buffers, access patterns, instructions, queues, semaphores).
+- ``isa``: the program grammar (buffers, access patterns, instructions, queues, semaphores);
+  ``loops``: streams as loop nests (``Stream``, ``Loop``, ``Looped``, ``LWait``, ``Index``).
 - ``targets``: trn1 / trn2 / trn3 hardware descriptions (every number with its source).
 - ``semantics``: one table Op -> numpy function (what an instruction computes).
 - ``costs``: one table Op -> cost function (how long it takes), plus the DMA model.
@@ -19,6 +20,7 @@ from .isa import (AP, ATTRS_OF_OP, ENGINES_OF_OP, GPSIMD, SCALAR, TENSOR, VECTOR
                   Program, Queue, SelectAttrs, SemAttrs, TensorCopyAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, TransposeAttrs, ap,
                   dma_queue, tile_ap)
+from .loops import Index, Loop, Looped, LWait, Stream
 from .targets import DEFAULT_TARGET, TARGETS, TRN1, TRN2, TRN3, Target, get_target
 from .stats import SimResult, SimStats, TraceEvent
 from .checks import (AccessPatternError, AlignmentError, BoundsError, CapacityError,
@@ -37,7 +39,7 @@ __all__ = [
     "EngineKind", "Instr", "IotaAttrs", "MatmulAttrs", "Memory", "MemsetAttrs", "Op", "OpAttrs",
     "Program", "Queue", "SelectAttrs", "SemAttrs", "TensorCopyAttrs", "TensorReduceAttrs",
     "TensorScalarAttrs", "TensorTensorAttrs", "TensorTensorScanAttrs", "TransposeAttrs", "ap",
-    "dma_queue", "tile_ap",
+    "dma_queue", "tile_ap", "Index", "Loop", "Looped", "LWait", "Stream",
     "DEFAULT_TARGET", "TARGETS", "TRN1", "TRN2", "TRN3", "Target", "get_target",
     "SimResult", "SimStats", "TraceEvent",
     "AccessPatternError", "AlignmentError", "BoundsError", "CapacityError", "DeadlockError",

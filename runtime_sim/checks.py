@@ -7,7 +7,8 @@ broken. When the error is about an instruction it names the instruction as ``<qu
     dve #12: tensor_tensor(op=add) sbuf:x[p32:+48 ...] <- ...
       partition alignment: Pattern accesses 48 (> 32) partitions starting at partition 32
 
-Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them)
+Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them;
+a looped stream is checked per static instruction, see checks_loops.py)
 - Buffers: unique names; SBUF/PSUM buffers have ``1 <= partitions <= 128``, an ``offset`` that is
   set and non-negative, and ``offset + bytes_per_partition`` within the partition size
   (CapacityError). Buffers may overlap in address space (the planner reuses memory over time);
@@ -55,6 +56,7 @@ from typing import NamedTuple
 from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout)
+from .loops import Stream
 from .targets import Target
 
 
@@ -183,6 +185,16 @@ def check_buffers(program: Program, target: Target) -> dict[str, Buffer]:
 
 
 def check_ap(ap: AP, bufs: dict[str, Buffer], role: str) -> APGeom:
+    buf = check_ap_layout(ap, bufs, role)
+    lo, hi = ap.byte_extent()
+    if lo < 0 or hi > buf.bytes_per_partition:
+        raise BoundsError(f"{role} {ap}: bytes [{lo}, {hi}) outside buffer {buf.name!r} of "
+                          f"{buf.bytes_per_partition} B per partition")
+    return ap_geom(ap, buf)
+
+
+def check_ap_layout(ap: AP, bufs: dict[str, Buffer], role: str) -> Buffer:
+    """Every rule of ``check_ap`` except the byte bounds (none reads ``byte_offset``)."""
     buf = bufs.get(ap.buffer)
     if buf is None:
         raise ProgramError(f"{role} {ap}: no buffer named {ap.buffer!r}")
@@ -208,11 +220,7 @@ def check_ap(ap: AP, bufs: dict[str, Buffer], role: str) -> APGeom:
         msg = _align_error(ap.partition_start, ap.partitions)
         if msg:
             raise AlignmentError(f"{role} {ap}: {msg}")
-    lo, hi = ap.byte_extent()
-    if lo < 0 or hi > buf.bytes_per_partition:
-        raise BoundsError(f"{role} {ap}: bytes [{lo}, {hi}) outside buffer {buf.name!r} of "
-                          f"{buf.bytes_per_partition} B per partition")
-    return ap_geom(ap, buf)
+    return buf
 
 
 _REDUCIBLE = frozenset({AluOp.ADD, AluOp.MULTIPLY, AluOp.MAX, AluOp.MIN, AluOp.ABS_MAX,
@@ -435,16 +443,21 @@ class PsumGroups:
             self.open[bank] = (g.p0, g.p1, g.lo, g.hi)
             return
         o = self.open.get(bank)
-        if o is None:
-            raise PsumAccumulateError(
-                f"matmul accumulates into PSUM bank {bank} (partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi})) "
-                f"but no accumulation group is open there: a group starts with a matmul with "
-                f"accumulate=False (accumulating onto PSUM initialised by memset or a copy is undefined on NC-v2/v3)")
-        if not (o[0] <= g.p0 and g.p1 <= o[1] and o[2] <= g.lo and g.hi <= o[3]):
-            raise PsumAccumulateError(
-                f"matmul accumulates into partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi}) of PSUM bank {bank}, "
-                f"outside the bank's open accumulation group (partitions [{o[0]}, {o[1]}) bytes [{o[2]}, {o[3]})): "
-                f"one accumulation group per bank, 8 banks = 8 groups in flight")
+        if o is None or not (o[0] <= g.p0 and g.p1 <= o[1] and o[2] <= g.lo and g.hi <= o[3]):
+            raise psum_group_error(g, bank, o)
+
+
+def psum_group_error(g: APGeom, bank: int, o: tuple[int, int, int, int] | None) -> PsumAccumulateError:
+    """The error of an accumulating matmul at ``g`` whose bank's open group is ``o`` (None: none)."""
+    if o is None:
+        return PsumAccumulateError(
+            f"matmul accumulates into PSUM bank {bank} (partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi})) "
+            f"but no accumulation group is open there: a group starts with a matmul with "
+            f"accumulate=False (accumulating onto PSUM initialised by memset or a copy is undefined on NC-v2/v3)")
+    return PsumAccumulateError(
+        f"matmul accumulates into partitions [{g.p0}, {g.p1}) bytes [{g.lo}, {g.hi}) of PSUM bank {bank}, "
+        f"outside the bank's open accumulation group (partitions [{o[0]}, {o[1]}) bytes [{o[2]}, {o[3]})): "
+        f"one accumulation group per bank, 8 banks = 8 groups in flight")
 
 
 def _r_transpose(ins: Instr, q: Queue, t: Target) -> None:
@@ -587,6 +600,10 @@ def check_program(program: Program, target: Target | str | None = None) -> None:
         target = get_target(target or program.target)
     bufs = check_buffers(program, target)
     for q, stream in program.streams.items():
+        if isinstance(stream, Stream):
+            from .checks_loops import check_stream   # per static instruction, see there
+            check_stream(q, stream, bufs, target)
+            continue
         groups = PsumGroups(target)
         for i, ins in enumerate(stream):
             try:

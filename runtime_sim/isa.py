@@ -18,6 +18,9 @@ Invariants
 - Queues run in order. Cross-queue ordering exists only through semaphores: an instruction may
   wait until a semaphore's count reaches a value, and increments the semaphores in ``signals`` by
   one when it completes.
+- A queue's stream is a tuple of instructions or a loop nest (``loops.Stream``: loops over
+  instructions whose offsets, wait counts and some attributes are expressions of the loop
+  counters); a loop nest means exactly the straight-line sequence of its instances.
 - Offsets of SBUF/PSUM buffers are decided by the memory planner (``Buffer.offset``), never by
   the code that emits the instructions.
 - Indirect DMA (``dma_gather`` / ``dma_scatter``; NKI: ``dma_copy`` with a ``vector_offset``
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Sequence, Union
 
 import ml_dtypes
 import numpy as np
@@ -514,12 +517,14 @@ class Program:
     """A complete machine program for one NeuronCore.
 
     ``inputs``/``outputs`` name HBM buffers that the host fills / reads. ``streams`` maps each
-    queue to its in-order instruction list. ``target`` names the target description
+    queue to its in-order instructions: a tuple of ``Instr``, or a ``loops.Stream`` (a loop nest
+    that is a ``Sequence[Instr]`` of its instances; the program's size then follows its static
+    instructions, not its trip counts). ``target`` names the target description
     (``runtime_sim.targets.get_target``)."""
 
     target: str
     buffers: tuple[Buffer, ...]
-    streams: dict[Queue, tuple[Instr, ...]] = field(default_factory=dict)
+    streams: dict[Queue, Sequence[Instr]] = field(default_factory=dict)
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
 
@@ -531,14 +536,35 @@ class Program:
 
     @property
     def num_instructions(self) -> int:
+        """Instructions executed (instances: a loop body counts once per iteration)."""
         return sum(len(s) for s in self.streams.values())
+
+    @property
+    def num_static(self) -> int:
+        """Instructions written in the program (a loop body counts once)."""
+        from .loops import Stream
+        return sum(sum(1 for _ in s.statics()) if isinstance(s, Stream) else len(s)
+                   for s in self.streams.values())
+
+    def flat(self) -> "Program":
+        """The same program with every stream written out straight-line (equal APs shared)."""
+        from .loops import materialize
+        aps: dict = {}
+        return Program(self.target, self.buffers,
+                       {q: materialize(s, aps) for q, s in self.streams.items()},
+                       self.inputs, self.outputs)
 
     def __str__(self) -> str:
         lines = [f"program target={self.target} inputs={list(self.inputs)} outputs={list(self.outputs)}"]
         lines += [f"  buffer {b}" for b in self.buffers]
         for q in sorted(self.streams):
-            lines.append(f"  queue {q.name}:")
-            lines += [f"    {i:4d}: {ins}" for i, ins in enumerate(self.streams[q])]
+            s = self.streams[q]
+            if hasattr(s, "lines"):             # a loops.Stream: its loop nest
+                lines.append(f"  queue {q.name}: {len(s)} instructions")
+                lines += s.lines()  # type: ignore[attr-defined]
+            else:
+                lines.append(f"  queue {q.name}:")
+                lines += [f"    {i:4d}: {ins}" for i, ins in enumerate(s)]
         return "\n".join(lines)
 
 

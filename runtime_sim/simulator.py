@@ -22,6 +22,11 @@ Execution model
 - No startable head while some queue still has instructions -> DeadlockError naming every
   blocked instruction and each semaphore it waits on with its current count.
 
+Looped streams (``loops.Stream``) mean their straight-line expansion and time identically. In
+timing mode without race checks or a trace they are prepared per static instruction (no
+instruction object per instance, sim_prepare_loops); otherwise they are written out first
+(functional semantics, race checks and traces work on instances).
+
 Modes
 - ``functional``: memories hold bytes; every name in ``program.inputs`` must be given in
   ``inputs`` (``{name: array}``, any dtype/shape, its bytes are copied in, at most the buffer's
@@ -63,7 +68,8 @@ import numpy as np
 
 from .checks import InputError, MachineError, UninitializedReadError, check_buffers
 from .costs import DmaModel, SharedPorts, TensorRamp
-from .isa import EngineKind, Instr, Memory, Program, Queue
+from .isa import EngineKind, Memory, Program, Queue
+from .loops import Stream, materialize
 from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
@@ -109,7 +115,12 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
 
     queues: list[Queue] = [q for q in sorted(program.streams) if program.streams[q]]
     nq = len(queues)
-    streams: list[tuple[Instr, ...]] = [tuple(program.streams[q]) for q in queues]
+    # looped streams (loops.Stream) are stepped through per static instruction, unless values,
+    # race checks or a trace need every instance as an instruction: then they are written out
+    aps: dict = {}
+    concrete = functional or dynamic or trace
+    streams: list = [materialize(program.streams[q], aps) if concrete or not isinstance(
+        program.streams[q], Stream) else program.streams[q] for q in queues]
     qnames = [q.name for q in queues]
     engines = [q.engine for q in queues]
 
@@ -183,22 +194,34 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     # a port matters only when both engines of its pair use it somewhere in the program
     users: dict[int, set] = {PORT_SBUF: set(), PORT_PSUM: set()}
     for q in range(nq):
-        if P.ports[q] is not None:
-            m = 0
-            for x in P.ports[q]:
-                m |= x
-            for bit in users:
-                if m & bit:
-                    users[bit].add(engines[q])
+        for bit in users:
+            if P.port_mask[q] & bit:
+                users[bit].add(engines[q])
     live = sum(bit for bit, es in users.items() if len(es) > 1)
+    ramp_of: list[TensorRamp | None] = [None] * nq
+    masks: list[list | None] = [None] * nq     # per queue: [port masks of the current chunk]
     for q in range(nq):
         e = engines[q]
-        if e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.ls[q] is not None):
-            r = TensorRamp(tgt, P.ls[q])
+        if e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.has_ls[q]):
+            r = ramp_of[q] = TensorRamp(tgt, P.ls[q])
             ramps.append(r)
             dyn[q] = r.step
-        elif P.ports[q] is not None and live:
-            dyn[q] = _port_step(ports, e, [x & live for x in P.ports[q]])
+        elif P.port_mask[q] and live:
+            masks[q] = [[x & live for x in P.ports[q]]]  # type: ignore[union-attr]
+            dyn[q] = _port_step(ports, e, masks[q])
+    # a looped stream's lists come in chunks: [cbase[q], cend[q]) are the positions loaded
+    cbase = [0] * nq
+    cend = [len(P.busy[q]) for q in range(nq)]
+    chunks = P.chunks
+
+    def next_chunk(q: int) -> None:
+        P.load(q, next(chunks[q]))  # type: ignore[arg-type]
+        cbase[q] = cend[q]
+        cend[q] += len(busy[q])
+        if ramp_of[q] is not None:
+            ramp_of[q].ls = P.ls[q]  # type: ignore[union-attr]
+        if masks[q] is not None:
+            masks[q][0] = [x & live for x in P.ports[q]]  # type: ignore[union-attr, index]
     dma_iv: list[tuple[float, float]] = []
     events: list[TraceEvent] = []
     heap: list[tuple[float, int]] = []
@@ -226,7 +249,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
             if rd is not None:
                 rd.finish(q)
             return
-        nt = ready_at(q, waits[q][i], qfree[q])
+        nt = ready_at(q, waits[q][i - cbase[q]], qfree[q])
         sched[q] = nt
         if nt < INF:
             hpush(heap, (nt, q))
@@ -241,25 +264,27 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
         q_waits, q_sigs, q_busy, q_lat, q_dc = waits[q], sigs[q], busy[q], lat[q], dcost[q]
         q_dma, q_len, q_dyn = is_dma[q], lens[q], dyn[q]
         i = heads[q]
+        ce = cend[q]
+        j = i - cbase[q]                  # index in the current chunk's lists
         while True:
-            w = q_waits[i]
+            w = q_waits[j]
             if w:
                 if t > qfree[q]:
                     qwait[q] += t - qfree[q]
             # --- time ---
             if q_dma:
-                qf, d0, d1, done = dma_issue(t, q_dc[i])  # type: ignore[index]
+                qf, d0, d1, done = dma_issue(t, q_dc[j])  # type: ignore[index]
                 if done < qlast[q]:
                     done = qlast[q]              # a queue's DMAs complete in order
                 qlast[q] = done
                 dma_iv.append((d0, d1))
             else:
                 if q_dyn is None:
-                    qf = t + q_busy[i]
+                    qf = t + q_busy[j]
                 else:
-                    t, b = q_dyn(t, i, q_busy[i])
+                    t, b = q_dyn(t, j, q_busy[j])
                     qf = t + b
-                done = qf + q_lat[i]
+                done = qf + q_lat[j]
                 d0 = t
             qfree[q] = qf
             if done > total:
@@ -286,7 +311,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     _execute(q, i, t, d0, qf, done, w, queues, streams, geoms, rd, mem, sem_fns, engines,
                              sem_clocks, sem_pj, single, heads, lens, qnames, trace, events, dma_iv)
             # --- signals ---
-            sg = q_sigs[i]
+            sg = q_sigs[j]
             if sg:
                 clk = rd.publish(q, i) if rd is not None else None
                 for s in sg:
@@ -327,7 +352,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                         todo = [wq for wq in waiters[s] if wq != q and wq not in bq]
                     for wq in todo:
                         # (waits lists end with a () sentinel, so a finished queue has no waits)
-                        w2 = waits[wq][heads[wq]]
+                        w2 = waits[wq][heads[wq] - cbase[wq]]
                         if not w2:
                             continue
                         nt = ready_at(wq, w2, qfree[wq])
@@ -335,14 +360,20 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                             sched[wq] = nt
                             hpush(heap, (nt, wq))
             i += 1
+            j += 1
             heads[q] = i
             if i >= q_len:
                 sched[q] = INF
                 if rd is not None:
                     rd.finish(q)
                 break
+            if i >= ce:                   # the next chunk of a looped stream
+                next_chunk(q)
+                q_waits, q_sigs, q_busy, q_lat, q_dc = waits[q], sigs[q], busy[q], lat[q], dcost[q]
+                ce = cend[q]
+                j = 0
             # next head of this queue
-            w = q_waits[i]
+            w = q_waits[j]
             nt = ready_at(q, w, qf) if w else qf
             sched[q] = nt
             if nt == INF:
@@ -357,7 +388,9 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
 
     blocked = [q for q in range(nq) if heads[q] < lens[q]]
     if blocked:
-        raise _deadlock(blocked, queues, streams, heads, waits, sem_times, signallers)
+        raise _deadlock(blocked, queues, streams, heads, [_Window(waits[q], cbase[q]) for q in range(nq)],
+                        sem_times, signallers)
+    P.finish()
 
     # ---- statistics ------------------------------------------------------------------------
     wait_ns = dict.fromkeys(ENGINE_NAMES, 0.0)
@@ -387,11 +420,22 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     return SimResult(stats=stats, outputs=outputs, trace=events)
 
 
-def _port_step(ports: SharedPorts, eng: EngineKind, masks: list[int]):
+def _port_step(ports: SharedPorts, eng: EngineKind, holder: list[list[int]]):
+    """The shared-port step of a queue whose current port masks are ``holder[0]``."""
     def step(t: float, i: int, b: float) -> tuple[float, float]:
-        m = masks[i]
+        m = holder[0][i]
         return (ports.step(eng, t, m, b) if m else t), b
     return step
+
+
+class _Window:
+    """A chunk's list seen at absolute positions (for the deadlock report)."""
+
+    def __init__(self, items: list, base: int) -> None:
+        self.items, self.base = items, base
+
+    def __getitem__(self, i: int):
+        return self.items[i - self.base]
 
 
 def _prefix_join(pj: list, cl: list, n: int) -> tuple:
