@@ -11,18 +11,25 @@ transpose with contiguous runs and turned on TensorE, in 128x128 blocks.
 """
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 
 from lowering.kir import EOp, Expr, KOp, PointwiseAttrs
-from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.estimate import profile, scratch
+from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.layout import Region, plan_2d
+from lowering.tiling.stream import choose_chunk
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import DType, Memory
 
-TILE_BUDGET = 48 * 1024  # bytes per partition for one tile shape (a loop nest may hold a few)
-IN_BUFS = 3
+SBUF_SHARE = 0.5    # of a partition for one loop nest's pools (resident tensors and neighbours)
+MERGE_MAX = 2048    # free elements up to which small inner axes merge into a tile's free dims
+MIN_FREE = 128      # free elements of a chunk at least, whatever the expression's pools
+IN_BUFS = 3         # input slots: one loading, one being read, one for the next load
+INTER_BUFS = 2      # intermediates: this tile's and the next one's
+OUT_BUFS = 3        # results: one being computed, one held by its store for the DMA latency, one free
 
 
 def index_axes(expr: Expr) -> list[int]:
@@ -66,21 +73,88 @@ def tile_pointwise(b: TirBuilder, k: KOp) -> None:
     strides = [out.strides] + [k.ins[i].strides for i in used] + \
         [tuple(1 if d == a else 0 for d in range(rank)) for a in idx_axes]
     offsets = [out.offset] + [k.ins[i].offset for i in used] + [0] * len(idx_axes)
-    per_elem = sum(IN_BUFS * k.ins[i].dtype.itemsize for i in used) + \
-        2 * 4 * count_intermediates(expr)
-    free_max = max(128, min(2048, TILE_BUDGET // max(per_elem, 1)))
-    regions = plan_2d(out.shape, strides, offsets, free_max=free_max)
+    per_elem = _bytes_per_elem(b, k)
+    # small inner axes merge into a tile's free dims up to MERGE_MAX elements; a single free
+    # axis is streamed in chunks of up to what the pools' SBUF share holds
+    free_max = max(MIN_FREE, int(b.target.sbuf_bytes_per_partition * SBUF_SHARE) // per_elem)
+    regions = plan_2d(out.shape, strides, offsets, free_max=min(MERGE_MAX, free_max))
     P = b.target.sbuf_partitions
     slot_of = {i: 1 + j for j, i in enumerate(used)}
     idx_slot = {a: 1 + len(used) + j for j, a in enumerate(idx_axes)}
     for reg in regions:
         trans = {i for i in used if _transposed_load(reg, slot_of[i], k.ins[i].dtype)}
         fmax = min(free_max, P) if trans else free_max
+        if len(reg.free) == 1:
+            fmax = _chunk(b, k, reg, used, slot_of, trans, fmax)
         with ExitStack() as es:
             bases = outer_loops(b, es, reg, len(strides))
             for r0, p in b.tiled(reg.rows, P, "r"):
                 for c0, fsz in chunks(b, reg, fmax):
                     _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr)
+
+
+def _bytes_per_elem(b: TirBuilder, k: KOp) -> int:
+    """SBUF bytes per free element of the loop nest's pools: every tile one row tile's
+    expression takes (inputs, intermediates, casts, constants, the result) times its slots."""
+    s = _scratch_tile(b, k, 1, 1)
+    bufs = {"in": IN_BUFS, "y": OUT_BUFS}
+    return sum(t.slot_bytes * bufs.get(t.name.rstrip("0123456789"), INTER_BUFS)
+               for t in s.buffers.values() if t.memory is Memory.SBUF)
+
+
+def _chunk(b: TirBuilder, k: KOp, reg: Region, used, slot_of, trans, fmax: int) -> int:
+    """The free chunk of a single-free-axis region, scored as a pipeline (``stream.py``)."""
+    P = b.target.sbuf_partitions
+    n, fst = reg.free[0]
+    outer = math.prod(s for s, _ in reg.outer)
+    full, part = divmod(reg.rows, P)
+    if part:
+        segments, repeat = [(full, P), (1, part)], outer
+    else:
+        segments, repeat = [(outer * full, P)], 1
+    streams = []
+    for i in used:
+        x = k.ins[i]
+        if b.is_resident(x.buffer):
+            continue
+        st = fst[slot_of[i]]
+        if st == 0:                    # broadcast along the free axis: one element per row
+            continue
+        streams.append((x.dtype.itemsize, st == 1 or i in trans, False))
+    out = k.outs[0]
+    if not b.is_resident(out.buffer):
+        streams.append((out.dtype.itemsize, fst[0] == 1, True))
+    memo: dict[int, tuple[float, float]] = {}
+
+    def compute(f: int) -> tuple[float, float]:
+        if f not in memo:
+            memo[f] = _compute_ns(b, k, min(reg.rows, P), f)
+        return memo[f]
+
+    return choose_chunk(b.target, n, segments, repeat, streams, compute, fmax)
+
+
+def _scratch_tile(b: TirBuilder, k: KOp, p: int, f: int) -> TirBuilder:
+    """The expression of one [p, f] tile emitted into a scratch builder (for estimates)."""
+    s = scratch(b.target)
+    out = k.outs[0]
+
+    def leaf(x: Expr) -> TAP:
+        if x.op is EOp.LOAD:
+            return s.tile(f"in{x.index}", Memory.SBUF, p, f, k.ins[x.index].dtype).ap()
+        t = s.tile("idx", Memory.SBUF, p, f, x.dtype).ap()
+        s.iota(t, 0, 0, (1,))
+        return t
+
+    ExprGen(s, p, (f,), leaf).tile_of(k.attrs.expr, out.dtype,
+                                      out=s.tile("y", Memory.SBUF, p, f, out.dtype).ap())
+    return s
+
+
+def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int) -> tuple[float, float]:
+    """(busiest engine's work, makespan) in ns of the expression on one [p, f] tile."""
+    busy, span = profile(_scratch_tile(b, k, p, f))
+    return (max(busy.values(), default=0.0), span)
 
 
 def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, trans, slot_of,
@@ -127,17 +201,16 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         b.iota(t, off(s), reg.row_strides[s], tuple(st for _, st in free_of(s)))
         return t
 
-    gen = ExprGen(b, p, fsz, leaf)
+    gen = ExprGen(b, p, fsz, leaf, INTER_BUFS)
     dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
     target = b.resident_view(dst, p)
     if target is not None:            # the output stays in SBUF: compute it in place
         gen.tile_of(expr, out.dtype, out=target)
         return
-    res = gen.tile_of(expr, out.dtype)
-    if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM
-        ev = gen.new(out.dtype)
-        b.tensor_copy(ev, res)
-        res = ev
+    # the result goes into a tile of its own pool (a store holds it for the DMA latency; also
+    # evacuates a PSUM result, which DMA cannot read)
+    res = b.tile("y", Memory.SBUF, p, fsz, out.dtype, OUT_BUFS).ap(dims=_contiguous_dims(fsz))
+    gen.tile_of(expr, out.dtype, out=res)
     b.dma(dst, res)
 
 
