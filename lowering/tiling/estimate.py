@@ -6,13 +6,13 @@ blocking choice, like matmul's): emit each candidate body into a scratch builder
 simulator.
 
 ``profile(b)`` returns ``(busy, makespan)``:
-- ``busy``: nanoseconds per compute engine of everything emitted, each instruction once per
-  execution (loops weighted by their trip counts), on its first engine option, with the
+- ``busy``: nanoseconds per compute engine of one execution of the body, each instruction on
+  the queue the schedule pass gives it (loops weighted by their trip counts), with the
   dependent-instruction penalty against the previous instruction of the same engine
   (``runtime_sim.costs.instr_cost``) -- the throughput of a pipelined loop body;
-- ``makespan``: the time one execution of the body takes on its own: instructions issue in
-  program order on their engines, each after the instructions that wrote bytes it reads have
-  completed (busy plus the access latency) -- the latency of a body that nothing overlaps.
+- ``makespan``: the time one execution takes on its own: instructions issue in program order
+  on their engines, each after the instructions that wrote bytes it reads have completed (busy
+  plus the access latency) -- the latency of a body that nothing overlaps.
 
 Invariants
 - DMA transfers are not counted: their time does not depend on how compute is spread.
@@ -22,20 +22,27 @@ Invariants
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
+from typing import Iterator
 
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TAP
-from lowering.tir.schedule import probe_instr
+from lowering.tir.schedule import probe_instr, schedule
 from runtime_sim.costs import instr_cost
 from runtime_sim.isa import EngineKind, Instr, Queue
 from runtime_sim.targets import Target
 
 
-def scratch(target: Target) -> TirBuilder:
-    """A builder to emit a candidate body into (then score it with ``profile``)."""
-    return TirBuilder(target)
+@contextlib.contextmanager
+def scratch(target: Target) -> Iterator[TirBuilder]:
+    """A builder to emit one candidate body into (then score it with ``profile``). The body
+    sits inside a loop of two iterations, so that the schedule pass places it as the steady
+    state of a loop (its choices for a lone statement differ)."""
+    b = TirBuilder(target)
+    with b.loop(2, "est"):
+        yield b
 
 
 def _extent(a: TAP) -> tuple[int, int, int, int]:
@@ -55,17 +62,18 @@ def _overlap(x: tuple[int, int, int, int], y: tuple[int, int, int, int]) -> bool
 def profile(b: TirBuilder) -> tuple[dict[EngineKind, float], float]:
     """(busy ns per compute engine, makespan ns) of everything emitted into ``b`` so far."""
     tp = b.program((), ())
+    queues = schedule(tp, b.target)
     busy: dict[EngineKind, float] = defaultdict(float)
     prev: dict[EngineKind, Instr] = {}
     free: dict[EngineKind, float] = defaultdict(float)
     done: dict[str, list[tuple[tuple[int, int, int, int], float]]] = defaultdict(list)
     makespan = 0.0
     for ins, loops in tp.instrs():
-        eng = ins.engines[0]
+        eng = queues[ins.sid].engine
         if eng is EngineKind.DMA:
             continue
         probe = probe_instr(tp, ins)
-        n = math.prod(lp.count for lp in loops)
+        n = math.prod(lp.count for lp in loops[1:])     # loops[0]: the scratch's own loop
         c = instr_cost(probe, Queue(eng), b.target, prev.get(eng))
         busy[eng] += n * c.busy_ns
         prev[eng] = probe

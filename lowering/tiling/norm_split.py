@@ -162,11 +162,11 @@ def choose(b: TirBuilder, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: D
 
     def prof(split: Split) -> tuple[dict[EngineKind, float], float]:
         if split not in memo:
-            s = scratch(t)
-            xa = s.tile("x", Memory.SBUF, P, C, xdt).ap()
-            prm = [(s.tile(f"w{j}", Memory.SBUF, P, C, wdt), op) for j, op in enumerate(ops)]
-            out = s.tile("y", Memory.SBUF, P, C, ydt).ap()
-            row_tile(s, xa, P, C, ch, split, prm, 0.0, wdt, out)
+            with scratch(t) as s:
+                xa = s.tile("x", Memory.SBUF, P, C, xdt).ap()
+                prm = [(s.tile(f"w{j}", Memory.SBUF, P, C, wdt), op) for j, op in enumerate(ops)]
+                out = s.tile("y", Memory.SBUF, P, C, ydt).ap()
+                row_tile(s, xa, P, C, ch, split, prm, 0.0, wdt, out)
             memo[split] = profile(s)
         return memo[split]
 

@@ -92,12 +92,13 @@ def test_large_mean_small_spread_keeps_precision():
 
 def _loads(target: str, split, C: int, dt=DType.BF16, n_params: int = 2):
     t = get_target(target)
-    s = scratch(t)
     P = t.sbuf_partitions
-    xa = s.tile("x", Memory.SBUF, P, C, dt).ap()
-    ops = [AluOp.MULTIPLY, AluOp.ADD][:n_params]
-    prm = [(s.tile(f"w{j}", Memory.SBUF, P, C, dt), op) for j, op in enumerate(ops)]
-    norm_split.row_tile(s, xa, P, C, bn_chunk(C), split, prm, 1e-5, dt, s.tile("y", Memory.SBUF, P, C, dt).ap())
+    with scratch(t) as s:
+        xa = s.tile("x", Memory.SBUF, P, C, dt).ap()
+        ops = [AluOp.MULTIPLY, AluOp.ADD][:n_params]
+        prm = [(s.tile(f"w{j}", Memory.SBUF, P, C, dt), op) for j, op in enumerate(ops)]
+        norm_split.row_tile(s, xa, P, C, bn_chunk(C), split, prm, 1e-5, dt,
+                            s.tile("y", Memory.SBUF, P, C, dt).ap())
     return profile(s)
 
 

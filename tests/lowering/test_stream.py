@@ -88,3 +88,42 @@ def test_chunked_broadcast_and_strided_operands():
     check(lambda x, r, c: torch.sigmoid(x * r - c) + x, x, row, col)
     y = rand(257, 300, seed=145)
     check(lambda y: y.t() * 2.0 + 1.0, y)
+
+
+# ---- per-row operands and row vectors shared by all row tiles --------------------------------
+def _rms(x, w):
+    return x * torch.rsqrt((x.float() ** 2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_rms_norm_rows_per_row_factor_and_shared_weight(dtype):
+    """RMSNorm-style rows: the per-row factor rsqrt(mean + eps) is computed once per row on a
+    [p, 1] tile and applied by a tensor_scalar; the weight row is loaded once per chunk for all
+    row tiles (partition stride 0), not once per row tile."""
+    x = rand(300, 1024, dtype=dtype, seed=146)
+    w = rand(1024, dtype=dtype, seed=147)
+    low = check(_rms, x, w)
+    tir = low.dumps["tir.txt"]
+    kernel = [ln for ln in tir.splitlines() if ":pointwise:" in ln and "rsqrt" in ln.split("#")[-1]]
+    assert any("activation(func=rsqrt" in ln and "[1,1]" in ln.split("<-")[0] for ln in kernel), tir
+    assert any(ln.lstrip().split(" ", 1)[1].startswith("tensor_scalar") and "operand0_from_src=True" in ln
+               for ln in kernel)
+    weight_loads = [ln for ln in kernel if "dma_copy" in ln and "[0,128]" in ln]
+    assert weight_loads and all(" sh" in ln or ".sh" in ln for ln in weight_loads), weight_loads
+
+
+PER_ROW = {
+    "sub_row_first": lambda x, c: c - x,
+    "div_by_row": lambda x, c: x / c,
+    "row_over_x": lambda x, c: c / x,
+    "pow_row": lambda x, c: x.abs() ** (c.abs() + 0.5),
+    "where_row": lambda x, c: torch.where(c > 0, x * c, x - c),
+    "row_only": lambda x, c: torch.exp(c).expand(x.shape) + 0.0,
+}
+
+
+@pytest.mark.parametrize("name", list(PER_ROW))
+def test_per_row_operands(name):
+    x = rand(257, 130, seed=148) + 3.0
+    c = rand(257, 1, seed=149)
+    check(PER_ROW[name], x, c)
