@@ -34,6 +34,7 @@ Invariants
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from lowering.tiling.estimate import profile, scratch
 from lowering.tir.affine import Affine
@@ -82,38 +83,42 @@ class Stats:
 
 
 def row_tile(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, split: Split,
-             params: list[tuple[Tile, AluOp]], eps: float, wdt: DType, out: TAP,
-             bufs: int = 2) -> Stats:
-    """Emit layer norm of the rows ``xa`` [p, C] into ``out`` [p, C]; ``params`` are the
-    weight/bias tiles [P, C] (already in ``wdt``) with the op that applies each; intermediates
-    rotate through ``bufs`` slots."""
+             params: list[tuple[Tile, AluOp]], eps: float, wdt: DType, out: Callable[[], TAP],
+             bufs: int = 2, pipelined: bool = True) -> Stats:
+    """Emit layer norm of the rows ``xa`` [p, C] into ``out()`` [p, C] (taken once, after the
+    intermediates); ``params`` are the weight/bias tiles [P, C] (already in ``wdt``) with the op
+    that applies each; intermediates rotate through ``bufs`` slots. ``pipelined``: row tiles
+    follow each other, so throughput counts more than one tile's instruction count."""
     st = _bn_stats(b, xa, p, C, ch, eps) if split.stats == "bn" else _act_stats(b, xa, p, C, eps)
-    # full-width intermediates: each part writes its own columns
+    nmr = None
+    if split.cv < C:                  # ScalarE's bias: -mean * rstd
+        nmr = small(b, p)
+        if st.mu is not None:
+            b.tensor_scalar(nmr, st.mu, AluOp.MULTIPLY, st.rs, op1=AluOp.MULTIPLY, operand1=-1.0)
+        else:
+            b.activation(nmr, st.nmu, ActFunc.IDENTITY, scale_ap=st.rs)
+    # full-width intermediates, then the result: each part writes its own columns
     mids = [b.tile("xn" if j == 0 else "lw", Memory.SBUF, p, C, wdt, bufs).ap() for j in range(len(params))]
+    mids.append(out())
     g = b.target.min_ii_cycles
     for c0, n, eng in ((0, split.cv, V), (split.cv, C - split.cv, S)):
         if n <= 0:
             continue
-        # two column pieces, emitted stage by stage: no instruction reads what the previous
-        # one of its engine wrote (that costs the dependent-instruction penalty)
-        pieces = [(c0, n)] if n < 2 * g else [(c0, n // 2), (c0 + n // 2, n - n // 2)]
-        firsts = [col(mids[0] if params else out, a, m) for a, m in pieces]
+        # pipelined row tiles: two column pieces, emitted stage by stage, so that no instruction
+        # reads what the previous one of its engine wrote (the dependent-instruction penalty)
+        pieces = [(c0, n // 2), (c0 + n // 2, n - n // 2)] if pipelined and n >= 2 * g else [(c0, n)]
+        firsts = [col(mids[0], a, m) for a, m in pieces]
         if eng is V:
             op0, shift = (AluOp.SUBTRACT, st.mu) if st.mu is not None else (AluOp.ADD, st.nmu)
             for f, (a, m) in zip(firsts, pieces):
                 b.tensor_scalar(f, col(xa, a, m), op0, shift, op1=AluOp.MULTIPLY, operand1=st.rs,
                                 engines=(V,))
         else:
-            nmr = small(b, p)
-            if st.mu is not None:
-                b.activation(nmr, st.mu, ActFunc.NEG, scale_ap=st.rs)
-            else:
-                b.activation(nmr, st.nmu, ActFunc.IDENTITY, scale_ap=st.rs)
             for f, (a, m) in zip(firsts, pieces):
                 b.activation(f, col(xa, a, m), ActFunc.IDENTITY, scale_ap=st.rs, bias_ap=nmr)
         cur = firsts
         for j, (wt, op) in enumerate(params):
-            nxt = [col(mids[j + 1] if j + 1 < len(params) else out, a, m) for a, m in pieces]
+            nxt = [col(mids[j + 1], a, m) for a, m in pieces]
             for d, c, (a, m) in zip(nxt, cur, pieces):
                 b.tensor_tensor(d, c, col(wt.ap(p), a, m), op, engines=(V if eng is V else G,))
             cur = nxt
@@ -123,6 +128,7 @@ def row_tile(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, split: Spli
 def _bn_stats(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, eps: float) -> Stats:
     assert ch is not None
     n = C // ch
+    rs = small(b, p)
     stats = small(b, p, F32, 2 * n)
     for j in range(n) if n <= 8 else ():
         b.bn_stats(col(stats, 2 * j, 2), col(xa, j * ch, ch))
@@ -131,7 +137,6 @@ def _bn_stats(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, eps: float
             b.bn_stats(col(stats, j * 2, 2), col(xa, j * ch, ch))
     mv = small(b, p, F32, 2)
     b.bn_aggr(mv, stats)
-    rs = small(b, p)
     b.tensor_scalar(rs, col(mv, 1, 1), AluOp.ADD, eps, op1=AluOp.POW, operand1=-0.5)
     return Stats(rs, col(mv, 0, 1), None)
 
@@ -154,10 +159,15 @@ def choose(b: TirBuilder, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: D
     """The split with the least estimated time for ``groups`` of row tiles run one group after
     the other (a partial row tile reuses the full ones' slots, so it runs behind them): per
     group of ``n``, ``n - 1`` times the busiest engine's work per row tile (the pipelined
-    throughput) plus one row tile's makespan. Statistics by ``stats_only`` only, when given."""
+    throughput) plus one row tile's makespan. Statistics by ``stats_only`` only, when given.
+    Row tiles that never follow each other (every group of one) are not split."""
     t = b.target
     P = t.sbuf_partitions
     g = t.min_ii_cycles
+    pipelined = max(groups) > 1
+    if not pipelined:
+        # lone row tiles: latency-bound, the split would only buy throughput they do not use
+        return Split(stats_only or ("bn" if ch is not None else "act"), 0)
     memo: dict[Split, tuple[dict[EngineKind, float], float]] = {}
 
     def prof(split: Split) -> tuple[dict[EngineKind, float], float]:
@@ -166,7 +176,7 @@ def choose(b: TirBuilder, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: D
                 xa = s.tile("x", Memory.SBUF, P, C, xdt).ap()
                 prm = [(s.tile(f"w{j}", Memory.SBUF, P, C, wdt), op) for j, op in enumerate(ops)]
                 out = s.tile("y", Memory.SBUF, P, C, ydt).ap()
-                row_tile(s, xa, P, C, ch, split, prm, 0.0, wdt, out)
+                row_tile(s, xa, P, C, ch, split, prm, 0.0, wdt, lambda: out, 2, pipelined)
             memo[split] = profile(s)
         return memo[split]
 

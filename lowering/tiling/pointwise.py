@@ -257,8 +257,14 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
     if target is not None:            # the output stays in SBUF: compute it in place
         gen.tile_of(expr, out.dtype, out=target)
         return
-    # the result goes into a tile of its own pool (a store holds it for the DMA latency; also
-    # evacuates a PSUM result, which DMA cannot read)
+    root = expr
+    while root.op is EOp.CAST and root.args[0].dtype == root.dtype:
+        root = root.args[0]
+    if root.op is EOp.LOAD and root.dtype == out.dtype and root.index not in trans:
+        b.dma(dst, gen.tile_of(expr, out.dtype))   # a copy: store the loaded tile itself
+        return
+    # a computed result goes into a tile of its own pool (a store holds it for the DMA
+    # latency; also evacuates a PSUM result, which DMA cannot read)
     res = b.tile("y", Memory.SBUF, p, fsz, out.dtype, OUT_BUFS).ap(dims=_contiguous_dims(fsz))
     gen.tile_of(expr, out.dtype, out=res)
     b.dma(dst, res)

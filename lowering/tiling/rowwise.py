@@ -25,6 +25,7 @@ from contextlib import ExitStack
 
 from lowering.errors import Unsupported
 from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
+from lowering.passes.residency import BUDGET_SHARE as RESIDENT_SHARE
 from lowering.tiling import norm_split
 from lowering.tiling.layout import plan_rows
 from lowering.tiling.norm_split import small
@@ -57,7 +58,9 @@ def fits(b: TirBuilder, C: int, bytes_per_elem: int) -> bool:
     per column fit the SBUF partition beside the resident tensors and the per-row statistics
     (``SMALL_TILES`` [p, <= 16] fp32 tiles of two slots, each slot rounded up to the planner's
     alignment)?"""
-    resident = sum(r.bytes_per_partition for r, _ in b.resident.values())
+    # the resident tensors live at any kernel take at most the residency budget
+    resident = min(sum(r.bytes_per_partition for r, _ in b.resident.values()),
+                   int(b.target.sbuf_bytes_per_partition * RESIDENT_SHARE))
     small = SMALL_TILES * 2 * max(SBUF_ALIGN, 16 * 4)
     return C * bytes_per_elem + small + resident <= b.target.sbuf_bytes_per_partition
 
@@ -201,10 +204,16 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
     for bases, r0, p in row_tiles(b, plan, 4):
         xa = load_rows(b, plan, x, bases, r0, p, C)
         target = row_target(b, plan, 1, y, bases, r0, p)
-        yt = target if target is not None else b.tile("ly", Memory.SBUF, p, C, y.dtype, bufs).ap()
-        st = norm_split.row_tile(b, xa, p, C, ch, split, params, a.eps, wdt, yt, bufs)
+        taken: list[TAP] = []
+
+        def result() -> TAP:
+            taken.append(target if target is not None else b.tile("ly", Memory.SBUF, p, C, y.dtype, bufs).ap())
+            return taken[0]
+
+        st = norm_split.row_tile(b, xa, p, C, ch, split, params, a.eps, wdt, result, bufs,
+                                 pipelined=max(groups) > 1)
         if target is None:
-            store_rows(b, plan, 1, y, bases, r0, p, yt)
+            store_rows(b, plan, 1, y, bases, r0, p, taken[0])
         for slot, ref in ((2, mean), (3, rstd)):
             if ref.buffer not in live:
                 continue
