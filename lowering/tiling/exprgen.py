@@ -11,10 +11,14 @@ Invariants
   sub-trees share one result), into a tile of its own taken in the current loop (two slots, so
   the next iteration's value can be computed while this one is still read).
 - Each result is rounded to its node's dtype, exactly like the ATen op it came from.
+- A sub-expression of per-row leaves and constants only (``row_leaf``) is computed on a
+  ``[p, 1]`` tile and read with stride 0 wherever a full tile is needed: the same values, the
+  work of one column.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from lowering.errors import LoweringError
 from lowering.kir import BINARY_OPS, EOp, Expr, UNARY_OPS
@@ -62,14 +66,29 @@ def count_intermediates(expr: Expr) -> int:
 
 class ExprGen:
     """Evaluate expressions on one tile shape ``[p, *free]`` of the current iteration;
-    ``leaf(expr)`` supplies LOAD / ACC / INDEX leaves as access patterns."""
+    ``leaf(expr)`` supplies LOAD / ACC / INDEX leaves as access patterns.
 
-    def __init__(self, b: TirBuilder, p: int, free: tuple[int, ...], leaf, bufs: int = 2):
+    ``row_leaf(expr)``, when given, returns a ``[p, 1]`` tile for a leaf whose value is the
+    same along the whole free extent of its row (a tensor broadcast along the free axes), or
+    None. Sub-expressions of such leaves and constants are then computed once per row on
+    ``[p, 1]`` tiles, and an operation combining one with a full tile is a ``tensor_scalar``
+    with a per-partition operand (one streamed source instead of two)."""
+
+    def __init__(self, b: TirBuilder, p: int, free: tuple[int, ...], leaf, bufs: int = 2,
+                 row_leaf=None):
         self.b, self.p, self.free, self.leaf, self.bufs = b, p, free, leaf, bufs
+        self.row_leaf = row_leaf
         self.memo: dict[Expr, TAP | float] = {}
+        self.rows: set[Expr] = set()          # expressions whose value is a [p, 1] row tile
 
-    def new(self, dtype: DType) -> TAP:
-        return self.b.tile("w", Memory.SBUF, self.p, self.free, dtype, self.bufs).ap()
+    def new(self, dtype: DType, row: bool = False) -> TAP:
+        return self.b.tile("w", Memory.SBUF, self.p, (1,) if row else self.free, dtype, self.bufs).ap()
+
+    def wide(self, x: Expr, v: TAP | float) -> TAP | float:
+        """``v`` (the value of ``x``) as a full-tile access: a row tile is read with stride 0."""
+        if isinstance(v, TAP) and x in self.rows:
+            return replace(v, dims=((0, math.prod(self.free)),))
+        return v
 
     def value(self, x: Expr) -> TAP | float:
         if x in self.memo:
@@ -89,6 +108,7 @@ class ExprGen:
                 return out
         else:
             v = self.value(x)
+        v = self.wide(x, v)
         if isinstance(v, float):
             t = out if out is not None else self.new(dt)
             self.b.memset(t, v)
@@ -102,16 +122,29 @@ class ExprGen:
     def _value(self, x: Expr, dst: TAP | None = None) -> TAP | float:
         op = x.op
         if op in (EOp.LOAD, EOp.ACC, EOp.INDEX):
+            r = self.row_leaf(x) if self.row_leaf is not None else None
+            if r is not None:
+                self.rows.add(x)
+                return r
             return self.leaf(x)
         if op is EOp.CONST:
             return _round_const(x.value, x.dtype)
         if op is EOp.CAST and x.args[0].dtype == x.dtype and dst is None:
-            return self.value(x.args[0])          # a cast to the same type moves nothing
+            v = self.value(x.args[0])             # a cast to the same type moves nothing
+            if x.args[0] in self.rows:
+                self.rows.add(x)
+            return v
         args = [self.value(a) for a in x.args]
         if all(isinstance(a, float) for a in args):
             return _round_const(_fold(x, args), x.dtype)
+        row = op is not EOp.WHERE and all(isinstance(v, float) or a in self.rows
+                                          for a, v in zip(x.args, args))
         b = self.b
-        out = dst if dst is not None else self.new(x.dtype)
+        if row:                                   # once per row: a [p, 1] tile
+            self.rows.add(x)
+            out = self.new(x.dtype, row=True)
+        else:
+            out = dst if dst is not None else self.new(x.dtype)
         if op is EOp.CAST:
             b.tensor_copy(out, args[0])
         elif op is EOp.NEG:
@@ -126,6 +159,10 @@ class ExprGen:
             if isinstance(a, float):
                 b.tensor_scalar(out, c, alu, a, reverse0=True)
             elif isinstance(c, float):
+                b.tensor_scalar(out, a, alu, c)
+            elif not row and x.args[0] in self.rows:   # per-row operand: one streamed source
+                b.tensor_scalar(out, c, alu, a, reverse0=True)
+            elif not row and x.args[1] in self.rows:
                 b.tensor_scalar(out, a, alu, c)
             else:
                 b.tensor_tensor(out, a, c, alu)

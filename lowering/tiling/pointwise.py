@@ -2,27 +2,44 @@
 
 Any shape and any strides (broadcast inputs have stride 0, outputs may be strided views such as
 a slice of a ``cat``). The iteration space is laid out by ``layout.plan_2d``; the tile program is
-a loop nest over its outer axes, row tiles of up to 128 partitions and free chunks of up to
-``free_max`` elements (shrunk when the expression needs many tiles at once), with the partial
-row tile and chunk peeled after each loop. Input tiles rotate through three slots and
-intermediates through two, so the next tile's loads overlap this tile's work. An input whose
-partition axis is the contiguous one (a transposed view being materialised) is loaded as its
-transpose with contiguous runs and turned on TensorE, in 128x128 blocks.
+a loop nest over its outer axes, row tiles of up to 128 partitions and free chunks, with the
+partial row tile and chunk peeled after each loop. The chunk of a single free axis is scored as
+a pipeline from the target's DMA and engine costs (``stream.py``), up to what the loop nest's
+pools can hold in their share of SBUF. Input tiles rotate through three slots, intermediates
+through two and results through three (a store holds its tile for the DMA latency), so the next
+tile's loads overlap this tile's work.
+
+- An input equal for every row (a row vector broadcast down the rows) is loaded once per chunk
+  for all row tiles, to every partition (partition stride 0): the chunk loop then runs outside
+  the row tiles.
+- An input with one value per row (broadcast along the free axes) is loaded as a [p, 1] tile;
+  the expression's sub-trees over such inputs run once per row and reach the full tiles as
+  per-partition operands of ``tensor_scalar`` (``exprgen.py``).
+- An input whose partition axis is the contiguous one (a transposed view being materialised)
+  is loaded as its transpose with contiguous runs and turned on TensorE, in 128x128 blocks.
 """
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
+from dataclasses import replace
 
 from lowering.kir import EOp, Expr, KOp, PointwiseAttrs
-from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.estimate import profile, scratch
+from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.layout import Region, plan_2d
+from lowering.tiling.stream import choose_chunk
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import DType, Memory
 
-TILE_BUDGET = 48 * 1024  # bytes per partition for one tile shape (a loop nest may hold a few)
-IN_BUFS = 3
+SBUF_SHARE = 0.5    # of a partition for one loop nest's pools (resident tensors and neighbours)
+MERGE_MAX = 2048    # free elements up to which small inner axes merge into a tile's free dims
+MIN_FREE = 128      # free elements of a chunk at least, whatever the expression's pools
+IN_BUFS = 3         # input slots: one loading, one being read, one for the next load
+INTER_BUFS = 2      # intermediates: this tile's and the next one's
+OUT_BUFS = 3        # results: one being computed, one held by its store for the DMA latency, one free
 
 
 def index_axes(expr: Expr) -> list[int]:
@@ -66,25 +83,120 @@ def tile_pointwise(b: TirBuilder, k: KOp) -> None:
     strides = [out.strides] + [k.ins[i].strides for i in used] + \
         [tuple(1 if d == a else 0 for d in range(rank)) for a in idx_axes]
     offsets = [out.offset] + [k.ins[i].offset for i in used] + [0] * len(idx_axes)
-    per_elem = sum(IN_BUFS * k.ins[i].dtype.itemsize for i in used) + \
-        2 * 4 * count_intermediates(expr)
-    free_max = max(128, min(2048, TILE_BUDGET // max(per_elem, 1)))
-    regions = plan_2d(out.shape, strides, offsets, free_max=free_max)
+    per_elem = _bytes_per_elem(b, k)
+    # small inner axes merge into a tile's free dims up to MERGE_MAX elements; a single free
+    # axis is streamed in chunks of up to what the pools' SBUF share holds
+    free_max = max(MIN_FREE, int(b.target.sbuf_bytes_per_partition * SBUF_SHARE) // per_elem)
+    regions = plan_2d(out.shape, strides, offsets, free_max=min(MERGE_MAX, free_max))
     P = b.target.sbuf_partitions
     slot_of = {i: 1 + j for j, i in enumerate(used)}
     idx_slot = {a: 1 + len(used) + j for j, a in enumerate(idx_axes)}
     for reg in regions:
         trans = {i for i in used if _transposed_load(reg, slot_of[i], k.ins[i].dtype)}
         fmax = min(free_max, P) if trans else free_max
+        # inputs equal for every row (a row vector broadcast down the rows) are loaded once
+        # per chunk for all row tiles (when there are several): chunks outside, row tiles inside
+        shared = {i for i in used if reg.rows >= 2 * P and reg.row_strides[slot_of[i]] == 0
+                  and i not in trans and not b.is_resident(k.ins[i].buffer)}
+        if len(reg.free) == 1:
+            fmax = _chunk(b, k, reg, used, slot_of, trans, shared, fmax)
         with ExitStack() as es:
             bases = outer_loops(b, es, reg, len(strides))
+            if shared:
+                for c0, fsz in chunks(b, reg, fmax):
+                    pre = {i: _load_shared(b, k.ins[i], reg, bases[slot_of[i]], slot_of[i], c0, fsz)
+                           for i in sorted(shared)}
+                    for r0, p in b.tiled(reg.rows, P, "r"):
+                        _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, pre)
+                continue
             for r0, p in b.tiled(reg.rows, P, "r"):
                 for c0, fsz in chunks(b, reg, fmax):
-                    _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr)
+                    _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, {})
+
+
+def _load_shared(b: TirBuilder, x, reg: Region, base: Affine, slot: int, c0, fsz):
+    """Load the chunk of an input that every row shares, to all partitions (partition stride
+    0): (tile, its free axes with their strides, the loaded non-broadcast axes)."""
+    free = tuple((sz, st[slot]) for sz, (_, st) in zip(fsz, reg.free))
+    compact = tuple(fs for fs in free if fs[1] != 0)
+    P = b.target.sbuf_partitions
+    t = b.tile(f"sh{slot}", Memory.SBUF, P, tuple(n for n, _ in compact) or 1, x.dtype, 2)
+    b.dma(t.ap(), hbm_ap(x.buffer, x.dtype, base + c0 * reg.free[-1][1][slot], P, 0, compact))
+    return t, free, compact
+
+
+def _bytes_per_elem(b: TirBuilder, k: KOp) -> int:
+    """SBUF bytes per free element of the loop nest's pools: every tile one row tile's
+    expression takes (inputs, intermediates, casts, constants, the result) times its slots."""
+    s = _scratch_tile(b, k, 1, 1)
+    bufs = {"in": IN_BUFS, "y": OUT_BUFS}
+    return sum(t.slot_bytes * bufs.get(t.name.rstrip("0123456789"), INTER_BUFS)
+               for t in s.buffers.values() if t.memory is Memory.SBUF)
+
+
+def _chunk(b: TirBuilder, k: KOp, reg: Region, used, slot_of, trans, shared, fmax: int) -> int:
+    """The free chunk of a single-free-axis region, scored as a pipeline (``stream.py``)."""
+    P = b.target.sbuf_partitions
+    n, fst = reg.free[0]
+    outer = math.prod(s for s, _ in reg.outer)
+    full, part = divmod(reg.rows, P)
+    if part:
+        segments, repeat = [(full, P), (1, part)], outer
+    else:
+        segments, repeat = [(outer * full, P)], 1
+    streams = []
+    for i in used:
+        x = k.ins[i]
+        if b.is_resident(x.buffer) or i in shared:    # no transfer per tile
+            continue
+        st = fst[slot_of[i]]
+        if st == 0:                    # broadcast along the free axis: one element per row
+            continue
+        streams.append((x.dtype.itemsize, st == 1 or i in trans, False))
+    out = k.outs[0]
+    if not b.is_resident(out.buffer):
+        streams.append((out.dtype.itemsize, fst[0] == 1, True))
+    memo: dict[int, tuple[float, float]] = {}
+    rows = frozenset(i for i in used if fst[slot_of[i]] == 0 and i not in trans)
+
+    def compute(f: int) -> tuple[float, float]:
+        if f not in memo:
+            memo[f] = _compute_ns(b, k, min(reg.rows, P), f, rows)
+        return memo[f]
+
+    return choose_chunk(b.target, n, segments, repeat, streams, compute, fmax)
+
+
+def _scratch_tile(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset = frozenset()) -> TirBuilder:
+    """The expression of one [p, f] tile emitted into a scratch builder (for estimates);
+    ``rows``: the inputs that hold one value per row."""
+    out = k.outs[0]
+    with scratch(b.target) as s:
+        def leaf(x: Expr) -> TAP:
+            if x.op is EOp.LOAD:
+                return s.tile(f"in{x.index}", Memory.SBUF, p, f, k.ins[x.index].dtype).ap()
+            t = s.tile("idx", Memory.SBUF, p, f, x.dtype).ap()
+            s.iota(t, 0, 0, (1,))
+            return t
+
+        def row_leaf(x: Expr) -> TAP | None:
+            if x.op is EOp.LOAD and x.index in rows:
+                return s.tile(f"in{x.index}", Memory.SBUF, p, 1, k.ins[x.index].dtype).ap()
+            return None
+
+        ExprGen(s, p, (f,), leaf, row_leaf=row_leaf).tile_of(
+            k.attrs.expr, out.dtype, out=s.tile("y", Memory.SBUF, p, f, out.dtype).ap())
+    return s
+
+
+def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset) -> tuple[float, float]:
+    """(busiest engine's work, makespan) in ns of the expression on one [p, f] tile."""
+    busy, span = profile(_scratch_tile(b, k, p, f, rows))
+    return (max(busy.values(), default=0.0), span)
 
 
 def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, trans, slot_of,
-          idx_slot, expr) -> None:
+          idx_slot, expr, pre) -> None:
     out = k.outs[0]
 
     def off(slot: int) -> Affine:
@@ -94,9 +206,16 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         return tuple((sz, st[slot]) for sz, (_, st) in zip(fsz, reg.free))
 
     tiles: dict[int, TAP] = {}
+    per_row: dict[int, TAP] = {}      # inputs broadcast along every free axis: [p, 1]
     for i in used:
         s = slot_of[i]
         x = k.ins[i]
+        if i in pre:                  # loaded once for all row tiles of this chunk
+            t, free, compact = pre[i]
+            tiles[i] = t.ap(p, dims=_broadcast_dims(free)) if len(compact) < len(free) else t.ap(p)
+            if not compact:
+                per_row[i] = t.ap(p)
+            continue
         if i in trans:
             # partition axis contiguous in HBM: load the transpose with contiguous runs,
             # turn it on TensorE (no element-wise DMA)
@@ -113,11 +232,15 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         view = b.resident_view(hbm_ap(x.buffer, x.dtype, off(s), p, reg.row_strides[s], free), p)
         if view is not None:          # already in SBUF: read it where it is
             tiles[i] = view
+            if all(st == 0 for st, _ in view.dims):
+                per_row[i] = replace(view, dims=((1, 1),))
             continue
         compact = tuple(fs for fs in free if fs[1] != 0)
         t = b.tile(f"in{i}", Memory.SBUF, p, tuple(n for n, _ in compact) or 1, x.dtype, IN_BUFS)
         b.dma(t.ap(), hbm_ap(x.buffer, x.dtype, off(s), p, reg.row_strides[s], compact))
         tiles[i] = t.ap(dims=_broadcast_dims(free)) if len(compact) < len(free) else t.ap()
+        if not compact:               # one value per row: expressions of it run once per row
+            per_row[i] = t.ap()
 
     def leaf(x: Expr) -> TAP:
         if x.op is EOp.LOAD:
@@ -127,17 +250,23 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
         b.iota(t, off(s), reg.row_strides[s], tuple(st for _, st in free_of(s)))
         return t
 
-    gen = ExprGen(b, p, fsz, leaf)
+    gen = ExprGen(b, p, fsz, leaf, INTER_BUFS,
+                  row_leaf=lambda x: per_row.get(x.index) if x.op is EOp.LOAD else None)
     dst = hbm_ap(out.buffer, out.dtype, off(0), p, reg.row_strides[0], free_of(0))
     target = b.resident_view(dst, p)
     if target is not None:            # the output stays in SBUF: compute it in place
         gen.tile_of(expr, out.dtype, out=target)
         return
-    res = gen.tile_of(expr, out.dtype)
-    if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM
-        ev = gen.new(out.dtype)
-        b.tensor_copy(ev, res)
-        res = ev
+    root = expr
+    while root.op is EOp.CAST and root.args[0].dtype == root.dtype:
+        root = root.args[0]
+    if root.op is EOp.LOAD and root.dtype == out.dtype and root.index not in trans:
+        b.dma(dst, gen.tile_of(expr, out.dtype))   # a copy: store the loaded tile itself
+        return
+    # a computed result goes into a tile of its own pool (a store holds it for the DMA
+    # latency; also evacuates a PSUM result, which DMA cannot read)
+    res = b.tile("y", Memory.SBUF, p, fsz, out.dtype, OUT_BUFS).ap(dims=_contiguous_dims(fsz))
+    gen.tile_of(expr, out.dtype, out=res)
     b.dma(dst, res)
 
 

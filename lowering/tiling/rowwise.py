@@ -7,11 +7,9 @@ read from HBM once and written once.
 softmax:     mx = reduce_max(x)                       VectorE tensor_reduce
              e, s = exp(x - mx), sum(e)                ScalarE activation, bias=-mx, reduce=add
              y = e * (1/s)  | log: y = x - mx - ln(s)  VectorE tensor_scalar (per-partition operands)
-layer_norm:  (mean, var) = bn_aggr(bn_stats(x))        VectorE, chunks of <= 512 equal columns
-             rstd = (var + eps) ** -0.5                VectorE tensor_scalar
-             xn = x * rstd + (-mean * rstd)            ScalarE activation (per-partition scale, bias)
-             y = xn [* w] [+ b]                        VectorE / GpSimdE tensor_tensor
-  (rows with no equal split into <= 512 columns use sum and sum of squares instead of bn_stats).
+layer_norm:  statistics, then y = (x - mean) * rstd [* w] [+ b], the columns split between
+             VectorE and ScalarE + GpSimdE by the cost table (``norm_split.py``: the engines,
+             the two ways of computing the statistics and how the split is chosen).
   xn and the products are computed in the output dtype when it is a 2-byte float (the engines'
   fast modes; each step rounds once, as a bf16 program would), else in fp32.
 Weight and bias are loaded once, broadcast to all partitions by a stride-0 DMA. Statistics
@@ -22,20 +20,25 @@ Rows whose tiles do not fit one SBUF partition are streamed in column chunks ins
 """
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 
 from lowering.errors import Unsupported
 from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
+from lowering.passes.residency import BUDGET_SHARE as RESIDENT_SHARE
+from lowering.tiling import norm_split
 from lowering.tiling.layout import plan_rows
+from lowering.tiling.norm_split import small
 from lowering.tiling.pointwise import outer_loops
 from lowering.tiling.rowwise_chunked import tile_layer_norm_chunked, tile_softmax_chunked
-from lowering.tir.affine import Affine
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
+from lowering.tir.plan import SBUF_ALIGN
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 F32 = DType.FP32
 BN_MAX = 512
+SMALL_TILES = 16   # per-row statistics tiles a row-wise kernel takes per row tile, at most
 
 
 def row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
@@ -51,9 +54,15 @@ def row_plan(k: KOp, red_dims: tuple[int, ...], operands, n_full: int):
 
 
 def fits(b: TirBuilder, C: int, bytes_per_elem: int) -> bool:
-    """Every tile of a single-tile row-wise kernel holds whole rows: do they fit the SBUF
-    partition (1/8 kept for the small per-row statistics and alignment)?"""
-    return C * bytes_per_elem <= b.target.sbuf_bytes_per_partition * 7 // 8
+    """Every tile of a single-tile row-wise kernel holds whole rows: do ``bytes_per_elem`` bytes
+    per column fit the SBUF partition beside the resident tensors and the per-row statistics
+    (``SMALL_TILES`` [p, <= 16] fp32 tiles of two slots, each slot rounded up to the planner's
+    alignment)?"""
+    # the resident tensors live at any kernel take at most the residency budget
+    resident = min(sum(r.bytes_per_partition for r, _ in b.resident.values()),
+                   int(b.target.sbuf_bytes_per_partition * RESIDENT_SHARE))
+    small = SMALL_TILES * 2 * max(SBUF_ALIGN, 16 * 4)
+    return C * bytes_per_elem + small + resident <= b.target.sbuf_bytes_per_partition
 
 
 def free_of(plan, slot: int) -> tuple[tuple[int, int], ...]:
@@ -91,10 +100,6 @@ def store_rows(b: TirBuilder, plan, slot: int, ref, bases, r0, p: int, tile: TAP
     """Store a [p, C] (``free``) or [p, 1] tile to operand ``slot``'s rows."""
     b.dma(hbm_ap(ref.buffer, ref.dtype, bases[slot] + r0 * plan.row_strides[slot], p,
                  plan.row_strides[slot], free_of(plan, slot) if free else ()), tile)
-
-
-def small(b: TirBuilder, p: int, dtype: DType = F32, n: int = 1) -> TAP:
-    return b.tile("st", Memory.SBUF, p, n, dtype).ap()
 
 
 def tile_softmax(b: TirBuilder, k: KOp) -> None:
@@ -156,14 +161,35 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
             wst = [tuple(0 for _ in range(x.rank - a.normalized_ndim)) + w.strides]
             prm.append((w, plan_rows(x.shape, red, wst, [w.offset]), is_w))
     wdt = y.dtype if y.dtype.itemsize == 2 and y.dtype.is_float else F32
-    if not fits(b, C, len(prm) * wdt.itemsize + 3 * x.dtype.itemsize + 2 * 4 + 2 * y.dtype.itemsize):
+    ch = bn_chunk(C)
+    ops = [AluOp.MULTIPLY if is_w else AluOp.ADD for _, _, is_w in prm]
+    # bytes per column: the weight/bias rows (and their casts), the input slots, the scratch
+    # row of the ScalarE statistics, then ``bufs`` slots of each intermediate and the result
+    fixed = sum(w.dtype.itemsize + (wdt.itemsize if w.dtype != wdt else 0)
+                for w in dict.fromkeys(w for w, _, _ in prm)) + 3 * x.dtype.itemsize
+    per_buf = len(prm) * wdt.itemsize + y.dtype.itemsize
+    split, bufs = None, 0
+    outer = math.prod(n for n, _ in plan.outer)
+    full, part = divmod(plan.rows, P)
+    groups = [full, 1] * outer if part else [outer * full]
+    for stats in (None, "bn"):        # the cheapest split; else one without the scratch row
+        if stats == "bn" and ch is None:
+            break
+        sp = norm_split.choose(b, C, ch, x.dtype, wdt, y.dtype, ops, groups, stats)
+        need = fixed + (x.dtype.itemsize if sp.stats == "act" else 0)
+        bufs = next((n for n in (3, 2) if fits(b, C, need + n * per_buf)), 0)
+        if bufs:
+            split = sp
+            break
+    if split is None:
         return tile_layer_norm_chunked(b, k, plan, [(w, wp.red[0][1][0], is_w) for w, wp, is_w in prm])
     live = b.live
     params = []
     loaded: dict = {}
-    for w, wplan, _ in prm:
+    for w, wplan, is_w in prm:
+        op = AluOp.MULTIPLY if is_w else AluOp.ADD
         if w in loaded:          # the same view as weight and bias: load it once
-            params.append(loaded[w])
+            params.append((loaded[w], op))
             continue
         wt = b.tile("lnw", Memory.SBUF, P, C, w.dtype)
         # every partition reads the same row: partition stride 0
@@ -173,74 +199,27 @@ def tile_layer_norm(b: TirBuilder, k: KOp) -> None:
             b.tensor_copy(wc.ap(), wt.ap())
             wt = wc
         loaded[w] = wt
-        params.append(wt)
-    ch = bn_chunk(C)
+        params.append((wt, op))
+    b.note(f"layer_norm [{C}]: {split.describe(C)}")
     for bases, r0, p in row_tiles(b, plan, 4):
         xa = load_rows(b, plan, x, bases, r0, p, C)
-        mu, rs = _stats(b, xa, p, C, ch, a.eps)
-        nmr = small(b, p)
-        b.tensor_scalar(nmr, mu, AluOp.MULTIPLY, rs, op1=AluOp.MULTIPLY, operand1=-1.0)
         target = row_target(b, plan, 1, y, bases, r0, p)
+        taken: list[TAP] = []
 
-        def final() -> TAP:
-            return target if target is not None else b.tile("ly", Memory.SBUF, p, C, y.dtype).ap()
+        def result() -> TAP:
+            taken.append(target if target is not None else b.tile("ly", Memory.SBUF, p, C, y.dtype, bufs).ap())
+            return taken[0]
 
-        if params:
-            cur = b.tile("xn", Memory.SBUF, p, C, wdt).ap()
-            b.activation(cur, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
-            for j, wt in enumerate(params):
-                is_w = a.has_weight and j == 0
-                last = j == len(params) - 1
-                nxt = final() if last else b.tile("lw", Memory.SBUF, p, C, wdt).ap()
-                b.tensor_tensor(nxt, cur, wt.ap(p), AluOp.MULTIPLY if is_w else AluOp.ADD)
-                cur = nxt
-            yt = cur
-        else:
-            yt = final()
-            b.activation(yt, xa, ActFunc.IDENTITY, scale_ap=rs, bias_ap=nmr)
+        st = norm_split.row_tile(b, xa, p, C, ch, split, params, a.eps, wdt, result, bufs,
+                                 pipelined=max(groups) > 1)
         if target is None:
-            store_rows(b, plan, 1, y, bases, r0, p, yt)
-        for slot, ref, val in ((2, mean, mu), (3, rstd, rs)):
+            store_rows(b, plan, 1, y, bases, r0, p, taken[0])
+        for slot, ref in ((2, mean), (3, rstd)):
             if ref.buffer not in live:
                 continue
+            val = st.mean(b, p) if slot == 2 else st.rs
             if val.dtype != ref.dtype:
                 c = small(b, p, ref.dtype)
                 b.tensor_copy(c, val)
                 val = c
             store_rows(b, plan, slot, ref, bases, r0, p, val, free=False)
-
-
-def _stats(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, eps: float) -> tuple[TAP, TAP]:
-    """(mean, rstd) of each row of ``xa`` as [p, 1] fp32 tiles."""
-    rs = small(b, p)
-    if ch is not None:
-        n = C // ch
-        stats = small(b, p, F32, 2 * n)
-        for j in range(n) if n <= 8 else ():
-            b.bn_stats(_col(stats, 2 * j, 2), _col(xa, j * ch, ch))
-        if n > 8:
-            with b.loop(n, "s") as j:
-                b.bn_stats(_col(stats, j * 2, 2), _col(xa, j * ch, ch))
-        mv = small(b, p, F32, 2)
-        b.bn_aggr(mv, stats)
-        mu = _col(mv, 0, 1)
-        b.tensor_scalar(rs, _col(mv, 1, 1), AluOp.ADD, eps, op1=AluOp.POW, operand1=-0.5)
-        return mu, rs
-    s = small(b, p)
-    b.tensor_reduce(s, xa, AluOp.ADD)
-    mu = small(b, p)
-    b.tensor_scalar(mu, s, AluOp.MULTIPLY, 1.0 / C)
-    nmu = small(b, p)
-    b.tensor_scalar(nmu, s, AluOp.MULTIPLY, -1.0 / C)
-    sq = b.tile("sq", Memory.SBUF, p, C, F32).ap()
-    ss = small(b, p)
-    b.activation(sq, xa, ActFunc.SQUARE, bias_ap=nmu, reduce=AluOp.ADD, accum=ss)
-    b.tensor_scalar(rs, ss, AluOp.MULTIPLY, 1.0 / C, op1=AluOp.ADD, operand1=eps)
-    b.tensor_scalar(rs, rs, AluOp.POW, -0.5)
-    return mu, rs
-
-
-def _col(t: TAP, start, n: int) -> TAP:
-    """Columns ``[start, start + n)`` of a [p, m] tile access (``start`` may be affine)."""
-    from dataclasses import replace
-    return replace(t, offset=t.offset + Affine.of(start) * t.dtype.itemsize, dims=((1, n),))

@@ -1,0 +1,103 @@
+"""Free-axis chunk sizes of streaming loop nests (DMA in -> compute -> DMA out), from the target.
+
+A loop nest that streams ``M`` tiles of ``[p, f]`` (row tiles x chunks of a free axis of ``n``)
+through loads, compute and stores is scored by its busiest resource, each charged its total work
+plus the part of one tile's chain it cannot overlap:
+
+- DMA engines: ``M x (loads + stores)`` of one tile (loads and stores share the engines), idle
+  only for the first descriptor and the last store's fixed latency;
+- DMA queues: each transfer's queue generates one descriptor per tile, so the last tile's
+  loads issue ``(M - 1)`` descriptor generations after the first, then its whole chain follows;
+- the busiest compute engine: ``M x`` its time for one tile, plus the first tile's loads and
+  the last tile's stores with their fixed costs and the rest of one tile's compute makespan;
+- a partial last chunk (``n % f`` columns) runs after the loop, alone (its tiles reuse the
+  loop's slots), once per row tile.
+
+The data phase of one ``[p, f]`` transfer follows the simulator's DMA model
+(``runtime_sim.costs``): the busiest DMA engine's bytes plus ``dma_chunk_overhead_bytes`` per
+contiguous run, at ``dma_engine_bytes_per_ns * dma_efficiency``, and no faster than the core's
+share of HBM; a transfer's fixed cost is ``dma_descriptor_ns + dma_fixed_latency_ns``. The
+compute estimate comes from the caller (the cost table, ``estimate.py``).
+
+Small chunks pay the per-run overhead, the descriptor generation and the minimum initiation
+interval on every tile; large ones expose the first tile's loads and the last tile's stores
+around the compute.
+``choose_chunk`` scores splits of the free axis into ``k`` chunks and returns the best.
+
+Invariants
+- The returned chunk is in ``[1, min(n, f_max)]``.
+- Scoring is pure arithmetic on the ``Target`` plus the caller's compute estimate; no program
+  is built here.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from runtime_sim.targets import Target
+
+
+def dma_ns(t: Target, p: int, nbytes_per_partition: float, run_bytes: float) -> float:
+    """Data phase of one transfer of ``p`` partitions x ``nbytes_per_partition`` whose
+    contiguous runs are ``run_bytes`` long."""
+    if nbytes_per_partition <= 0:
+        return 0.0
+    eb = min(p, t.dma_partitions_per_engine) * nbytes_per_partition
+    data = (eb + eb / max(run_bytes, 1.0) * t.dma_chunk_overhead_bytes) / (
+        t.dma_engine_bytes_per_ns * t.dma_efficiency)
+    hbm = p * nbytes_per_partition / t.hbm_bytes_per_ns_per_core
+    return max(data, hbm)
+
+
+def chunk_candidates(n: int, f_max: int) -> list[int]:
+    """Even splits of ``n`` into ``k`` chunks of at most ``f_max``: every ``k`` from the fewest
+    chunks up to twice that, then doubling ``k``."""
+    k0 = max(1, -(-n // max(1, f_max)))
+    ks = set(range(k0, 2 * k0 + 1))
+    k = 2 * k0
+    while k < n:
+        k *= 2
+        ks.add(min(k, n))
+    return sorted({-(-n // k) for k in ks})
+
+
+def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int,
+                 streams: list[tuple[int, bool, bool]],
+                 compute: Callable[[int], tuple[float, float]], f_max: int) -> int:
+    """The free chunk for a free axis of ``n`` streamed over row tiles.
+
+    ``segments``: (row tiles, partitions) run one after the other (a partial row tile reuses
+    the full ones' slots, so it runs behind them), the sequence ``repeat`` times (outer loops);
+    ``streams``: (itemsize, contiguous along the free axis, is_store) per transfer of a tile;
+    ``compute(f)``: (busiest engine's work, makespan) in ns of one ``[p, f]`` tile."""
+    fixed = t.dma_descriptor_ns + t.dma_fixed_latency_ns
+
+    def parts(f: int, p: int) -> tuple[float, float, float, float]:
+        """(loads, stores, busiest engine, makespan of the compute) of one tile of ``f`` columns."""
+        loads = sum(dma_ns(t, p, f * isz, f * isz if contig else isz)
+                    for isz, contig, st in streams if not st)
+        stores = sum(dma_ns(t, p, f * isz, f * isz if contig else isz)
+                     for isz, contig, st in streams if st)
+        return (loads, stores) + compute(f)
+
+    def alone(f: int, p: int) -> float:
+        """One tile through the whole chain, overlapping nothing."""
+        loads, stores, _, span = parts(f, p)
+        return (loads + fixed if loads else 0.0) + span + (stores + fixed if stores else 0.0)
+
+    def segment(f: int, tiles: int, p: int) -> float:
+        full, tail = divmod(n, f)
+        loads, stores, busiest, _ = parts(f, p)
+        m = tiles * full
+        one = alone(f, p)
+        dma = m * (loads + stores) + fixed                 # idle only before and after
+        queue = (m - 1) * t.dma_descriptor_ns + one         # one descriptor per tile and queue
+        eng = m * busiest + one - busiest                   # waits for the first load, last store
+        # the partial chunk after the loop reuses the loop's slots: it runs behind it, alone
+        return max(dma, queue, eng) + (tiles * alone(tail, p) if tail else 0.0)
+
+    def score(f: int) -> float:
+        return repeat * sum(segment(f, tiles, p) for tiles, p in segments if tiles)
+
+    best = min(chunk_candidates(n, f_max), key=lambda f: (score(f), -f))
+    assert 1 <= best <= max(1, min(n, f_max))
+    return best
