@@ -240,14 +240,14 @@ def _waits(ue: Expansion, outer: dict[str, int], tids: list[int]) -> list[tuple]
                 a &= w.guard.vector(env, m) < w.bound
             cols.append(c)
             act.append(a)
-        pattern = np.zeros(m, dtype=np.int64)
-        for j, a in enumerate(act):
-            pattern |= a.astype(np.int64) << j
-        pats = np.unique(pattern).tolist()
+        # the pattern of active waits per instance (a row of booleans: an instruction may
+        # wait on more semaphores than an integer has bits)
+        pats, pattern = np.unique(np.stack(act, axis=1), axis=0, return_inverse=True)
+        pattern = pattern.reshape(-1)
         vals: list = [None] * m
-        for p in pats:
-            js = [j for j in range(len(it.waits)) if p >> j & 1]
-            idx = np.flatnonzero(pattern == p) if len(pats) > 1 else None
+        for pi, p in enumerate(pats.tolist()):
+            js = [j for j in range(len(it.waits)) if p[j]]
+            idx = np.flatnonzero(pattern == pi) if len(pats) > 1 else None
             sel = [(cols[j] if idx is None else cols[j][idx]).tolist() for j in js]
             got = _tuples(static, [it.waits[j].sem for j in js], sel, m if idx is None else len(idx))
             if idx is None:

@@ -135,6 +135,26 @@ def test_looped_and_straight_line_simulate_identically(checks, unit, monkeypatch
     assert np.array_equal(y, (feed()["x"] * 2).ravel())
 
 
+def test_an_instruction_with_more_varying_waits_than_an_integer_has_bits():
+    """70 waits that never hold their count (inactive in every iteration) ahead of the real
+    ones: the activity pattern per instance is not a bit mask that overflows past 63 waits."""
+    p = scale_rows()
+    q = p.streams[VECTOR]
+    (loop,) = q.body
+    (scale,) = loop.body
+    idle = tuple(LWait(f"d{i}", V(("t", 1), const=-100)) for i in range(70))
+    scale = dataclasses.replace(scale, waits=idle + scale.waits)
+    streams = dict(p.streams)
+    streams[VECTOR] = Stream([Loop("t", loop.count, (scale,))])
+    p = dataclasses.replace(p, streams=streams)
+    for mode, checks in (("timing", "static"), ("timing", False), ("functional", True)):
+        a = simulate(p, feed(), mode=mode, checks=checks)    # timing: stepped per static instruction
+        b = simulate(p.flat(), feed(), mode=mode, checks=checks)
+        assert stats(a) == stats(b)
+    y = simulate(p, feed(), mode="functional").outputs["y"].view(np.float32)
+    assert np.array_equal(y, (feed()["x"] * 2).ravel())
+
+
 def test_trace_of_a_looped_program_lists_every_instance():
     r = simulate(scale_rows(), feed(), trace=True)
     assert len(r.trace) == 18
