@@ -18,6 +18,11 @@ blocks, computes all their products first and then each block's softmax, transpo
 second products, stage by stage across the group: TensorE works on the next key block's
 products while the current one's softmax runs (the engines are in-order queues: without the
 interleave TensorE would wait for every exp). J and U come from the PSUM budget.
+Across groups (long sequences, ``_groups`` / ``_causal_groups``): group g+1's state, Q loads
+and first key block are issued ahead of group g's last stage, on two alternating sets of group
+state and one set of score banks shared by every group; the unrolled copies of each stage are
+``TirBuilder.replica`` blocks (scheduled alike, as one loop body) with one slot per tile
+(``single_slot``). The steps on one key block are in ``attention_steps.py``.
 
 m starts at the lowest finite fp32 value, so fully masked rows never compute inf - inf: their
 sum stays 0 and O / l is 0 / 0 = NaN as in eager softmax, or 0 with ``safe`` (torch's
@@ -29,29 +34,25 @@ past the block's last query.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import replace
 
 from lowering.errors import Unsupported
-from lowering.kir import AttentionKAttrs, EOp, Expr, KOp
-from lowering.tiling.exprgen import ExprGen
+from lowering.kir import AttentionKAttrs, KOp
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Rows, _cols, _early,
+                                             _finish, _late, _load_k, _load_v, _o_shares_bank,
+                                             _pt_bytes, _qk, _score_tile, _store, _transpose_block,
+                                             _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder, hbm_ap
-from lowering.tir.ir import TAP
-from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
+from lowering.tir.builder import TirBuilder
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
-F32 = DType.FP32
-QB, KB = 128, 512
-LOWEST = -3.4028234663852886e38     # lowest finite fp32
-TINY = 1.1754943508222875e-38       # smallest normal fp32
 
 
 def tile_attention(b: TirBuilder, k: KOp) -> None:
     a = k.attrs
     assert isinstance(a, AttentionKAttrs)
     Q, KT, V = k.ins[:3]
-    out = k.outs[0]
     *batch, Sq, D = Q.shape
     Sk, Dv = KT.shape[-1], V.shape[-1]
     if min(Sq, Sk, D, Dv) == 0:
@@ -88,12 +89,24 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         if masks is None:
-            for g0, gw in b.tiled(Sq, J * QB, "qg"):
-                _group(b, k, sq, sk, bidx, g0, gw, D, Sk, Dv, None)
+            shared = _groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv)
+            if shared is not None:
+                if Sq % (J * QB):                   # the partial group after the pipelined ones
+                    g0 = Sq - Sq % (J * QB)
+                    _group(b, k, sq, sk, bidx, aff(g0), Sq - g0, D, Sk, Dv, None, shared)
+            else:
+                for g0, gw in b.tiled(Sq, J * QB, "qg"):
+                    _group(b, k, sq, sk, bidx, g0, gw, D, Sk, Dv, None)
         else:   # causal: every group on its own, with the key blocks its queries can see
-            for g in range(-(-Sq // (J * QB))):
-                g0 = g * J * QB
-                _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks)
+            # (one slot per tile and one set of score banks for all the groups: every group
+            # has its own code, and its own banks would not fit PSUM side by side)
+            shared = _key_bufs(b, k, _blocks(aff(0), min(J * QB, Sq)), 2)
+            with b.single_slot():
+                if not _causal_groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv, masks, shared):
+                    for g in range(-(-Sq // (J * QB))):
+                        g0 = g * J * QB
+                        _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
+                               shared)
 
 
 def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
@@ -130,50 +143,202 @@ def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int) -> dict:
 
 
 def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: int, D: int, Sk: int,
-           Dv: int, masks: dict | None) -> None:
-    a = k.attrs
-    V = k.ins[2]
-    dt, pdt = sq.ref.dtype, a.p_dtype
-    blocks = []                                   # (q0, rows) per query block of the group
-    for j in range(-(-gw // QB)):
-        blocks.append((g0 + j * QB, min(QB, gw - j * QB)))
+           Dv: int, masks: dict | None, shared=None) -> None:
+    """One group of query blocks on its own: state, key-block pipeline, results. ``shared``:
+    the score banks etc. of pipelined groups before it (``_groups``), reused by its blocks."""
+    blocks = _blocks(g0, gw)
+    st = _state(b, blocks, D, Dv, sq.ref.dtype)
+    _init(b, sq, bidx, st, blocks, D)
+    if masks is not None:     # causal: only the keys the group's last query can see
+        Sk = min(Sk, g0.const + gw + k.attrs.causal_offset)
+    kbs = _key_blocks(Sk)
+    if shared is not None:      # two parities, one slot each: fits any number of key blocks
+        bufs = tuple([[_Rows(t, qr) for t, (_, qr) in zip(row, blocks)] for row in x]
+                     for x in shared)
+    else:
+        bufs = _key_bufs(b, k, blocks, len(kbs))
+    first, middle, last = _steps(b, k, sk, (st, blocks) + bufs + (bidx, D, Dv), kbs,
+                                 _diag(k, blocks, kbs, masks))
+    first()
+    middle()
+    last()
+
+
+def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, D: int, Sk: int,
+            Dv: int):
+    """The full groups of an unmasked attention, software-pipelined across groups: group g+1's
+    state, Q loads and first key block (products, row max, exp) are issued before group g's last
+    key block's second products and its results, so ScalarE starts the next group's exps while
+    TensorE finishes the previous group (without it every group boundary drains the pipeline:
+    3.5 us of ScalarE idle per group at [8, 2048, 128]). Two sets of group state alternate (the
+    group loop is unrolled by two); score banks, probabilities and exp factors are shared by all
+    groups, which needs an even number of key blocks (the next group's first block takes the
+    parity-0 slots that the previous group's second-to-last block has released). Returns None
+    (nothing emitted) when the shape does not allow it, else the shared buffers."""
+    gw = J * QB
+    G = Sq // gw
+    kbs = _key_blocks(Sk)
+    nb = len(kbs)
+    if G < 2 or nb < 2 or nb % 2:
+        return None
+    dt = sq.ref.dtype
+    tmpl = _blocks(aff(0), gw)
+    bufs = _key_bufs(b, k, tmpl, nb)
+    sets = [_state(b, tmpl, D, Dv, dt, tag=f"g{u}_") for u in range(2)]
+    nomask = [[None] * J for _ in kbs]
+
+    def stages(g: Affine, u: int):
+        blocks = _blocks(g * gw, gw)
+        return blocks, _steps(b, k, sk, (sets[u], blocks) + bufs + (bidx, D, Dv), kbs, nomask)
+
+    def stage(key: str, fn):                   # every group's copy of a stage: one schedule
+        def run():
+            with b.replica(key):
+                fn()
+        return run
+
+    def init(g: Affine, u: int) -> None:       # state and Q of a group
+        stage("I", lambda: _init(b, sq, bidx, sets[u], _blocks(g * gw, gw), D))()
+
+    def start(g: Affine, u: int):              # its first key block; returns the rest
+        first, middle, last = stages(g, u)[1]
+        stage("A", first)()
+        return stage("B", middle), stage("C", last)
+
+    b.note(f"attention: {G} groups software-pipelined across groups")
+    with b.single_slot():
+        _pipeline_groups(b, G, init, start, stages)
+    return bufs
+
+
+def _causal_groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, D: int,
+                   Sk: int, Dv: int, masks: dict, shared) -> bool:
+    """Causal groups (each with the key blocks its queries can see, so each its own code),
+    pipelined across groups as ``_groups`` does, unrolled: group g+1's state and Q, then its
+    first key block, are issued ahead of group g's last stage; block parities continue from
+    group to group (``_steps``' p0). Full groups only (False: nothing emitted)."""
+    gw = J * QB
+    G = Sq // gw
+    if G < 2 or Sq % gw:
+        return False
+    b.note(f"attention: {G} causal groups software-pipelined across groups")
+    tmpl = _blocks(aff(0), gw)
+    sets = [_state(b, tmpl, D, Dv, sq.ref.dtype, tag=f"c{u}_") for u in range(2)]
+    steps, p0 = [], 0
+    for g in range(G):
+        blocks = _blocks(aff(g * gw), gw)
+        kbs = _key_blocks(min(Sk, g * gw + gw + k.attrs.causal_offset))
+        steps.append((blocks, p0, _steps(b, k, sk, (sets[g % 2], blocks) + shared + (bidx, D, Dv), kbs,
+                                         _diag(k, blocks, kbs, masks), p0)))
+        p0 = (p0 + len(kbs)) % 2
+
+    def init(g: int) -> None:
+        blocks, p, _ = steps[g]
+        with b.replica("I"):
+            _init(b, sq, bidx, sets[g % 2], blocks, D, p)
+
+    def start(g: int):
+        first, middle, last = steps[g][2]
+        with b.replica("A"):
+            first()
+
+        def c():
+            with b.replica("C"):
+                last()
+        return middle, c
+
+    init(0)
+    middle, last = start(0)
+    for g in range(1, G):
+        init(g)
+        middle()
+        middle, nlast = start(g)
+        last()
+        last = nlast
+    middle()
+    last()
+    return True
+
+
+def _pipeline_groups(b: TirBuilder, G: int, init, start, stages) -> None:
+    """Issue order I0 A0 I1 B0 | A1 C0 I2 B1 | A2 C1 I3 B2 | ... | C(G-1), with I = ``init``
+    (state and Q loads: one group ahead, so their DMA latency is hidden), A = ``start`` (the
+    first key block), B its returned middle, C the last stage; the group loop is unrolled by two
+    (the state sets alternate; I(g+1) reuses group g-1's set after C(g-1) has read it)."""
+    init(aff(0), 0)
+    middle, last = start(aff(0), 0)
+    init(aff(1), 1)
+    middle()
+    Lg = (G - 2) // 2                        # loop iterations: groups 2i+1 and 2i+2
+    if Lg:
+        with b.single_slot_loop(Lg, "qg") as i:
+            for r in (1, 2):
+                g = 2 * i + r
+                nxt_middle, _ = start(g, r % 2)
+                with b.replica("C"):
+                    stages(g - 1, (r - 1) % 2)[1][2]()  # C(g-1)
+                init(g + 1, (r + 1) % 2)
+                nxt_middle()
+        last_c = stages(aff(2 * Lg), 0)[1][2]
+
+        def last():
+            with b.replica("C"):
+                last_c()
+    for g in range(2 * Lg + 1, G):           # the rest, unrolled
+        m, l = start(aff(g), g % 2)
+        last()
+        if g + 1 < G:
+            init(aff(g + 1), (g + 1) % 2)
+        m()
+        last = l
+    last()
+
+
+def _blocks(g0: Affine, gw: int) -> list:
+    """(q0, rows) per query block of a group."""
+    return [(g0 + j * QB, min(QB, gw - j * QB)) for j in range(-(-gw // QB))]
+
+
+def _key_blocks(Sk: int) -> list:
+    full, tail = divmod(Sk, KB)
+    return [(aff(i * KB), KB) for i in range(full)] + ([(aff(full * KB), tail)] if tail else [])
+
+
+def _state(b: TirBuilder, blocks, D: int, Dv: int, dt: DType, tag: str = "") -> list:
+    """Per query block: Q^T, running -max and sum in two slots each (a key block reads one and
+    writes the other), the fp32 accumulator O."""
     nd = -(-D // 128)
     st = []
     for j, (q0, qr) in enumerate(blocks):
-        qt = b.tile(f"qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt)
-        for d0, dw in b.tiled(D, 128, "d"):
-            sq.load(b, qt, d0 // 128 * qr,
-                    sq.base(bidx), d0, dw, q0, qr)
-        # running -max and sum in two slots each: a key block reads one and writes the other
-        nm = [b.tile(f"nm{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
-        l = [b.tile(f"l{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
-        acc = b.tile(f"o{j}", Memory.SBUF, qr, Dv, F32)
-        b.memset(nm[0].ap(), -LOWEST)
-        b.memset(l[0].ap(), 0.0)
-        b.memset(acc.ap(), 0.0)
+        qt = b.tile(f"{tag}qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt)
+        nm = [b.tile(f"{tag}nm{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
+        l = [b.tile(f"{tag}l{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
+        acc = b.tile(f"{tag}o{j}", Memory.SBUF, qr, Dv, F32)
         st.append((qt, nm, l, acc))
-    # Software pipeline over key blocks. Block b's *early* stage (products S = Q K^T, row max,
-    # exp, statistics) is issued before block b-1's *late* stage (P^T transposes, second
-    # products, accumulator update), so every in-order engine finds the next block's early
-    # work ahead of the previous block's late work. Score banks, probabilities and exp factors
-    # live in two slots per query block (by block parity: the key loop is unrolled by two).
-    if masks is not None:     # causal: only the keys the group's last query can see
-        Sk = min(Sk, g0.const + gw + k.attrs.causal_offset)
-    full, tail = divmod(Sk, KB)
-    kbs = [(aff(i * KB), KB) for i in range(full)] + ([(aff(full * KB), tail)] if tail else [])
-    nb = len(kbs)
-    # per key block, per query block: the causal mask tile, or None when all keys are visible
-    diag = [[None] * len(blocks) for _ in kbs]
-    if masks is not None:
-        for bi, (k0, kw) in enumerate(kbs):
-            for j, (q0, qr) in enumerate(blocks):
-                d = _diag_offsets(q0.const, qr, k0.const, kw, k.attrs.causal_offset)
-                diag[bi][j] = masks[d] if d is not None else None
-    clean = next((bi for bi, row in enumerate(diag) if any(m is not None for m in row)), nb)
+    return st
+
+
+def _init(b: TirBuilder, sq: _Side, bidx, st, blocks, D: int, p0: int = 0) -> None:
+    """Q^T loads and the statistics' (slot ``p0``, the first key block's parity) and the
+    accumulator's initial values."""
+    for (qt, nm, l, acc), (q0, qr) in zip(st, blocks):
+        for d0, dw in b.tiled(D, 128, "d"):
+            sq.load(b, qt, d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
+        b.memset(nm[p0].ap(), -LOWEST)
+        b.memset(l[p0].ap(), 0.0)
+        b.memset(acc.ap(), 0.0)
+
+
+def _key_bufs(b: TirBuilder, k: KOp, blocks, nb: int):
+    """Score banks, second-product outputs, probabilities and exp factors: two slots per query
+    block, by key-block parity (one key block: one parity, two buffers so that consecutive
+    groups overlap)."""
+    pdt = k.attrs.p_dtype
     nu = 2 if nb > 1 else 1
     sb = 1 if nb > 1 else 2
     S = [[b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, sb) for j in range(len(blocks))] for u in range(nu)]
     o0 = _pt_bytes(KB // 128, pdt) // 4        # fp32 column of the output behind the P^T
+    Dv = k.ins[2].shape[-1]
     if _o_shares_bank(pdt, Dv, b.target):
         O = [[_Cols(S[u][j], o0, qr, Dv) for j, (_, qr) in enumerate(blocks)] for u in range(nu)]
     else:
@@ -183,33 +348,71 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
          for u in range(nu)]
     AL = [[b.tile(f"al{j}_{u}", Memory.SBUF, qr, 2, F32, sb) for j, (_, qr) in enumerate(blocks)]
           for u in range(nu)]            # per slot: the exp factor a and the block's row sum
-    pipe = (st, blocks, S, P, AL, O, bidx, D, Dv)
+    return S, P, AL, O
+
+
+def _diag(k: KOp, blocks, kbs, masks: dict | None) -> list:
+    """Per key block, per query block: the causal mask tile, or None when all keys are visible."""
+    diag = [[None] * len(blocks) for _ in kbs]
+    if masks is not None:
+        for bi, (k0, kw) in enumerate(kbs):
+            for j, (q0, qr) in enumerate(blocks):
+                d = _diag_offsets(q0.const, qr, k0.const, kw, k.attrs.causal_offset)
+                diag[bi][j] = masks[d] if d is not None else None
+    return diag
+
+
+def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
+    """The key-block pipeline of one group as three stages: ``first`` (block 0's early stage),
+    ``middle`` (every later block's early stage and every block's late stage but the last's),
+    ``last`` (the last block's late stage and the group's results).
+
+    Block b's *early* stage (products S = Q K^T, row max, exp, statistics) is issued before
+    block b-1's *late* stage (P^T transposes, second products, accumulator update), so every
+    in-order engine finds the next block's early work ahead of the previous block's late work.
+    Score banks, probabilities and exp factors live in two slots per query block (by block
+    parity: the key loop is unrolled by two); block i takes slot (i + p0) % 2, so that a
+    group pipelined behind another one starts on the slot its predecessor's last block left."""
+    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
+    V, dt = k.ins[2], st[0][0].buf.dtype
+    nb = len(kbs)
+    full = sum(1 for _, kw in kbs if kw == KB)
+    clean = next((bi for bi, row in enumerate(diag) if any(m is not None for m in row)), nb)
 
     def early(bi, kw: int, u: int, k0: Affine) -> None:
+        u = (u + p0) % 2
         kt = _load_k(b, sk, bidx, k0, kw, D, dt)
         _qk(b, st, blocks, kt, S[u], kw, D)
         _early(b, k, pipe, u, k0, kw, diag[bi] if bi is not None else [None] * len(blocks))
 
     def late(u: int, k0: Affine, kw: int) -> None:
+        u = (u + p0) % 2
         vt = _load_v(b, V, bidx, k0, kw, Dv)
         _late(b, k, pipe, u, vt, kw)
 
-    early(0, kbs[0][1], 0, kbs[0][0])
-    # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1 (full, unmasked blocks only)
-    nclean = min(full, clean)
-    L = (nclean - 1) // 2 if nclean >= 3 else 0
-    if L:
-        with b.loop(L, "kb") as i:
-            early(None, KB, 1, (2 * i + 1) * KB)
-            late(0, 2 * i * KB, KB)
-            early(None, KB, 0, (2 * i + 2) * KB)
-            late(1, (2 * i + 1) * KB, KB)
-    for bi in range(2 * L, nb):                 # the rest, unrolled: block 2L's early stage is done
-        if bi + 1 < nb:
+    def first() -> None:
+        early(0, kbs[0][1], 0, kbs[0][0])
+
+    def middle() -> None:
+        # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1 (full, unmasked blocks only)
+        nclean = min(full, clean)
+        L = (nclean - 1) // 2 if nclean >= 3 else 0
+        if L:
+            with b.loop(L, "kb") as i:
+                early(None, KB, 1, (2 * i + 1) * KB)
+                late(0, 2 * i * KB, KB)
+                early(None, KB, 0, (2 * i + 2) * KB)
+                late(1, (2 * i + 1) * KB, KB)
+        for bi in range(2 * L, nb - 1):         # the rest, unrolled: block 2L's early stage is done
             early(bi + 1, kbs[bi + 1][1], (bi + 1) % 2, kbs[bi + 1][0])
-        late(bi % 2, kbs[bi][0], kbs[bi][1])
-    for j, (q0, qr) in enumerate(blocks):
-        _finish(b, k, st[j], nb % 2, bidx, q0, qr, Dv)
+            late(bi % 2, kbs[bi][0], kbs[bi][1])
+
+    def last() -> None:
+        late((nb - 1) % 2, kbs[nb - 1][0], kbs[nb - 1][1])
+        for j, (q0, qr) in enumerate(blocks):
+            _finish(b, k, st[j], (nb + p0) % 2, bidx, q0, qr, Dv)
+
+    return first, middle, last
 
 
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
@@ -318,254 +521,3 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         if t + U - 1 < n:
             early(aff(t + U - 1), (t + U - 1) % U)
         late(aff(t), t % U)
-
-
-def _only_casts(e: Expr) -> bool:
-    """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
-    dtype gives the same values."""
-    while e.op is EOp.CAST:
-        if not e.dtype.is_float or (e.args[0].op is EOp.CAST
-                                    and e.args[0].dtype.itemsize < e.dtype.itemsize):
-            return False
-        e = e.args[0]
-    return e.op is EOp.ACC
-
-
-def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP) -> None:
-    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output in PSUM."""
-    a, out = k.attrs, k.outs[0]
-    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
-                 out.strides[-2], ((Dv, out.strides[-1]),))
-    target = b.resident_view(dst, qr)
-    if _only_casts(a.epilogue):      # normalise and round in one instruction
-        w = target if target is not None else b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap()
-        b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
-        if target is None:
-            b.dma(dst, w)
-        return
-    on = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
-    b.tensor_scalar(on, o, AluOp.MULTIPLY, rl)
-    gen = ExprGen(b, qr, (Dv,), lambda x: on)
-    if target is not None:
-        gen.tile_of(a.epilogue, out.dtype, out=target)
-        return
-    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
-
-
-class _Cols:
-    """Columns ``[c0, c0 + n)`` of a PSUM tile, used where a tile is expected (``.ap()``)."""
-
-    def __init__(self, tile, c0: int, partitions: int, n: int):
-        self.tile, self.c0, self.p, self.n = tile, c0, partitions, n
-
-    def ap(self, *args, **kw) -> TAP:
-        return _cols(self.tile.ap(), self.c0, self.n, self.p)
-
-
-def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int, masks) -> None:
-    """Row max, exp and statistics of one key block for every query block of the group, stage
-    by stage across the blocks; statistics are read from slot ``u`` and written to the other
-    (a key block's parity is its slot)."""
-    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
-    ph1 = [_softmax_max(b, k, st[j], S[u][j], bidx, q0, qr, k0, kw, u, masks[j])
-           for j, (q0, qr) in enumerate(blocks)]
-    for j, (q0, qr) in enumerate(blocks):
-        _softmax_exp(b, k, st[j], ph1[j], P[u][j], AL[u][j], qr, kw, u)
-
-
-def _late(b: TirBuilder, k: KOp, pipe, u: int, vt, kw: int) -> None:
-    """P^T transposes (into the free score bank), second products and accumulator updates of
-    one key block for every query block of the group."""
-    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
-    nsub = -(-kw // 128)
-    pts = [_transpose_block(b, k, S[u][j], P[u][j].ap(qr, dims=((1, kw),)), qr, kw, nsub)
-           for j, (q0, qr) in enumerate(blocks)]
-    for j, (q0, qr) in enumerate(blocks):
-        for s0, sw in b.tiled(kw, 128, "pv"):
-            sub = s0 // 128
-            b.matmul(O[u][j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
-                     start_when=(s0,))
-    # interleaved across the blocks, so no instruction reads the previous one's result on the
-    # same engine (the dependent-instruction penalty)
-    for j in range(len(blocks)):
-        b.tensor_scalar(st[j][3].ap(), st[j][3].ap(), AluOp.MULTIPLY, _cols(AL[u][j].ap(), 0, 1))
-    for j in range(len(blocks)):
-        b.tensor_tensor(st[j][3].ap(), st[j][3].ap(), O[u][j].ap(), AluOp.ADD)
-    for j in range(len(blocks)):
-        _softmax_update(b, st[j], AL[u][j], u)    # l' = l * a + sum (off the next block's path)
-
-
-def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DType):
-    """K^T [D, kw] of one key block."""
-    nd = -(-D // 128)
-    kt = b.tile("kt", Memory.SBUF, min(D, 128), nd * kw, dt, 2)
-    for d0, dw in b.tiled(D, 128, "dk"):
-        sk.load(b, kt, d0 // 128 * kw, sk.base(bidx), d0, dw, k0, kw)
-    return kt
-
-
-def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
-    """The [sw keys, Dv] operand of the second product for keys s0.. of the block."""
-    return _cols(vt.ap(), sub * Dv, Dv, sw)
-
-
-def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int):
-    """V [kw keys on partitions in 128-row pieces, Dv] of one key block. (Reading a resident
-    V in place, as the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
-    nsub = -(-kw // 128)
-    vt = b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
-    for s0, sw in b.tiled(kw, 128, "vs"):
-        b.dma(vt.ap(sw, elem_offset=s0 // 128 * Dv, dims=((1, Dv),)),
-              hbm_ap(V.buffer, V.dtype, _boff(V, bidx) + (k0 + s0) * V.strides[-2], sw,
-                     V.strides[-2], ((Dv, V.strides[-1]),)))
-    return vt
-
-
-def _qk(b: TirBuilder, st, blocks, kt, S, kw: int, D: int) -> None:
-    """S_j = Q_j^T.T @ K^T for every query block of the group (score banks [128, 512] fp32;
-    the transposes of P reuse them)."""
-    for j, (q0, qr) in enumerate(blocks):
-        qt = st[j][0]
-        for d0, dw in b.tiled(D, 128, "dm"):
-            b.matmul(S[j].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
-                     kt.ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
-
-
-def _softmax_max(b: TirBuilder, k: KOp, state, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int,
-                 par: int, mask=None):
-    """Phase 1 of an online-softmax step: -m' = min(-scale * rowmax, -m), into the other slot.
-    Returns (score access, its scale)."""
-    a = k.attrs
-    nm = state[1]
-    src, act_scale = s.ap(qr, dims=((1, kw),)), a.scale
-    if a.score is not None:
-        src = _score_tile(b, k, s, bidx, q0, qr, k0, kw)
-        act_scale = 1.0
-    if mask is not None:          # a causal diagonal block: hidden keys at -3.4e38
-        sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
-        b.tensor_tensor(sc, src, mask.ap(qr, dims=((1, kw),)), AluOp.ADD)
-        src = sc
-    mb = b.tile("mb", Memory.SBUF, qr, 1, F32).ap()
-    b.tensor_reduce(mb, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
-    b.tensor_scalar(nm[1 - par].ap(), mb, AluOp.MULTIPLY, -act_scale, op1=AluOp.MIN,
-                    operand1=nm[par].ap())
-    return src, act_scale
-
-
-def _softmax_exp(b: TirBuilder, k: KOp, state, ph1, pt, alt, qr: int, kw: int, par: int):
-    """Phase 2 (ScalarE): P = exp(scale * S - m') with its row sum, a = exp(m - m') (into
-    columns 1 and 0 of ``alt``)."""
-    src, act_scale = ph1
-    nm = state[1]
-    p = pt.ap(qr, dims=((1, kw),))
-    b.activation(p, src, ActFunc.EXP, scale=act_scale, bias_ap=nm[1 - par].ap(), reduce=AluOp.ADD,
-                 accum=_cols(alt.ap(), 1, 1))
-    b.activation(_cols(alt.ap(), 0, 1), nm[par].ap(), ActFunc.EXP, scale=-1.0, bias_ap=nm[1 - par].ap())
-
-
-def _softmax_update(b: TirBuilder, state, alt, par: int) -> None:
-    """Phase 3: l' = l * a + sum, into the other slot (``alt`` holds a and the sum)."""
-    l = state[2]
-    b.tensor_scalar(l[1 - par].ap(), l[par].ap(), AluOp.MULTIPLY, _cols(alt.ap(), 0, 1),
-                    op1=AluOp.ADD, operand1=_cols(alt.ap(), 1, 1))
-
-
-def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
-    """A key block's P^T transposes and the [128, Dv] fp32 output of its second product fit
-    its score bank together (then a query block needs one bank per parity, not two)."""
-    return _pt_bytes(KB // 128, pdt) + Dv * 4 <= t.psum_bank_bytes
-
-
-def _pt_bytes(nsub: int, pdt: DType) -> int:
-    """PSUM bytes per partition the P^T transposes of a key block take at the start of its score
-    bank (TensorE transposes write the probabilities' own dtype, exactly)."""
-    return nsub * QB * pdt.itemsize
-
-
-def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int,
-                     tdt: DType | None = None) -> TAP:
-    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF: the transposes
-    write ``tdt`` (default: P's dtype) into the bank, one copy takes them all out when every
-    piece has 128 keys."""
-    pdt = k.attrs.p_dtype
-    tdt = tdt or pdt
-    pt = b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, pdt).ap()
-    bank = s.ap()
-    whole = replace(bank, dims=((1, nsub * qr),), partitions=min(kw, 128), dtype=tdt)
-    for s0, sw in b.tiled(kw, 128, "ts"):
-        tp = replace(bank, offset=bank.offset + aff(s0 // 128 * qr) * tdt.itemsize, dims=((1, qr),),
-                     partitions=sw, dtype=tdt)
-        b.transpose(tp, _cols(p, s0, sw))
-        if kw % 128 or tdt is not pdt:
-            # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
-            b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
-    if not kw % 128 and tdt is pdt:
-        b.tensor_copy(pt, whole, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
-    return pt
-
-
-def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int) -> TAP:
-    """The score expression (and the causal mask) on one [qr, kw] block, in fp32 SBUF."""
-    a = k.attrs
-    out_rank = len(k.outs[0].shape)
-    acc = b.tile("sc", Memory.SBUF, qr, kw, F32).ap()
-    b.tensor_scalar(acc, s.ap(qr, dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
-    loads: dict[int, TAP] = {}
-
-    def leaf(x: Expr) -> TAP:
-        if x.op is EOp.ACC:
-            return acc
-        if x.op is EOp.LOAD:
-            if x.index not in loads:
-                r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
-                tl = b.tile(f"mask{x.index}", Memory.SBUF, qr, kw, r.dtype, 2)
-                b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, _boff(r, bidx) + q0 * r.strides[-2]
-                                      + k0 * r.strides[-1], qr, r.strides[-2], ((kw, r.strides[-1]),)))
-                loads[x.index] = tl.ap()
-            return loads[x.index]
-        tl = b.tile("idx", Memory.SBUF, qr, kw, x.dtype, 2).ap()
-        if x.index == out_rank - 2:
-            b.iota(tl, q0, 1, (0,))
-        elif x.index == out_rank - 1:
-            b.iota(tl, k0, 0, (1,))
-        else:
-            b.iota(tl, bidx[x.index], 0, (0,))
-        return tl
-
-    res = acc
-    if a.score is not None:
-        res = ExprGen(b, qr, (kw,), leaf).tile_of(a.score, F32)
-    return res
-
-
-def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, Dv: int) -> None:
-    a = k.attrs
-    out = k.outs[0]
-    _, _, l, acc = state
-    den = l[par].ap()
-    if a.safe:
-        d = b.tile("den", Memory.SBUF, qr, 1, F32).ap()
-        b.tensor_scalar(d, den, AluOp.MAX, TINY)
-        den = d
-    rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
-    b.activation(rl, den, ActFunc.RECIPROCAL)
-    o = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
-    b.tensor_scalar(o, acc.ap(), AluOp.MULTIPLY, rl)
-    gen = ExprGen(b, qr, (Dv,), lambda x: o)
-    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
-                 out.strides[-2], ((Dv, out.strides[-1]),))
-    target = b.resident_view(dst, qr)
-    if target is not None:            # the output stays in SBUF: computed straight into it
-        gen.tile_of(a.epilogue, out.dtype, out=target)
-        return
-    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
-
-
-def _cols(t: TAP, start, n: int, partitions: int | None = None) -> TAP:
-    from dataclasses import replace
-    return replace(t, offset=t.offset + aff(start) * t.dtype.itemsize, dims=((1, n),),
-                   partitions=t.partitions if partitions is None else partitions)
-
-
-def _boff(ref, bidx) -> Affine:
-    return ref.offset + sum((i * s for i, s in zip(bidx, ref.strides[:-2])), aff(0))

@@ -99,6 +99,9 @@ class TirBuilder:
         self.prefix = ""
         self._stack: list[list[Stmt]] = [[]]
         self._open: list[str] = []          # open loop variables, outermost first
+        self._single_scopes: set[str] = set()   # loops whose tiles get one slot (single_slot)
+        self._replicas: dict[str, list[tuple[int, Op]]] = {}   # key -> first copy's (sid, op)
+        self._copying: list = []                # open replica blocks: [first copy, position]
         self._counts: dict[str, int] = {}
         self._sid = 0
         self._nvar = 0
@@ -157,6 +160,8 @@ class TirBuilder:
         while n in self.buffers:
             i += 1
             n = f"{base}_{i}"
+        if scope in self._single_scopes:
+            bufs = 1
         b = TBuf(n, memory, partitions, tuple(int(f) for f in free), dtype,
                  bufs if scope is not None else 1, scope)
         b = self._variant_of(base, b)
@@ -208,6 +213,49 @@ class TirBuilder:
             self._open.pop()
             if body:
                 self._stack[-1].append(Loop(var, count, tuple(body)))
+
+    @contextlib.contextmanager
+    def replica(self, key: str) -> Iterator[None]:
+        """The instructions emitted inside repeat, in order, those emitted inside the first block
+        under the same ``key`` (a hand-unrolled iteration of one body): each gets
+        ``copy_of`` = its counterpart's sid, so the schedule pass treats them as one loop body
+        would (the same engine in every copy, instead of a fresh greedy choice that lets the
+        balance drift from copy to copy). Instructions past the first copy's length, or of
+        another op than their counterpart, are scheduled on their own."""
+        first = self._replicas.get(key)
+        rec: list = [None if first is None else first, 0, []]
+        self._copying.append(rec)
+        try:
+            yield
+        finally:
+            self._copying.pop()
+            if first is None:
+                self._replicas[key] = rec[2]
+
+    @contextlib.contextmanager
+    def single_slot(self) -> Iterator[None]:
+        """Inside the block, tiles allocated directly in the loops open at its start, or in loops
+        opened by ``single_slot_loop``, get one slot whatever they ask for: for bodies unrolled
+        so that a tile's uses in consecutive iterations are far apart (a second slot would only
+        cost SBUF). Loops opened otherwise inside the block keep their tiles' slots."""
+        added = set(self._open) - self._single_scopes
+        self._single_scopes |= added
+        try:
+            yield
+        finally:
+            self._single_scopes -= added
+
+    @contextlib.contextmanager
+    def single_slot_loop(self, count: int, hint: str = "i") -> Iterator[Affine]:
+        """``loop`` whose directly allocated tiles get one slot (see ``single_slot``)."""
+        with self.loop(count, hint) as v:
+            mine = self._open[-1] if count > 1 else None
+            if mine is not None:
+                self._single_scopes.add(mine)
+            try:
+                yield v
+            finally:
+                self._single_scopes.discard(mine)
 
     def tiled(self, n: int, step: int, hint: str = "i") -> Iterator[tuple[Affine, int]]:
         """Yield ``(start, size)`` covering ``0 .. n-1``: inside a loop over the full steps, then
@@ -270,7 +318,17 @@ class TirBuilder:
                         raise LoweringError(f"{self.tag}: attribute {f}={e} uses loop variable {v} "
                                             f"outside its loop")
                 dyn.append((f, e))
-        ins = TInstr(self._sid, op, dst, srcs, attrs, accum, engines, sw, tuple(dyn), self.tag)
+        copy_of = None
+        if self._copying:
+            rec = self._copying[-1]
+            first, pos = rec[0], rec[1]
+            if first is None:
+                rec[2].append((self._sid, op))
+            elif pos < len(first) and first[pos][1] is op:
+                copy_of = first[pos][0]
+            rec[1] = pos + 1
+        ins = TInstr(self._sid, op, dst, srcs, attrs, accum, engines, sw, tuple(dyn), self.tag,
+                     copy_of)
         self._sid += 1
         self._stack[-1].append(ins)
         return ins

@@ -11,7 +11,11 @@ loop body as an assembly line:
   producer, so it never waits behind big work on another engine;
 - otherwise the engine whose busy time, counted over the top-level statement (a kernel's loop
   nest, each instruction weighted by how often it runs, every fixed-engine instruction counted
-  from the start) stays lowest. Estimates come from the simulator's cost table
+  from the start) stays lowest;
+- an instruction of a hand-unrolled copy of a body (``TInstr.copy_of``, from
+  ``TirBuilder.replica``) takes the engine of its counterpart in the first copy, as every
+  iteration of a loop body does (fresh greedy choices let the balance drift from copy to copy:
+  one copy's updates all on GpSimdE, the next one's on VectorE). Estimates come from the simulator's cost table
   (``runtime_sim.costs.instr_cost``) on the instruction's first iteration.
 DMA transfers go to the least-loaded DMA queue, round-robin on ties, so the static transfers of
 one body land on distinct queues (a queue's transfers run and complete in order). Each DMA
@@ -127,7 +131,11 @@ def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, la
         elif len(ins.engines) == 1:
             q = Queue(ins.engines[0])
         else:
-            q = _choose(ins, probes[sid], n, direct, up, load, target)
+            twin = out.get(ins.copy_of) if ins.copy_of is not None else None
+            if twin is not None and twin.engine in ins.engines:
+                q = twin                             # an unrolled copy: its original's engine
+            else:
+                q = _choose(ins, probes[sid], n, direct, up, load, target)
             load[q] += n * _occupancy(probes[sid], q, target)
         out[sid] = q
         upstream[sid] = frozenset(up)

@@ -1,0 +1,291 @@
+"""The steps of flash attention on one key block (tiling/attention.py composes them): K^T and
+V loads, the first product, the online-softmax phases (row max on VectorE/GpSimdE, exp and row
+sums on ScalarE, statistics updates), the P^T transposes through the score bank, the second
+product with the accumulator update, and a query block's results (normalisation and epilogue).
+
+Invariants
+- Statistics tiles hold two slots (by key-block parity ``par``): a step reads slot ``par`` and
+  writes slot ``1 - par``; the caller keeps parities consistent across steps.
+- Scores live in a PSUM bank [128, 512] fp32 per query block and parity; the transposes of P
+  reuse that bank once the exp has read it, and the second product's output shares it when
+  ``_o_shares_bank``.
+- Nothing here chooses queues or addresses: tiles and instructions only.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lowering.kir import EOp, Expr, KOp
+from lowering.tiling.exprgen import ExprGen
+from lowering.tiling.matmul import _Side
+from lowering.tir.affine import Affine, aff
+from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
+from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
+
+F32 = DType.FP32
+QB, KB = 128, 512
+LOWEST = -3.4028234663852886e38     # lowest finite fp32
+TINY = 1.1754943508222875e-38       # smallest normal fp32
+
+
+def _only_casts(e: Expr) -> bool:
+    """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
+    dtype gives the same values."""
+    while e.op is EOp.CAST:
+        if not e.dtype.is_float or (e.args[0].op is EOp.CAST
+                                    and e.args[0].dtype.itemsize < e.dtype.itemsize):
+            return False
+        e = e.args[0]
+    return e.op is EOp.ACC
+
+
+def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP) -> None:
+    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output in PSUM."""
+    a, out = k.attrs, k.outs[0]
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
+                 out.strides[-2], ((Dv, out.strides[-1]),))
+    target = b.resident_view(dst, qr)
+    if _only_casts(a.epilogue):      # normalise and round in one instruction
+        w = target if target is not None else b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap()
+        b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
+        if target is None:
+            b.dma(dst, w)
+        return
+    on = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
+    b.tensor_scalar(on, o, AluOp.MULTIPLY, rl)
+    gen = ExprGen(b, qr, (Dv,), lambda x: on)
+    if target is not None:
+        gen.tile_of(a.epilogue, out.dtype, out=target)
+        return
+    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
+
+
+class _Rows:
+    """The first ``partitions`` rows of a tile (a partial query block in a full block's
+    buffers), used where a tile is expected (``.ap()``)."""
+
+    def __init__(self, tile, partitions: int):
+        self.tile, self.p = tile, partitions
+
+    def ap(self, partitions: int | None = None, **kw) -> TAP:
+        return self.tile.ap(self.p if partitions is None else partitions, **kw)
+
+
+class _Cols:
+    """Columns ``[c0, c0 + n)`` of a PSUM tile, used where a tile is expected (``.ap()``)."""
+
+    def __init__(self, tile, c0: int, partitions: int, n: int):
+        self.tile, self.c0, self.p, self.n = tile, c0, partitions, n
+
+    def ap(self, partitions: int | None = None, **kw) -> TAP:
+        return _cols(self.tile.ap(), self.c0, self.n, self.p if partitions is None else partitions)
+
+
+def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int, masks) -> None:
+    """Row max, exp and statistics of one key block for every query block of the group, stage
+    by stage across the blocks; statistics are read from slot ``u`` and written to the other
+    (a key block's parity is its slot)."""
+    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
+    ph1 = [_softmax_max(b, k, st[j], S[u][j], bidx, q0, qr, k0, kw, u, masks[j])
+           for j, (q0, qr) in enumerate(blocks)]
+    for j, (q0, qr) in enumerate(blocks):
+        _softmax_exp(b, k, st[j], ph1[j], P[u][j], AL[u][j], qr, kw, u)
+
+
+def _late(b: TirBuilder, k: KOp, pipe, u: int, vt, kw: int) -> None:
+    """P^T transposes (into the free score bank), second products and accumulator updates of
+    one key block for every query block of the group."""
+    st, blocks, S, P, AL, O, bidx, D, Dv = pipe
+    nsub = -(-kw // 128)
+    pts = [_transpose_block(b, k, S[u][j], P[u][j].ap(qr, dims=((1, kw),)), qr, kw, nsub)
+           for j, (q0, qr) in enumerate(blocks)]
+    for j, (q0, qr) in enumerate(blocks):
+        for s0, sw in b.tiled(kw, 128, "pv"):
+            sub = s0 // 128
+            b.matmul(O[u][j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
+                     start_when=(s0,))
+    # interleaved across the blocks, so no instruction reads the previous one's result on the
+    # same engine (the dependent-instruction penalty)
+    for j in range(len(blocks)):
+        b.tensor_scalar(st[j][3].ap(), st[j][3].ap(), AluOp.MULTIPLY, _cols(AL[u][j].ap(), 0, 1))
+    for j in range(len(blocks)):
+        b.tensor_tensor(st[j][3].ap(), st[j][3].ap(), O[u][j].ap(), AluOp.ADD)
+    for j in range(len(blocks)):
+        _softmax_update(b, st[j], AL[u][j], u)    # l' = l * a + sum (off the next block's path)
+
+
+def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DType):
+    """K^T [D, kw] of one key block."""
+    nd = -(-D // 128)
+    kt = b.tile("kt", Memory.SBUF, min(D, 128), nd * kw, dt, 2)
+    for d0, dw in b.tiled(D, 128, "dk"):
+        sk.load(b, kt, d0 // 128 * kw, sk.base(bidx), d0, dw, k0, kw)
+    return kt
+
+
+def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
+    """The [sw keys, Dv] operand of the second product for keys s0.. of the block."""
+    return _cols(vt.ap(), sub * Dv, Dv, sw)
+
+
+def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int):
+    """V [kw keys on partitions in 128-row pieces, Dv] of one key block. (Reading a resident
+    V in place, as the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
+    nsub = -(-kw // 128)
+    vt = b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
+    for s0, sw in b.tiled(kw, 128, "vs"):
+        b.dma(vt.ap(sw, elem_offset=s0 // 128 * Dv, dims=((1, Dv),)),
+              hbm_ap(V.buffer, V.dtype, _boff(V, bidx) + (k0 + s0) * V.strides[-2], sw,
+                     V.strides[-2], ((Dv, V.strides[-1]),)))
+    return vt
+
+
+def _qk(b: TirBuilder, st, blocks, kt, S, kw: int, D: int) -> None:
+    """S_j = Q_j^T.T @ K^T for every query block of the group (score banks [128, 512] fp32;
+    the transposes of P reuse them)."""
+    for j, (q0, qr) in enumerate(blocks):
+        qt = st[j][0]
+        for d0, dw in b.tiled(D, 128, "dm"):
+            b.matmul(S[j].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
+                     kt.ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
+
+
+def _softmax_max(b: TirBuilder, k: KOp, state, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int,
+                 par: int, mask=None):
+    """Phase 1 of an online-softmax step: -m' = min(-scale * rowmax, -m), into the other slot.
+    Returns (score access, its scale)."""
+    a = k.attrs
+    nm = state[1]
+    src, act_scale = s.ap(qr, dims=((1, kw),)), a.scale
+    if a.score is not None:
+        src = _score_tile(b, k, s, bidx, q0, qr, k0, kw)
+        act_scale = 1.0
+    if mask is not None:          # a causal diagonal block: hidden keys at -3.4e38
+        sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
+        b.tensor_tensor(sc, src, mask.ap(qr, dims=((1, kw),)), AluOp.ADD)
+        src = sc
+    mb = b.tile("mb", Memory.SBUF, qr, 1, F32).ap()
+    b.tensor_reduce(mb, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+    b.tensor_scalar(nm[1 - par].ap(), mb, AluOp.MULTIPLY, -act_scale, op1=AluOp.MIN,
+                    operand1=nm[par].ap())
+    return src, act_scale
+
+
+def _softmax_exp(b: TirBuilder, k: KOp, state, ph1, pt, alt, qr: int, kw: int, par: int):
+    """Phase 2 (ScalarE): P = exp(scale * S - m') with its row sum, a = exp(m - m') (into
+    columns 1 and 0 of ``alt``)."""
+    src, act_scale = ph1
+    nm = state[1]
+    p = pt.ap(qr, dims=((1, kw),))
+    b.activation(p, src, ActFunc.EXP, scale=act_scale, bias_ap=nm[1 - par].ap(), reduce=AluOp.ADD,
+                 accum=_cols(alt.ap(), 1, 1))
+    b.activation(_cols(alt.ap(), 0, 1), nm[par].ap(), ActFunc.EXP, scale=-1.0, bias_ap=nm[1 - par].ap())
+
+
+def _softmax_update(b: TirBuilder, state, alt, par: int) -> None:
+    """Phase 3: l' = l * a + sum, into the other slot (``alt`` holds a and the sum)."""
+    l = state[2]
+    b.tensor_scalar(l[1 - par].ap(), l[par].ap(), AluOp.MULTIPLY, _cols(alt.ap(), 0, 1),
+                    op1=AluOp.ADD, operand1=_cols(alt.ap(), 1, 1))
+
+
+def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
+    """A key block's P^T transposes and the [128, Dv] fp32 output of its second product fit
+    its score bank together (then a query block needs one bank per parity, not two)."""
+    return _pt_bytes(KB // 128, pdt) + Dv * 4 <= t.psum_bank_bytes
+
+
+def _pt_bytes(nsub: int, pdt: DType) -> int:
+    """PSUM bytes per partition the P^T transposes of a key block take at the start of its score
+    bank (TensorE transposes write the probabilities' own dtype, exactly)."""
+    return nsub * QB * pdt.itemsize
+
+
+def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int,
+                     tdt: DType | None = None) -> TAP:
+    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF: the transposes
+    write ``tdt`` (default: P's dtype) into the bank, one copy takes them all out when every
+    piece has 128 keys."""
+    pdt = k.attrs.p_dtype
+    tdt = tdt or pdt
+    pt = b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, pdt).ap()
+    bank = s.ap()
+    whole = replace(bank, dims=((1, nsub * qr),), partitions=min(kw, 128), dtype=tdt)
+    for s0, sw in b.tiled(kw, 128, "ts"):
+        tp = replace(bank, offset=bank.offset + aff(s0 // 128 * qr) * tdt.itemsize, dims=((1, qr),),
+                     partitions=sw, dtype=tdt)
+        b.transpose(tp, _cols(p, s0, sw))
+        if kw % 128 or tdt is not pdt:
+            # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
+            b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+    if not kw % 128 and tdt is pdt:
+        b.tensor_copy(pt, whole, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+    return pt
+
+
+def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int) -> TAP:
+    """The score expression (and the causal mask) on one [qr, kw] block, in fp32 SBUF."""
+    a = k.attrs
+    out_rank = len(k.outs[0].shape)
+    acc = b.tile("sc", Memory.SBUF, qr, kw, F32).ap()
+    b.tensor_scalar(acc, s.ap(qr, dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
+    loads: dict[int, TAP] = {}
+
+    def leaf(x: Expr) -> TAP:
+        if x.op is EOp.ACC:
+            return acc
+        if x.op is EOp.LOAD:
+            if x.index not in loads:
+                r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
+                tl = b.tile(f"mask{x.index}", Memory.SBUF, qr, kw, r.dtype, 2)
+                b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, _boff(r, bidx) + q0 * r.strides[-2]
+                                      + k0 * r.strides[-1], qr, r.strides[-2], ((kw, r.strides[-1]),)))
+                loads[x.index] = tl.ap()
+            return loads[x.index]
+        tl = b.tile("idx", Memory.SBUF, qr, kw, x.dtype, 2).ap()
+        if x.index == out_rank - 2:
+            b.iota(tl, q0, 1, (0,))
+        elif x.index == out_rank - 1:
+            b.iota(tl, k0, 0, (1,))
+        else:
+            b.iota(tl, bidx[x.index], 0, (0,))
+        return tl
+
+    res = acc
+    if a.score is not None:
+        res = ExprGen(b, qr, (kw,), leaf).tile_of(a.score, F32)
+    return res
+
+
+def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, Dv: int) -> None:
+    a = k.attrs
+    out = k.outs[0]
+    _, _, l, acc = state
+    den = l[par].ap()
+    if a.safe:
+        d = b.tile("den", Memory.SBUF, qr, 1, F32).ap()
+        b.tensor_scalar(d, den, AluOp.MAX, TINY)
+        den = d
+    rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
+    b.activation(rl, den, ActFunc.RECIPROCAL)
+    o = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
+    b.tensor_scalar(o, acc.ap(), AluOp.MULTIPLY, rl)
+    gen = ExprGen(b, qr, (Dv,), lambda x: o)
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
+                 out.strides[-2], ((Dv, out.strides[-1]),))
+    target = b.resident_view(dst, qr)
+    if target is not None:            # the output stays in SBUF: computed straight into it
+        gen.tile_of(a.epilogue, out.dtype, out=target)
+        return
+    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
+
+
+def _cols(t: TAP, start, n: int, partitions: int | None = None) -> TAP:
+    from dataclasses import replace
+    return replace(t, offset=t.offset + aff(start) * t.dtype.itemsize, dims=((1, n),),
+                   partitions=t.partitions if partitions is None else partitions)
+
+
+def _boff(ref, bidx) -> Affine:
+    return ref.offset + sum((i * s for i, s in zip(bidx, ref.strides[:-2])), aff(0))
