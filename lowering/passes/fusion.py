@@ -127,9 +127,15 @@ def _indices_of(ins: tuple[TensorRef, ...], buf: str) -> list[int]:
 
 
 def fuse_pointwise_chains(kp: KProgram) -> bool:
+    """Inline every pointwise producer of a temporary into its pointwise readers, in one scan
+    (after a fusion the scan goes on at the same position, with the reader maps rebuilt)."""
     readers, writers = _readers(kp), _writers(kp)
     outputs = {r.buffer for r in kp.outputs}
-    for pi, prod in enumerate(kp.kernels):
+    changed = False
+    pi = 0
+    while pi < len(kp.kernels):
+        prod = kp.kernels[pi]
+        pi += 1
         if prod.kind is not KKind.POINTWISE or len(prod.outs) != 1:
             continue
         X = prod.outs[0].buffer
@@ -149,10 +155,12 @@ def fuse_pointwise_chains(kp: KProgram) -> bool:
         else:
             for u, k in new.items():
                 kp.kernels[u] = _drop_unused_inputs(k)
+            pi -= 1
             del kp.kernels[pi]
             del kp.buffers[X]
-            return True
-    return False
+            readers, writers = _readers(kp), _writers(kp)
+            changed = True
+    return changed
 
 
 def _drop_unused_inputs(k: KOp) -> KOp:
@@ -415,10 +423,18 @@ def fuse(kp: KProgram) -> KProgram:
     fusions are recorded in ``kp.notes`` (WhyNoFuse lines)."""
     from lowering.passes.attention import drop_dead_kernels, fuse_attention
     from lowering.passes.patterns import recognise_activations
-    changed = True
-    while changed:
-        changed = (drop_dead_kernels(kp) or fuse_pointwise_chains(kp) or recognise_activations(kp)
-                   or fuse_matmul_epilogues(kp) or absorb_copies_into_matmul(kp)
-                   or fuse_attention(kp, kp.notes) or fuse_attention_epilogues(kp)
-                   or read_through_copies(kp))
+    passes = (drop_dead_kernels, fuse_pointwise_chains, recognise_activations, fuse_matmul_epilogues,
+              absorb_copies_into_matmul, lambda kp: fuse_attention(kp, kp.notes),
+              fuse_attention_epilogues, read_through_copies)
+    # in priority order; a pass that changed something runs again at once until it has
+    # nothing left (a chain of pointwise fusions does not re-run the passes before it after
+    # every single fusion), then everything starts again from the first pass
+    i = 0
+    while i < len(passes):
+        if passes[i](kp):
+            while passes[i](kp):
+                pass
+            i = 0
+        else:
+            i += 1
     return kp
