@@ -173,13 +173,16 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
     3.5 us of ScalarE idle per group at [8, 2048, 128]). Two sets of group state alternate (the
     group loop is unrolled by two); score banks, probabilities and exp factors are shared by all
     groups, which needs an even number of key blocks (the next group's first block takes the
-    parity-0 slots that the previous group's second-to-last block has released). Returns None
+    parity-0 slots that the previous group's second-to-last block has released), and Q and K
+    without TensorE transposes. Returns None
     (nothing emitted) when the shape does not allow it, else the shared buffers."""
     gw = J * QB
     G = Sq // gw
     kbs = _key_blocks(Sk)
     nb = len(kbs)
-    if G < 2 or nb < 2 or nb % 2:
+    if G < 2 or nb < 2 or nb % 2 or {sq.form, sk.form} & {PE_T, RES_T}:
+        # (TensorE-transposed Q/K take a PSUM bank per load site: unrolled groups multiply
+        # the sites past PSUM, trn1 sdpa [1,8,2048,128] 1771 -> 1841 us)
         return None
     dt = sq.ref.dtype
     tmpl = _blocks(aff(0), gw)
@@ -219,7 +222,7 @@ def _causal_groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J
     group to group (``_steps``' p0). Full groups only (False: nothing emitted)."""
     gw = J * QB
     G = Sq // gw
-    if G < 2 or Sq % gw:
+    if G < 2 or Sq % gw or {sq.form, sk.form} & {PE_T, RES_T}:
         return False
     b.note(f"attention: {G} causal groups software-pipelined across groups")
     tmpl = _blocks(aff(0), gw)

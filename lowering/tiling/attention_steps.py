@@ -119,8 +119,11 @@ def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DTy
     """K^T [D, kw] of one key block."""
     nd = -(-D // 128)
     kt = b.tile("kt", Memory.SBUF, min(D, 128), nd * kw, dt, 2)
+    # TensorE-transposed K: the block's rows in one DMA ([128 keys, D] per 128 keys), not one
+    # [128, 128] transfer per transpose
+    stage = sk.stage(b, sk.base(bidx), k0, kw, D, always=True)
     for d0, dw in b.tiled(D, 128, "dk"):
-        sk.load(b, kt, d0 // 128 * kw, sk.base(bidx), d0, dw, k0, kw)
+        sk.load(b, kt, d0 // 128 * kw, sk.base(bidx), d0, dw, k0, kw, stage)
     return kt
 
 

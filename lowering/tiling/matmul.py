@@ -56,12 +56,14 @@ class _Side:
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
-    def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int):
-        """PE_T operands whose rows fit (``matmul_plan.staged``): rows f0 .. f0+fw of X^T, all
-        of K, in one tile ([128 rows, K] per 128 of fw, one DMA each), for ``load`` to transpose
-        from; None otherwise (then every K tile loads its own rows)."""
+    def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False):
+        """PE_T operands whose rows fit (``matmul_plan.staged``, or any PE_T operand with
+        ``always``): rows f0 .. f0+fw of X^T, all of K, in one tile ([128 rows, K] per 128 of fw,
+        one DMA for all of them when every chunk is full), for ``load`` to transpose from; None
+        otherwise (then every K tile loads its own rows)."""
         r = self.ref
-        if not staged(self.form, fw, K, r.dtype.itemsize, b.target) or fw <= 1 or K <= 1:
+        ok = self.form == PE_T if always else staged(self.form, fw, K, r.dtype.itemsize, b.target)
+        if not ok or fw <= 1 or K <= 1:
             return None
         nch = -(-fw // 128)
         rows = b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, 2)
