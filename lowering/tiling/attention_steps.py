@@ -41,7 +41,7 @@ def _only_casts(e: Expr) -> bool:
 
 
 def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP) -> None:
-    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output in PSUM."""
+    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output (PSUM or SBUF)."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
@@ -263,7 +263,6 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
 
 def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, Dv: int) -> None:
     a = k.attrs
-    out = k.outs[0]
     _, _, l, acc = state
     den = l[par].ap()
     if a.safe:
@@ -272,16 +271,7 @@ def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, D
         den = d
     rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
     b.activation(rl, den, ActFunc.RECIPROCAL)
-    o = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
-    b.tensor_scalar(o, acc.ap(), AluOp.MULTIPLY, rl)
-    gen = ExprGen(b, qr, (Dv,), lambda x: o)
-    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
-                 out.strides[-2], ((Dv, out.strides[-1]),))
-    target = b.resident_view(dst, qr)
-    if target is not None:            # the output stays in SBUF: computed straight into it
-        gen.tile_of(a.epilogue, out.dtype, out=target)
-        return
-    b.dma(dst, gen.tile_of(a.epilogue, out.dtype))
+    _store(b, k, bidx, q0, qr, Dv, acc.ap(), rl)
 
 
 def _cols(t: TAP, start, n: int, partitions: int | None = None) -> TAP:
