@@ -15,7 +15,9 @@ Part 1, for each case of issue 6's table on each target (trn1, trn2, trn3), in s
     ``FlopCounterMode``, bytes = every weight read once). Never from the project's own report.
   - of floor: floor / steady (1.0 = at the floor); instrs: machine instructions summed over the
     device partitions; compile s: wall time of the first call (after one tiny warm-up compile
-  that absorbs the process's one-time import costs); fallbacks: ops run in eager PyTorch.
+  that absorbs the process's one-time import costs); xfer 2nd/1st (models): the second call's
+  host<->device transfer time over the first call's (parameters stay resident after the first);
+  fallbacks: ops run in eager PyTorch.
   A case that crashes prints FAILED with the exception and the run goes on.
 
 Part 2, cold compile (first call wall time minus the wall time of one eager call of the same
@@ -147,12 +149,13 @@ def measure(name: str, fn, args, target: str, work: dict, with_transfer: bool) -
         torch._dynamo.reset()
         c = torch.compile(fn, backend="neuron", options={"target": target, "sim_mode": "timing"})
         t = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), neuron_compiler.profile() as p0:
             c(*args)
         row["compile_s"] = time.perf_counter() - t
         with torch.no_grad(), neuron_compiler.profile() as p:
             c(*args)
         d = p.to_dict()
+        row["first_transfer_us"] = p0.to_dict().get("transfer_time_us", 0.0)
     except Exception as e:  # a crash is reported, not a traceback
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e) else ''}"
         return row
@@ -166,15 +169,17 @@ def measure(name: str, fn, args, target: str, work: dict, with_transfer: bool) -
 
 
 HEADER = (f"{'case':34s} {'target':6s} {'steady us':>10s} {'xfer us':>9s} {'floor us':>9s} "
-          f"{'of floor':>8s} {'instrs':>8s} {'compile s':>9s}  fallbacks")
+          f"{'of floor':>8s} {'instrs':>8s} {'compile s':>9s} {'xfer 2nd/1st':>12s}  fallbacks")
 
 
 def format_row(r: dict) -> str:
     if "error" in r:
         return f"{r['case']:34s} {r['target']:6s} FAILED {r['error']}"
+    first = r.get("first_transfer_us") or 0.0
+    ratio = f"{r['transfer_us'] / first:12.1%}" if r["transfer_us"] and first else f"{'-':>12s}"
     return (f"{r['case']:34s} {r['target']:6s} {r['steady_us']:10.1f} {r['transfer_us']:9.1f} "
             f"{r['floor_us']:9.1f} {r['of_floor']:8.0%} {r['instructions']:8d} "
-            f"{r['compile_s']:9.1f}  {','.join(r['fallbacks']) or '-'}")
+            f"{r['compile_s']:9.1f} {ratio}  {','.join(r['fallbacks']) or '-'}")
 
 
 def cold_child(what: str, backend: str) -> dict:
