@@ -174,8 +174,8 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
     group loop is unrolled by two); score banks, probabilities and exp factors are shared by all
     groups, which needs an even number of key blocks (the next group's first block takes the
     parity-0 slots that the previous group's second-to-last block has released), and Q and K
-    without TensorE transposes. Returns None
-    (nothing emitted) when the shape does not allow it, else the shared buffers."""
+    without TensorE transposes. Returns None (nothing emitted) when the shape does not allow
+    it, else the shared buffers."""
     gw = J * QB
     G = Sq // gw
     kbs = _key_blocks(Sk)
