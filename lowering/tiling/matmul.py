@@ -19,6 +19,8 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
+A third form keeps the output block in SBUF and streams both operands in chunks of K
+(``resident="C"``, matmul_outres.py) when PSUM would bound the block.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          choose_blocking, operand_form, staged)
 from lowering.tir.affine import Affine, aff
@@ -56,25 +59,28 @@ class _Side:
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
-    def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False):
+    def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False,
+              k0: Affine | int = 0, bufs: int = 2):
         """PE_T operands whose rows fit (``matmul_plan.staged``, or any PE_T operand with
-        ``always``): rows f0 .. f0+fw of X^T, all of K, in one tile ([128 rows, K] per 128 of fw,
-        one DMA for all of them when every chunk is full), for ``load`` to transpose from; None
-        otherwise (then every K tile loads its own rows)."""
+        ``always``): rows f0 .. f0+fw of X^T, K columns from ``k0`` (default: all of K), in one
+        tile ([128 rows, K] per 128 of fw, one DMA for all of them when every chunk is full), for
+        ``load`` to transpose from (its k0 then counts from the staged ``k0``); None otherwise
+        (then every K tile loads its own rows)."""
         r = self.ref
         ok = self.form == PE_T if always else staged(self.form, fw, K, r.dtype.itemsize, b.target)
         if not ok or fw <= 1 or K <= 1:
             return None
         nch = -(-fw // 128)
-        rows = b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, 2)
+        rows = b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, bufs)
+        base = bbase + aff(k0) * self.kstride
         if fw % 128 == 0:      # every chunk has 128 rows: all of them in one DMA
             b.dma(rows.ap(128, dims=((K, nch), (1, K))),
-                  hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, 128, self.fstride,
+                  hbm_ap(r.buffer, r.dtype, base + f0 * self.fstride, 128, self.fstride,
                          ((nch, 128 * self.fstride), (K, self.kstride))))
             return (rows, K)
         for c0, cw in b.tiled(fw, 128, "sg"):
             b.dma(rows.ap(cw, elem_offset=c0 // 128 * K, dims=((1, K),)),
-                  hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride, cw, self.fstride,
+                  hbm_ap(r.buffer, r.dtype, base + (f0 + c0) * self.fstride, cw, self.fstride,
                          ((K, self.kstride),)))
         return (rows, K)
 
@@ -126,7 +132,8 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
     used = sorted(epi.loads()) if epi is not None else []
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
-                        tuple(k.ins[i].dtype for i in used), count_intermediates(epi) if epi else 1)
+                        tuple(k.ins[i].dtype for i in used), count_intermediates(epi) if epi else 1,
+                        no_outres=bool(folded))
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
@@ -134,7 +141,10 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
-    _emit(b, k, sa, sb, best, used, folded)
+    if best.resident == "C":
+        emit_outres(b, k, sa, sb, best, used, _epilogue)
+    else:
+        _emit(b, k, sa, sb, best, used, folded)
 
 
 def _form(b: TirBuilder, ref, kstride: int, fstride: int, free: int) -> str:

@@ -8,7 +8,9 @@ streams the other:
   stream through, and every B tile meets the whole block (B is read once per block).
 - ``resident="B"``: the mirror image (blocks of n-tiles of B, groups of m-tiles of A^T).
 The PSUM accumulators of one group (block x group tiles, one bank each) stay in PSUM for the
-whole K loop, so a block is at most ``psum_banks`` tiles.
+whole K loop, so a block is at most ``psum_banks`` tiles. ``resident="C"`` keeps the output
+block (``block`` m-tiles x ``group`` n-tiles) in SBUF as fp32 accumulators instead and streams
+both operands in chunks of ``kacc`` K tiles (``matmul_outres.py``): bounded by SBUF, not PSUM.
 
 The score of a candidate is an estimate of its run time on the target, from the costs of one
 instruction of each kind (``runtime_sim.costs.instr_cost``) times how often it runs: the busiest
@@ -23,9 +25,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 from runtime_sim.costs import instr_cost
-from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, DmaAttrs, DType, EngineKind, Instr,
-                             MatmulAttrs, Memory, Op, Queue, TensorCopyAttrs, TransposeAttrs,
-                             dma_queue)
+from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, AluOp, DmaAttrs, DType, EngineKind,
+                             Instr, MatmulAttrs, Memory, Op, Queue, TensorCopyAttrs,
+                             TensorTensorAttrs, TransposeAttrs, dma_queue)
 from runtime_sim.targets import Target
 
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
@@ -58,6 +60,7 @@ class MatmulShape:
     b_form: str           # how B tiles [K, N] are obtained
     epi_inputs: tuple[DType, ...] = ()   # full-shape epilogue inputs
     epi_tiles: int = 2    # SBUF tiles the epilogue evaluates per output tile
+    no_outres: bool = False   # no resident="C" candidates (a row bias folded into PSUM)
 
 
 @dataclass(frozen=True)
@@ -69,13 +72,15 @@ class Blocking:
     acc_bufs: int
     stream: bool = False  # K too long to keep a block: the resident side is loaded per K tile
     stream_bufs: int = 3  # slots of the streamed tiles (set from the DMA latency, see estimate)
+    kacc: int = 0         # resident="C": K tiles per chunk
     est_ns: float = 0.0
     detail: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         d = ", ".join(f"{k}={v:.1f}" for k, v in self.detail.items())
         return (f"resident={self.resident}{' (streamed per K tile)' if self.stream else ''} "
-                f"block={self.block} group={self.group} stream_bufs={self.stream_bufs} "
+                f"block={self.block} group={self.group} "
+                f"{f'kacc={self.kacc} ' if self.kacc else ''}stream_bufs={self.stream_bufs} "
                 f"block_bufs={self.block_bufs} acc_bufs={self.acc_bufs} est={self.est_ns / 1e3:.2f} us ({d})")
 
 
@@ -118,6 +123,9 @@ class _Probe:
         evs = Instr(Op.ACTIVATION, sb(128, 512, s.out_dtype), (sb(128, 512, DType.FP32, Memory.PSUM),),
                     ActivationAttrs(ActFunc.IDENTITY))
         self.evac = [instr_cost(ev, dve, t).busy_ns, instr_cost(evs, act, t).busy_ns]
+        add = Instr(Op.TENSOR_TENSOR, sb(128, 512, DType.FP32), (sb(128, 512, DType.FP32),
+                    sb(128, 512, DType.FP32, Memory.PSUM)), TensorTensorAttrs(AluOp.ADD))
+        self.acc_add = min(instr_cost(add, q, t).busy_ns for q in (dve, Queue(EngineKind.GPSIMD)))
         self.isz = isz
         self._dma: dict[tuple, tuple[float, float, float]] = {}
 
@@ -163,8 +171,10 @@ def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float, K: int
 
 
 def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:
+    if c.resident == "C":
+        return _estimate_outres(s, c, t, pr)
     Mt, Nt, Kt = -(-s.M // 128), -(-s.N // 512), -(-s.K // 128)
-    isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
+    isz = s.dtype.itemsize
     B = s.batch
     if c.resident == "A":
         nblocks = -(-Mt // c.block)
@@ -187,12 +197,7 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
                    s.K if not c.stream and staged(res_form, res_f, s.K, isz, t) else 0)
     q = _load_cost(pr, str_form, kp, str_f, isz, str_n, s.K if staged(str_form, str_f, s.K, isz, t) else 0)
     n_out = B * Mt * Nt
-    oe, oh, od = pr.dma(min(128, s.M), min(512, s.N), osz)
-    epi = [pr.dma(min(128, s.M), min(512, s.N), d.itemsize) for d in s.epi_inputs]
-    dma_e = r[0] + q[0] + n_out * (oe + sum(e for e, _, _ in epi))
-    hbm = r[1] + q[1] + n_out * (oh + sum(h for _, h, _ in epi))
-    desc = (r[2] + q[2] + n_out * (od + sum(d for _, _, d in epi))) / t.dma_engines
-    dma = max(dma_e, hbm, desc)
+    dma, oe = _dma_time(s, t, pr, r, q, n_out)
     pe = B * Mt * Nt * Kt * pr.mm + r[3] + q[3]
     evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
     # exposed: the first block's first loads; single-buffered blocks wait for the previous block
@@ -226,10 +231,53 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
                    "fill": fill / 1e3, "drain": drain / 1e3}
 
 
+def _dma_time(s: MatmulShape, t: Target, pr: _Probe, r, q, n_out: int) -> tuple[float, float]:
+    """(DMA time of the operand loads ``r``, ``q`` and the ``n_out`` output tiles with their
+    epilogue inputs: the busiest of the engines, HBM and descriptor generation; one output
+    tile's engine time)."""
+    oe, oh, od = pr.dma(min(128, s.M), min(512, s.N), s.out_dtype.itemsize)
+    epi = [pr.dma(min(128, s.M), min(512, s.N), d.itemsize) for d in s.epi_inputs]
+    dma_e = r[0] + q[0] + n_out * (oe + sum(e for e, _, _ in epi))
+    hbm = r[1] + q[1] + n_out * (oh + sum(h for _, h, _ in epi))
+    desc = (r[2] + q[2] + n_out * (od + sum(d for _, _, d in epi))) / t.dma_engines
+    return max(dma_e, hbm, desc), oe
+
+
+def _estimate_outres(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:
+    """resident="C": A read once per n-block, B once per m-block, in [128, block] / [128, group]
+    loads per K tile; one PSUM add (or the first chunk's copy) per cell and chunk; the epilogue
+    from SBUF."""
+    Mt, Nt, Kt = -(-s.M // 128), -(-s.N // 512), -(-s.K // 128)
+    isz = s.dtype.itemsize
+    B = s.batch
+    nmb, nnb = -(-Mt // c.block), -(-Nt // c.group)
+    af, bf = min(c.block * 128, s.M), min(c.group * 512, s.N)
+    kp = min(128, s.K)
+    kc = min(s.K, c.kacc * 128)       # TensorE-transposed sides load a chunk's rows at once
+    a = _load_cost(pr, s.a_form, kp, af, isz, B * nmb * nnb * Kt, kc if s.a_form == PE_T else 0)
+    q = _load_cost(pr, s.b_form, kp, bf, isz, B * nmb * nnb * Kt, kc if s.b_form == PE_T else 0)
+    n_out = B * Mt * Nt
+    dma, oe = _dma_time(s, t, pr, a, q, n_out)
+    dma = max(dma, a[2], q[2])
+    pe = B * Mt * Nt * Kt * pr.mm + a[3] + q[3]
+    chunks = -(-Kt // c.kacc)
+    evac = (n_out * chunks * pr.acc_add + n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles)
+            + a[4] + q[4]) / 2
+    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    # fill: the first chunk of both sides; drain: the last block's epilogue
+    fill = lat + (a[0] + q[0]) / max(1, B * nmb * nnb * chunks)
+    drain = c.block * c.group * (sum(pr.evac) / len(pr.evac) + oe) + lat
+    total = max(pe, dma, evac) + fill + drain
+    return total, {"pe": pe / 1e3, "dma": dma / 1e3, "evac": evac / 1e3, "fill": fill / 1e3,
+                   "drain": drain / 1e3}
+
+
 def stream_slots(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> int:
     """Slots for the streamed tiles: enough transfers in flight to cover the DMA latency while
     TensorE works through one streamed tile (3 to 8)."""
     isz = s.dtype.itemsize
+    if c.resident == "C":
+        return 2
     str_f = min(c.group * 512, s.N) if c.resident == "A" else min(c.group * 128, s.M)
     data = pr.dma(min(128, s.K), str_f, isz)[0]
     work = max(data, c.block * c.group * pr.mm)
@@ -242,6 +290,17 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     reuses the bytes of the full one (the builder's tail aliases), so the full shapes count."""
     isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
     Kt = -(-s.K // 128)
+    if c.resident == "C":
+        rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
+        sb = -(-rw // 128) * -(-sw // 512) * 512 * 4 + 2 * c.kacc * (rw + sw) * isz
+        sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
+        tps = 0
+        for form, F in ((s.a_form, rw), (s.b_form, sw)):
+            if form in (PE_T, RES_T):
+                if form == PE_T:     # a chunk's rows, one slot
+                    sb += -(-F // 128) * min(s.K, c.kacc * 128) * isz
+                tps += 4             # matmul_outres.TP_BUFS
+        return sb, c.acc_bufs + tps
     if c.resident == "A":
         rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
         res_form, str_form, rt, st = s.a_form, s.b_form, 128, 512
@@ -280,6 +339,16 @@ def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
                         out.append(Blocking(res, blk, grp, bb, ab))
                         if bb == 1:
                             out.append(Blocking(res, blk, grp, 1, ab, stream=True))
+    Kt = -(-s.K // 128)
+    if not s.no_outres and Kt > 2:       # output blocks past what PSUM holds at once
+        for blk in sorted(set(_sizes(Mt)) | set(range(2, min(Mt, 32) + 1, 2))):
+            for grp in range(1, min(Nt, 8) + 1):
+                if blk * grp <= t.psum_banks // 2 or blk > 32:
+                    continue
+                # (chunks of at least four K tiles: measured, two-tile chunks run 5-13% past
+                # their estimate, their rows' 512-byte DMA runs and per-chunk adds)
+                for kacc in sorted({min(Kt, 4), min(Kt, 8)}):
+                    out.append(Blocking("C", blk, grp, 1, 4, kacc=kacc))
     return out
 
 

@@ -1,0 +1,92 @@
+"""Matmuls whose output block stays in SBUF (``resident="C"``, tiling/matmul_outres.py): both
+operands stream in chunks of K, every cell adds its chunk's PSUM partial into an fp32
+accumulator. Forced onto shapes that cross every tile edge (M, N, K not multiples of 128 / 512,
+a partial last chunk), with each operand form, against eager."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lowering.tiling.matmul as mm
+from lowering.tiling import matmul_plan
+from lowering_helpers import assert_close, lower_and_run
+
+
+def _force_outres(monkeypatch, block: int, group: int, kacc: int) -> None:
+    """choose_blocking returns the resident="C" candidate (block, group, kacc)."""
+    orig = matmul_plan.choose_blocking
+
+    def choose(s, t):
+        best, scored = orig(s, t)
+        c = matmul_plan.Blocking("C", block, group, 1, 4, kacc=kacc)
+        est, det = matmul_plan.estimate(s, c, t, matmul_plan._Probe(s, t))
+        return replace(c, est_ns=est, detail=det), [c] + scored
+    monkeypatch.setattr(mm, "choose_blocking", choose)
+
+
+def _notes(low) -> str:
+    return "\n".join(ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# "))
+
+
+CASES = [  # (M, K, N, dtype, target, block, group, kacc)
+    (300, 600, 700, torch.bfloat16, "trn2", 3, 2, 4),    # A by DMA transpose; partial everything
+    (300, 600, 700, torch.float32, "trn2", 2, 2, 2),     # fp32: A by TensorE transposes
+    (257, 1100, 520, torch.bfloat16, "trn1", 2, 1, 4),   # trn1: TensorE transposes, staged rows
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{str(c[3])[6:]}-{c[4]}")
+def test_output_resident_matmul_matches_eager(monkeypatch, case):
+    M, K, N, dt, target, block, group, kacc = case
+    _force_outres(monkeypatch, block, group, kacc)
+    g = torch.Generator().manual_seed(M + K + N)
+    a, b = torch.randn(M, K, generator=g).to(dt), torch.randn(K, N, generator=g).to(dt)
+    low = lower_and_run(torch.mm, a, b, target=target)
+    assert "resident=C" in _notes(low), _notes(low)
+    assert_close(low.outputs[0], torch.mm(a, b), scale=K ** 0.5)
+
+
+def test_output_resident_linear_with_epilogue_and_batch(monkeypatch):
+    """A linear layer's epilogue (bias, GELU) reads the SBUF accumulators; batch axes loop
+    outside the blocks. (A row bias folds into PSUM only in the PSUM forms: here the bias is a
+    full-shape add after a bmm, so the epilogue takes it.)"""
+    _force_outres(monkeypatch, 2, 2, 4)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 200, 640, generator=g).to(torch.bfloat16)
+    w = torch.randn(640, 600, generator=g).to(torch.bfloat16)
+    r = torch.randn(2, 200, 600, generator=g).to(torch.bfloat16)
+
+    def fn(x, w, r):
+        return F.gelu(torch.matmul(x, w) + r)
+    low = lower_and_run(fn, x, w, r)
+    assert "resident=C" in _notes(low), _notes(low)
+    assert_close(low.outputs[0], fn(x, w, r), scale=640 ** 0.5)
+
+
+def test_the_tolerance_catches_a_dropped_chunk(monkeypatch):
+    """The comparison above can fail: without the last chunk's adds the result is wrong."""
+    _force_outres(monkeypatch, 2, 1, 4)
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.randn(256, 640, generator=g).to(torch.bfloat16), torch.randn(640, 512, generator=g).to(torch.bfloat16)
+    low = lower_and_run(torch.mm, a, b)
+    dropped = torch.mm(a[:, :512], b[:512])          # every chunk but the last (K tiles 4..5)
+    with pytest.raises(AssertionError):
+        assert_close(dropped, torch.mm(a, b), scale=640 ** 0.5)
+    assert_close(low.outputs[0], torch.mm(a, b), scale=640 ** 0.5)
+
+
+def test_output_resident_blocking_is_chosen_where_psum_limits_the_block():
+    """trn1 (slow DMA, no DMA transpose): the NKI tutorial's mm keeps the output block in SBUF;
+    a small linear keeps its PSUM form."""
+    from runtime_sim.isa import DType
+    from runtime_sim.targets import get_target
+    t = get_target("trn1")
+    big = matmul_plan.MatmulShape(1, 4096, 8192, 8192, DType.BF16, DType.BF16, matmul_plan.PE_T,
+                                  matmul_plan.DIRECT, (), 1)
+    small = replace(big, M=128, K=768, N=3072)
+    assert matmul_plan.choose_blocking(big, t)[0].resident == "C"
+    assert matmul_plan.choose_blocking(small, t)[0].resident != "C"
+    assert all(c.resident != "C" for c in matmul_plan.candidates(replace(big, no_outres=True), t))
