@@ -124,15 +124,8 @@ def test_groups_are_pipelined_across_groups_and_match_eager(shape):
     """Long sequences: the next group's state, Q and first key block are issued ahead of the
     previous group's last stage (a partial last group on the shared buffers; causal groups with
     odd key-block counts continue the slot parities from group to group)."""
-    B, H, S, Sk, D, causal, dtype = shape
-    g = torch.Generator().manual_seed(S + 7 * Sk)
-    q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (S, Sk, Sk))
-    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-    low = lower_and_run(fn, q, k, v)
-    assert _kernels(low) == ["attention"]
-    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
-    assert any("pipelined across groups" in n for n in notes), notes
-    assert_close(low.outputs[0], fn(q, k, v))
+    *dims, causal, dtype = shape
+    _sdpa_on_path(dims, causal, dtype, dims[2] + 7 * dims[3], "pipelined across groups")
 
 
 ITEMS = [(1, 12, 128, 128, 64, True), (2, 3, 200, 300, 32, False), (1, 5, 64, 64, 160, False),
@@ -145,14 +138,21 @@ def test_heads_of_one_key_block_are_pipelined_across_items(shape, dtype):
     """Short sequences (every query in one group, every key in one block): the heads
     themselves are software-pipelined, several in flight (odd counts, two query blocks,
     D > 128, causal or not)."""
-    B, H, S, Sk, D, causal = shape
-    g = torch.Generator().manual_seed(S * 3 + H)
+    *dims, causal = shape
+    _sdpa_on_path(dims, causal, dtype, dims[2] * 3 + dims[1], "items software-pipelined")
+
+
+def _sdpa_on_path(dims, causal: bool, dtype, seed: int, note: str) -> None:
+    """SDPA of [B, H, S, D] queries over Sk keys is one attention kernel whose tiling notes
+    contain ``note`` (the path taken), and matches eager."""
+    B, H, S, Sk, D = dims
+    g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (S, Sk, Sk))
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
     low = lower_and_run(fn, q, k, v)
     assert _kernels(low) == ["attention"]
     notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
-    assert any("items software-pipelined" in n for n in notes), notes
+    assert any(note in n for n in notes), notes
     assert_close(low.outputs[0], fn(q, k, v))
 
 
