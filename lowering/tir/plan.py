@@ -176,6 +176,7 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
     plan = MemPlan()
     coarse = lifetimes(tp, st)
     fine = kernel = None
+    kernel_by_pad: dict[int, dict] = {}
     for mem, cap in ((Memory.SBUF, target.sbuf_bytes_per_partition),
                      (Memory.PSUM, target.psum_bytes_per_partition)):
         present = [b for b in tp.buffers if b.memory is mem and b.name in coarse]
@@ -195,7 +196,9 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
             if mode == "fine" and fine is None:
                 fine = fine_lifetimes(tp, st)
             if mode == "kernel":
-                kernel = kernel_lifetimes(tp, st, coarse, pad)
+                if kernel_by_pad.get(pad) is None:      # the same for SBUF and PSUM
+                    kernel_by_pad[pad] = kernel_lifetimes(tp, st, coarse, pad)
+                kernel = kernel_by_pad[pad]
                 pad = 0
             live = {"coarse": coarse, "kernel": kernel, "fine": fine}[mode]
             used = roots if mode != "fine" else present
