@@ -132,7 +132,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
     used = sorted(epi.loads()) if epi is not None else []
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
-                        tuple(k.ins[i].dtype for i in used), count_intermediates(epi) if epi else 1,
+                        tuple(k.ins[i].dtype for i in used), _epi_tiles(epi),
                         no_outres=bool(folded))
     try:
         best, scored = choose_blocking(shape, t)
@@ -145,6 +145,14 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         emit_outres(b, k, sa, sb, best, used, _epilogue)
     else:
         _emit(b, k, sa, sb, best, used, folded)
+
+
+def _epi_tiles(epi: Expr | None) -> int:
+    """SBUF tiles the epilogue evaluates per output tile (``MatmulShape.epi_tiles``): one when
+    it only casts the accumulator (``ExprGen`` writes the cast straight into the output tile)."""
+    if epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC):
+        return 1
+    return count_intermediates(epi)
 
 
 def _form(b: TirBuilder, ref, kstride: int, fstride: int, free: int) -> str:

@@ -32,7 +32,7 @@ from runtime_sim.targets import Target
 
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
 RES_T = "resident_transpose"   # rows of an SBUF-resident tensor, transposed on TensorE (no DMA)
-SBUF_SHARE = 0.80   # of a partition for one matmul kernel (the rest: neighbours, alignment)
+SBUF_SHARE = 0.90   # of a partition for one matmul kernel (the rest: the neighbours' prefetched tiles)
 STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
 
 
