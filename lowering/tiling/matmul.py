@@ -291,7 +291,10 @@ def _bias_products(b: TirBuilder, k: KOp, fi: int, bidx, c: Blocking, acc, r0, r
 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
-              nt: int, acc: TAP) -> None:
+              nt: int, acc: TAP, into: TAP | None = None) -> None:
+    """Evaluate the epilogue on one output tile (``acc``: its accumulator) and store it;
+    ``into``: an SBUF access of the output's dtype to compute the result into (default: a
+    tile of the epilogue's own)."""
     out = k.outs[0]
     loads: dict[int, TAP] = {}
     for i in used:
@@ -330,7 +333,10 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     if target is not None:            # the output stays in SBUF: evacuate PSUM straight into it
         gen.tile_of(expr, out.dtype, out=target)
         return
-    res = gen.tile_of(expr, out.dtype)
+    if into is not None:
+        res = acc if (expr.op is EOp.ACC and acc.dtype == out.dtype) else gen.tile_of(expr, out.dtype, out=into)
+    else:
+        res = gen.tile_of(expr, out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
         ev = gen.new(out.dtype)
         b.tensor_copy(ev, res)

@@ -51,13 +51,21 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
     N = k.ins[1].shape[-1]
     dt = A.dtype
     chunk = c.kacc * TK
+    out_dt = k.outs[0].dtype
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         abase, bbase = sa.base(bidx), sb.base(bidx)
+        # the accumulators of one block, zero between blocks: zeroed once here, and every cell
+        # again right after its result left (the next block's first add then waits only for
+        # that cell's store, not for a memset pass over the whole block)
+        cells_max = -(-min(M, c.block * TM) // TM) * -(-min(N, c.group * TN) // TN)
+        acc = b.tile("accs", Memory.SBUF, TM, cells_max * TN, F32, 1)
+        for n in range(cells_max):
+            b.memset(acc.ap(TM, elem_offset=n * TN, dims=((1, TN),)), 0.0,
+                     engines=(ADD_ENGINES[n % 2],))
         for r0, rw in b.tiled(M, c.block * TM, "cm"):
             for s0, sw in b.tiled(N, c.group * TN, "cn"):
                 nr, ns = -(-rw // TM), -(-sw // TN)
-                acc = b.tile("accs", Memory.SBUF, TM, nr * ns * TN, F32, 1)
                 # PSUM banks taken by the cells in turn (the cells are unrolled, so the rotation
                 # is explicit), shared by the first chunk and the chunk loop
                 banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
@@ -88,12 +96,18 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
                             cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
                             b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=(ADD_ENGINES[n % 2],))
 
-                for n in range(nr * ns):     # zeroed first (one loop of chunks shares its tiles)
-                    b.memset(acc.ap(TM, elem_offset=n * TN, dims=((1, TN),)), 0.0,
-                             engines=(ADD_ENGINES[n % 2],))
                 for kc0, kcw in b.tiled(K, chunk, "kc"):
                     step(kc0, kcw)
-                for i0, iw in b.tiled(rw, TM, "ei"):
-                    for j0, jw in b.tiled(sw, TN, "ej"):
-                        cell = acc.ap(iw, elem_offset=(i0 // TM * ns + j0 // TN) * TN, dims=((1, jw),))
-                        epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell)
+                # each result computed into its own cell's bytes (as the output dtype) and
+                # stored from there, then the cell zeroed for the next block
+                for ci, (i0, iw) in enumerate(_pieces(rw, TM)):
+                    for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
+                        n = ci * ns + cj
+                        cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
+                        into = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),), dtype=out_dt)
+                        epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into)
+                # (after every cell's evacuation: a memset waits for its cell's store, and an
+                # in-order engine must not hold the next evacuation behind it)
+                for n in range(nr * ns):
+                    b.memset(acc.ap(TM, elem_offset=n * TN, dims=((1, TN),)), 0.0,
+                             engines=(ADD_ENGINES[n % 2],))

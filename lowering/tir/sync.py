@@ -218,6 +218,11 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
     if buf is not None and (a.partition_start + a.partitions <= b.partition_start
                             or b.partition_start + b.partitions <= a.partition_start):
         return None
+    if buf is not None and not a.offset.vars and not b.offset.vars:
+        # fixed places in a slot: bytes disjoint there are disjoint in every slot
+        (alo, ahi), (blo, bhi) = a.byte_span(), b.byte_span()
+        if a.offset.const + ahi <= b.offset.const + blo or b.offset.const + bhi <= a.offset.const + alo:
+            return None
     X, Y = x.info, y.info
     c = common_loops(X, Y)
     k = -1
