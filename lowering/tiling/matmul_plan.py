@@ -293,7 +293,8 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     if c.resident == "C":
         rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
         sb = -(-rw // 128) * -(-sw // 512) * 512 * 4 + 2 * c.kacc * (rw + sw) * isz
-        sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
+        # (results are computed into their accumulator's bytes: only intermediates take tiles)
+        sb += 4 * 512 * 4 * max(0, s.epi_tiles - 1) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
         tps = 0
         for form, F in ((s.a_form, rw), (s.b_form, sw)):
             if form in (PE_T, RES_T):
