@@ -1,0 +1,278 @@
+"""Tiling of CONV kernels: forward convolution as an implicit GEMM on TensorE.
+
+``y[n, co, oh, ow] = bias[co] + sum_{ci, kh, kw} w[co, ci, kh, kw] * xpad[n, g*Cig + ci,
+oh*sh + kh*dh, ow*sw + kw*dw]`` (``kir.ConvKAttrs``; ``g`` the group of ``co``). TensorE computes
+``psum[co, pix] += wT[ci, co].T @ window[ci, pix]`` with input channels on partitions, so every
+kernel tap ``(kh, kw)`` is one matmul whose moving operand is a *strided window* of an input
+tile already in SBUF (free dims ``[(sh * tile_width, rows), (sw, cols)]``, offset
+``kh*dh*tile_width + kw*dw``): the patch (im2col) matrix never exists, in HBM or in SBUF.
+
+Loop nest, per *super-group* (``gpb`` groups packed block-diagonally, see below):
+    build wT [ci chunk, (chunk, tap, co)] in SBUF: weight rows [co, ci*taps] by one DMA per
+        128 output channels (contiguous), one TensorE transpose per (ci chunk, tap) through PSUM
+    load the bias as one fp32-able column per 128 output channels
+    for n, for each output block of R rows x Cw columns (R*Cw <= 512, one PSUM bank):
+        input tile [ci chunk, chunks x Rin x Cin] (the block's receptive field with its halo):
+            memset to 0 when the block touches the padding, one DMA per 128 channels of the
+            valid rectangle
+        for each 128 output channels:
+            for each ci chunk, for each tap: matmul into one PSUM bank (the group starts at the
+                first chunk's first tap)
+            evacuate: ScalarE ``identity(acc + bias[co])`` (per-partition bias) or a copy, with
+                the cast to the output dtype; store by DMA
+Blocks are grouped into *runs* of equal shape and clipping (the first and last blocks of an
+axis touch the padding, interior blocks do not), each run one loop.
+
+Groups: with ``Cig = Ci/groups`` and ``Cog = Co/groups`` at most 64, ``gpb`` groups (a divisor of
+``groups``, ``gpb*max(Cig, Cog) <= 128``) share one 128-row contraction: the weight rows are
+spread over a block-diagonal matrix by multiplying them with a 0/1 mask built by ``iota`` (one
+VectorE pass per super-group), so a depthwise conv runs 128 channels per matmul instead of one.
+
+Invariants
+- Every element of an input tile the matmuls read was written by the memset or the DMA; the
+  DMA reads only elements inside the input (padding is never an HBM read or an HBM tensor).
+- Accumulation groups: one per (block, 128 output channels), in one PSUM bank, opened by the
+  first product (``start_when`` of the ci chunk loop), every other product accumulates.
+- The weight block of one super-group (``chunks * taps * Cog*gpb`` elements per partition) and
+  the input tiles fit their SBUF shares (``W_SHARE``, ``X_SHARE``); else ``Unsupported``.
+
+Cost (what this moves and computes)
+- HBM: the input once per output block plus the halo (``Rin*Cin / (R*Cw*sh*sw)`` of it: ~1.3x
+  for a 3x3/s1 conv on 56x56), the weights and the output once. No patch-matrix traffic
+  (an explicit im2col would write and read ``Kh*Kw`` times the input).
+- TensorE: ``chunks * taps`` matmuls of ``R*Cw`` columns per block and 128 output channels,
+  i.e. ``max(64, R*Cw)`` cycles each; utilisation is ``Ci_chunk/128 * Co_chunk/128`` of the
+  array (64-channel layers use a quarter of it), and the block-diagonal groups count their
+  zero products.
+- Weight preparation: one transpose + one copy per (ci chunk, tap, 128 output channels) per
+  super-group, once per kernel (not per image or block).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowering.errors import Unsupported
+from lowering.kir import ConvKAttrs, KOp
+from lowering.tir.affine import Affine, aff
+from lowering.tir.builder import TirBuilder, hbm_ap
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
+
+F32 = DType.FP32
+P = 128
+FREE_MAX = 512      # moving free size of one matmul = one fp32 PSUM bank
+W_SHARE = 1 / 3     # of an SBUF partition for one super-group's weights
+X_SHARE = 1 / 4     # for the input tiles (all their slots)
+X_BUFS = 2          # input tile slots: the next block loads while this one computes
+OUT_BUFS = 3        # evacuated tiles: one computed, one held by its store, one free
+
+
+@dataclass(frozen=True)
+class Run:
+    """``count`` consecutive output blocks along one axis from block ``first``: each ``size``
+    outputs wide, reading ``extent`` input positions of which the first ``lo`` and the last
+    ``hi`` are padding."""
+
+    first: int
+    count: int
+    size: int
+    extent: int
+    lo: int
+    hi: int
+
+    @property
+    def valid(self) -> int:
+        return max(0, self.extent - self.lo - self.hi)
+
+
+def runs(n_out: int, blk: int, s: int, d: int, k: int, p: int, n_in: int) -> list[Run]:
+    """The output blocks of ``blk`` along an axis (stride ``s``, dilation ``d``, kernel ``k``,
+    padding ``p``, input size ``n_in``) grouped into runs of equal shape and clipping."""
+    out: list[Run] = []
+    for i in range(-(-n_out // blk)):
+        size = min(blk, n_out - i * blk)
+        ext = (size - 1) * s + (k - 1) * d + 1
+        first = i * blk * s - p
+        lo, hi = max(0, -first), max(0, first + ext - n_in)
+        r = out[-1] if out else None
+        if r and (r.size, r.extent, r.lo, r.hi) == (size, ext, lo, hi):
+            out[-1] = Run(r.first, r.count + 1, size, ext, lo, hi)
+        else:
+            out.append(Run(i, 1, size, ext, lo, hi))
+    return out
+
+
+def groups_per_block(groups: int, cig: int, cog: int) -> int:
+    """Groups packed into one 128-row contraction (1 when a group fills it already)."""
+    cap = P // max(cig, cog)
+    if groups == 1 or cap < 2:
+        return 1
+    return max(g for g in range(1, min(cap, groups) + 1) if groups % g == 0)
+
+
+def _dims(*pairs: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(stride, size) pairs without the size-1 ones (at least one)."""
+    d = tuple(pr for pr in pairs if pr[1] > 1)
+    return d or ((1, 1),)
+
+
+def _blocks(Ho: int, Wo: int, free_max: int) -> tuple[int, int]:
+    """Output block (rows, cols), rows*cols <= free_max, balanced so the tails are not tiny."""
+    if Wo <= free_max:
+        rmax = max(1, min(Ho, free_max // Wo))
+        nb = -(-Ho // rmax)
+        return -(-Ho // nb), Wo
+    nb = -(-Wo // free_max)
+    return 1, -(-Wo // nb)
+
+
+def tile_conv(b: TirBuilder, k: KOp) -> None:
+    a = k.attrs
+    assert isinstance(a, ConvKAttrs)
+    x, w, y = k.ins[0], k.ins[1], k.outs[0]
+    bias = k.ins[2] if a.has_bias else None
+    N, Ci, _ = x.shape
+    Co, Cig, Kh, Kw = w.shape
+    H, W = a.in_hw
+    Ho, Wo = a.out_hw
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    G = a.groups
+    if N == 0 or Co == 0 or Ho <= 0 or Wo <= 0:
+        return
+    op = ",".join(k.origin) or "convolution"
+    if Cig == 0:
+        raise Unsupported(op, "convolution with 0 input channels per group is not lowered")
+    Cog = Co // G
+    gpb = groups_per_block(G, Cig, Cog)
+    cin, cout, SG = gpb * Cig, gpb * Cog, G // gpb
+    taps, nci = Kh * Kw, -(-cin // P)
+    dt, isz = x.dtype, x.dtype.itemsize
+    part = b.target.sbuf_bytes_per_partition
+    wbytes = nci * taps * cout * isz
+    if wbytes * (2 if SG > 1 else 1) > part * W_SHARE:
+        raise Unsupported(op, f"weight block of {cin} input x {cout} output channels x {taps} taps "
+                          f"needs {wbytes} B per SBUF partition (limit {int(part * W_SHARE)})")
+    free_max = FREE_MAX
+    while True:
+        R, Cw = _blocks(Ho, Wo, free_max)
+        rin, cinw = (R - 1) * sh + (Kh - 1) * dh + 1, (Cw - 1) * sw + (Kw - 1) * dw + 1
+        if nci * rin * cinw * isz * X_BUFS <= part * X_SHARE:
+            break
+        if free_max == 1:
+            raise Unsupported(op, f"input tile of {nci} x {rin}x{cinw} needs "
+                              f"{nci * rin * cinw * isz * X_BUFS} B per SBUF partition "
+                              f"(limit {int(part * X_SHARE)})")
+        free_max //= 2
+    rruns = runs(Ho, R, sh, dh, Kh, ph, H)
+    cruns = runs(Wo, Cw, sw, dw, Kw, pw, W)
+    b.note(f"conv [{N}x{Ci}x{H}x{W}] * [{Co}x{Cig}x{Kh}x{Kw}] -> [{Ho}x{Wo}] {dt.value}: "
+           f"groups {G} ({gpb} per 128-row block, {SG} blocks), output blocks {R}x{Cw}, "
+           f"{len(rruns)}x{len(cruns)} runs, {nci * taps} products per block and 128 channels")
+    with b.loop(SG, "sg") as sg:
+        wT = _weights(b, w, sg, cin, cout, gpb, Cig, Cog, taps, nci)
+        bt = _bias(b, bias, sg, cout) if bias is not None else None
+        with b.loop(N, "n") as n:
+            for rr in rruns:
+                with b.loop(rr.count, "rb") as vr:
+                    for cr in cruns:
+                        with b.loop(cr.count, "cb") as vc:
+                            _block(b, k, wT, bt, n, sg, vr, vc, rr, cr, R, Cw, cin, cout, taps, nci)
+
+
+def _weights(b: TirBuilder, w, sg: Affine, cin: int, cout: int, gpb: int, Cig: int, Cog: int,
+             taps: int, nci: int):
+    """wT[ci, (chunk * taps + tap) * cout + co] = w[sg*cout + co, ci - g(co)*Cig, tap] inside the
+    block diagonal (0 elsewhere); ci on partitions (``min(cin, 128)``)."""
+    dt = w.dtype
+    s0, s1, s2, s3 = w.strides
+    Kh, Kw = w.shape[2], w.shape[3]
+    wT = b.tile("wT", Memory.SBUF, min(cin, P), nci * taps * cout, dt, 2)
+    for o0, ow in b.tiled(cout, P, "wo"):
+        src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
+                     ((Cig, s1), (Kh, s2), (Kw, s3)))
+        rows = b.tile("wrows", Memory.SBUF, ow, cin * taps, dt, 2)
+        if gpb == 1:
+            b.dma(rows.ap(), src)
+        else:                            # spread over the block diagonal: rows * mask[co, g]
+            plain = b.tile("wplain", Memory.SBUF, ow, Cig * taps, dt, 1)
+            b.dma(plain.ap(), src)
+            iv = b.tile("wmask_i", Memory.SBUF, ow, gpb, F32, 1)
+            b.iota(iv.ap(), 0, 1, (-Cog,))                  # p - Cog*g: in [0, Cog) on the diagonal
+            ge = b.tile("wmask_ge", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_scalar(ge.ap(), iv.ap(), AluOp.IS_GE, 0.0)
+            lt = b.tile("wmask_lt", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_scalar(lt.ap(), iv.ap(), AluOp.IS_LT, float(Cog))
+            m = b.tile("wmask", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_tensor(m.ap(), ge.ap(), lt.ap(), AluOp.MULTIPLY)
+            n = Cig * taps
+            b.tensor_tensor(rows.ap(dims=((n, gpb), (1, n))), plain.ap(dims=((0, gpb), (1, n))),
+                            m.ap(dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
+        for c0, cc in b.tiled(cin, P, "wc"):
+            for t in range(taps):
+                tp = b.tile("wtps", Memory.PSUM, cc, P, F32, 2)
+                b.transpose(tp.ap(cc, dims=((1, ow),)),
+                            rows.ap(ow, elem_offset=c0 * taps + t, dims=_dims((taps, cc))))
+                b.tensor_copy(wT.ap(cc, elem_offset=(c0 // P * taps + t) * cout + o0, dims=((1, ow),)),
+                              tp.ap(cc, dims=((1, ow),)))
+    return wT
+
+
+def _bias(b: TirBuilder, bias, sg: Affine, cout: int):
+    """bias[sg*cout + co] as column ``co // 128`` of a [min(cout, 128), chunks] tile."""
+    nco = -(-cout // P)
+    bt = b.tile("bias", Memory.SBUF, min(cout, P), nco, bias.dtype, 2)
+    st = bias.strides[0]
+    for o0, ow in b.tiled(cout, P, "bo"):
+        b.dma(bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)),
+              hbm_ap(bias.buffer, bias.dtype, bias.offset + (sg * cout + o0) * st, ow, st, ()))
+    return bt
+
+
+def _block(b: TirBuilder, k: KOp, wT, bt, n: Affine, sg: Affine, vr: Affine, vc: Affine,
+           rr: Run, cr: Run, R: int, Cw: int, cin: int, cout: int, taps: int, nci: int) -> None:
+    """One output block: its input tile, then per 128 output channels the products, the
+    evacuation (bias, cast) and the store."""
+    a = k.attrs
+    x, y = k.ins[0], k.outs[0]
+    H, W = a.in_hw
+    Ho, Wo = a.out_hw
+    Kh, Kw = a.kernel
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    dt = x.dtype
+    rin, cinw = rr.extent, cr.extent
+    area = rin * cinw
+    oy0 = (vr + rr.first) * R                     # first output row / column of the block
+    ox0 = (vc + cr.first) * Cw
+    xt = b.tile("xin", Memory.SBUF, min(cin, P), nci * area, dt, X_BUFS)
+    if rr.lo or rr.hi or cr.lo or cr.hi:
+        b.memset(xt.ap(), 0.0)
+    sx0, sx1, sx2 = x.strides
+    if rr.valid and cr.valid:
+        iy0 = oy0 * sh + (rr.lo - ph)             # first input row / column read
+        ix0 = ox0 * sw + (cr.lo - pw)
+        for c0, cc in b.tiled(cin, P, "xc"):
+            src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * cin + c0) * sx1
+                         + (iy0 * W + ix0) * sx2, cc, sx1, ((rr.valid, W * sx2), (cr.valid, sx2)))
+            b.dma(xt.ap(cc, elem_offset=c0 // P * area + rr.lo * cinw + cr.lo,
+                        dims=_dims((cinw, rr.valid), (1, cr.valid))), src)
+    pix = rr.size * cr.size
+    so0, so1, so2 = y.strides
+    for o0, ow in b.tiled(cout, P, "co"):
+        acc = b.tile("acc", Memory.PSUM, ow, FREE_MAX, F32, 2)
+        for c0, cc in b.tiled(cin, P, "ci"):
+            for t in range(taps):
+                kh, kw = divmod(t, Kw)
+                mov = xt.ap(cc, elem_offset=c0 // P * area + kh * dh * cinw + kw * dw,
+                            dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
+                stat = wT.ap(cc, elem_offset=(c0 // P * taps + t) * cout + o0, dims=((1, ow),))
+                b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov,
+                         start_when=(c0,) if t == 0 else (1,))
+        res = b.tile("yout", Memory.SBUF, ow, pix, y.dtype, OUT_BUFS)
+        src = acc.ap(ow, dims=((1, pix),))
+        if bt is not None:
+            b.activation(res.ap(), src, ActFunc.IDENTITY,
+                         bias_ap=bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)))
+        else:
+            b.tensor_copy(res.ap(), src)
+        dst = hbm_ap(y.buffer, y.dtype, y.offset + n * so0 + (sg * cout + o0) * so1
+                     + (oy0 * Wo + ox0) * so2, ow, so1, ((rr.size, Wo * so2), (cr.size, so2)))
+        b.dma(dst, res.ap())
