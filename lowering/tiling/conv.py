@@ -62,37 +62,43 @@ P = 128
 FREE_MAX = 512      # moving free size of one matmul = one fp32 PSUM bank
 W_SHARE = 1 / 3     # of an SBUF partition for one super-group's weights
 X_SHARE = 1 / 4     # for the input tiles (all their slots)
-X_BUFS = 2          # input tile slots: the next block loads while this one computes
+X_BUFS = 4          # input tile slots: the next block loads while this one computes
 OUT_BUFS = 3        # evacuated tiles: one computed, one held by its store, one free
 
 
 @dataclass(frozen=True)
 class Run:
     """``count`` consecutive output blocks along one axis from block ``first``: each ``size``
-    outputs wide, reading ``extent`` input positions of which the first ``lo`` and the last
-    ``hi`` are padding."""
+    outputs wide, reading ``extent`` input positions; copy ``s`` of a stacked tile (its origin
+    ``s * shift`` positions further) has ``lo[s]`` padding positions first and ``hi[s]`` last."""
 
     first: int
     count: int
     size: int
     extent: int
-    lo: int
-    hi: int
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    def valid(self, s: int = 0) -> int:
+        return max(0, self.extent - self.lo[s] - self.hi[s])
 
     @property
-    def valid(self) -> int:
-        return max(0, self.extent - self.lo - self.hi)
+    def padded(self) -> bool:
+        return any(self.lo) or any(self.hi)
 
 
-def runs(n_out: int, blk: int, s: int, d: int, k: int, p: int, n_in: int) -> list[Run]:
+def runs(n_out: int, blk: int, s: int, d: int, k: int, p: int, n_in: int,
+         shifts: tuple[int, ...] = (0,)) -> list[Run]:
     """The output blocks of ``blk`` along an axis (stride ``s``, dilation ``d``, kernel ``k``,
-    padding ``p``, input size ``n_in``) grouped into runs of equal shape and clipping."""
+    padding ``p``, input size ``n_in``) grouped into runs of equal shape and clipping; ``shifts``:
+    the origin offsets of the stacked copies of the input tile."""
     out: list[Run] = []
     for i in range(-(-n_out // blk)):
         size = min(blk, n_out - i * blk)
         ext = (size - 1) * s + (k - 1) * d + 1
-        first = i * blk * s - p
-        lo, hi = max(0, -first), max(0, first + ext - n_in)
+        firsts = [i * blk * s - p + sh for sh in shifts]
+        lo = tuple(max(0, -f) for f in firsts)
+        hi = tuple(max(0, f + ext - n_in) for f in firsts)
         r = out[-1] if out else None
         if r and (r.size, r.extent, r.lo, r.hi) == (size, ext, lo, hi):
             out[-1] = Run(r.first, r.count + 1, size, ext, lo, hi)
@@ -125,14 +131,43 @@ def _blocks(Ho: int, Wo: int, free_max: int) -> tuple[int, int]:
     return 1, -(-Wo // nb)
 
 
+@dataclass(frozen=True)
+class _Geo:
+    """One CONV kernel's blocking: super-groups of ``cin`` -> ``cout`` channels, ``nci`` chunks
+    of 128 input channels, ``stack`` copies of the input tile (copy ``s`` shifted ``s*dh`` rows,
+    on partitions ``s*pitch ..``: 32 or 64, the engines' partition alignment; the partitions
+    between copies hold zeros) so that one product contracts ``stack`` kernel rows at once;
+    ``units``: the products per chunk as (first kernel row, rows, kernel column)."""
+
+    cin: int
+    cout: int
+    nci: int
+    stack: int
+    pitch: int
+    units: tuple[tuple[int, int, int], ...]
+    R: int
+    Cw: int
+
+    def kparts(self, rows: int, cc: int) -> int:
+        """Contraction partitions of a product over ``rows`` stacked kernel rows."""
+        return (rows - 1) * self.pitch + cc
+
+    @property
+    def parts(self) -> int:
+        return min(self.kparts(self.stack, self.cin), P)
+
+    @property
+    def gaps(self) -> bool:
+        return self.stack > 1 and self.pitch > self.cin
+
+
 def tile_conv(b: TirBuilder, k: KOp) -> None:
     a = k.attrs
     assert isinstance(a, ConvKAttrs)
-    x, w, y = k.ins[0], k.ins[1], k.outs[0]
+    x, w = k.ins[0], k.ins[1]
     bias = k.ins[2] if a.has_bias else None
-    N, Ci, _ = x.shape
+    N = x.shape[0]
     Co, Cig, Kh, Kw = w.shape
-    H, W = a.in_hw
     Ho, Wo = a.out_hw
     (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
     G = a.groups
@@ -144,13 +179,16 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
     Cog = Co // G
     gpb = groups_per_block(G, Cig, Cog)
     cin, cout, SG = gpb * Cig, gpb * Cog, G // gpb
-    taps, nci = Kh * Kw, -(-cin // P)
+    nci = -(-cin // P)
+    pitch = 32 if cin <= 32 else 64 if cin <= 64 else cin
+    stack = min(Kh, P // pitch) if nci == 1 else 1
+    units = tuple((kh0, min(stack, Kh - kh0), kw) for kh0 in range(0, Kh, stack) for kw in range(Kw))
     dt, isz = x.dtype, x.dtype.itemsize
     part = b.target.sbuf_bytes_per_partition
-    wbytes = nci * taps * cout * isz
+    wbytes = nci * len(units) * cout * isz
     if wbytes * (2 if SG > 1 else 1) > part * W_SHARE:
-        raise Unsupported(op, f"weight block of {cin} input x {cout} output channels x {taps} taps "
-                          f"needs {wbytes} B per SBUF partition (limit {int(part * W_SHARE)})")
+        raise Unsupported(op, f"weight block of {cin} input x {cout} output channels x {Kh * Kw} "
+                          f"taps needs {wbytes} B per SBUF partition (limit {int(part * W_SHARE)})")
     free_max = FREE_MAX
     while True:
         R, Cw = _blocks(Ho, Wo, free_max)
@@ -162,30 +200,36 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
                               f"{nci * rin * cinw * isz * X_BUFS} B per SBUF partition "
                               f"(limit {int(part * X_SHARE)})")
         free_max //= 2
-    rruns = runs(Ho, R, sh, dh, Kh, ph, H)
+    g = _Geo(cin, cout, nci, stack, pitch, units, R, Cw)
+    H, W = a.in_hw
+    rruns = runs(Ho, R, sh, dh, Kh, ph, H, tuple(s * dh for s in range(stack)))
     cruns = runs(Wo, Cw, sw, dw, Kw, pw, W)
-    b.note(f"conv [{N}x{Ci}x{H}x{W}] * [{Co}x{Cig}x{Kh}x{Kw}] -> [{Ho}x{Wo}] {dt.value}: "
-           f"groups {G} ({gpb} per 128-row block, {SG} blocks), output blocks {R}x{Cw}, "
-           f"{len(rruns)}x{len(cruns)} runs, {nci * taps} products per block and 128 channels")
+    b.note(f"conv [{N}x{x.shape[1]}x{H}x{W}] * [{Co}x{Cig}x{Kh}x{Kw}] -> [{Ho}x{Wo}] {dt.value}: "
+           f"groups {G} ({gpb} per 128-row block, {SG} blocks), {stack} kernel rows per product, "
+           f"output blocks {R}x{Cw}, {len(rruns)}x{len(cruns)} runs, {nci * len(units)} "
+           f"products per block and 128 output channels")
     with b.loop(SG, "sg") as sg:
-        wT = _weights(b, w, sg, cin, cout, gpb, Cig, Cog, taps, nci)
+        wT = _weights(b, w, sg, g, gpb, Cog)
         bt = _bias(b, bias, sg, cout) if bias is not None else None
         with b.loop(N, "n") as n:
             for rr in rruns:
                 with b.loop(rr.count, "rb") as vr:
                     for cr in cruns:
                         with b.loop(cr.count, "cb") as vc:
-                            _block(b, k, wT, bt, n, sg, vr, vc, rr, cr, R, Cw, cin, cout, taps, nci)
+                            _block(b, k, g, wT, bt, n, sg, vr, vc, rr, cr)
 
 
-def _weights(b: TirBuilder, w, sg: Affine, cin: int, cout: int, gpb: int, Cig: int, Cog: int,
-             taps: int, nci: int):
-    """wT[ci, (chunk * taps + tap) * cout + co] = w[sg*cout + co, ci - g(co)*Cig, tap] inside the
-    block diagonal (0 elsewhere); ci on partitions (``min(cin, 128)``)."""
+def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
+    """wT[s*pitch + ci, (chunk * units + u) * cout + co] = w[sg*cout + co, ci - grp(co)*Cig,
+    kh0(u) + s, kw(u)] inside the block diagonal (0 elsewhere, and between stacked copies): one
+    stationary per unit."""
     dt = w.dtype
     s0, s1, s2, s3 = w.strides
-    Kh, Kw = w.shape[2], w.shape[3]
-    wT = b.tile("wT", Memory.SBUF, min(cin, P), nci * taps * cout, dt, 2)
+    Co, Cig, Kh, Kw = w.shape
+    taps, nu, cin, cout = Kh * Kw, len(g.units), g.cin, g.cout
+    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * nu * cout, dt, 2)
+    if g.gaps:
+        b.memset(wT.ap(), 0.0)
     for o0, ow in b.tiled(cout, P, "wo"):
         src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
                      ((Cig, s1), (Kh, s2), (Kw, s3)))
@@ -207,12 +251,24 @@ def _weights(b: TirBuilder, w, sg: Affine, cin: int, cout: int, gpb: int, Cig: i
             b.tensor_tensor(rows.ap(dims=((n, gpb), (1, n))), plain.ap(dims=((0, gpb), (1, n))),
                             m.ap(dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
         for c0, cc in b.tiled(cin, P, "wc"):
-            for t in range(taps):
-                tp = b.tile("wtps", Memory.PSUM, cc, P, F32, 2)
-                b.transpose(tp.ap(cc, dims=((1, ow),)),
-                            rows.ap(ow, elem_offset=c0 * taps + t, dims=_dims((taps, cc))))
-                b.tensor_copy(wT.ap(cc, elem_offset=(c0 // P * taps + t) * cout + o0, dims=((1, ow),)),
-                              tp.ap(cc, dims=((1, ow),)))
+            for u, (kh0, rs, kw) in enumerate(g.units):
+                if not g.gaps:           # every stacked row in one transpose
+                    kp = g.kparts(rs, cc)
+                    tp = b.tile("wtps", Memory.PSUM, kp, P, F32, 2)
+                    b.transpose(tp.ap(kp, dims=((1, ow),)),
+                                rows.ap(ow, elem_offset=c0 * taps + kh0 * Kw + kw,
+                                        dims=_dims((Kw, rs), (taps, cc))))
+                    b.tensor_copy(wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0,
+                                        dims=((1, ow),)), tp.ap(kp, dims=((1, ow),)))
+                    continue
+                tp = b.tile("wtps", Memory.PSUM, g.kparts(rs, cc), P, F32, 2)
+                for s in range(rs):      # one per stacked row, onto its aligned partitions
+                    b.transpose(tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)),
+                                rows.ap(ow, elem_offset=c0 * taps + (kh0 + s) * Kw + kw,
+                                        dims=_dims((taps, cc))))
+                    b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
+                                        elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),)),
+                                  tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
     return wT
 
 
@@ -227,45 +283,47 @@ def _bias(b: TirBuilder, bias, sg: Affine, cout: int):
     return bt
 
 
-def _block(b: TirBuilder, k: KOp, wT, bt, n: Affine, sg: Affine, vr: Affine, vc: Affine,
-           rr: Run, cr: Run, R: int, Cw: int, cin: int, cout: int, taps: int, nci: int) -> None:
-    """One output block: its input tile, then per 128 output channels the products, the
-    evacuation (bias, cast) and the store."""
+def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Affine, vc: Affine,
+           rr: Run, cr: Run) -> None:
+    """One output block: its input tile (``stack`` shifted copies), then per 128 output channels
+    the products, the evacuation (bias, cast) and the store."""
     a = k.attrs
     x, y = k.ins[0], k.outs[0]
     H, W = a.in_hw
-    Ho, Wo = a.out_hw
-    Kh, Kw = a.kernel
+    Wo = a.out_hw[1]
     (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
-    dt = x.dtype
-    rin, cinw = rr.extent, cr.extent
-    area = rin * cinw
-    oy0 = (vr + rr.first) * R                     # first output row / column of the block
-    ox0 = (vc + cr.first) * Cw
-    xt = b.tile("xin", Memory.SBUF, min(cin, P), nci * area, dt, X_BUFS)
-    if rr.lo or rr.hi or cr.lo or cr.hi:
+    dt, cin, cout, nu = x.dtype, g.cin, g.cout, len(g.units)
+    cinw = cr.extent
+    area = rr.extent * cinw
+    oy0 = (vr + rr.first) * g.R                   # first output row / column of the block
+    ox0 = (vc + cr.first) * g.Cw
+    xt = b.tile("xin", Memory.SBUF, g.parts, g.nci * area, dt, X_BUFS)
+    if rr.padded or cr.padded or g.gaps:
         b.memset(xt.ap(), 0.0)
     sx0, sx1, sx2 = x.strides
-    if rr.valid and cr.valid:
-        iy0 = oy0 * sh + (rr.lo - ph)             # first input row / column read
-        ix0 = ox0 * sw + (cr.lo - pw)
+    ix0 = ox0 * sw + (cr.lo[0] - pw)              # first input column read
+    for s in range(g.stack):                      # copy s: the tile s*dh rows further down
+        if not (rr.valid(s) and cr.valid()):
+            continue
+        iy0 = oy0 * sh + (rr.lo[s] - ph + s * dh)
         for c0, cc in b.tiled(cin, P, "xc"):
             src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * cin + c0) * sx1
-                         + (iy0 * W + ix0) * sx2, cc, sx1, ((rr.valid, W * sx2), (cr.valid, sx2)))
-            b.dma(xt.ap(cc, elem_offset=c0 // P * area + rr.lo * cinw + cr.lo,
-                        dims=_dims((cinw, rr.valid), (1, cr.valid))), src)
+                         + (iy0 * W + ix0) * sx2, cc, sx1, ((rr.valid(s), W * sx2), (cr.valid(), sx2)))
+            b.dma(xt.ap(cc, partition_start=s * g.pitch,
+                        elem_offset=c0 // P * area + rr.lo[s] * cinw + cr.lo[0],
+                        dims=_dims((cinw, rr.valid(s)), (1, cr.valid()))), src)
     pix = rr.size * cr.size
     so0, so1, so2 = y.strides
     for o0, ow in b.tiled(cout, P, "co"):
         acc = b.tile("acc", Memory.PSUM, ow, FREE_MAX, F32, 2)
         for c0, cc in b.tiled(cin, P, "ci"):
-            for t in range(taps):
-                kh, kw = divmod(t, Kw)
-                mov = xt.ap(cc, elem_offset=c0 // P * area + kh * dh * cinw + kw * dw,
+            for u, (kh0, rs, kw) in enumerate(g.units):
+                kp = g.kparts(rs, cc)
+                mov = xt.ap(kp, elem_offset=c0 // P * area + kh0 * dh * cinw + kw * dw,
                             dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
-                stat = wT.ap(cc, elem_offset=(c0 // P * taps + t) * cout + o0, dims=((1, ow),))
+                stat = wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),))
                 b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov,
-                         start_when=(c0,) if t == 0 else (1,))
+                         start_when=(c0,) if u == 0 else (1,))
         res = b.tile("yout", Memory.SBUF, ow, pix, y.dtype, OUT_BUFS)
         src = acc.ap(ow, dims=((1, pix),))
         if bt is not None:
