@@ -20,6 +20,12 @@ Loop nest, per *super-group* (``gpb`` groups packed block-diagonally, see below)
                 first chunk's first tap)
             evacuate: ScalarE ``identity(acc + bias[co])`` (per-partition bias) or a copy, with
                 the cast to the output dtype; store by DMA
+Few input channels (<= 64, one chunk): the input tile is loaded ``stack`` times on partitions
+32 or 64 apart (the engines' alignment; the gaps are zeros), copy ``s`` shifted down ``s*dh``
+rows, so one product contracts ``stack`` kernel rows (``_Geo.units``: 6 products instead of 9
+for a 3x3 conv over 64 channels). Whole input rows shorter than ``STAGE_ROW_BYTES`` go through a
+contiguous staging tile (one DMA chunk per partition) and an engine copy into the padded tile,
+instead of one 256-byte-overhead DMA chunk per row.
 Blocks are grouped into *runs* of equal shape and clipping (the first and last blocks of an
 axis touch the padding, interior blocks do not), each run one loop.
 
@@ -40,7 +46,8 @@ Cost (what this moves and computes)
 - HBM: the input once per output block plus the halo (``Rin*Cin / (R*Cw*sh*sw)`` of it: ~1.3x
   for a 3x3/s1 conv on 56x56), the weights and the output once. No patch-matrix traffic
   (an explicit im2col would write and read ``Kh*Kw`` times the input).
-- TensorE: ``chunks * taps`` matmuls of ``R*Cw`` columns per block and 128 output channels,
+- SBUF traffic: the staged rows are copied once more (VectorE/GpSimdE/ScalarE, beside TensorE).
+- TensorE: ``chunks * len(units)`` matmuls of ``R*Cw`` columns per block and 128 output channels,
   i.e. ``max(64, R*Cw)`` cycles each; utilisation is ``Ci_chunk/128 * Co_chunk/128`` of the
   array (64-channel layers use a quarter of it), and the block-diagonal groups count their
   zero products.
@@ -64,6 +71,7 @@ W_SHARE = 1 / 3     # of an SBUF partition for one super-group's weights
 X_SHARE = 1 / 4     # for the input tiles (all their slots)
 X_BUFS = 4          # input tile slots: the next block loads while this one computes
 OUT_BUFS = 3        # evacuated tiles: one computed, one held by its store, one free
+STAGE_ROW_BYTES = 2048   # input rows shorter than this are staged (a DMA chunk costs ~256 B)
 
 
 @dataclass(frozen=True)
@@ -302,16 +310,28 @@ def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Af
         b.memset(xt.ap(), 0.0)
     sx0, sx1, sx2 = x.strides
     ix0 = ox0 * sw + (cr.lo[0] - pw)              # first input column read
+    # whole input rows that the padded tile would split into short DMA chunks: load them
+    # contiguously into a staging tile (one chunk per partition) and place them with a copy
+    stage = (cr.valid() == W and cinw != W and sx2 == 1 and W * x.dtype.itemsize < STAGE_ROW_BYTES)
+    st = b.tile("xstage", Memory.SBUF, g.parts, g.nci * rr.extent * W, dt, X_BUFS) if stage else None
     for s in range(g.stack):                      # copy s: the tile s*dh rows further down
-        if not (rr.valid(s) and cr.valid()):
+        vr = rr.valid(s)
+        if not (vr and cr.valid()):
             continue
         iy0 = oy0 * sh + (rr.lo[s] - ph + s * dh)
         for c0, cc in b.tiled(cin, P, "xc"):
             src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * cin + c0) * sx1
-                         + (iy0 * W + ix0) * sx2, cc, sx1, ((rr.valid(s), W * sx2), (cr.valid(), sx2)))
-            b.dma(xt.ap(cc, partition_start=s * g.pitch,
+                         + (iy0 * W + ix0) * sx2, cc, sx1, ((vr, W * sx2), (cr.valid(), sx2)))
+            dst = xt.ap(cc, partition_start=s * g.pitch,
                         elem_offset=c0 // P * area + rr.lo[s] * cinw + cr.lo[0],
-                        dims=_dims((cinw, rr.valid(s)), (1, cr.valid()))), src)
+                        dims=_dims((cinw, vr), (1, cr.valid())))
+            if st is None:
+                b.dma(dst, src)
+                continue
+            rows = st.ap(cc, partition_start=s * g.pitch, elem_offset=c0 // P * rr.extent * W,
+                         dims=_dims((W, vr), (1, W)))
+            b.dma(rows, src)
+            b.tensor_copy(dst, rows)
     pix = rr.size * cr.size
     so0, so1, so2 = y.strides
     for o0, ow in b.tiled(cout, P, "co"):
