@@ -24,6 +24,7 @@ Invariants
   lookup reads the same table: an embedding), axis ``attrs.axis == len(I)`` is the indexed axis
   of size ``attrs.bound == V``, and ``R`` is the row each lookup copies; ``outs[0]`` has shape
   ``(*I, *R)`` and the table's dtype. Values are copied as bytes (no arithmetic).
+- A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
   produce in eager), so fusion does not change rounding.
@@ -215,6 +216,7 @@ class KKind(enum.Enum):
     LAYER_NORM = "layer_norm"
     GATHER = "gather"
     ATTENTION = "attention"
+    CONV = "conv"
 
 
 class ReduceOp(enum.Enum):
@@ -292,8 +294,25 @@ class AttentionKAttrs:
     p_dtype: DType
 
 
+@dataclass(frozen=True)
+class ConvKAttrs:
+    """Forward convolution (``tiling/conv.py``): ``ins = (x [N, Ci, H*W], w [Co, Ci/groups, Kh,
+    Kw], bias [Co]?)``, ``outs = (y [N, Co, Ho*Wo],)``; ``x``'s last axis walks ``in_hw`` row-major
+    (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw``. Zero padding;
+    ``Ho = (H + 2*ph - dh*(Kh-1) - 1) // sh + 1`` (likewise ``Wo``)."""
+
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    has_bias: bool
+
+
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
-          | AttentionKAttrs)
+          | AttentionKAttrs | ConvKAttrs)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ FAMILY_ENGINES = {
     "views": "none: a new view of the same buffer",
     "shape": "DMA / engine copies; POINTWISE",
     "constants": "VectorE/GpSimdE memset, GpSimdE iota; POINTWISE",
+    "convolution": "TensorE implicit GEMM, ScalarE bias on evacuation; CONV (pads: memset + DMA; POINTWISE)",
 }
 
 

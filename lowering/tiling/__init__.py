@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from lowering.kir import KKind, KProgram, Role
 from lowering.tiling.attention import tile_attention
+from lowering.tiling.conv import tile_conv
 from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.pointwise import tile_pointwise
@@ -20,6 +21,7 @@ TILERS = {
     KKind.LAYER_NORM: tile_layer_norm,
     KKind.ATTENTION: tile_attention,
     KKind.GATHER: tile_gather,
+    KKind.CONV: tile_conv,
 }
 
 

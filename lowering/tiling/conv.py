@@ -1,0 +1,356 @@
+"""Tiling of CONV kernels: forward convolution as an implicit GEMM on TensorE.
+
+``y[n, co, oh, ow] = bias[co] + sum_{ci, kh, kw} w[co, ci, kh, kw] * xpad[n, g*Cig + ci,
+oh*sh + kh*dh, ow*sw + kw*dw]`` (``kir.ConvKAttrs``; ``g`` the group of ``co``). TensorE computes
+``psum[co, pix] += wT[ci, co].T @ window[ci, pix]`` with input channels on partitions, so every
+kernel tap ``(kh, kw)`` is one matmul whose moving operand is a *strided window* of an input
+tile already in SBUF (free dims ``[(sh * tile_width, rows), (sw, cols)]``, offset
+``kh*dh*tile_width + kw*dw``): the patch (im2col) matrix never exists, in HBM or in SBUF.
+
+Loop nest, per *super-group* (``gpb`` groups packed block-diagonally, see below):
+    build wT [ci chunk, (chunk, tap, co)] in SBUF: weight rows [co, ci*taps] by one DMA per
+        128 output channels (contiguous), one TensorE transpose per (ci chunk, tap) through PSUM
+    load the bias as one fp32-able column per 128 output channels
+    for n, for each output block of R rows x Cw columns (R*Cw <= 512, one PSUM bank):
+        input tile [ci chunk, chunks x Rin x Cin] (the block's receptive field with its halo):
+            memset to 0 when the block touches the padding, one DMA per 128 channels of the
+            valid rectangle
+        for each 128 output channels:
+            for each ci chunk, for each tap: matmul into one PSUM bank (the group starts at the
+                first chunk's first tap)
+            evacuate: ScalarE ``identity(acc + bias[co])`` (per-partition bias) or a copy, with
+                the cast to the output dtype; store by DMA
+Few input channels (<= 64, one chunk): the input tile is loaded ``stack`` times on partitions
+32 or 64 apart (the engines' alignment; the gaps are zeros), copy ``s`` shifted down ``s*dh``
+rows, so one product contracts ``stack`` kernel rows (``_Geo.units``: 6 products instead of 9
+for a 3x3 conv over 64 channels). Whole input rows shorter than ``STAGE_ROW_BYTES`` go through a
+contiguous staging tile (one DMA chunk per partition) and an engine copy into the padded tile,
+instead of one 256-byte-overhead DMA chunk per row.
+Blocks are grouped into *runs* of equal shape and clipping (the first and last blocks of an
+axis touch the padding, interior blocks do not), each run one loop.
+
+Groups: with ``Cig = Ci/groups`` and ``Cog = Co/groups`` at most 64, ``gpb`` groups (a divisor of
+``groups``, ``gpb*max(Cig, Cog) <= 128``) share one 128-row contraction: the weight rows are
+spread over a block-diagonal matrix by multiplying them with a 0/1 mask built by ``iota`` (one
+VectorE pass per super-group), so a depthwise conv runs 128 channels per matmul instead of one.
+
+Invariants
+- Every element of an input tile the matmuls read was written by the memset or the DMA; the
+  DMA reads only elements inside the input (padding is never an HBM read or an HBM tensor).
+- Accumulation groups: one per (block, 128 output channels), in one PSUM bank, opened by the
+  first product (``start_when`` of the ci chunk loop), every other product accumulates.
+- The weight block of one super-group (``chunks * taps * Cog*gpb`` elements per partition) and
+  the input tiles fit their SBUF shares (``W_SHARE``, ``X_SHARE``); else ``Unsupported``.
+
+Cost (what this moves and computes)
+- HBM: the input once per output block plus the halo (``Rin*Cin / (R*Cw*sh*sw)`` of it: ~1.3x
+  for a 3x3/s1 conv on 56x56), the weights and the output once. No patch-matrix traffic
+  (an explicit im2col would write and read ``Kh*Kw`` times the input).
+- SBUF traffic: the staged rows are copied once more (VectorE/GpSimdE/ScalarE, beside TensorE).
+- TensorE: ``chunks * len(units)`` matmuls of ``R*Cw`` columns per block and 128 output channels,
+  i.e. ``max(64, R*Cw)`` cycles each; utilisation is ``Ci_chunk/128 * Co_chunk/128`` of the
+  array (64-channel layers use a quarter of it), and the block-diagonal groups count their
+  zero products.
+- Weight preparation: one transpose + one copy per (ci chunk, tap, 128 output channels) per
+  super-group, once per kernel (not per image or block).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowering.errors import Unsupported
+from lowering.kir import ConvKAttrs, KOp
+from lowering.tir.affine import Affine, aff
+from lowering.tir.builder import TirBuilder, hbm_ap
+from runtime_sim.isa import ActFunc, AluOp, DType, Memory
+
+F32 = DType.FP32
+P = 128
+FREE_MAX = 512      # moving free size of one matmul = one fp32 PSUM bank
+W_SHARE = 1 / 3     # of an SBUF partition for one super-group's weights
+X_SHARE = 1 / 4     # for the input tiles (all their slots)
+X_BUFS = 4          # input tile slots: the next block loads while this one computes
+OUT_BUFS = 3        # evacuated tiles: one computed, one held by its store, one free
+STAGE_ROW_BYTES = 2048   # input rows shorter than this are staged (a DMA chunk costs ~256 B)
+
+
+@dataclass(frozen=True)
+class Run:
+    """``count`` consecutive output blocks along one axis from block ``first``: each ``size``
+    outputs wide, reading ``extent`` input positions; copy ``s`` of a stacked tile (its origin
+    ``s * shift`` positions further) has ``lo[s]`` padding positions first and ``hi[s]`` last."""
+
+    first: int
+    count: int
+    size: int
+    extent: int
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    def valid(self, s: int = 0) -> int:
+        return max(0, self.extent - self.lo[s] - self.hi[s])
+
+    @property
+    def padded(self) -> bool:
+        return any(self.lo) or any(self.hi)
+
+
+def runs(n_out: int, blk: int, s: int, d: int, k: int, p: int, n_in: int,
+         shifts: tuple[int, ...] = (0,)) -> list[Run]:
+    """The output blocks of ``blk`` along an axis (stride ``s``, dilation ``d``, kernel ``k``,
+    padding ``p``, input size ``n_in``) grouped into runs of equal shape and clipping; ``shifts``:
+    the origin offsets of the stacked copies of the input tile."""
+    out: list[Run] = []
+    for i in range(-(-n_out // blk)):
+        size = min(blk, n_out - i * blk)
+        ext = (size - 1) * s + (k - 1) * d + 1
+        firsts = [i * blk * s - p + sh for sh in shifts]
+        lo = tuple(max(0, -f) for f in firsts)
+        hi = tuple(max(0, f + ext - n_in) for f in firsts)
+        r = out[-1] if out else None
+        if r and (r.size, r.extent, r.lo, r.hi) == (size, ext, lo, hi):
+            out[-1] = Run(r.first, r.count + 1, size, ext, lo, hi)
+        else:
+            out.append(Run(i, 1, size, ext, lo, hi))
+    return out
+
+
+def groups_per_block(groups: int, cig: int, cog: int) -> int:
+    """Groups packed into one 128-row contraction (1 when a group fills it already)."""
+    cap = P // max(cig, cog)
+    if groups == 1 or cap < 2:
+        return 1
+    return max(g for g in range(1, min(cap, groups) + 1) if groups % g == 0)
+
+
+def _dims(*pairs: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(stride, size) pairs without the size-1 ones (at least one)."""
+    d = tuple(pr for pr in pairs if pr[1] > 1)
+    return d or ((1, 1),)
+
+
+def _blocks(Ho: int, Wo: int, free_max: int) -> tuple[int, int]:
+    """Output block (rows, cols), rows*cols <= free_max, balanced so the tails are not tiny."""
+    if Wo <= free_max:
+        rmax = max(1, min(Ho, free_max // Wo))
+        nb = -(-Ho // rmax)
+        return -(-Ho // nb), Wo
+    nb = -(-Wo // free_max)
+    return 1, -(-Wo // nb)
+
+
+@dataclass(frozen=True)
+class _Geo:
+    """One CONV kernel's blocking: super-groups of ``cin`` -> ``cout`` channels, ``nci`` chunks
+    of 128 input channels, ``stack`` copies of the input tile (copy ``s`` shifted ``s*dh`` rows,
+    on partitions ``s*pitch ..``: 32 or 64, the engines' partition alignment; the partitions
+    between copies hold zeros) so that one product contracts ``stack`` kernel rows at once;
+    ``units``: the products per chunk as (first kernel row, rows, kernel column)."""
+
+    cin: int
+    cout: int
+    nci: int
+    stack: int
+    pitch: int
+    units: tuple[tuple[int, int, int], ...]
+    R: int
+    Cw: int
+
+    def kparts(self, rows: int, cc: int) -> int:
+        """Contraction partitions of a product over ``rows`` stacked kernel rows."""
+        return (rows - 1) * self.pitch + cc
+
+    @property
+    def parts(self) -> int:
+        return min(self.kparts(self.stack, self.cin), P)
+
+    @property
+    def gaps(self) -> bool:
+        return self.stack > 1 and self.pitch > self.cin
+
+
+def tile_conv(b: TirBuilder, k: KOp) -> None:
+    a = k.attrs
+    assert isinstance(a, ConvKAttrs)
+    x, w = k.ins[0], k.ins[1]
+    bias = k.ins[2] if a.has_bias else None
+    N = x.shape[0]
+    Co, Cig, Kh, Kw = w.shape
+    Ho, Wo = a.out_hw
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    G = a.groups
+    if N == 0 or Co == 0 or Ho <= 0 or Wo <= 0:
+        return
+    op = ",".join(k.origin) or "convolution"
+    if Cig == 0:
+        raise Unsupported(op, "convolution with 0 input channels per group is not lowered")
+    Cog = Co // G
+    gpb = groups_per_block(G, Cig, Cog)
+    cin, cout, SG = gpb * Cig, gpb * Cog, G // gpb
+    nci = -(-cin // P)
+    pitch = 32 if cin <= 32 else 64 if cin <= 64 else cin
+    stack = min(Kh, P // pitch) if nci == 1 else 1
+    units = tuple((kh0, min(stack, Kh - kh0), kw) for kh0 in range(0, Kh, stack) for kw in range(Kw))
+    dt, isz = x.dtype, x.dtype.itemsize
+    part = b.target.sbuf_bytes_per_partition
+    wbytes = nci * len(units) * cout * isz
+    if wbytes * (2 if SG > 1 else 1) > part * W_SHARE:
+        raise Unsupported(op, f"weight block of {cin} input x {cout} output channels x {Kh * Kw} "
+                          f"taps needs {wbytes} B per SBUF partition (limit {int(part * W_SHARE)})")
+    free_max = FREE_MAX
+    while True:
+        R, Cw = _blocks(Ho, Wo, free_max)
+        rin, cinw = (R - 1) * sh + (Kh - 1) * dh + 1, (Cw - 1) * sw + (Kw - 1) * dw + 1
+        if nci * rin * cinw * isz * X_BUFS <= part * X_SHARE:
+            break
+        if free_max == 1:
+            raise Unsupported(op, f"input tile of {nci} x {rin}x{cinw} needs "
+                              f"{nci * rin * cinw * isz * X_BUFS} B per SBUF partition "
+                              f"(limit {int(part * X_SHARE)})")
+        free_max //= 2
+    g = _Geo(cin, cout, nci, stack, pitch, units, R, Cw)
+    H, W = a.in_hw
+    rruns = runs(Ho, R, sh, dh, Kh, ph, H, tuple(s * dh for s in range(stack)))
+    cruns = runs(Wo, Cw, sw, dw, Kw, pw, W)
+    b.note(f"conv [{N}x{x.shape[1]}x{H}x{W}] * [{Co}x{Cig}x{Kh}x{Kw}] -> [{Ho}x{Wo}] {dt.value}: "
+           f"groups {G} ({gpb} per 128-row block, {SG} blocks), {stack} kernel rows per product, "
+           f"output blocks {R}x{Cw}, {len(rruns)}x{len(cruns)} runs, {nci * len(units)} "
+           f"products per block and 128 output channels")
+    with b.loop(SG, "sg") as sg:
+        wT = _weights(b, w, sg, g, gpb, Cog)
+        bt = _bias(b, bias, sg, cout) if bias is not None else None
+        with b.loop(N, "n") as n:
+            for rr in rruns:
+                with b.loop(rr.count, "rb") as vr:
+                    for cr in cruns:
+                        with b.loop(cr.count, "cb") as vc:
+                            _block(b, k, g, wT, bt, n, sg, vr, vc, rr, cr)
+
+
+def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
+    """wT[s*pitch + ci, (chunk * units + u) * cout + co] = w[sg*cout + co, ci - grp(co)*Cig,
+    kh0(u) + s, kw(u)] inside the block diagonal (0 elsewhere, and between stacked copies): one
+    stationary per unit."""
+    dt = w.dtype
+    s0, s1, s2, s3 = w.strides
+    Co, Cig, Kh, Kw = w.shape
+    taps, nu, cin, cout = Kh * Kw, len(g.units), g.cin, g.cout
+    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * nu * cout, dt, 2)
+    if g.gaps:
+        b.memset(wT.ap(), 0.0)
+    for o0, ow in b.tiled(cout, P, "wo"):
+        src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
+                     ((Cig, s1), (Kh, s2), (Kw, s3)))
+        rows = b.tile("wrows", Memory.SBUF, ow, cin * taps, dt, 2)
+        if gpb == 1:
+            b.dma(rows.ap(), src)
+        else:                            # spread over the block diagonal: rows * mask[co, g]
+            plain = b.tile("wplain", Memory.SBUF, ow, Cig * taps, dt, 1)
+            b.dma(plain.ap(), src)
+            iv = b.tile("wmask_i", Memory.SBUF, ow, gpb, F32, 1)
+            b.iota(iv.ap(), 0, 1, (-Cog,))                  # p - Cog*g: in [0, Cog) on the diagonal
+            ge = b.tile("wmask_ge", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_scalar(ge.ap(), iv.ap(), AluOp.IS_GE, 0.0)
+            lt = b.tile("wmask_lt", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_scalar(lt.ap(), iv.ap(), AluOp.IS_LT, float(Cog))
+            m = b.tile("wmask", Memory.SBUF, ow, gpb, F32, 1)
+            b.tensor_tensor(m.ap(), ge.ap(), lt.ap(), AluOp.MULTIPLY)
+            n = Cig * taps
+            b.tensor_tensor(rows.ap(dims=((n, gpb), (1, n))), plain.ap(dims=((0, gpb), (1, n))),
+                            m.ap(dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
+        for c0, cc in b.tiled(cin, P, "wc"):
+            for u, (kh0, rs, kw) in enumerate(g.units):
+                if not g.gaps:           # every stacked row in one transpose
+                    kp = g.kparts(rs, cc)
+                    tp = b.tile("wtps", Memory.PSUM, kp, P, F32, 2)
+                    b.transpose(tp.ap(kp, dims=((1, ow),)),
+                                rows.ap(ow, elem_offset=c0 * taps + kh0 * Kw + kw,
+                                        dims=_dims((Kw, rs), (taps, cc))))
+                    b.tensor_copy(wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0,
+                                        dims=((1, ow),)), tp.ap(kp, dims=((1, ow),)))
+                    continue
+                tp = b.tile("wtps", Memory.PSUM, g.kparts(rs, cc), P, F32, 2)
+                for s in range(rs):      # one per stacked row, onto its aligned partitions
+                    b.transpose(tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)),
+                                rows.ap(ow, elem_offset=c0 * taps + (kh0 + s) * Kw + kw,
+                                        dims=_dims((taps, cc))))
+                    b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
+                                        elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),)),
+                                  tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
+    return wT
+
+
+def _bias(b: TirBuilder, bias, sg: Affine, cout: int):
+    """bias[sg*cout + co] as column ``co // 128`` of a [min(cout, 128), chunks] tile."""
+    nco = -(-cout // P)
+    bt = b.tile("bias", Memory.SBUF, min(cout, P), nco, bias.dtype, 2)
+    st = bias.strides[0]
+    for o0, ow in b.tiled(cout, P, "bo"):
+        b.dma(bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)),
+              hbm_ap(bias.buffer, bias.dtype, bias.offset + (sg * cout + o0) * st, ow, st, ()))
+    return bt
+
+
+def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Affine, vc: Affine,
+           rr: Run, cr: Run) -> None:
+    """One output block: its input tile (``stack`` shifted copies), then per 128 output channels
+    the products, the evacuation (bias, cast) and the store."""
+    a = k.attrs
+    x, y = k.ins[0], k.outs[0]
+    H, W = a.in_hw
+    Wo = a.out_hw[1]
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    dt, cin, cout, nu = x.dtype, g.cin, g.cout, len(g.units)
+    cinw = cr.extent
+    area = rr.extent * cinw
+    oy0 = (vr + rr.first) * g.R                   # first output row / column of the block
+    ox0 = (vc + cr.first) * g.Cw
+    xt = b.tile("xin", Memory.SBUF, g.parts, g.nci * area, dt, X_BUFS)
+    if rr.padded or cr.padded or g.gaps:
+        b.memset(xt.ap(), 0.0)
+    sx0, sx1, sx2 = x.strides
+    ix0 = ox0 * sw + (cr.lo[0] - pw)              # first input column read
+    # whole input rows that the padded tile would split into short DMA chunks: load them
+    # contiguously into a staging tile (one chunk per partition) and place them with a copy
+    stage = (cr.valid() == W and cinw != W and sx2 == 1 and W * x.dtype.itemsize < STAGE_ROW_BYTES)
+    st = b.tile("xstage", Memory.SBUF, g.parts, g.nci * rr.extent * W, dt, X_BUFS) if stage else None
+    for s in range(g.stack):                      # copy s: the tile s*dh rows further down
+        vr = rr.valid(s)
+        if not (vr and cr.valid()):
+            continue
+        iy0 = oy0 * sh + (rr.lo[s] - ph + s * dh)
+        for c0, cc in b.tiled(cin, P, "xc"):
+            src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * cin + c0) * sx1
+                         + (iy0 * W + ix0) * sx2, cc, sx1, ((vr, W * sx2), (cr.valid(), sx2)))
+            dst = xt.ap(cc, partition_start=s * g.pitch,
+                        elem_offset=c0 // P * area + rr.lo[s] * cinw + cr.lo[0],
+                        dims=_dims((cinw, vr), (1, cr.valid())))
+            if st is None:
+                b.dma(dst, src)
+                continue
+            rows = st.ap(cc, partition_start=s * g.pitch, elem_offset=c0 // P * rr.extent * W,
+                         dims=_dims((W, vr), (1, W)))
+            b.dma(rows, src)
+            b.tensor_copy(dst, rows)
+    pix = rr.size * cr.size
+    so0, so1, so2 = y.strides
+    for o0, ow in b.tiled(cout, P, "co"):
+        acc = b.tile("acc", Memory.PSUM, ow, FREE_MAX, F32, 2)
+        for c0, cc in b.tiled(cin, P, "ci"):
+            for u, (kh0, rs, kw) in enumerate(g.units):
+                kp = g.kparts(rs, cc)
+                mov = xt.ap(kp, elem_offset=c0 // P * area + kh0 * dh * cinw + kw * dw,
+                            dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
+                stat = wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),))
+                b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov,
+                         start_when=(c0,) if u == 0 else (1,))
+        res = b.tile("yout", Memory.SBUF, ow, pix, y.dtype, OUT_BUFS)
+        src = acc.ap(ow, dims=((1, pix),))
+        if bt is not None:
+            b.activation(res.ap(), src, ActFunc.IDENTITY,
+                         bias_ap=bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)))
+        else:
+            b.tensor_copy(res.ap(), src)
+        dst = hbm_ap(y.buffer, y.dtype, y.offset + n * so0 + (sg * cout + o0) * so1
+                     + (oy0 * Wo + ox0) * so2, ow, so1, ((rr.size, Wo * so2), (cr.size, so2)))
+        b.dma(dst, res.ap())
