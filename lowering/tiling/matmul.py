@@ -60,18 +60,19 @@ class _Side:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
     def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False,
-              k0: Affine | int = 0, bufs: int = 2):
+              k0: Affine | int = 0, bufs: int = 2, tile: Tile | None = None):
         """PE_T operands whose rows fit (``matmul_plan.staged``, or any PE_T operand with
         ``always``): rows f0 .. f0+fw of X^T, K columns from ``k0`` (default: all of K), in one
         tile ([128 rows, K] per 128 of fw, one DMA for all of them when every chunk is full), for
         ``load`` to transpose from (its k0 then counts from the staged ``k0``); None otherwise
-        (then every K tile loads its own rows)."""
+        (then every K tile loads its own rows). ``tile``: the rows tile to load into (shared
+        by several call sites), default a new one of ``bufs`` slots."""
         r = self.ref
         ok = self.form == PE_T if always else staged(self.form, fw, K, r.dtype.itemsize, b.target)
         if not ok or fw <= 1 or K <= 1:
             return None
         nch = -(-fw // 128)
-        rows = b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, bufs)
+        rows = tile or b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, bufs)
         base = bbase + aff(k0) * self.kstride
         if fw % 128 == 0:      # every chunk has 128 rows: all of them in one DMA
             b.dma(rows.ap(128, dims=((K, nch), (1, K))),
@@ -85,9 +86,13 @@ class _Side:
         return (rows, K)
 
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
-             f0: Affine, fw: int, stage=None) -> None:
+             f0: Affine, fw: int, stage=None, psum: TAP | None = None,
+             copy_engines: tuple | None = None) -> None:
         """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
-        is a plain strided copy whatever the form); ``stage``: the rows from ``stage``."""
+        is a plain strided copy whatever the form); ``stage``: the rows from ``stage``
+        (``(tile, K)``, or ``(tile, K, offset)`` when row ``f0`` sits ``offset`` elements into
+        it); ``psum``: where a TensorE transpose of at most 128 rows lands (default: a new tile
+        of ``tp_bufs`` slots); ``copy_engines``: the engines its copy out of PSUM may take."""
         r = self.ref
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
         if self.form == DMA_T and fw > 1 and kt > 1:
@@ -101,15 +106,17 @@ class _Side:
                              cw, self.fstride, ((kt, self.kstride),))
                 rows = b.resident_view(src, cw)      # RES_T: the rows are already in SBUF
                 if stage is not None:
-                    st, K = stage
-                    rows = st.ap(cw, elem_offset=c0 // 128 * K + k0, dims=((1, kt),))
+                    st, K, *off = stage
+                    rows = st.ap(cw, elem_offset=(off[0] if off else 0) + c0 // 128 * K + k0,
+                                 dims=((1, kt),))
                 elif rows is None:
                     t = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
                     b.dma(t.ap(), src)
                     rows = t.ap()
-                tp = b.tile("tps", Memory.PSUM, kt, cw, F32, self.tp_bufs)
-                b.transpose(tp.ap(), rows)
-                b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tp.ap())
+                tpa = psum if psum is not None else b.tile("tps", Memory.PSUM, kt, cw, F32, self.tp_bufs).ap()
+                b.transpose(tpa, rows)
+                b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tpa,
+                              **({"engines": copy_engines} if copy_engines else {}))
             return
         src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
                      self.kstride, ((fw, self.fstride),))
@@ -142,7 +149,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
            f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
     if best.resident == "C":
-        emit_outres(b, k, sa, sb, best, used, _epilogue)
+        emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         _emit(b, k, sa, sb, best, used, folded)
 
@@ -291,10 +298,11 @@ def _bias_products(b: TirBuilder, k: KOp, fi: int, bidx, c: Blocking, acc, r0, r
 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
-              nt: int, acc: TAP, into: TAP | None = None) -> None:
+              nt: int, acc: TAP, into: TAP | None = None, store: bool = True) -> TAP | None:
     """Evaluate the epilogue on one output tile (``acc``: its accumulator) and store it;
     ``into``: an SBUF access of the output's dtype to compute the result into (default: a
-    tile of the epilogue's own)."""
+    tile of the epilogue's own). ``store=False`` (with ``into``): leave the result there and
+    return it for the caller to store (None when the output is resident in SBUF: done)."""
     out = k.outs[0]
     loads: dict[int, TAP] = {}
     for i in used:
@@ -332,9 +340,11 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     target = b.resident_view(dst, mt)
     if target is not None:            # the output stays in SBUF: evacuate PSUM straight into it
         gen.tile_of(expr, out.dtype, out=target)
-        return
+        return None
     if into is not None:
         res = acc if (expr.op is EOp.ACC and acc.dtype == out.dtype) else gen.tile_of(expr, out.dtype, out=into)
+        if not store:
+            return res
     else:
         res = gen.tile_of(expr, out.dtype)
     if b.buffers[res.buf].memory is Memory.PSUM:  # DMA does not read PSUM: evacuate first
@@ -342,6 +352,14 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
         b.tensor_copy(ev, res)
         res = ev
     b.dma(dst, res)
+    return None
+
+
+def out_ap(k: KOp, bidx, m0: Affine, mt: int, n0: Affine, nt: int) -> TAP:
+    """The HBM access of output rows ``m0 .. m0+mt``, columns ``n0 .. n0+nt``."""
+    out = k.outs[0]
+    return hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
+                  + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),))
 
 
 def _boff(ref, bidx) -> Affine:

@@ -6,34 +6,43 @@ output block stays in SBUF as fp32 accumulators and both operands stream in chun
 NKI matmul tutorial's fastest kernel does:
 
     for each block of ``block`` m-tiles x ``group`` n-tiles:   accumulators [block x group] in SBUF
-        for each chunk of ``kacc`` K tiles:
-            load A^T[chunk, m-block], B[chunk, n-block]        (two slots each: the next chunk
-                                                                loads while this one computes)
-            for m-tile, n-tile:
-                psum = sum over the chunk's K tiles of matmuls  (a rotating PSUM bank)
-                acc[m, n] = psum (first chunk) or acc[m, n] + psum (VectorE/GpSimdE)
-        for m-tile, n-tile: epilogue(acc) -> store
+        chunk 0:          load, products, acc[m, n] = psum            (a copy: no zeroing)
+        chunks 1 .. C-2:  a loop over pairs of chunks (one per half of the chunk tiles):
+                          load, products, acc[m, n] += psum           (VectorE / GpSimdE)
+        chunk C-1:        load, products, acc[m, n] += psum, and at once per cell
+                          epilogue(acc) into the accumulator's own bytes; one store per m-tile
 
 A is read N / (group * 512) times and B M / (block * 128) times, whatever the PSUM size; the
-price is one [128, 512] fp32 add per cell and chunk (and a memset per cell and block). Invariants:
-the accumulators are zeroed at the start of their block and every chunk adds (one loop of
-chunks, whose tiles rotate; a partial last chunk reuses their bytes); the cells are unrolled,
-their adds alternating VectorE / GpSimdE and their PSUM banks taken in turn; a row bias folded
-into the PSUM accumulation (``fold_row_bias``) does not take this form
-(``MatmulShape.no_outres``).
+price is one [128, 512] fp32 add per cell and chunk. What keeps TensorE busy across blocks:
+- every tile (accumulators, the two-half chunk tiles, the staged rows of a TensorE-transposed
+  side, the PSUM banks) is allocated once for all blocks, so the next block's first chunk loads
+  while this block's last chunk computes, and a cell of the next block waits only for its own
+  m-tile's store (no memset pass, no epilogue tiles);
+- the results of an m-tile are packed side by side over the fp32 bytes of cells already
+  evacuated (cell j at j * 512 output elements), so a store moves rows of ``group * 512``
+  contiguous elements (the DMA's per-run cost paid once per row, not once per 512);
+- the copies out of PSUM of the TensorE transposes alternate ScalarE / GpSimdE.
+Invariants: chunk ``i`` uses half ``i % 2`` of the chunk tiles (static offsets, so the sync
+pass sees the halves apart); a partial last chunk or block uses the first elements of the full
+shapes; the cells of an m-tile are unrolled, their PSUM reads alternating GpSimdE / VectorE and
+their banks taken in turn, the m-tiles a loop; a row bias folded into the PSUM accumulation
+(``fold_row_bias``) does not take this form (``MatmulShape.no_outres``).
 """
 from __future__ import annotations
 
 from contextlib import ExitStack
 
-from lowering.tiling.matmul_plan import Blocking
-from lowering.tir.affine import Affine
+from lowering.tiling.matmul_plan import PE_T, RES_T, Blocking
+from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
 from runtime_sim.isa import AluOp, DType, EngineKind, Memory
 
 F32 = DType.FP32
 TM, TN, TK = 128, 512, 128
 ADD_ENGINES = (EngineKind.GPSIMD, EngineKind.VECTOR)
+# the copies out of PSUM of consecutive transposes alternate ScalarE / GpSimdE (on NC-v2 they
+# take different shared ports, so they run side by side)
+TP_COPY_ENGINES = ((EngineKind.SCALAR,), (EngineKind.GPSIMD,))
 TP_BUFS = 4     # PSUM slots per TensorE-transpose load site (the transposes sit between products)
 
 
@@ -41,73 +50,126 @@ def _pieces(n: int, step: int) -> list[tuple[int, int]]:
     return [(i, min(step, n - i)) for i in range(0, n, step)]
 
 
-def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue) -> None:
+def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue, out_ap) -> None:
     """The loop nest above; ``sa``/``sb`` are matmul.py's ``_Side`` views of A and B,
-    ``epilogue(b, k, used, bidx, m0, mt, n0, nt, acc_ap)`` evaluates and stores one cell."""
-    from dataclasses import replace
-    sa, sb = replace(sa, tp_bufs=TP_BUFS), replace(sb, tp_bufs=TP_BUFS)
+    ``epilogue(b, k, used, bidx, m0, mt, n0, nt, acc_ap, into_ap, store)`` evaluates one cell
+    (``matmul._epilogue``), ``out_ap(k, bidx, m0, mt, n0, nt)`` is the output's HBM access."""
     A = k.ins[0]
     *batch, M, K = A.shape
     N = k.ins[1].shape[-1]
     dt = A.dtype
-    chunk = c.kacc * TK
+    chunk = min(K, c.kacc * TK)
+    chunks = _pieces(K, chunk)
+    kts = -(-chunk // TK)
     out_dt = k.outs[0].dtype
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         abase, bbase = sa.base(bidx), sb.base(bidx)
-        # the accumulators of one block, zero between blocks: zeroed once here, and every cell
-        # again right after its result left (the next block's first add then waits only for
-        # that cell's store, not for a memset pass over the whole block)
         cells_max = -(-min(M, c.block * TM) // TM) * -(-min(N, c.group * TN) // TN)
         acc = b.tile("accs", Memory.SBUF, TM, cells_max * TN, F32, 1)
-        for n in range(cells_max):
-            b.memset(acc.ap(TM, elem_offset=n * TN, dims=((1, TN),)), 0.0,
-                     engines=(ADD_ENGINES[n % 2],))
+        # one allocation of every tile for all blocks: the next block's first chunk loads
+        # while this block's last chunk computes (a new allocation per block would wait for
+        # every access of the previous one)
+        rw_max, sw_max = min(M, c.block * TM), min(N, c.group * TN)
+        # PSUM banks taken by the cells in turn (the cells are unrolled: the rotation is explicit)
+        banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
+        oa = _Operand(b, sa, "ach", kts, chunks[0][1], rw_max, dt)
+        ob = _Operand(b, sb, "bch", kts, chunks[0][1], sw_max, dt)
         for r0, rw in b.tiled(M, c.block * TM, "cm"):
             for s0, sw in b.tiled(N, c.group * TN, "cn"):
-                nr, ns = -(-rw // TM), -(-sw // TN)
-                # PSUM banks taken by the cells in turn (the cells are unrolled, so the rotation
-                # is explicit), shared by the first chunk and the chunk loop
-                banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
+                _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
+                       out_dt, chunks, r0, rw, s0, sw)
 
-                def step(kc0: Affine, kcw: int) -> None:
-                    at = b.tile("ach", Memory.SBUF, TK, -(-kcw // TK) * rw, dt, 2)
-                    bt = b.tile("bch", Memory.SBUF, TK, -(-kcw // TK) * sw, dt, 2)
-                    # TensorE-transposed operands: the chunk's rows in one DMA (a [128, 128]
-                    # transfer per transpose keeps only two in flight for the DMA latency)
-                    # (one slot: the transposes read it at the start of the chunk, the next
-                    # chunk's rows load while this one's products run)
-                    ast = sa.stage(b, abase, r0, rw, kcw, always=True, k0=kc0, bufs=1)
-                    bst = sb.stage(b, bbase, s0, sw, kcw, always=True, k0=kc0, bufs=1)
-                    for k0, kt in b.tiled(kcw, TK, "ka"):
-                        sa.load(b, at, k0 // TK * rw, abase, k0 if ast else kc0 + k0, kt, r0, rw, ast)
-                    for k0, kt in b.tiled(kcw, TK, "kb"):
-                        sb.load(b, bt, k0 // TK * sw, bbase, k0 if bst else kc0 + k0, kt, s0, sw, bst)
-                    # cells unrolled (static), their adds alternating VectorE / GpSimdE: one
-                    # engine alone falls behind TensorE at two K tiles per chunk
-                    for ci, (i0, iw) in enumerate(_pieces(rw, TM)):
-                        for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
-                            n = ci * ns + cj
-                            dst = banks[n % len(banks)].ap(iw, dims=((1, jw),))
-                            for k0, kt in b.tiled(kcw, TK, "kk"):
-                                b.matmul(dst, at.ap(kt, elem_offset=k0 // TK * rw + i0, dims=((1, iw),)),
-                                         bt.ap(kt, elem_offset=k0 // TK * sw + j0, dims=((1, jw),)),
-                                         start_when=(k0,))
-                            cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
-                            b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=(ADD_ENGINES[n % 2],))
 
-                for kc0, kcw in b.tiled(K, chunk, "kc"):
-                    step(kc0, kcw)
-                # each result computed into its own cell's bytes (as the output dtype) and
-                # stored from there, then the cell zeroed for the next block
-                for ci, (i0, iw) in enumerate(_pieces(rw, TM)):
-                    for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
-                        n = ci * ns + cj
-                        cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
-                        into = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),), dtype=out_dt)
-                        epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into)
-                # (after every cell's evacuation: a memset waits for its cell's store, and an
-                # in-order engine must not hold the next evacuation behind it)
-                for n in range(nr * ns):
-                    b.memset(acc.ap(TM, elem_offset=n * TN, dims=((1, TN),)), 0.0,
-                             engines=(ADD_ENGINES[n % 2],))
+class _Operand:
+    """One side's tiles for the chunks of a block: the chunk tile (two halves, chunk ``i`` in
+    half ``i % 2``: explicit double buffering, the same bytes whatever the call site), the
+    staged rows of a TensorE-transposed side (one slot) and its PSUM transpose slots."""
+
+    def __init__(self, b: TirBuilder, side, name: str, kts: int, chunk: int, f: int, dt: DType):
+        self.side, self.f, self.kts = side, f, kts
+        self.tile = b.tile(name, Memory.SBUF, TK, 2 * kts * f, dt, 1)
+        self.tp = side.form in (PE_T, RES_T) and f > 1 and chunk > 1
+        self.rows = (b.tile(f"{name}_rows", Memory.SBUF, min(f, TM), -(-f // TM) * chunk, dt, 1)
+                     if self.tp and side.form == PE_T else None)
+        self.tps = b.tile(f"{name}_tp", Memory.PSUM, TK, TP_BUFS * TM, F32, 1) if self.tp else None
+
+    def fill(self, b: TirBuilder, base: Affine, kc0: Affine, kcw: int, half: int, f0: Affine,
+             fw: int) -> None:
+        """Chunk ``[kc0, kc0 + kcw)`` of rows ``f0 .. f0 + fw`` into ``half`` (``fw`` at most
+        the block's ``f``: a partial block uses the first ``fw`` columns of each K tile)."""
+        side, f, off = self.side, self.f, half * self.kts * self.f
+        if not self.tp:
+            for k0, kt in b.tiled(kcw, TK, "kl"):
+                side.load(b, self.tile, off + k0 // TK * f, base, kc0 + k0, kt, f0, fw)
+            return
+        st = (side.stage(b, base, f0, fw, kcw, always=True, k0=kc0, tile=self.rows)
+              if self.rows is not None else None)
+        for c0, cw in b.tiled(fw, TM, "tr"):    # K tiles unrolled: the PSUM slots in turn
+            for j, (k0, kt) in enumerate(_pieces(kcw, TK)):
+                slot = self.tps.ap(kt, elem_offset=j % TP_BUFS * TM, dims=((1, cw),))
+                side.load(b, self.tile, off + k0 // TK * f + c0, base, k0 if st else kc0 + k0, kt,
+                          f0 + c0, cw, None if st is None else (st[0], st[1], c0 // TM * st[1]), slot,
+                          TP_COPY_ENGINES[j % 2])
+
+    def ap(self, kt: int, half: int, k0: Affine, f0: int, fw: int):
+        return self.tile.ap(kt, elem_offset=half * self.kts * self.f + k0 // TK * self.f + f0,
+                            dims=((1, fw),))
+
+
+def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob, out_dt, chunks,
+           r0, rw, s0, sw) -> None:
+    """One output block: its first chunk copies the products into the accumulators (no
+    zeroing: a cell waits only for its own store of the previous block), the middle chunks add
+    (a loop over pairs of chunks, one per half), the last adds and hands every cell to the
+    epilogue at once (the stores run under the last chunk's products)."""
+    nr, ns = -(-rw // TM), -(-sw // TN)
+    chunk = chunks[0][1]
+    last_i = len(chunks) - 1
+
+    def step(i: int, kc0: Affine, kcw: int) -> None:
+        half = i % 2
+        oa.fill(b, abase, kc0, kcw, half, r0, rw)
+        ob.fill(b, bbase, kc0, kcw, half, s0, sw)
+        # cells unrolled (static), their PSUM reads alternating GpSimdE / VectorE: one engine
+        # alone falls behind TensorE at two K tiles per chunk
+        for i0, iw in b.tiled(rw, TM, "ci"):    # a loop over m-tiles, their cells unrolled
+            row = i0 // TM * ns
+            results = []
+            for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
+                n = row + cj
+                dst = banks[cj % len(banks)].ap(iw, dims=((1, jw),))
+                for k0, kt in b.tiled(kcw, TK, "kk"):
+                    b.matmul(dst, oa.ap(kt, half, k0, i0, iw), ob.ap(kt, half, k0, j0, jw),
+                             start_when=(k0,))
+                cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
+                eng = (ADD_ENGINES[cj % 2],)
+                if i == 0:
+                    b.tensor_copy(cell, dst, engines=eng)
+                else:
+                    b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=eng)
+                if i == last_i:
+                    # the result into the accumulators' bytes, the m-tile's cells packed side
+                    # by side (cell j at j * 512 output elements: the fp32 bytes of cells
+                    # j/2 .. j-1, whose results left already), so one DMA of contiguous rows
+                    # stores the m-tile (runs of ``sw`` elements, not 512)
+                    into = acc.ap(iw, elem_offset=row * TN + cj * TN * out_dt.itemsize // 4,
+                                  dims=((1, jw),), dtype=out_dt)
+                    res = epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into, False)
+                    results.append(res)
+            if i == last_i and all(r is not None for r in results):
+                b.dma(out_ap(k, bidx, r0 + i0, iw, s0, sw),
+                      acc.ap(iw, elem_offset=row * TN, dims=((1, sw),), dtype=out_dt))
+            elif i == last_i:
+                assert not any(results), "an m-tile's cells are either all resident or all stored"
+
+    step(0, aff(0), chunks[0][1])
+    mid = len(chunks) - 2                 # chunks 1 .. last_i - 1, in pairs
+    if mid >= 2:
+        with b.loop(mid // 2, "kp") as p:
+            step(1, p * (2 * chunk) + chunk, chunk)
+            step(2, p * (2 * chunk) + 2 * chunk, chunk)
+    if mid > 0 and mid % 2:
+        step(last_i - 1, aff((last_i - 1) * chunk), chunk)
+    if last_i > 0:
+        step(last_i, aff(last_i * chunk), chunks[-1][1])

@@ -31,7 +31,8 @@ from runtime_sim.isa import (AP, ActivationAttrs, ActFunc, AluOp, DmaAttrs, DTyp
 from runtime_sim.targets import Target
 
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
-RES_T = "resident_transpose"   # rows of an SBUF-resident tensor, transposed on TensorE (no DMA)
+RES_T = "resident_transpose"
+OUTRES_BANKS = 4    # resident="C": PSUM banks the cells of an m-tile take in turn (the m-tile loop reuses them)
 SBUF_SHARE = 0.90   # of a partition for one matmul kernel (the rest: the neighbours' prefetched tiles)
 STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
 
@@ -300,7 +301,7 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
             if form in (PE_T, RES_T):
                 if form == PE_T:     # a chunk's rows, one slot
                     sb += -(-F // 128) * min(s.K, c.kacc * 128) * isz
-                tps += 4             # matmul_outres.TP_BUFS
+                tps += 1             # one bank: matmul_outres.TP_BUFS slots of [128, 128]
         return sb, c.acc_bufs + tps
     if c.resident == "A":
         rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
@@ -349,7 +350,7 @@ def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
                 # (chunks of at least four K tiles: measured, two-tile chunks run 5-13% past
                 # their estimate, their rows' 512-byte DMA runs and per-chunk adds)
                 for kacc in sorted({min(Kt, 4), min(Kt, 8)}):
-                    out.append(Blocking("C", blk, grp, 1, 4, kacc=kacc))
+                    out.append(Blocking("C", blk, grp, 1, OUTRES_BANKS, kacc=kacc))
     return out
 
 

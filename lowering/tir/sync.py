@@ -76,6 +76,31 @@ class _Access:
         return self.info.ins.sid
 
 
+def _extent(x: _Access) -> tuple[int, int]:
+    """Bytes of its slot that ``x`` may touch over all its iterations (a bounding interval)."""
+    lo, hi = x.tap.offset.bounds(x.info.counts())
+    slo, shi = x.tap.byte_span()
+    return lo + slo, hi + shi
+
+
+def _candidate_pairs(accs: list[_Access]):
+    """Ordered pairs of accesses of one buffer whose byte extents intersect, in the order the
+    exhaustive double loop yields them (accesses elsewhere in a slot never meet, in any slot)."""
+    ext = [_extent(x) for x in accs]
+    order = sorted(range(len(accs)), key=lambda i: ext[i][0])
+    pairs: list[tuple[int, int]] = []
+    for n, i in enumerate(order):
+        hi = ext[i][1]
+        for j in order[n + 1:]:
+            if ext[j][0] >= hi:
+                break
+            if ext[j][1] > ext[i][0]:
+                pairs.append((i, j))
+                pairs.append((j, i))
+    for i, j in sorted(pairs):
+        yield accs[i], accs[j]
+
+
 def _y(v: str) -> str:
     return "y:" + v
 
@@ -96,15 +121,14 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
 
     for name, accs in by_buf.items():
         buf = tp.buffer(name)
-        for x in accs:
-            for y in accs:
-                if x.sid == y.sid or not (x.write or y.write):
-                    continue
-                if queues[x.sid] == queues[y.sid]:
-                    continue
-                w = _same_buffer(st, buf, x, y)
-                if w is not None:
-                    found[x.sid][y.sid].append(w)
+        for x, y in _candidate_pairs(accs):
+            if x.sid == y.sid or not (x.write or y.write):
+                continue
+            if queues[x.sid] == queues[y.sid]:
+                continue
+            w = _same_buffer(st, buf, x, y)
+            if w is not None:
+                found[x.sid][y.sid].append(w)
 
     # members of one alias group: every write waits for the latest preceding access of the others
     groups: dict[str, list[str]] = defaultdict(list)
@@ -150,16 +174,44 @@ def _dominant(ws: list[Wait]) -> list[Wait]:
 
 
 # ---- overlap algebra ------------------------------------------------------------------------
-def _window(a: TAP, b: TAP) -> tuple[int, int]:
-    """Overlap of [off_b + span_b) and [off_a + span_a) <=> off_b - off_a in [lo, hi]."""
+def _window(a: TAP, b: TAP) -> tuple[int, ...]:
+    """Overlap of [off_b + span_b) and [off_a + span_a) <=> off_b - off_a in [lo, hi]; when
+    both walk the same rows (``_rows``), (lo, hi, row bytes, rows, width_a, width_b)."""
     alo, ahi = a.byte_span()
     blo, bhi = b.byte_span()
-    return alo - bhi + 1, ahi - blo - 1
+    return (alo - bhi + 1, ahi - blo - 1) + _rows(a, b)
 
 
-def _can_overlap(diff: Affine, win: tuple[int, int], dom: dict[str, int]) -> bool:
+def _rows(a: TAP, b: TAP) -> tuple[int, ...]:
+    """(S, R, Wa, Wb) when ``a`` and ``b`` have the same outer axis (R rows S bytes apart) and
+    the rest of each lies in its first ``W`` bytes of a row (``W <= S``): then they can meet
+    only at row offsets ``k*S - Wb < off_b - off_a < k*S + Wa`` (columns of one row-major
+    tensor, e.g. two stores side by side, never overlap although their bounding boxes do)."""
+    if len(a.dims) < 2 or len(b.dims) < 2 or a.dims[0] != b.dims[0] or a.dtype != b.dtype:
+        return ()
+    (st, rows), isz = a.dims[0], a.dtype.itemsize
+    if st <= 0 or rows < 2:
+        return ()
+    widths = []
+    for t in (a, b):
+        if any(s < 0 for s, _ in t.dims[1:]):
+            return ()
+        widths.append(sum(s * (n - 1) for s, n in t.dims[1:]) * isz + isz)
+    if max(widths) > st * isz:
+        return ()
+    return (st * isz, rows, widths[0], widths[1])
+
+
+def _can_overlap(diff: Affine, win: tuple[int, ...], dom: dict[str, int]) -> bool:
     lo, hi = diff.bounds(dom)
-    return lo <= win[1] and hi >= win[0]
+    if not (lo <= win[1] and hi >= win[0]):
+        return False
+    if len(win) > 2:        # some row offset k*S within reach of [lo, hi]
+        S, rows, wa, wb = win[2:]
+        k0 = max(-(rows - 1), -((wa - 1 - lo) // S))
+        k1 = min(rows - 1, (hi + wb - 1) // S)
+        return k0 <= k1
+    return True
 
 
 def _separating(diff: Affine, yv: str, xv: str, win: tuple[int, int], dom: dict[str, int]) -> bool | None:
@@ -259,9 +311,14 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
             break                                       # never overlaps at all
         if sep:
             continue
+        steady = diff.coef(_y(v)) == 0 and diff.coef(v) == 0
         sub[_y(v)] = Affine.var(v) - 1
         diff = boff.subs(sub) - a.offset
         ch = _choose_free(diff, priv, xvars, win, dom)
+        if ch is None and steady:
+            # neither place moves with ``v``: what cannot overlap one iteration back cannot
+            # overlap at any distance (two halves of one tile, each at a fixed place)
+            continue
         if ch is None:
             ch = {yv: Affine(cnt - 1) for yv, cnt in priv}
         sub.update(ch)

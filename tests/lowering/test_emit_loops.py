@@ -148,3 +148,24 @@ def _swap(body, old, new):
         else:
             out.append(new if it is old else it)
     return out
+
+
+def test_side_by_side_columns_of_a_row_major_tensor_do_not_overlap():
+    """Two stores of [128 rows, 512 columns] into one [128, 8192] tensor, 512 columns apart:
+    their bounding boxes overlap, their bytes do not (``sync._rows``); at 256 columns apart
+    they do share bytes."""
+    from lowering.tir.ir import TAP
+    from lowering.tir.sync import _can_overlap, _window
+    from runtime_sim.isa import DType
+
+    def store(col: int) -> TAP:
+        return TAP("out", 0, 1, Affine(col * 2), ((8192, 128), (1, 512)), DType.BF16)
+
+    a = store(0)
+    for col, meets in ((512, False), (1024, False), (256, True), (8192 - 256, True), (0, True)):
+        b = store(col)
+        assert _can_overlap(b.offset - a.offset, _window(a, b), {}) is meets, col
+    # a loop of such stores, one per 512 columns: two different iterations never meet
+    b = TAP("out", 0, 1, Affine.var("j") * 1024, ((8192, 128), (1, 512)), DType.BF16)
+    assert not _can_overlap(b.offset.subs({"j": Affine.var("j") + 1}) - b.offset,
+                            _window(b, b), {"j": 15})
