@@ -244,3 +244,17 @@ def test_cost_per_million():
     assert c["price_source"] == "--price (user)" and not c["price_assumed"]
     assert prices.cost("trn3", 100.0, prices.INSTANCES)["price_assumed"]
     assert set(prices.TARGET_INSTANCE) == {"trn1", "trn2", "trn3"}
+
+
+def test_entry_point_and_help(capsys):
+    import os
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["neuron-eval"] == "neuron_compiler.eval.cli:main"
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--targets", "--warmup", "--iters", "--train", "--json", "--html", "--baseline",
+                 "--max-slowdown"):
+        assert flag in out
