@@ -56,6 +56,17 @@ def make_cumsum():
 
 def make_bad():
     return "not a model", 3
+
+
+def make_break():
+    torch.manual_seed(0)
+    lin = nn.Linear(WIDTH, WIDTH)
+
+    def f(x):
+        y = lin(x)
+        torch._dynamo.graph_break()
+        return torch.relu(y)
+    return f, (torch.randn(8, WIDTH),)
 """
 
 
@@ -179,7 +190,7 @@ def test_fallbacks_listed_and_fallback_error_exits_3(tmp_path, capsys):
     ["zoo:mlp", "--price", "trn2.48xlarge=abc"],
     ["zoo:mlp", "--atol", "float99=1"],
     ["zoo:mlp", "--baseline", "/nonexistent/base.json"],
-    ["zoo:mlp", "--html", "x.html"],
+    ["zoo:mlp", "--train"],
     ["zoo:mlp", "--no-such-flag"],
     ["json:nothing_here"],
 ])
@@ -258,3 +269,22 @@ def test_entry_point_and_help(capsys):
     for flag in ("--targets", "--warmup", "--iters", "--train", "--json", "--html", "--baseline",
                  "--max-slowdown"):
         assert flag in out
+
+
+def test_graph_break_reported(tmp_path, capsys):
+    model = _model_file(tmp_path, "brk", 16)
+    path = tmp_path / "brk.json"
+    code, out, _ = _run(capsys, f"{model}:make_break", "--targets", "trn2", "--json", str(path))
+    assert code == 0, out
+    comp = json.loads(path.read_text())["compile"]
+    assert comp["graphs"] == 2 and comp["graph_breaks"] == 1 and comp["break_reasons"]
+    assert comp["targets"]["trn2"]["dynamo_graphs"] == 2
+    assert comp["targets"]["trn2"]["recompiles"] == 0
+    assert "break:" in out
+
+
+def test_zoo_without_transformers_is_a_usage_error(monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import raises ImportError
+    assert main(["--quiet", "zoo:bert"]) == 2
+    assert "'transformers' package is not installed" in capsys.readouterr().err

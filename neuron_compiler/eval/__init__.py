@@ -6,7 +6,7 @@
 Modules: ``zoo`` (MODEL -> model and inputs), ``measure`` (eager reference, compile,
 steady state per target), ``accuracy`` (per-output metrics and per-dtype thresholds),
 ``prices`` (instance prices, HBM capacities, cost model), ``baseline`` (regressions),
-``report`` (terminal table), ``cli`` (flags, exit codes). The JSON schema is in docs/eval.md.
+``report`` (terminal table), ``html_report`` (``--html``), ``cli`` (flags, exit codes). The JSON schema is in docs/eval.md.
 
 Invariants
 - Exit codes (DESIGN.md): 0 all holds, 1 accuracy failure or regression, 2 usage error,

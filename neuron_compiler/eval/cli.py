@@ -8,11 +8,11 @@ Invariants
 - ``main(argv)`` never raises for a user's mistake and never calls ``sys.exit``: it returns
   the exit code of DESIGN.md: 0 when everything holds, 1 on an accuracy failure or a
   regression against ``--baseline``, 2 on a usage error (bad flag or value, MODEL that cannot
-  be resolved, unreadable baseline, a flag that is not implemented yet), 3 when the model does
-  not compile (or does not run) for some target.
-- The terminal report goes to stdout, progress and errors to stderr. ``--json`` is written
-  whenever the model was loaded (on exit 0, 1 and 3), with exactly the top-level keys
-  ``versions, model, compile, accuracy, targets, regressions``.
+  be resolved, unreadable baseline, ``--train``, which is not implemented yet), 3 when the
+  model does not compile (or does not run) for some target.
+- The terminal report goes to stdout, progress and errors to stderr. ``--json`` and ``--html``
+  are written whenever the model was loaded (on exit 0, 1 and 3), atomically; the JSON has
+  exactly the top-level keys ``versions, model, compile, accuracy, targets, regressions``.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fallback", choices=("allow", "error"), default="allow",
                    help="error: an op that cannot run on the device fails the compile (exit 3)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
-    p.add_argument("--html", metavar="PATH", help="(not implemented yet)")
+    p.add_argument("--html", metavar="PATH",
+                   help="write a self-contained HTML report (inline SVG charts, no network)")
     p.add_argument("--train", action="store_true", help="(not implemented yet)")
     p.add_argument("--baseline", metavar="PATH", help="a previous --json report to compare with")
     p.add_argument("--max-slowdown", type=float, default=0.10, metavar="FRACTION",
@@ -95,9 +96,8 @@ def _config(args: argparse.Namespace):
         v = getattr(args, flag)
         if v is not None and not v >= 0:
             raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
-    for flag in ("html", "train"):
-        if getattr(args, flag):
-            raise _UsageError(f"--{flag} is not implemented yet in this version of neuron-eval")
+    if args.train:
+        raise _UsageError("--train is not implemented yet in this version of neuron-eval")
     try:
         thresholds = parse_threshold_flags(args.atol, args.rtol, args.min_cosine)
         overrides = dict(prices.parse_price(p) for p in args.price)
@@ -113,14 +113,24 @@ def _config(args: argparse.Namespace):
     return cfg, limits
 
 
-def _write_json(path: str, report: dict) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
+def _write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a report)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _outputs(args: argparse.Namespace, report: dict, code: int) -> None:
+    """The terminal report on stdout, and ``--json`` / ``--html`` when asked."""
+    from neuron_compiler.eval.html_report import render_html
+    from neuron_compiler.eval.report import render
+    if args.json:
+        _write(args.json, json.dumps(report, indent=2) + "\n")
+    if args.html:
+        _write(args.html, render_html(report, code))
+    print(render(report, code))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,7 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     from neuron_compiler.eval.baseline import compare, load_baseline
     from neuron_compiler.eval.measure import CompileFailure, ModelFailure, evaluate
-    from neuron_compiler.eval.report import render
     from neuron_compiler.eval.zoo import ModelSpecError, load_model
     try:
         cfg, limits = _config(args)
@@ -146,16 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = getattr(exc, "report", None)
         print(f"neuron-eval: the model does not compile: {exc}", file=sys.stderr)
         if report is not None:
-            if args.json:
-                _write_json(args.json, report)
-            print(render(report, EXIT_COMPILE))
+            _outputs(args, report, EXIT_COMPILE)
         return EXIT_COMPILE
     if baseline is not None:
         report["regressions"] = compare(report, baseline, limits)
     code = EXIT_OK if report["accuracy"]["passed"] and not report["regressions"] else EXIT_FAIL
-    if args.json:
-        _write_json(args.json, report)
-    print(render(report, code))
+    _outputs(args, report, code)
     return code
 
 
