@@ -190,7 +190,7 @@ def test_fallbacks_listed_and_fallback_error_exits_3(tmp_path, capsys):
     ["zoo:mlp", "--price", "trn2.48xlarge=abc"],
     ["zoo:mlp", "--atol", "float99=1"],
     ["zoo:mlp", "--baseline", "/nonexistent/base.json"],
-    ["zoo:mlp", "--train"],
+    ["zoo:mlp", "--max-slowdown", "-1"],
     ["zoo:mlp", "--no-such-flag"],
     ["json:nothing_here"],
 ])
@@ -204,6 +204,8 @@ def test_bad_factory_exit_2(tmp_path, capsys):
     assert main([f"{model}:make_bad"]) == 2
     assert "not callable" in capsys.readouterr().err
     assert main([f"{model}:missing"]) == 2
+    assert main([f"{model}:make_cumsum", "--train"]) == 2     # a lambda: nothing to train
+    assert "trainable parameters" in capsys.readouterr().err
 
 
 # ---- pure parts --------------------------------------------------------------------------
@@ -288,3 +290,22 @@ def test_zoo_without_transformers_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)   # import raises ImportError
     assert main(["--quiet", "zoo:bert"]) == 2
     assert "'transformers' package is not installed" in capsys.readouterr().err
+
+
+def test_train_step_measured_and_compared(tmp_path, capsys):
+    path = tmp_path / "train.json"
+    code, out, _ = _run(capsys, "zoo:mlp", "--train", "--targets", "trn2", "--json", str(path))
+    assert code == 0, out
+    report = json.loads(path.read_text())
+    names = [r["name"] for r in report["accuracy"]["outputs"]]
+    assert names[0] == "out.loss" and "out.grad.0.weight" in names and "out.param.3.bias" in names
+    assert report["accuracy"]["passed"]
+    train = report["model"]["train"]
+    assert train["flops"] > 2 * report["model"]["flops"] and train["steps"] == 3
+    comp = report["compile"]["targets"]["trn2"]
+    kinds = {g["kind"] for g in comp["aten_graphs"]}
+    assert {"forward", "backward"} <= kinds and comp["dynamo_graphs"] == 2   # loss, SGD step
+    t = report["targets"]["trn2"]
+    assert t["latency_us"]["p50"] > 0 and t["memory"]["gradients_bytes"] == \
+        report["model"]["weight_bytes"]
+    assert "USD / 1M steps" in out

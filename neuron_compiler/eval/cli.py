@@ -8,8 +8,8 @@ Invariants
 - ``main(argv)`` never raises for a user's mistake and never calls ``sys.exit``: it returns
   the exit code of DESIGN.md: 0 when everything holds, 1 on an accuracy failure or a
   regression against ``--baseline``, 2 on a usage error (bad flag or value, MODEL that cannot
-  be resolved, unreadable baseline, ``--train``, which is not implemented yet), 3 when the
-  model does not compile (or does not run) for some target.
+  be resolved, unreadable baseline, ``--train`` on a model without trainable parameters), 3
+  when the model does not compile (or does not run) for some target.
 - The terminal report goes to stdout, progress and errors to stderr. ``--json`` and ``--html``
   are written whenever the model was loaded (on exit 0, 1 and 3), atomically; the JSON has
   exactly the top-level keys ``versions, model, compile, accuracy, targets, regressions``.
@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", metavar="PATH",
                    help="write a self-contained HTML report (inline SVG charts, no network)")
-    p.add_argument("--train", action="store_true", help="(not implemented yet)")
+    p.add_argument("--train", action="store_true",
+                   help="measure one training step per call (forward + loss + backward + "
+                        "SGD step, all compiled) instead of an inference call")
     p.add_argument("--baseline", metavar="PATH", help="a previous --json report to compare with")
     p.add_argument("--max-slowdown", type=float, default=0.10, metavar="FRACTION",
                    help="allowed growth of p50 latency, simulated time and cost, and drop of "
@@ -96,8 +98,6 @@ def _config(args: argparse.Namespace):
         v = getattr(args, flag)
         if v is not None and not v >= 0:
             raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
-    if args.train:
-        raise _UsageError("--train is not implemented yet in this version of neuron-eval")
     try:
         thresholds = parse_threshold_flags(args.atol, args.rtol, args.min_cosine)
         overrides = dict(prices.parse_price(p) for p in args.price)
@@ -107,7 +107,7 @@ def _config(args: argparse.Namespace):
         lambda msg: print(f"neuron-eval: {msg}", file=sys.stderr, flush=True))
     cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
-                     prices=overrides, progress=progress)
+                     prices=overrides, progress=progress, train=args.train)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
     return cfg, limits
@@ -146,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, limits = _config(args)
         baseline = load_baseline(args.baseline) if args.baseline else None
         loaded = load_model(args.model)
+        if args.train:
+            from neuron_compiler.eval.train import check_trainable
+            check_trainable(loaded)
     except (_UsageError, ModelSpecError, ValueError) as exc:
         print(f"neuron-eval: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -75,6 +75,7 @@ class EvalConfig:
     fallback: str = "allow"
     thresholds: dict[str, Thresholds] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)   # --price overrides
+    train: bool = False                                       # one training step per call
     progress: Callable[[str], None] = lambda msg: None
 
 
@@ -259,17 +260,22 @@ def _engines(parts: list[dict]) -> dict:
 
 
 def _memory(target: str, model_info: dict, parts: list[dict]) -> dict:
+    """HBM estimate against capacity, SBUF/PSUM peaks (``--train``: the step's live peak and
+    the gradients, from ``model.train``)."""
     from runtime_sim.targets import get_target
     tgt = get_target(target)
     chip = prices.HBM_BYTES_PER_CHIP[target]
     core = chip // tgt.cores_per_chip
-    hbm = model_info["weight_bytes"] + model_info["activation_peak_bytes"] + \
-        model_info["input_bytes"]
+    train = model_info.get("train") or {}
+    act = train.get("activation_peak_bytes", model_info["activation_peak_bytes"])
+    grads = train.get("gradient_bytes", 0) + train.get("optimizer_state_bytes", 0)
+    hbm = model_info["weight_bytes"] + act + model_info["input_bytes"] + grads
     sbuf = max((p["sbuf_peak_bytes"] for p in parts), default=0)
     psum = max((p["psum_peak_bytes"] for p in parts), default=0)
     return {
         "weights_bytes": model_info["weight_bytes"],
-        "activations_bytes": model_info["activation_peak_bytes"],
+        "activations_bytes": act,
+        "gradients_bytes": grads,
         "inputs_bytes": model_info["input_bytes"],
         "hbm_bytes": hbm,
         "hbm_capacity_core_bytes": core,
@@ -281,8 +287,8 @@ def _memory(target: str, model_info: dict, parts: list[dict]) -> dict:
         "psum_peak_bytes": psum,
         "psum_capacity_bytes": tgt.sbuf_partitions * tgt.psum_bytes_per_partition,
         "spill_bytes": int(sum(p["spill_bytes"] for p in parts)),
-        "estimate": "weights + inputs + eager peak of live intermediate tensors; the "
-                    "simulator does not model HBM capacity",
+        "estimate": "weights + inputs + eager peak of live intermediate tensors (+ gradients "
+                    "with --train); the simulator does not model HBM capacity",
     }
 
 
@@ -306,22 +312,30 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         dynamo_graphs += 1
         return neuron_backend(gm, example_inputs, options=options)
 
-    compiled = torch.compile(loaded.model, backend=backend)
+    if cfg.train:
+        from neuron_compiler.eval.train import TrainRunner
+        step: Callable[[], object] = TrainRunner(
+            loaded, lambda fn: torch.compile(fn, backend=backend))
+    else:
+        compiled = torch.compile(loaded.model, backend=backend)
+
+        def step() -> object:
+            with torch.no_grad():
+                return _call(loaded, compiled)
     warm, dicts, out = [], [], None
     first_call_s = 0.0
     try:
-        with torch.no_grad():
-            for i in range(cfg.warmup + cfg.iters):
-                phase = "warm-up" if i < cfg.warmup else "iter"
-                n = i + 1 if i < cfg.warmup else i + 1 - cfg.warmup
-                cfg.progress(f"[{target}] {phase} {n}/{cfg.warmup if i < cfg.warmup else cfg.iters}")
-                t0 = time.perf_counter()
-                with neuron_compiler.profile() as prof:
-                    out = _call(loaded, compiled)
-                if i == 0:
-                    first_call_s = time.perf_counter() - t0
-                    graphs_after_first = dynamo_graphs
-                (warm if i < cfg.warmup else dicts).append(prof.to_dict())
+        for i in range(cfg.warmup + cfg.iters):
+            phase, n, of = (("warm-up", i + 1, cfg.warmup) if i < cfg.warmup else
+                            ("iter", i + 1 - cfg.warmup, cfg.iters))
+            cfg.progress(f"[{target}] {phase} {n}/{of}")
+            t0 = time.perf_counter()
+            with neuron_compiler.profile() as prof:
+                out = step()
+            if i == 0:
+                first_call_s = time.perf_counter() - t0
+                graphs_after_first = dynamo_graphs
+            (warm if i < cfg.warmup else dicts).append(prof.to_dict())
     except Exception as exc:
         raise CompileFailure(target, exc) from exc
     lat = [sum(_call_latency(d)) for d in dicts]
@@ -329,6 +343,7 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
     last = dicts[-1]
     parts = last["partitions"]
     device_flops = sum(p["flops"] for p in parts)
+    model_flops = model_info["train"]["flops"] if cfg.train else model_info["flops"]
     time_parts = [_call_latency(d) for d in dicts]
     sim_p50 = float(np.median([t[0] for t in time_parts]))
     nodes = last["device_nodes"] + last["fallback_nodes"]
@@ -343,11 +358,10 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         "throughput_per_s": 1e6 / pct["p50"] if pct["p50"] > 0 else None,
         "device_share": {
             "by_nodes": last["device_fraction"],
-            "by_flops": (min(1.0, device_flops / model_info["flops"])
-                         if model_info["flops"] else None),
+            "by_flops": min(1.0, device_flops / model_flops) if model_flops else None,
             "by_time": sim_p50 / pct["p50"] if pct["p50"] > 0 else None,
             "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
-            "device_flops": int(device_flops), "model_flops": model_info["flops"],
+            "device_flops": int(device_flops), "model_flops": model_flops,
         },
         "fallbacks": _fallbacks(last, pct["p50"]),
         "memory": _memory(target, model_info, parts),
@@ -398,6 +412,15 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
     cfg.progress("eager reference")
     try:
         ref, report["model"] = eager_reference(loaded)
+        if cfg.train:
+            from neuron_compiler.eval.train import eager_steps
+            cfg.progress("eager training steps")
+            try:
+                ref, report["model"]["train"] = eager_steps(loaded, cfg.warmup + cfg.iters,
+                                                            _LiveBytes)
+            except Exception as exc:
+                raise ModelFailure(f"an eager training step raised {type(exc).__name__}: "
+                                   f"{exc}") from exc
     except ModelFailure as exc:
         report["compile"] = {"ok": False, "error": str(exc), "failed_target": None}
         exc.report = report   # type: ignore[attr-defined]

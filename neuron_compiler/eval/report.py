@@ -11,6 +11,9 @@ from __future__ import annotations
 from neuron_compiler.profile import _bytes, _table
 
 
+MAX_ACCURACY_ROWS = 12
+
+
 def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:,.2f}"
 
@@ -62,7 +65,8 @@ def _side_by_side(report: dict) -> list[str]:
     rows.append(row("TensorE FLOP util", lambda t, c: _pct(t["tensor_flop_utilisation"])))
     rows.append(row("instance", lambda t, c: t["cost"]["instance"]
                     + (" (price ASSUMED)" if t["cost"]["price_assumed"] else "")))
-    rows.append(row("USD / 1M inferences", lambda t, c:
+    per = "steps" if report["model"].get("train") else "inferences"
+    rows.append(row(f"USD / 1M {per}", lambda t, c:
                     "-" if t["cost"]["usd_per_million_inferences"] is None
                     else f"{t['cost']['usd_per_million_inferences']:.4f}"))
     return _table(rows, left={0})
@@ -77,6 +81,9 @@ def render(report: dict, exit_code: int | None = None) -> str:
         lines.append(f"  {m['parameters']:,} parameters ({_bytes(m['weight_bytes'])}), "
                      f"inputs: {ins or '-'}; eager {m['eager_time_ms']:.1f} ms, "
                      f"{m['flops'] / 1e6:.2f} MFLOP")
+    if m.get("train"):
+        lines.append(f"  --train: each call is one training step: {m['train']['step']}; "
+                     f"{m['train']['flops'] / 1e6:.2f} MFLOP per step")
     v = report["versions"]
     lines.append(f"  torch {v['torch']}, neuron-sim {v['neuron_sim']}"
                  + (f" @ {v['git_commit'][:10]}{'+dirty' if v['git_dirty'] else ''}"
@@ -103,7 +110,18 @@ def render(report: dict, exit_code: int | None = None) -> str:
     if acc.get("outputs"):
         lines += ["", f"Accuracy (values from {acc['values_from']}):"]
         rows = [("output", "target", "dtype", "max abs", "max rel", "cosine", "result")]
-        for r in acc["outputs"]:
+        shown = acc["outputs"]
+        if len(shown) > MAX_ACCURACY_ROWS:   # every failure, and the worst output per target
+            worst = {}
+            for r in shown:
+                if r["max_rel"] is not None and (r["target"] not in worst or
+                                                 r["max_rel"] > worst[r["target"]]["max_rel"]):
+                    worst[r["target"]] = r
+            keep = {id(r) for r in shown if not r["passed"]} | {id(r) for r in worst.values()}
+            lines.append(f"  ({len(shown)} outputs, {sum(r['passed'] for r in shown)} pass; "
+                         f"shown: failures and the largest max rel per target; all in --json)")
+            shown = [r for r in shown if id(r) in keep]
+        for r in shown:
             rows.append((r["name"], r["target"], r["dtype"],
                          "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
                          "-" if r["max_rel"] is None else f"{r['max_rel']:.3g}",
