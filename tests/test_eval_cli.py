@@ -309,3 +309,17 @@ def test_train_step_measured_and_compared(tmp_path, capsys):
     assert t["latency_us"]["p50"] > 0 and t["memory"]["gradients_bytes"] == \
         report["model"]["weight_bytes"]
     assert "USD / 1M steps" in out
+
+
+def test_auto_cast_shows_its_accuracy_cost(tmp_path, capsys):
+    path = tmp_path / "ac.json"
+    code, out, _ = _run(capsys, "zoo:mlp", "--auto-cast", "matmul", "--targets", "trn2",
+                        "--json", str(path))
+    assert code == 0, out
+    report = json.loads(path.read_text())
+    acc = report["accuracy"]
+    assert acc["auto_cast"] == "matmul" and report["targets"]["trn2"]["options"]["auto_cast"] == \
+        "matmul"
+    assert acc["outputs"][0]["thresholds"] == DEFAULT_THRESHOLDS["bfloat16"].to_dict()
+    assert acc["outputs"][0]["max_abs"] > 1e-4      # bf16 matmuls: far above the fp32 error
+    assert "auto_cast=matmul" in out

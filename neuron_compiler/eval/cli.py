@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                         "accuracy is meaningful; timing: outputs from eager, faster")
     p.add_argument("--fallback", choices=("allow", "error"), default="allow",
                    help="error: an op that cannot run on the device fails the compile (exit 3)")
+    p.add_argument("--auto-cast", choices=("none", "matmul", "all"), default="none",
+                   help="the backend's auto_cast option: compute fp32 matmuls (or all fp32 "
+                        "ops) in bf16; fp32 outputs are then judged by the bfloat16 thresholds")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", metavar="PATH",
                    help="write a self-contained HTML report (inline SVG charts, no network)")
@@ -107,7 +110,8 @@ def _config(args: argparse.Namespace):
         lambda msg: print(f"neuron-eval: {msg}", file=sys.stderr, flush=True))
     cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
-                     prices=overrides, progress=progress, train=args.train)
+                     prices=overrides, progress=progress, train=args.train,
+                     auto_cast=args.auto_cast)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
     return cfg, limits

@@ -76,6 +76,13 @@ class EvalConfig:
     thresholds: dict[str, Thresholds] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)   # --price overrides
     train: bool = False                                       # one training step per call
+    auto_cast: str = "none"                                   # the backend option
+
+    def effective_thresholds(self) -> dict[str, Thresholds]:
+        """With ``auto_cast``, fp32 outputs are judged by the bfloat16 thresholds."""
+        if self.auto_cast == "none":
+            return self.thresholds
+        return {**self.thresholds, "float32": self.thresholds["bfloat16"]}
     progress: Callable[[str], None] = lambda msg: None
 
 
@@ -304,7 +311,8 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
     """(targets[target], compile.targets[target], accuracy rows) for one target."""
     from neuron_compiler.backend import neuron_backend
     torch._dynamo.reset()
-    options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback}
+    options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback,
+               "auto_cast": cfg.auto_cast}
     dynamo_graphs = 0
 
     def backend(gm, example_inputs):
@@ -391,7 +399,7 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         "program_cache": {k: sum(d["program_cache"][k] for d in all_compiles)
                           for k in ("hits", "misses")},
     }
-    rows = compare_outputs(out, ref, cfg.thresholds)
+    rows = compare_outputs(out, ref, cfg.effective_thresholds())
     for r in rows:
         r["target"] = target
     return per_target, compile_info, rows
@@ -433,7 +441,8 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
         "values_from": ("simulator (sim_mode=functional)" if cfg.sim_mode == "functional" else
                         "eager partitions (sim_mode=timing: checks partitioning and fallbacks, "
                         "not the simulated arithmetic)"),
-        "thresholds": {k: v.to_dict() for k, v in cfg.thresholds.items()},
+        "auto_cast": cfg.auto_cast,
+        "thresholds": {k: v.to_dict() for k, v in cfg.effective_thresholds().items()},
         "passed": False, "outputs": rows}
     for target in cfg.targets:
         try:

@@ -108,7 +108,10 @@ def render(report: dict, exit_code: int | None = None) -> str:
                       "their host<->device copies are in 'host transfer'):"]
         lines += _table(fb_rows, left={0, 1, 5})
     if acc.get("outputs"):
-        lines += ["", f"Accuracy (values from {acc['values_from']}):"]
+        cast = acc.get("auto_cast", "none")
+        lines += ["", f"Accuracy (values from {acc['values_from']}"
+                  + (f"; auto_cast={cast}: fp32 outputs judged by the bfloat16 thresholds"
+                     if cast != "none" else "") + "):"]
         rows = [("output", "target", "dtype", "max abs", "max rel", "cosine", "result")]
         shown = acc["outputs"]
         if len(shown) > MAX_ACCURACY_ROWS:   # every failure, and the worst output per target
