@@ -44,7 +44,9 @@ def _table(head: list[str], rows: list[list[object]], left: set[int] = frozenset
 def _fmt(v: float | None, unit: str = "") -> str:
     if v is None:
         return "-"
-    return f"{v:,.1f}%" if unit == "%" else f"{v:,.2f}{unit}"
+    if unit == "%":
+        return "<0.1%" if 0 < v < 0.1 else f"{v:,.1f}%"
+    return f"{v:,.2f}{unit}"
 
 
 def bar_chart(title: str, groups: list[tuple[str, list[tuple[str, float]]]], unit: str = "",
