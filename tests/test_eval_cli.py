@@ -248,6 +248,11 @@ def test_baseline_compare_is_pure_and_thresholded():
     assert {r["metric"] for r in regs} == {"fallbacks.aten.cumsum.default", "accuracy.out"}
     assert compare_reports({"targets": {}, "accuracy": {}}, base, Limits())[0]["metric"] == \
         "targets"
+    other = report(100.0, 1000)
+    other["targets"]["trn2"]["options"] = {"auto_cast": "all"}
+    assert [r["metric"] for r in compare_reports(other, base, Limits())] == ["options"]
+    other = {**report(100.0, 1000), "model": {"train": {"flops": 1}}}
+    assert [r["metric"] for r in compare_reports(other, base, Limits())] == ["options"]
 
 
 def test_cost_per_million():
@@ -323,3 +328,15 @@ def test_auto_cast_shows_its_accuracy_cost(tmp_path, capsys):
     assert acc["outputs"][0]["thresholds"] == DEFAULT_THRESHOLDS["bfloat16"].to_dict()
     assert acc["outputs"][0]["max_abs"] > 1e-4      # bf16 matmuls: far above the fp32 error
     assert "auto_cast=matmul" in out
+
+
+def test_python_dash_m_exit_code(tmp_path):
+    """``python -m neuron_compiler.eval`` is the CLI, and its exit code reaches the shell."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "neuron_compiler.eval", "zoo:mlp", "--targets",
+                           "trn9"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "unknown target" in proc.stderr

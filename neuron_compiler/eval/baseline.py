@@ -10,7 +10,9 @@ A regression is one metric that got worse than its threshold allows (``Limits``)
   a fallback op that the baseline did not have, or more nodes of one it had;
   ``compile.targets.T.first_call_s`` grew by more than ``max_compile_slowdown`` (only when
   that limit is given: it is wall-clock time of this machine);
-  a target of the baseline missing from this run;
+  a target of the baseline missing from this run, or one measured with other options
+  (``sim_mode``, ``fallback``, ``auto_cast``) or another kind of call (``--train`` or not):
+  its numbers are not comparable;
 - per output and target: an output that passed the accuracy thresholds in the baseline (or
   is new) and fails them now, or one that the baseline had and this run has not.
 
@@ -82,6 +84,14 @@ def compare(current: dict, baseline: dict, limits: Limits) -> list[dict]:
         if cur is None:
             out.append(_row(target, "targets", None, None, None,
                             f"target {target} is in the baseline but was not run"))
+            continue
+        b_opts, c_opts = base.get("options", {}), cur.get("options", {})
+        b_train = bool(baseline.get("model", {}).get("train"))
+        c_train = bool(current.get("model", {}).get("train"))
+        if b_opts != c_opts or b_train != c_train:
+            out.append(_row(target, "options", None, None, None,
+                            f"not comparable: baseline {b_opts} train={b_train}, this run "
+                            f"{c_opts} train={c_train}"))
             continue
         _growth(out, target, cur, base, "latency_us.p50", limits.max_slowdown, "p50 latency us")
         _growth(out, target, cur, base, "latency_us.simulated_us", limits.max_slowdown,
