@@ -134,7 +134,10 @@ def _outputs(args: argparse.Namespace, report: dict, code: int) -> None:
         _write(args.json, json.dumps(report, indent=2) + "\n")
     if args.html:
         _write(args.html, render_html(report, code))
-    print(render(report, code))
+    try:
+        print(render(report, code), flush=True)
+    except BrokenPipeError:   # `neuron-eval ... | head`: the reader left; keep the exit code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
