@@ -9,6 +9,8 @@
 - ``NeuronOptions`` / ``validate_options``: the ``options=`` accepted by the backend;
 - ``neuron_backend``: the backend callable itself.
 
+The ``neuron-eval`` command (``python -m neuron_compiler.eval``) lives in ``neuron_compiler.eval``.
+
 Invariants
 - Importing this package imports neither ``lowering`` nor the simulator's heavy parts; the
   lowering is imported when the first graph is compiled.

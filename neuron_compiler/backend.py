@@ -3,8 +3,9 @@
     torch.compile(model, backend="neuron", options={"target": "trn3"})
 
 Path of a graph: Dynamo FX graph -> ``aot_autograd`` with the core-ATen decompositions ->
-forward / backward / inference ATen graphs -> ``compile_aten_graph``: partition (device regions
-vs eager fallback), optional dump, wrap -> boxed callable.
+forward / backward / inference ATen graphs -> ``compile_aten_graph``: the ``auto_cast`` pass
+(when asked), partition (device regions vs eager fallback), optional dump, wrap -> boxed
+callable.
 
 Invariants
 - Options are validated here, once per Dynamo graph, before anything else happens (``options=``
@@ -120,6 +121,11 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
     dump = CompileDump.create(opts.dump_dir, name) if opts.dump_dir else None
     if dump is not None:
         dump.write("fx_graph_readable.py", original_code)
+    if opts.auto_cast != "none":
+        from neuron_compiler.autocast import apply_auto_cast
+        apply_auto_cast(gm, opts.auto_cast)
+        if dump is not None:
+            dump.write("fx_graph_auto_cast.py", readable(gm))
     plan = partition_graph(gm)
     record = GraphRecord(name=name, kind=kind, target=opts.target,
                          device_nodes=plan.device_nodes, fallback_nodes=plan.fallback_nodes,

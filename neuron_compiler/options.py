@@ -18,6 +18,7 @@ from neuron_compiler.errors import NeuronOptionError
 TARGETS: tuple[str, ...] = ("trn2", "trn3", "trn1")
 SIM_MODES: tuple[str, ...] = ("functional", "timing")
 FALLBACK_POLICIES: tuple[str, ...] = ("allow", "error")
+AUTO_CASTS: tuple[str, ...] = ("none", "matmul", "all")   # as neuron_compiler.autocast
 DUMP_DIR_ENV = "NEURON_DUMP_DIR"
 
 
@@ -33,17 +34,21 @@ class NeuronOptions:
     - ``fallback``: ``"allow"`` (default; unsupported ops run in eager PyTorch) or ``"error"``
       (compiling raises, naming every op that cannot run on the device).
     - ``dump_dir``: directory for per-compile dumps, or ``None`` (default: ``$NEURON_DUMP_DIR``).
+    - ``auto_cast``: ``"none"`` (default), ``"matmul"`` or ``"all"``: compute fp32 matmuls (or
+      all fp32 ops) in bf16, as neuronx-cc's ``--auto-cast`` (see ``neuron_compiler.autocast``).
     """
 
     target: str = "trn2"
     sim_mode: str = "functional"
     fallback: str = "allow"
     dump_dir: str | None = None
+    auto_cast: str = "none"
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, TARGETS)
         _check_choice("sim_mode", self.sim_mode, SIM_MODES)
         _check_choice("fallback", self.fallback, FALLBACK_POLICIES)
+        _check_choice("auto_cast", self.auto_cast, AUTO_CASTS)
         if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
             raise NeuronOptionError(
                 f"option 'dump_dir' must be a directory path (str or os.PathLike) or None, "

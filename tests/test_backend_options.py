@@ -23,7 +23,8 @@ def test_defaults(monkeypatch):
     opts = validate_options(None)
     assert opts == NeuronOptions(target="trn2", sim_mode="functional", fallback="allow",
                                  dump_dir=None)
-    assert NeuronOptions.valid_keys() == ("target", "sim_mode", "fallback", "dump_dir")
+    assert NeuronOptions.valid_keys() == ("target", "sim_mode", "fallback", "dump_dir",
+                                          "auto_cast")
 
 
 def test_unknown_key_lists_valid_keys():
@@ -69,7 +70,7 @@ def test_unknown_key_through_torch_compile():
     with pytest.raises(Exception) as info:
         f(torch.randn(4))
     msg = str(info.value)
-    assert "'targets'" in msg and "valid options are: target, sim_mode, fallback, dump_dir" in msg
+    assert "'targets'" in msg and "valid options are: target, sim_mode, fallback, dump_dir, auto_cast" in msg
 
 
 def test_bad_value_through_torch_compile():

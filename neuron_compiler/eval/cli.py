@@ -1,0 +1,178 @@
+"""``neuron-eval MODEL``: flags, the run, the outputs and the exit code.
+
+    neuron-eval zoo:gpt2 --targets trn2,trn3 --iters 10
+    neuron-eval mymodule:make --json a.json                     # write the JSON report
+    neuron-eval mymodule:make --baseline a.json --max-slowdown 0.05
+
+Invariants
+- ``main(argv)`` never raises for a user's mistake and never calls ``sys.exit``: it returns
+  the exit code of DESIGN.md: 0 when everything holds, 1 on an accuracy failure or a
+  regression against ``--baseline``, 2 on a usage error (bad flag or value, MODEL that cannot
+  be resolved, unreadable baseline, ``--train`` on a model without trainable parameters), 3
+  when the model does not compile (or does not run) for some target.
+- The terminal report goes to stdout, progress and errors to stderr. ``--json`` and ``--html``
+  are written whenever the model was loaded (on exit 0, 1 and 3), atomically; the JSON has
+  exactly the top-level keys ``versions, model, compile, accuracy, targets, regressions``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from neuron_compiler.options import TARGETS
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMPILE = 0, 1, 2, 3
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="neuron-eval",
+        description="Evaluate a PyTorch model on simulated Trainium targets: compile, "
+                    "accuracy against eager, steady-state latency per target, fallbacks, "
+                    "memory, cost; optionally against a baseline report.",
+        epilog="exit codes: 0 ok, 1 accuracy failure or regression, 2 usage error, "
+               "3 the model does not compile. JSON schema: docs/eval.md.")
+    p.add_argument("model", metavar="MODEL",
+                   help="module:factory, path/file.py:factory (factory() returns (model, "
+                        "args_tuple) or (model, kwargs_dict)), or zoo:mlp|gpt2|bert|llama")
+    p.add_argument("--targets", default="trn2,trn3",
+                   help=f"comma-separated, from {','.join(TARGETS)} (default trn2,trn3)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="calls before measuring (the first compiles; default 1)")
+    p.add_argument("--iters", type=int, default=10, metavar="N",
+                   help="steady-state calls measured (default 10)")
+    p.add_argument("--sim-mode", choices=("functional", "timing"), default="functional",
+                   help="functional (default): outputs computed by the simulated program, so "
+                        "accuracy is meaningful; timing: outputs from eager, faster")
+    p.add_argument("--fallback", choices=("allow", "error"), default="allow",
+                   help="error: an op that cannot run on the device fails the compile (exit 3)")
+    p.add_argument("--auto-cast", choices=("none", "matmul", "all"), default="none",
+                   help="the backend's auto_cast option: compute fp32 matmuls (or all fp32 "
+                        "ops) in bf16; fp32 outputs are then judged by the bfloat16 thresholds")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    p.add_argument("--html", metavar="PATH",
+                   help="write a self-contained HTML report (inline SVG charts, no network)")
+    p.add_argument("--train", action="store_true",
+                   help="measure one training step per call (forward + loss + backward + "
+                        "SGD step, all compiled) instead of an inference call")
+    p.add_argument("--baseline", metavar="PATH", help="a previous --json report to compare with")
+    p.add_argument("--max-slowdown", type=float, default=0.10, metavar="FRACTION",
+                   help="allowed growth of p50 latency, simulated time and cost, and drop of "
+                        "throughput, against the baseline (default 0.10)")
+    p.add_argument("--max-memory-growth", type=float, default=0.10, metavar="FRACTION",
+                   help="allowed growth of HBM bytes against the baseline (default 0.10)")
+    p.add_argument("--max-share-drop", type=float, default=0.0, metavar="FRACTION",
+                   help="allowed drop of the device share by nodes (absolute; default 0)")
+    p.add_argument("--max-compile-slowdown", type=float, default=None, metavar="FRACTION",
+                   help="allowed growth of the first call's wall time (default: not checked)")
+    for flag, what in (("--atol", "absolute tolerance"), ("--rtol", "relative tolerance"),
+                       ("--min-cosine", "minimum cosine similarity")):
+        p.add_argument(flag, action="append", default=[], metavar="[DTYPE=]VALUE",
+                       help=f"{what}, for one dtype or all (repeatable)")
+    p.add_argument("--price", action="append", default=[], metavar="INSTANCE=USD_PER_HOUR",
+                   help="override an on-demand price (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def _config(args: argparse.Namespace):
+    from neuron_compiler.eval import prices
+    from neuron_compiler.eval.accuracy import parse_threshold_flags
+    from neuron_compiler.eval.baseline import Limits
+    from neuron_compiler.eval.measure import EvalConfig
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    bad = [t for t in targets if t not in TARGETS]
+    if not targets or bad:
+        raise _UsageError(f"--targets: unknown target(s) {', '.join(bad) or '(none)'}; "
+                          f"choose from {', '.join(TARGETS)}")
+    if len(set(targets)) != len(targets):
+        raise _UsageError(f"--targets: a target is repeated in {args.targets!r}")
+    if args.warmup < 0 or args.iters < 1:
+        raise _UsageError(f"--warmup must be >= 0 and --iters >= 1 (got {args.warmup}, "
+                          f"{args.iters})")
+    for flag in ("max_slowdown", "max_memory_growth", "max_share_drop", "max_compile_slowdown"):
+        v = getattr(args, flag)
+        if v is not None and not v >= 0:
+            raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
+    try:
+        thresholds = parse_threshold_flags(args.atol, args.rtol, args.min_cosine)
+        overrides = dict(prices.parse_price(p) for p in args.price)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    progress = (lambda msg: None) if args.quiet else (
+        lambda msg: print(f"neuron-eval: {msg}", file=sys.stderr, flush=True))
+    cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
+                     sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
+                     prices=overrides, progress=progress, train=args.train,
+                     auto_cast=args.auto_cast)
+    limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
+                    args.max_compile_slowdown)
+    return cfg, limits
+
+
+def _write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a report)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _outputs(args: argparse.Namespace, report: dict, code: int) -> None:
+    """The terminal report on stdout, and ``--json`` / ``--html`` when asked."""
+    from neuron_compiler.eval.html_report import render_html
+    from neuron_compiler.eval.report import render
+    if args.json:
+        _write(args.json, json.dumps(report, indent=2) + "\n")
+    if args.html:
+        _write(args.html, render_html(report, code))
+    try:
+        print(render(report, code), flush=True)
+    except BrokenPipeError:   # `neuron-eval ... | head`: the reader left; keep the exit code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:   # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    from neuron_compiler.eval.baseline import compare, load_baseline
+    from neuron_compiler.eval.measure import CompileFailure, ModelFailure, evaluate
+    from neuron_compiler.eval.zoo import ModelSpecError, load_model
+    try:
+        cfg, limits = _config(args)
+        baseline = load_baseline(args.baseline) if args.baseline else None
+        loaded = load_model(args.model)
+        if args.train:
+            from neuron_compiler.eval.train import check_trainable
+            check_trainable(loaded)
+    except (_UsageError, ModelSpecError, ValueError) as exc:
+        print(f"neuron-eval: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = evaluate(loaded, cfg)
+    except (CompileFailure, ModelFailure) as exc:
+        report = getattr(exc, "report", None)
+        print(f"neuron-eval: the model does not compile: {exc}", file=sys.stderr)
+        if report is not None:
+            _outputs(args, report, EXIT_COMPILE)
+        return EXIT_COMPILE
+    if baseline is not None:
+        report["regressions"] = compare(report, baseline, limits)
+    code = EXIT_OK if report["accuracy"]["passed"] and not report["regressions"] else EXIT_FAIL
+    _outputs(args, report, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,460 @@
+"""One ``neuron-eval`` run: eager reference, compile, accuracy, steady state per target.
+
+Phases, in order (each target is compiled afresh after ``torch._dynamo.reset()``):
+1. eager reference outputs (``torch.no_grad()``), timed; one more eager call under
+   ``FlopCounterMode`` and a live-tensor tracker gives the model's FLOPs and its peak of live
+   intermediate bytes (the activation estimate);
+2. ``torch._dynamo.explain``: Dynamo graphs and graph breaks with their reasons;
+3. per target: ``--warmup`` calls (the first compiles), then ``--iters`` calls, each inside
+   its own ``neuron_compiler.profile()``; every call gets fresh copies of the inputs, so it pays
+   the host->device copy of its inputs as a real inference would (the weights stay resident);
+4. accuracy of the last call's outputs against the eager reference.
+
+Invariants
+- Latency of one call = simulated device time + host<->device transfer time (the runtime's
+  assumed host link) + measured eager wall time of the fallback ops, from that call's profile;
+  p50/p90/p99 are numpy's linear-interpolation percentiles over the ``--iters`` calls.
+  Compile time is never part of it.
+- Nothing in the model's outputs is modified; accuracy compares the compiled call's outputs
+  with the eager reference of the same inputs.
+- A failure of the compiled model (Dynamo, the backend, the lowering, ``fallback="error"``)
+  raises ``CompileFailure`` naming the target; a failure of the eager model raises
+  ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``).
+- Every number in the result is JSON-ready (str/int/float/bool/None/list/dict).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+import neuron_compiler
+from neuron_compiler.eval import prices
+from neuron_compiler.eval.accuracy import Thresholds, compare_outputs, dtype_name
+from neuron_compiler.eval.zoo import LoadedModel
+
+# runtime_sim engine keys -> the names AWS's profiler uses
+ENGINE_NAMES = {"pe": "TensorE", "dve": "VectorE", "act": "ScalarE", "pool": "GpSimdE",
+                "dma": "DMA"}
+
+
+class CompileFailure(RuntimeError):
+    """The model did not compile (or its compiled form raised) for ``target``."""
+
+    def __init__(self, target: str, exc: BaseException):
+        self.target = target
+        self.exc = exc
+        self.detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        super().__init__(f"{target}: {self.detail}")
+
+
+class ModelFailure(RuntimeError):
+    """The model raised in eager PyTorch (no reference to compare with)."""
+
+
+@dataclass
+class EvalConfig:
+    targets: list[str]
+    warmup: int = 1
+    iters: int = 10
+    sim_mode: str = "functional"
+    fallback: str = "allow"
+    thresholds: dict[str, Thresholds] = field(default_factory=dict)
+    prices: dict[str, float] = field(default_factory=dict)   # --price overrides
+    train: bool = False                                       # one training step per call
+    auto_cast: str = "none"                                   # the backend option
+
+    def effective_thresholds(self) -> dict[str, Thresholds]:
+        """With ``auto_cast``, fp32 outputs are judged by the bfloat16 thresholds."""
+        if self.auto_cast == "none":
+            return self.thresholds
+        return {**self.thresholds, "float32": self.thresholds["bfloat16"]}
+    progress: Callable[[str], None] = lambda msg: None
+
+
+# ---- versions ---------------------------------------------------------------------------------
+def _git(*args: str) -> str | None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(neuron_compiler.__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    try:
+        out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def target_hash(name: str) -> str:
+    """sha256 (first 16 hex digits) of a target description's fields, as sorted JSON."""
+    from runtime_sim.targets import get_target
+    fields = dataclasses.asdict(get_target(name))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def versions(targets: list[str]) -> dict:
+    def version_of(mod: str) -> str | None:
+        m = sys.modules.get(mod)
+        if m is None:
+            try:
+                m = __import__(mod)
+            except ImportError:
+                return None
+        return str(getattr(m, "__version__", None))
+    try:
+        from importlib.metadata import version
+        installed = version("neuron-sim")
+    except Exception:   # not installed: running from a checkout on PYTHONPATH
+        installed = None
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "report_schema": 1,
+        "neuron_sim": neuron_compiler.__version__,
+        "neuron_sim_installed": installed,
+        "git_commit": commit,
+        "git_dirty": (bool(dirty) if dirty is not None else None) if commit else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "ml_dtypes": version_of("ml_dtypes"),
+        "transformers": (version_of("transformers") if "transformers" in sys.modules
+                         else None),
+        "platform": platform.platform(),
+        "target_descriptions": {t: target_hash(t) for t in targets},
+    }
+
+
+# ---- eager reference --------------------------------------------------------------------------
+class _LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensors produced by ops (each storage counted once, at its first
+    producer; freed when that tensor is collected): an estimate of activation memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _free(self, key: int, n: int) -> None:
+        self._seen.discard(key)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                st = t.untyped_storage()
+                key = st.data_ptr()
+                if key == 0 or key in self._seen:
+                    continue
+                n = st.nbytes()
+                self._seen.add(key)
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, key, n)
+        return out
+
+
+def _fresh(obj: object) -> object:
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, obj)
+
+
+def _call(loaded: LoadedModel, fn: Callable) -> object:
+    return fn(*_fresh(loaded.args), **_fresh(loaded.kwargs))
+
+
+def _tensor_specs(obj: object, prefix: str) -> list[dict]:
+    from neuron_compiler.eval.accuracy import flatten_outputs
+    return [{"name": n, "shape": list(t.shape), "dtype": dtype_name(t.dtype)}
+            for n, t in flatten_outputs(obj, prefix)]
+
+
+def eager_reference(loaded: LoadedModel) -> tuple[object, dict]:
+    """(reference outputs, the report's ``model`` entry)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = loaded.model
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            ref = _call(loaded, model)
+            eager_s = time.perf_counter() - t0
+            live = _LiveBytes()
+            with FlopCounterMode(display=False) as fc, live:
+                _call(loaded, model)
+    except Exception as exc:
+        raise ModelFailure(f"the model raised in eager PyTorch: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    buffers = list(model.buffers()) if isinstance(model, torch.nn.Module) else []
+    seen: dict[int, int] = {}
+    for t in params + buffers:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    inputs = {"args": loaded.args, "kwargs": loaded.kwargs}
+    input_bytes = sum(t.numel() * t.element_size() for t in tree_leaves(inputs)
+                      if isinstance(t, torch.Tensor))
+    return ref, {
+        "spec": loaded.spec,
+        "class": type(model).__name__,
+        "description": loaded.description,
+        "parameters": int(sum(p.numel() for p in params)),
+        "weight_bytes": int(sum(seen.values())),
+        "input_bytes": int(input_bytes),
+        "activation_peak_bytes": int(live.peak),
+        "inputs": (_tensor_specs(list(loaded.args), "arg")
+                   + [s for k, v in loaded.kwargs.items() for s in _tensor_specs(v, k)]),
+        "outputs": _tensor_specs(ref, "out"),
+        "flops": int(fc.get_total_flops()),
+        "eager_time_ms": eager_s * 1e3,
+    }
+
+
+def explain(loaded: LoadedModel) -> dict:
+    """Dynamo graphs and graph breaks (``torch._dynamo.explain``); never raises."""
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            ex = torch._dynamo.explain(loaded.model)(*_fresh(loaded.args),
+                                                     **_fresh(loaded.kwargs))
+    except Exception as exc:
+        return {"graphs": None, "graph_breaks": None, "break_reasons": [],
+                "explain_error": f"{type(exc).__name__}: {exc}"}
+    reasons = []
+    for r in ex.break_reasons:
+        frame = r.user_stack[-1] if getattr(r, "user_stack", None) else None
+        reasons.append({"reason": str(r.reason).strip(),
+                        "where": f"{frame.filename}:{frame.lineno}" if frame else None})
+    return {"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
+            "break_reasons": reasons, "explain_error": None}
+
+
+# ---- per target -------------------------------------------------------------------------------
+def _percentiles(xs: list[float]) -> dict:
+    a = np.asarray(xs, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()),
+            "min": float(a.min()), "max": float(a.max())}
+
+
+def _call_latency(d: dict) -> tuple[float, float, float]:
+    return d["simulated_time_us"], d["transfer_time_us"], d["fallback_time_us"]
+
+
+def _engines(parts: list[dict]) -> dict:
+    """Busy fraction per engine, weighted by each partition's simulated time per call."""
+    total = sum(p["simulated_time_per_call_us"] * p["calls"] for p in parts)
+    busy: dict[str, float] = {}
+    for p in parts:
+        w = p["simulated_time_per_call_us"] * p["calls"]
+        for k, v in p["engine_busy"].items():
+            name = ENGINE_NAMES.get(k, k)
+            busy[name] = busy.get(name, 0.0) + v * w
+    return {k: (v / total if total else 0.0) for k, v in sorted(busy.items())}
+
+
+def _memory(target: str, model_info: dict, parts: list[dict]) -> dict:
+    """HBM estimate against capacity, SBUF/PSUM peaks (``--train``: the step's live peak and
+    the gradients, from ``model.train``)."""
+    from runtime_sim.targets import get_target
+    tgt = get_target(target)
+    chip = prices.HBM_BYTES_PER_CHIP[target]
+    core = chip // tgt.cores_per_chip
+    train = model_info.get("train") or {}
+    act = train.get("activation_peak_bytes", model_info["activation_peak_bytes"])
+    grads = train.get("gradient_bytes", 0) + train.get("optimizer_state_bytes", 0)
+    hbm = model_info["weight_bytes"] + act + model_info["input_bytes"] + grads
+    sbuf = max((p["sbuf_peak_bytes"] for p in parts), default=0)
+    psum = max((p["psum_peak_bytes"] for p in parts), default=0)
+    return {
+        "weights_bytes": model_info["weight_bytes"],
+        "activations_bytes": act,
+        "gradients_bytes": grads,
+        "inputs_bytes": model_info["input_bytes"],
+        "hbm_bytes": hbm,
+        "hbm_capacity_core_bytes": core,
+        "hbm_capacity_chip_bytes": chip,
+        "hbm_fraction_of_core": hbm / core,
+        "fits_one_core": hbm <= core,
+        "sbuf_peak_bytes": sbuf,
+        "sbuf_capacity_bytes": tgt.sbuf_bytes,
+        "psum_peak_bytes": psum,
+        "psum_capacity_bytes": tgt.sbuf_partitions * tgt.psum_bytes_per_partition,
+        "spill_bytes": int(sum(p["spill_bytes"] for p in parts)),
+        "estimate": "weights + inputs + eager peak of live intermediate tensors (+ gradients "
+                    "with --train); the simulator does not model HBM capacity",
+    }
+
+
+def _fallbacks(d: dict, latency_us: float) -> list[dict]:
+    return [{"op": f["op"], "count": f["count"], "reason": f["reason"],
+             "time_us": f["time_us"],
+             "share_of_latency": (f["time_us"] / latency_us if latency_us else None)}
+            for f in d["fallbacks"]]
+
+
+def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
+               cfg: EvalConfig) -> tuple[dict, dict, list[dict]]:
+    """(targets[target], compile.targets[target], accuracy rows) for one target."""
+    from neuron_compiler.backend import neuron_backend
+    torch._dynamo.reset()
+    options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback,
+               "auto_cast": cfg.auto_cast}
+    dynamo_graphs = 0
+
+    def backend(gm, example_inputs):
+        nonlocal dynamo_graphs
+        dynamo_graphs += 1
+        return neuron_backend(gm, example_inputs, options=options)
+
+    if cfg.train:
+        from neuron_compiler.eval.train import TrainRunner
+        step: Callable[[], object] = TrainRunner(
+            loaded, lambda fn: torch.compile(fn, backend=backend))
+    else:
+        compiled = torch.compile(loaded.model, backend=backend)
+
+        def step() -> object:
+            with torch.no_grad():
+                return _call(loaded, compiled)
+    warm, dicts, out = [], [], None
+    first_call_s = 0.0
+    try:
+        for i in range(cfg.warmup + cfg.iters):
+            phase, n, of = (("warm-up", i + 1, cfg.warmup) if i < cfg.warmup else
+                            ("iter", i + 1 - cfg.warmup, cfg.iters))
+            cfg.progress(f"[{target}] {phase} {n}/{of}")
+            t0 = time.perf_counter()
+            with neuron_compiler.profile() as prof:
+                out = step()
+            if i == 0:
+                first_call_s = time.perf_counter() - t0
+                graphs_after_first = dynamo_graphs
+            (warm if i < cfg.warmup else dicts).append(prof.to_dict())
+    except Exception as exc:
+        raise CompileFailure(target, exc) from exc
+    lat = [sum(_call_latency(d)) for d in dicts]
+    pct = _percentiles(lat)
+    last = dicts[-1]
+    parts = last["partitions"]
+    device_flops = sum(p["flops"] for p in parts)
+    model_flops = model_info["train"]["flops"] if cfg.train else model_info["flops"]
+    time_parts = [_call_latency(d) for d in dicts]
+    sim_p50 = float(np.median([t[0] for t in time_parts]))
+    nodes = last["device_nodes"] + last["fallback_nodes"]
+    all_compiles = warm + dicts
+    per_target = {
+        "options": options,
+        "latency_us": {**pct, "samples": lat,
+                       "simulated_us": sim_p50,
+                       "transfer_us": float(np.median([t[1] for t in time_parts])),
+                       "fallback_us": float(np.median([t[2] for t in time_parts])),
+                       "roofline_us": last["roofline_time_us"]},
+        "throughput_per_s": 1e6 / pct["p50"] if pct["p50"] > 0 else None,
+        "device_share": {
+            "by_nodes": last["device_fraction"],
+            "by_flops": min(1.0, device_flops / model_flops) if model_flops else None,
+            "by_time": sim_p50 / pct["p50"] if pct["p50"] > 0 else None,
+            "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
+            "device_flops": int(device_flops), "model_flops": model_flops,
+        },
+        "fallbacks": _fallbacks(last, pct["p50"]),
+        "memory": _memory(target, model_info, parts),
+        "cost": prices.cost(target, pct["p50"], prices.instances_with(cfg.prices)),
+        "engines": _engines(parts),
+        "tensor_flop_utilisation": _tensor_util(target, device_flops, sim_p50),
+        "partitions": [{"name": p["name"], "ops": len(p["ops"]),
+                        "simulated_us": p["simulated_time_per_call_us"],
+                        "roofline_us": p["roofline_time_per_call_us"],
+                        "bound": p["roofline_bound"], "instructions": p["instructions"],
+                        "flops": p["flops"], "sbuf_peak_bytes": p["sbuf_peak_bytes"],
+                        "psum_peak_bytes": p["psum_peak_bytes"]} for p in parts],
+        "warmup_us": sum(sum(_call_latency(d)) for d in warm),
+    }
+    compile_info = {
+        "ok": True,
+        "first_call_s": first_call_s,
+        "lowering_s": sum(d["compile_time_s"] for d in all_compiles),
+        "dynamo_graphs": dynamo_graphs,
+        "recompiles": dynamo_graphs - graphs_after_first,
+        "aten_graphs": [{"name": g["name"], "kind": g["kind"], "device_nodes": g["device_nodes"],
+                         "fallback_nodes": g["fallback_nodes"],
+                         "partitions": len(g["partitions"])} for g in last["graphs"]],
+        "partitions": len(parts),
+        "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
+        "nodes": nodes,
+        "program_cache": {k: sum(d["program_cache"][k] for d in all_compiles)
+                          for k in ("hits", "misses")},
+    }
+    rows = compare_outputs(out, ref, cfg.effective_thresholds())
+    for r in rows:
+        r["target"] = target
+    return per_target, compile_info, rows
+
+
+def _tensor_util(target: str, flops: int, sim_us: float) -> float | None:
+    from runtime_sim.targets import get_target
+    peak = get_target(target).tensor_peak_flops_per_ns
+    return flops / (peak * sim_us * 1e3) if sim_us > 0 else None
+
+
+def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
+    """The whole report except ``regressions`` (``baseline.py`` adds them). Raises
+    ``ModelFailure`` / ``CompileFailure`` (after which the partial report is in
+    ``exc.report``)."""
+    report: dict = {"versions": versions(cfg.targets), "model": {}, "compile": {},
+                    "accuracy": {}, "targets": {}, "regressions": []}
+    cfg.progress("eager reference")
+    try:
+        ref, report["model"] = eager_reference(loaded)
+        if cfg.train:
+            from neuron_compiler.eval.train import eager_steps
+            cfg.progress("eager training steps")
+            try:
+                ref, report["model"]["train"] = eager_steps(loaded, cfg.warmup + cfg.iters,
+                                                            _LiveBytes)
+            except Exception as exc:
+                raise ModelFailure(f"an eager training step raised {type(exc).__name__}: "
+                                   f"{exc}") from exc
+    except ModelFailure as exc:
+        report["compile"] = {"ok": False, "error": str(exc), "failed_target": None}
+        exc.report = report   # type: ignore[attr-defined]
+        raise
+    cfg.progress("torch._dynamo.explain")
+    report["compile"] = {"ok": False, "error": None, "failed_target": None, **explain(loaded),
+                         "targets": {}}
+    rows: list[dict] = []
+    report["accuracy"] = {
+        "values_from": ("simulator (sim_mode=functional)" if cfg.sim_mode == "functional" else
+                        "eager partitions (sim_mode=timing: checks partitioning and fallbacks, "
+                        "not the simulated arithmetic)"),
+        "auto_cast": cfg.auto_cast,
+        "thresholds": {k: v.to_dict() for k, v in cfg.effective_thresholds().items()},
+        "passed": False, "outputs": rows}
+    for target in cfg.targets:
+        try:
+            per_target, comp, acc = run_target(loaded, ref, report["model"], target, cfg)
+        except CompileFailure as exc:
+            report["compile"].update(error=exc.detail, failed_target=target)
+            exc.report = report   # type: ignore[attr-defined]
+            raise
+        report["targets"][target] = per_target
+        report["compile"]["targets"][target] = comp
+        rows += acc
+    report["compile"]["ok"] = True
+    report["accuracy"]["passed"] = all(r["passed"] for r in rows)
+    torch._dynamo.reset()
+    return report

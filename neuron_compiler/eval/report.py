@@ -1,0 +1,144 @@
+"""The terminal report of ``neuron-eval``: a text rendering of the JSON report.
+
+Invariants
+- ``render(report)`` reads only the report dict (the same one ``--json`` writes), so what the
+  terminal shows and what the JSON holds cannot disagree; it never raises on a partial report
+  (a compile failure leaves ``targets`` empty).
+- Targets are columns, side by side, in the order they were run; metrics are rows.
+"""
+from __future__ import annotations
+
+from neuron_compiler.profile import _bytes, _table
+
+
+MAX_ACCURACY_ROWS = 12
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def _pct(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return "<0.1%" if 0 < v < 0.001 else f"{100.0 * v:.1f}%"
+
+
+def _side_by_side(report: dict) -> list[str]:
+    targets = report["targets"]
+    names = list(targets)
+    comp = report["compile"].get("targets", {})
+    engines = sorted({e for t in targets.values() for e in t["engines"]},
+                     key=lambda e: ("TensorE", "VectorE", "ScalarE", "GpSimdE", "DMA").index(e)
+                     if e in ("TensorE", "VectorE", "ScalarE", "GpSimdE", "DMA") else 9)
+
+    def row(label: str, fn) -> tuple[str, ...]:
+        return (label,) + tuple(fn(targets[n], comp.get(n, {})) for n in names)
+
+    rows = [("", *names),
+            row("first call (compile) s", lambda t, c: f"{c.get('first_call_s', 0):.2f}"),
+            row("  of which lowering s", lambda t, c: f"{c.get('lowering_s', 0):.2f}"),
+            row("partitions / recompiles",
+                lambda t, c: f"{c.get('partitions', '-')} / {c.get('recompiles', '-')}"),
+            row("latency p50 us", lambda t, c: _us(t["latency_us"]["p50"])),
+            row("latency p90 us", lambda t, c: _us(t["latency_us"]["p90"])),
+            row("latency p99 us", lambda t, c: _us(t["latency_us"]["p99"])),
+            row("  simulated device us", lambda t, c: _us(t["latency_us"]["simulated_us"])),
+            row("  host transfer us", lambda t, c: _us(t["latency_us"]["transfer_us"])),
+            row("  eager fallback us", lambda t, c: _us(t["latency_us"]["fallback_us"])),
+            row("  roofline us", lambda t, c: _us(t["latency_us"]["roofline_us"])),
+            row("throughput /s", lambda t, c: "-" if t["throughput_per_s"] is None
+                else f"{t['throughput_per_s']:,.0f}"),
+            row("device share: nodes", lambda t, c: _pct(t["device_share"]["by_nodes"])),
+            row("device share: FLOPs", lambda t, c: _pct(t["device_share"]["by_flops"])),
+            row("device share: time", lambda t, c: _pct(t["device_share"]["by_time"])),
+            row("fallback ops", lambda t, c: str(sum(f["count"] for f in t["fallbacks"]))),
+            row("HBM (w+act+in) / core", lambda t, c:
+                f"{_bytes(t['memory']['hbm_bytes'])} "
+                f"({_pct(t['memory']['hbm_fraction_of_core'])})"),
+            row("SBUF peak", lambda t, c: f"{_bytes(t['memory']['sbuf_peak_bytes'])} "
+                f"({_pct(t['memory']['sbuf_peak_bytes'] / t['memory']['sbuf_capacity_bytes'])})"),
+            row("PSUM peak", lambda t, c: f"{_bytes(t['memory']['psum_peak_bytes'])} "
+                f"({_pct(t['memory']['psum_peak_bytes'] / t['memory']['psum_capacity_bytes'])})"),
+            ]
+    rows += [row(f"{e} busy", lambda t, c, e=e: _pct(t["engines"].get(e))) for e in engines]
+    rows.append(row("TensorE FLOP util", lambda t, c: _pct(t["tensor_flop_utilisation"])))
+    rows.append(row("instance", lambda t, c: t["cost"]["instance"]
+                    + (" (price ASSUMED)" if t["cost"]["price_assumed"] else "")))
+    per = "steps" if report["model"].get("train") else "inferences"
+    rows.append(row(f"USD / 1M {per}", lambda t, c:
+                    "-" if t["cost"]["usd_per_million_inferences"] is None
+                    else f"{t['cost']['usd_per_million_inferences']:.4f}"))
+    return _table(rows, left={0})
+
+
+def render(report: dict, exit_code: int | None = None) -> str:
+    m, c, acc = report["model"], report["compile"], report["accuracy"]
+    lines = [f"neuron-eval {m.get('spec', '?')}: {m.get('class', '?')}"
+             + (f" ({m['description']})" if m.get("description") else "")]
+    if m:
+        ins = ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in m["inputs"])
+        lines.append(f"  {m['parameters']:,} parameters ({_bytes(m['weight_bytes'])}), "
+                     f"inputs: {ins or '-'}; eager {m['eager_time_ms']:.1f} ms, "
+                     f"{m['flops'] / 1e6:.2f} MFLOP")
+    if m.get("train"):
+        lines.append(f"  --train: each call is one training step: {m['train']['step']}; "
+                     f"{m['train']['flops'] / 1e6:.2f} MFLOP per step")
+    v = report["versions"]
+    lines.append(f"  torch {v['torch']}, neuron-sim {v['neuron_sim']}"
+                 + (f" @ {v['git_commit'][:10]}{'+dirty' if v['git_dirty'] else ''}"
+                    if v.get("git_commit") else "")
+                 + f", python {v['python']}, numpy {v['numpy']}, ml_dtypes {v['ml_dtypes']}")
+    breaks = c.get("graph_breaks")
+    lines.append(f"compile: {'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "
+                 f"{c.get('graphs', '-')}, graph breaks {'-' if breaks is None else breaks}")
+    for r in c.get("break_reasons", []):
+        lines.append(f"  break: {r['reason']}" + (f" at {r['where']}" if r["where"] else ""))
+    if c.get("error"):
+        lines.append(f"  {c['failed_target']}: {c['error']}")
+    if report["targets"]:
+        lines.append("")
+        lines += _side_by_side(report)
+    fb_rows = [("target", "op", "count", "us/call", "share", "reason")]
+    for name, t in report["targets"].items():
+        fb_rows += [(name, f["op"], str(f["count"]), f"{f['time_us']:.1f}",
+                     _pct(f["share_of_latency"]), f["reason"]) for f in t["fallbacks"]]
+    if len(fb_rows) > 1:
+        lines += ["", "Fallbacks (eager PyTorch; time = measured host wall time per call, "
+                      "their host<->device copies are in 'host transfer'):"]
+        lines += _table(fb_rows, left={0, 1, 5})
+    if acc.get("outputs"):
+        cast = acc.get("auto_cast", "none")
+        lines += ["", f"Accuracy (values from {acc['values_from']}"
+                  + (f"; auto_cast={cast}: fp32 outputs judged by the bfloat16 thresholds"
+                     if cast != "none" else "") + "):"]
+        rows = [("output", "target", "dtype", "max abs", "max rel", "cosine", "result")]
+        shown = acc["outputs"]
+        if len(shown) > MAX_ACCURACY_ROWS:   # every failure, and the worst output per target
+            worst = {}
+            for r in shown:
+                if r["max_rel"] is not None and (r["target"] not in worst or
+                                                 r["max_rel"] > worst[r["target"]]["max_rel"]):
+                    worst[r["target"]] = r
+            keep = {id(r) for r in shown if not r["passed"]} | {id(r) for r in worst.values()}
+            lines.append(f"  ({len(shown)} outputs, {sum(r['passed'] for r in shown)} pass; "
+                         f"shown: failures and the largest max rel per target; all in --json)")
+            shown = [r for r in shown if id(r) in keep]
+        for r in shown:
+            rows.append((r["name"], r["target"], r["dtype"],
+                         "-" if r["max_abs"] is None else f"{r['max_abs']:.3g}",
+                         "-" if r["max_rel"] is None else f"{r['max_rel']:.3g}",
+                         "-" if r["cosine"] is None else f"{r['cosine']:.6f}",
+                         "pass" if r["passed"] else f"FAIL: {r['problem']}"))
+        lines += _table(rows, left={0, 1, 2, 6})
+    if any(t["cost"]["price_assumed"] for t in report["targets"].values()):
+        lines += ["", "Cost: " + next(iter(report["targets"].values()))["cost"]["assumption"]
+                  + "; ASSUMED prices are placeholders: set --price INSTANCE=USD_PER_HOUR."]
+    if report.get("regressions"):
+        lines += ["", f"Regressions against the baseline ({len(report['regressions'])}):"]
+        lines += [f"  {r['target'] or '-'}: {r['metric']}: {r['message']}"
+                  for r in report["regressions"]]
+    if exit_code is not None:
+        verdict = {0: "PASS", 1: "FAIL (accuracy or regression)", 3: "FAIL (does not compile)"}
+        lines += ["", f"result: {verdict.get(exit_code, exit_code)} (exit {exit_code})"]
+    return "\n".join(lines)
