@@ -60,13 +60,13 @@ class _Side:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
     def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False,
-              k0: Affine | int = 0, bufs: int = 2, tile: Tile | None = None):
+              k0: Affine | int = 0, bufs: int = 2, tile: Tile | None = None, tile_off: int = 0):
         """PE_T operands whose rows fit (``matmul_plan.staged``, or any PE_T operand with
         ``always``): rows f0 .. f0+fw of X^T, K columns from ``k0`` (default: all of K), in one
         tile ([128 rows, K] per 128 of fw, one DMA for all of them when every chunk is full), for
         ``load`` to transpose from (its k0 then counts from the staged ``k0``); None otherwise
         (then every K tile loads its own rows). ``tile``: the rows tile to load into (shared
-        by several call sites), default a new one of ``bufs`` slots."""
+        by several call sites; at element ``tile_off``), default a new one of ``bufs`` slots."""
         r = self.ref
         ok = self.form == PE_T if always else staged(self.form, fw, K, r.dtype.itemsize, b.target)
         if not ok or fw <= 1 or K <= 1:
@@ -75,15 +75,15 @@ class _Side:
         rows = tile or b.tile("stage", Memory.SBUF, min(fw, 128), nch * K, r.dtype, bufs)
         base = bbase + aff(k0) * self.kstride
         if fw % 128 == 0:      # every chunk has 128 rows: all of them in one DMA
-            b.dma(rows.ap(128, dims=((K, nch), (1, K))),
+            b.dma(rows.ap(128, elem_offset=tile_off, dims=((K, nch), (1, K))),
                   hbm_ap(r.buffer, r.dtype, base + f0 * self.fstride, 128, self.fstride,
                          ((nch, 128 * self.fstride), (K, self.kstride))))
-            return (rows, K)
+            return (rows, K, tile_off)
         for c0, cw in b.tiled(fw, 128, "sg"):
-            b.dma(rows.ap(cw, elem_offset=c0 // 128 * K, dims=((1, K),)),
+            b.dma(rows.ap(cw, elem_offset=tile_off + c0 // 128 * K, dims=((1, K),)),
                   hbm_ap(r.buffer, r.dtype, base + (f0 + c0) * self.fstride, cw, self.fstride,
                          ((K, self.kstride),)))
-        return (rows, K)
+        return (rows, K, tile_off)
 
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
              f0: Affine, fw: int, stage=None, psum: TAP | None = None,

@@ -73,7 +73,7 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
         rw_max, sw_max = min(M, c.block * TM), min(N, c.group * TN)
         # PSUM banks taken by the cells in turn (the cells are unrolled: the rotation is explicit)
         banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
-        oa = _Operand(b, sa, "ach", kts, chunks[0][1], rw_max, dt)
+        oa = _Operand(b, sa, "ach", kts, chunks[0][1], rw_max, dt, row_slots=2)
         ob = _Operand(b, sb, "bch", kts, chunks[0][1], sw_max, dt)
         for r0, rw in b.tiled(M, c.block * TM, "cm"):
             for s0, sw in b.tiled(N, c.group * TN, "cn"):
@@ -84,13 +84,16 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
 class _Operand:
     """One side's tiles for the chunks of a block: the chunk tile (two halves, chunk ``i`` in
     half ``i % 2``: explicit double buffering, the same bytes whatever the call site), the
-    staged rows of a TensorE-transposed side (one slot) and its PSUM transpose slots."""
+    staged rows of a TensorE-transposed side (two slots, chunk ``i`` in slot ``i % 2``) and its
+    PSUM transpose slots."""
 
-    def __init__(self, b: TirBuilder, side, name: str, kts: int, chunk: int, f: int, dt: DType):
-        self.side, self.f, self.kts = side, f, kts
+    def __init__(self, b: TirBuilder, side, name: str, kts: int, chunk: int, f: int, dt: DType,
+                 row_slots: int = 1):
+        self.side, self.f, self.kts, self.chunk = side, f, kts, chunk
         self.tile = b.tile(name, Memory.SBUF, TK, 2 * kts * f, dt, 1)
         self.tp = side.form in (PE_T, RES_T) and f > 1 and chunk > 1
-        self.rows = (b.tile(f"{name}_rows", Memory.SBUF, min(f, TM), -(-f // TM) * chunk, dt, 1)
+        self.slot_elems = -(-f // TM) * chunk
+        self.rows = (b.tile(f"{name}_rows", Memory.SBUF, min(f, TM), row_slots * self.slot_elems, dt, 1)
                      if self.tp and side.form == PE_T else None)
         self.tps = b.tile(f"{name}_tp", Memory.PSUM, TK, TP_BUFS * TM, F32, 1) if self.tp else None
 
@@ -103,14 +106,31 @@ class _Operand:
             for k0, kt in b.tiled(kcw, TK, "kl"):
                 side.load(b, self.tile, off + k0 // TK * f, base, kc0 + k0, kt, f0, fw)
             return
-        st = (side.stage(b, base, f0, fw, kcw, always=True, k0=kc0, tile=self.rows)
-              if self.rows is not None else None)
-        for c0, cw in b.tiled(fw, TM, "tr"):    # K tiles unrolled: the PSUM slots in turn
-            for j, (k0, kt) in enumerate(_pieces(kcw, TK)):
-                slot = self.tps.ap(kt, elem_offset=j % TP_BUFS * TM, dims=((1, cw),))
-                side.load(b, self.tile, off + k0 // TK * f + c0, base, k0 if st else kc0 + k0, kt,
-                          f0 + c0, cw, None if st is None else (st[0], st[1], c0 // TM * st[1]), slot,
-                          TP_COPY_ENGINES[j % 2])
+        self.stage(b, base, kc0, kcw, 0, f0, fw)
+        for c0, cw in b.tiled(fw, TM, "tr"):
+            self.transpose(b, base, kc0, kcw, half, 0, f0, fw, c0, cw)
+
+    def stage(self, b: TirBuilder, base: Affine, kc0: Affine, kcw: int, slot: int, f0: Affine,
+              fw: int) -> None:
+        """The rows of chunk ``[kc0, kc0 + kcw)`` into row slot ``slot`` (PE_T; else nothing)."""
+        if self.rows is not None:
+            self.side.stage(b, base, f0, fw, kcw, always=True, k0=kc0, tile=self.rows,
+                            tile_off=slot * self.slot_elems)
+
+    def transpose(self, b: TirBuilder, base: Affine, kc0: Affine, kcw: int, half: int, slot: int,
+                  f0: Affine, fw: int, c0: Affine, cw: int) -> None:
+        """Rows ``f0 + c0 .. + cw`` (of the block's ``fw``) of chunk ``[kc0, kc0 + kcw)``
+        (staged in row slot ``slot``, or resident) transposed into ``half``: its K tiles
+        unrolled, taking the PSUM slots in turn, their copies out of PSUM alternating ScalarE /
+        GpSimdE. A single row or K column is a plain copy from HBM (``_Side.load``)."""
+        f, off = self.f, half * self.kts * self.f
+        staged = self.rows is not None and fw > 1 and kcw > 1     # as _Side.stage decides
+        for j, (k0, kt) in enumerate(_pieces(kcw, TK)):
+            ps = self.tps.ap(kt, elem_offset=j % TP_BUFS * TM, dims=((1, cw),))
+            via_rows = staged and cw > 1 and kt > 1
+            st = (self.rows, kcw, slot * self.slot_elems + c0 // TM * kcw) if via_rows else None
+            self.side.load(b, self.tile, off + k0 // TK * f + c0, base, k0 if via_rows else kc0 + k0,
+                           kt, f0 + c0, cw, st, ps, TP_COPY_ENGINES[j % 2])
 
     def ap(self, kt: int, half: int, k0: Affine, f0: int, fw: int):
         return self.tile.ap(kt, elem_offset=half * self.kts * self.f + k0 // TK * self.f + f0,
@@ -127,13 +147,31 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
     chunk = chunks[0][1]
     last_i = len(chunks) - 1
 
+    width = [w for _, w in chunks]
+
     def step(i: int, kc0: Affine, kcw: int) -> None:
         half = i % 2
-        oa.fill(b, abase, kc0, kcw, half, r0, rw)
+        nxt = width[i + 1] if i + 1 <= last_i else None
+        nxt2 = width[i + 2] if i + 2 <= last_i else None
+        if oa.tp:
+            # A^T one chunk ahead: chunk i+1's rows transposed between chunk i's m-tiles (the
+            # copies out of PSUM never hold TensorE), its rows staged two chunks ahead
+            if i == 0:
+                oa.stage(b, abase, kc0, kcw, 0, r0, rw)
+                if nxt:
+                    oa.stage(b, abase, kc0 + chunk, nxt, 1, r0, rw)
+                for c0, cw in b.tiled(rw, TM, "tr"):
+                    oa.transpose(b, abase, kc0, kcw, 0, 0, r0, rw, c0, cw)
+            if nxt2:
+                oa.stage(b, abase, kc0 + 2 * chunk, nxt2, half, r0, rw)
+        else:
+            oa.fill(b, abase, kc0, kcw, half, r0, rw)
         ob.fill(b, bbase, kc0, kcw, half, s0, sw)
         # cells unrolled (static), their PSUM reads alternating GpSimdE / VectorE: one engine
         # alone falls behind TensorE at two K tiles per chunk
         for i0, iw in b.tiled(rw, TM, "ci"):    # a loop over m-tiles, their cells unrolled
+            if oa.tp and nxt:
+                oa.transpose(b, abase, kc0 + chunk, nxt, 1 - half, 1 - half, r0, rw, i0, iw)
             row = i0 // TM * ns
             results = []
             for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
@@ -163,13 +201,14 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
             elif i == last_i:
                 assert not any(results), "an m-tile's cells are either all resident or all stored"
 
-    step(0, aff(0), chunks[0][1])
-    mid = len(chunks) - 2                 # chunks 1 .. last_i - 1, in pairs
-    if mid >= 2:
-        with b.loop(mid // 2, "kp") as p:
+    # chunks 1 .. L in a loop over pairs: those whose next two chunks exist and are full (the
+    # same code every iteration); the rest one by one
+    L = last_i - 2 - (1 if width[-1] != chunk else 0)
+    pairs = max(0, L) // 2
+    step(0, aff(0), width[0])
+    if pairs:
+        with b.loop(pairs, "kp") as p:
             step(1, p * (2 * chunk) + chunk, chunk)
             step(2, p * (2 * chunk) + 2 * chunk, chunk)
-    if mid > 0 and mid % 2:
-        step(last_i - 1, aff((last_i - 1) * chunk), chunk)
-    if last_i > 0:
-        step(last_i, aff(last_i * chunk), chunks[-1][1])
+    for i in range(2 * pairs + 1, last_i + 1):
+        step(i, aff(i * chunk), width[i])

@@ -33,7 +33,7 @@ from runtime_sim.targets import Target
 DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strided"
 RES_T = "resident_transpose"
 OUTRES_BANKS = 4    # resident="C": PSUM banks the cells of an m-tile take in turn (the m-tile loop reuses them)
-SBUF_SHARE = 0.90   # of a partition for one matmul kernel (the rest: the neighbours' prefetched tiles)
+SBUF_SHARE = 0.92   # of a partition for one matmul kernel (the rest: the neighbours' prefetched tiles)
 STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
 
 
@@ -297,10 +297,10 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
         # (results are computed into their accumulator's bytes: only intermediates take tiles)
         sb += 4 * 512 * 4 * max(0, s.epi_tiles - 1) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
         tps = 0
-        for form, F in ((s.a_form, rw), (s.b_form, sw)):
+        for form, F, slots in ((s.a_form, rw, 2), (s.b_form, sw, 1)):
             if form in (PE_T, RES_T):
-                if form == PE_T:     # a chunk's rows, one slot
-                    sb += -(-F // 128) * min(s.K, c.kacc * 128) * isz
+                if form == PE_T:     # a chunk's rows (A: two slots, staged two chunks ahead)
+                    sb += slots * -(-F // 128) * min(s.K, c.kacc * 128) * isz
                 tps += 1             # one bank: matmul_outres.TP_BUFS slots of [128, 128]
         return sb, c.acc_bufs + tps
     if c.resident == "A":

@@ -37,6 +37,7 @@ CASES = [  # (M, K, N, dtype, target, block, group, kacc)
     (257, 1100, 520, torch.bfloat16, "trn1", 2, 1, 4),   # trn1: TensorE transposes, staged rows
     (200, 2200, 600, torch.bfloat16, "trn1", 2, 2, 4),   # 5 chunks: first, a pair loop, last
     (130, 1700, 1100, torch.float32, "trn2", 2, 3, 2),   # 7 chunks: pairs, a single, partial last
+    (129, 1025, 600, torch.bfloat16, "trn1", 2, 2, 4),   # a 1-row m-tile, a last chunk of 1 column
 ]
 
 
