@@ -21,10 +21,16 @@ price is one [128, 512] fp32 add per cell and chunk. What keeps TensorE busy acr
 - the results of an m-tile are packed side by side over the fp32 bytes of cells already
   evacuated (cell j at j * 512 output elements), so a store moves rows of ``group * 512``
   contiguous elements (the DMA's per-run cost paid once per row, not once per 512);
-- the copies out of PSUM of the TensorE transposes alternate ScalarE / GpSimdE.
-Invariants: chunk ``i`` uses half ``i % 2`` of the chunk tiles (static offsets, so the sync
-pass sees the halves apart); a partial last chunk or block uses the first elements of the full
-shapes; the cells of an m-tile are unrolled, their PSUM reads alternating GpSimdE / VectorE and
+- A^T is built one chunk ahead: the next chunk's rows (staged two chunks ahead, two slots)
+  are transposed between this chunk's m-tiles, their copies out of PSUM alternating ScalarE /
+  GpSimdE, so the transposes never hold TensorE;
+- along a row of blocks (same m-block) the chunk order alternates (``snake``): a block starts
+  with the chunk its predecessor ended with, whose A^T and the next chunk's staged rows are
+  still in place, so the seam between blocks loads and transposes no A at all.
+Invariants: chunk ``c`` keeps its A^T in half ``c % 2`` and its rows in slot ``c % 2``, the
+chunk at position ``p`` of a block its B in half ``p % 2`` (static offsets, so the sync pass
+sees the halves apart; an even number of chunks keeps the B halves apart at the seams, else no
+snake); a partial last chunk or block uses the first elements of the full shapes; the cells of an m-tile are unrolled, their PSUM reads alternating GpSimdE / VectorE and
 their banks taken in turn, the m-tiles a loop; a row bias folded into the PSUM accumulation
 (``fold_row_bias``) does not take this form (``MatmulShape.no_outres``).
 """
@@ -75,10 +81,30 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
         banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
         oa = _Operand(b, sa, "ach", kts, chunks[0][1], rw_max, dt, row_slots=2)
         ob = _Operand(b, sb, "bch", kts, chunks[0][1], sw_max, dt)
+        W = c.group * TN
+        nfull, tail = divmod(N, W)
+        modes = snake(nfull + (1 if tail else 0), len(chunks))
+
+        def block(r0, rw, s0, sw, mode):
+            _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
+                   out_dt, chunks, r0, rw, s0, sw, *mode)
+
         for r0, rw in b.tiled(M, c.block * TM, "cm"):
-            for s0, sw in b.tiled(N, c.group * TN, "cn"):
-                _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
-                       out_dt, chunks, r0, rw, s0, sw)
+            # the n-blocks of a row of blocks: the first, then pairs (one loop: the modes after
+            # the first repeat with period two), the rest
+            j = 0
+            if nfull:
+                block(r0, rw, aff(0), W, modes[0])
+                j = 1
+            if nfull - 1 >= 2:
+                with b.loop((nfull - 1) // 2, "cn") as q:
+                    block(r0, rw, q * (2 * W) + W, W, modes[1])
+                    block(r0, rw, q * (2 * W) + 2 * W, W, modes[2])
+                j = 1 + 2 * ((nfull - 1) // 2)
+            for jj in range(j, nfull):
+                block(r0, rw, aff(jj * W), W, modes[jj])
+            if tail:
+                block(r0, rw, aff(nfull * W), tail, modes[nfull])
 
 
 class _Operand:
@@ -138,55 +164,63 @@ class _Operand:
 
 
 def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob, out_dt, chunks,
-           r0, rw, s0, sw) -> None:
+           r0, rw, s0, sw, reverse: bool = False, reuse: bool = False) -> None:
     """One output block: its first chunk copies the products into the accumulators (no
     zeroing: a cell waits only for its own store of the previous block), the middle chunks add
-    (a loop over pairs of chunks, one per half), the last adds and hands every cell to the
-    epilogue at once (the stores run under the last chunk's products)."""
+    (a loop over pairs of chunks), the last adds and hands every cell to the epilogue at once
+    (the stores run under the last chunk's products). ``reverse``: the chunks in descending
+    order. ``reuse``: the previous block had the same rows of A and ended with this block's
+    first chunk, so its A^T (and the staged rows of the next chunk) are in place."""
     nr, ns = -(-rw // TM), -(-sw // TN)
     chunk = chunks[0][1]
-    last_i = len(chunks) - 1
-
+    C = len(chunks)
     width = [w for _, w in chunks]
+    order = list(range(C))[::-1] if reverse else list(range(C))
+    sgn = -1 if reverse else 1
 
-    def step(i: int, kc0: Affine, kcw: int) -> None:
-        half = i % 2
-        nxt = width[i + 1] if i + 1 <= last_i else None
-        nxt2 = width[i + 2] if i + 2 <= last_i else None
-        if oa.tp:
-            # A^T one chunk ahead: chunk i+1's rows transposed between chunk i's m-tiles (the
-            # copies out of PSUM never hold TensorE), its rows staged two chunks ahead
-            if i == 0:
-                oa.stage(b, abase, kc0, kcw, 0, r0, rw)
-                if nxt:
-                    oa.stage(b, abase, kc0 + chunk, nxt, 1, r0, rw)
+    def step(pos: int, c: int, kc0: Affine) -> None:
+        """Position ``pos`` of the block, chunk ``c`` (static parity and width; ``kc0`` its K
+        offset, affine in a loop): A^T in half ``c % 2``, B in half ``pos % 2``."""
+        kcw, ah, bh = width[c], c % 2, pos % 2
+        last = pos == C - 1
+        nxt = order[pos + 1] if pos + 1 < C else None
+        nxt2 = order[pos + 2] if pos + 2 < C else None
+        if pos == 0 and not reuse:
+            if oa.tp:
+                oa.stage(b, abase, kc0, kcw, ah, r0, rw)
+                if nxt is not None:
+                    oa.stage(b, abase, kc0 + sgn * chunk, width[nxt], nxt % 2, r0, rw)
                 for c0, cw in b.tiled(rw, TM, "tr"):
-                    oa.transpose(b, abase, kc0, kcw, 0, 0, r0, rw, c0, cw)
-            if nxt2:
-                oa.stage(b, abase, kc0 + 2 * chunk, nxt2, half, r0, rw)
-        else:
-            oa.fill(b, abase, kc0, kcw, half, r0, rw)
-        ob.fill(b, bbase, kc0, kcw, half, s0, sw)
+                    oa.transpose(b, abase, kc0, kcw, ah, ah, r0, rw, c0, cw)
+        if oa.tp:
+            # A^T one chunk ahead: the next chunk's rows transposed between this chunk's
+            # m-tiles (the copies out of PSUM never hold TensorE), rows staged two ahead
+            if nxt2 is not None:
+                oa.stage(b, abase, kc0 + 2 * sgn * chunk, width[nxt2], nxt2 % 2, r0, rw)
+        elif not (pos == 0 and reuse):
+            oa.fill(b, abase, kc0, kcw, ah, r0, rw)
+        ob.fill(b, bbase, kc0, kcw, bh, s0, sw)
         # cells unrolled (static), their PSUM reads alternating GpSimdE / VectorE: one engine
         # alone falls behind TensorE at two K tiles per chunk
         for i0, iw in b.tiled(rw, TM, "ci"):    # a loop over m-tiles, their cells unrolled
-            if oa.tp and nxt:
-                oa.transpose(b, abase, kc0 + chunk, nxt, 1 - half, 1 - half, r0, rw, i0, iw)
+            if oa.tp and nxt is not None:
+                oa.transpose(b, abase, kc0 + sgn * chunk, width[nxt], nxt % 2, nxt % 2, r0, rw,
+                             i0, iw)
             row = i0 // TM * ns
             results = []
             for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
                 n = row + cj
                 dst = banks[cj % len(banks)].ap(iw, dims=((1, jw),))
                 for k0, kt in b.tiled(kcw, TK, "kk"):
-                    b.matmul(dst, oa.ap(kt, half, k0, i0, iw), ob.ap(kt, half, k0, j0, jw),
+                    b.matmul(dst, oa.ap(kt, ah, k0, i0, iw), ob.ap(kt, bh, k0, j0, jw),
                              start_when=(k0,))
                 cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
                 eng = (ADD_ENGINES[cj % 2],)
-                if i == 0:
+                if pos == 0:
                     b.tensor_copy(cell, dst, engines=eng)
                 else:
                     b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=eng)
-                if i == last_i:
+                if last:
                     # the result into the accumulators' bytes, the m-tile's cells packed side
                     # by side (cell j at j * 512 output elements: the fp32 bytes of cells
                     # j/2 .. j-1, whose results left already), so one DMA of contiguous rows
@@ -195,20 +229,33 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
                                   dims=((1, jw),), dtype=out_dt)
                     res = epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into, False)
                     results.append(res)
-            if i == last_i and all(r is not None for r in results):
+            if last and all(r is not None for r in results):
                 b.dma(out_ap(k, bidx, r0 + i0, iw, s0, sw),
                       acc.ap(iw, elem_offset=row * TN, dims=((1, sw),), dtype=out_dt))
-            elif i == last_i:
+            elif last:
                 assert not any(results), "an m-tile's cells are either all resident or all stored"
 
-    # chunks 1 .. L in a loop over pairs: those whose next two chunks exist and are full (the
-    # same code every iteration); the rest one by one
-    L = last_i - 2 - (1 if width[-1] != chunk else 0)
-    pairs = max(0, L) // 2
-    step(0, aff(0), width[0])
+    # positions 1 .. L in a loop over pairs: those whose next two chunks exist and are full
+    # (the same code every iteration); the rest one by one
+    full = [p for p in range(1, C) if p + 2 < C and all(width[order[q]] == chunk for q in (p, p + 1, p + 2))]
+    L = 0
+    while L + 1 in full:
+        L += 1
+    pairs = L // 2
+    step(0, order[0], aff(order[0] * chunk))
     if pairs:
-        with b.loop(pairs, "kp") as p:
-            step(1, p * (2 * chunk) + chunk, chunk)
-            step(2, p * (2 * chunk) + 2 * chunk, chunk)
-    for i in range(2 * pairs + 1, last_i + 1):
-        step(i, aff(i * chunk), width[i])
+        with b.loop(pairs, "kp") as q:
+            for e in (1, 2):
+                c = order[e]            # the parity of the chunk at position 2q + e
+                step(e, c, q * (2 * sgn * chunk) + order[e] * chunk)
+    for pos in range(2 * pairs + 1, C):
+        step(pos, order[pos], aff(order[pos] * chunk))
+
+
+def snake(n_blocks: int, chunks: int) -> list[tuple[bool, bool]]:
+    """(reverse, reuse) of each block along one row of blocks: the chunk order alternates, so
+    a block starts with the chunk its predecessor ended with and keeps its A^T (an even number
+    of chunks keeps the B halves apart at the seam; fewer than four chunks: no gain)."""
+    if chunks < 4 or chunks % 2:
+        return [(False, False)] * n_blocks
+    return [(j % 2 == 1, j > 0) for j in range(n_blocks)]

@@ -34,6 +34,7 @@ Invariants
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -83,10 +84,36 @@ def _extent(x: _Access) -> tuple[int, int]:
     return lo + slo, hi + shi
 
 
+def _period(x: _Access) -> int:
+    """The gcd of the loop coefficients of ``x``'s offset (0: a fixed offset): every place it
+    takes is its constant offset plus a multiple of this."""
+    g = 0
+    for _, c in x.tap.offset.terms:
+        g = math.gcd(g, abs(c))
+    return g
+
+
+def _residues_meet(a: _Access, b: _Access, ga: int, gb: int) -> bool:
+    """False when ``a`` and ``b`` can never touch a common byte: their offsets differ by
+    ``cb - ca`` plus a multiple of gcd(ga, gb), and the bytes meet only at differences in
+    (alo - bhi, ahi - blo)."""
+    g = math.gcd(ga, gb)
+    if g == 0:
+        return True
+    (alo, ahi), (blo, bhi) = a.tap.byte_span(), b.tap.byte_span()
+    width = (ahi - alo) + (bhi - blo)
+    if width >= g:
+        return True
+    t = (b.tap.offset.const - a.tap.offset.const - (alo - bhi)) % g
+    return 0 < t < width
+
+
 def _candidate_pairs(accs: list[_Access]):
-    """Ordered pairs of accesses of one buffer whose byte extents intersect, in the order the
-    exhaustive double loop yields them (accesses elsewhere in a slot never meet, in any slot)."""
+    """Ordered pairs of accesses of one buffer that may touch a common byte, in the order the
+    exhaustive double loop yields them: byte extents that intersect (accesses elsewhere in a
+    slot never meet, in any slot) and offsets that agree modulo their loops' common period."""
     ext = [_extent(x) for x in accs]
+    per = [_period(x) for x in accs]
     order = sorted(range(len(accs)), key=lambda i: ext[i][0])
     pairs: list[tuple[int, int]] = []
     for n, i in enumerate(order):
@@ -94,7 +121,7 @@ def _candidate_pairs(accs: list[_Access]):
         for j in order[n + 1:]:
             if ext[j][0] >= hi:
                 break
-            if ext[j][1] > ext[i][0]:
+            if ext[j][1] > ext[i][0] and _residues_meet(accs[i], accs[j], per[i], per[j]):
                 pairs.append((i, j))
                 pairs.append((j, i))
     for i, j in sorted(pairs):

@@ -38,6 +38,10 @@ CASES = [  # (M, K, N, dtype, target, block, group, kacc)
     (200, 2200, 600, torch.bfloat16, "trn1", 2, 2, 4),   # 5 chunks: first, a pair loop, last
     (130, 1700, 1100, torch.float32, "trn2", 2, 3, 2),   # 7 chunks: pairs, a single, partial last
     (129, 1025, 600, torch.bfloat16, "trn1", 2, 2, 4),   # a 1-row m-tile, a last chunk of 1 column
+    # rows of four n-blocks (a pair loop, a partial one): the chunk order alternates, each block
+    # starting from its predecessor's A^T (four chunks, the first of a reversed block partial)
+    (300, 1900, 2000, torch.bfloat16, "trn1", 2, 1, 4),
+    (300, 1900, 2000, torch.bfloat16, "trn2", 2, 1, 4),  # the same with A by DMA transposes
 ]
 
 
