@@ -119,6 +119,11 @@ class _Probe:
         tcp = Instr(Op.TENSOR_COPY, sb(128, 128), (sb(128, 128, DType.FP32, Memory.PSUM),),
                     TensorCopyAttrs())
         self.tp_copy = min(instr_cost(tcp, q, t).busy_ns for q in (act, dve))
+        # a transpose's round trip TensorE -> PSUM -> copy -> SBUF: what TensorE waits when the
+        # products that read the copy come right after the transpose
+        self.tp_trip = min(sum(instr_cost(tcp, q, t)[:2]) for q in (act, dve)) + sum(
+            instr_cost(Instr(Op.TRANSPOSE, sb(128, 128, DType.FP32, Memory.PSUM), (sb(128, 128),),
+                             TransposeAttrs()), pe, t)[1:2])
         ev = Instr(Op.TENSOR_COPY, sb(128, 512, s.out_dtype), (sb(128, 512, DType.FP32, Memory.PSUM),),
                    TensorCopyAttrs())
         evs = Instr(Op.ACTIVATION, sb(128, 512, s.out_dtype), (sb(128, 512, DType.FP32, Memory.PSUM),),
@@ -200,6 +205,13 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     n_out = B * Mt * Nt
     dma, oe = _dma_time(s, t, pr, r, q, n_out)
     pe = B * Mt * Nt * Kt * pr.mm + r[3] + q[3]
+    if str_form == PE_T:
+        # the streamed side is transposed K tile by K tile right before its products: TensorE
+        # waits for each tile's round trip through PSUM and the copy out of it (measured on
+        # trn1 mm 4096^3: resident=B estimated 1695 us without it, simulated 2635 us). Rows
+        # resident in SBUF (RES_T) are left out: the model-sized matmuls that take them
+        # measured slower with it (gpt2-small trn3 1237 -> 1274 us)
+        pe += str_n * -(-str_f // 128) * pr.tp_trip
     evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
     # exposed: the first block's first loads; single-buffered blocks wait for the previous block
     fill = 2 * (t.dma_fixed_latency_ns + t.dma_descriptor_ns)
