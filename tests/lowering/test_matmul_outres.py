@@ -74,6 +74,22 @@ def test_output_resident_linear_with_epilogue_and_batch(monkeypatch):
     assert_close(low.outputs[0], fn(x, w, r), scale=640 ** 0.5)
 
 
+def test_output_resident_snake_with_epilogue_batch_and_trn1(monkeypatch):
+    """The alternating chunk order (four chunks, rows of three n-blocks) under a batch loop and
+    an epilogue that reads another input, on trn1 (A by TensorE transposes)."""
+    _force_outres(monkeypatch, 2, 1, 4)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 260, 1900, generator=g).to(torch.bfloat16)
+    w = torch.randn(1900, 1400, generator=g).to(torch.bfloat16)
+    r = torch.randn(2, 260, 1400, generator=g).to(torch.bfloat16)
+
+    def fn(x, w, r):
+        return F.gelu(torch.matmul(x, w) + r)
+    low = lower_and_run(fn, x, w, r, target="trn1")
+    assert "resident=C" in _notes(low), _notes(low)
+    assert_close(low.outputs[0], fn(x, w, r))
+
+
 def test_the_tolerance_catches_a_dropped_chunk(monkeypatch):
     """The comparison above can fail: without the last chunk's adds the result is wrong."""
     _force_outres(monkeypatch, 2, 1, 4)
