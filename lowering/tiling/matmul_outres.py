@@ -200,40 +200,46 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
         elif not (pos == 0 and reuse):
             oa.fill(b, abase, kc0, kcw, ah, r0, rw)
         ob.fill(b, bbase, kc0, kcw, bh, s0, sw)
-        # cells unrolled (static), their PSUM reads alternating GpSimdE / VectorE: one engine
-        # alone falls behind TensorE at two K tiles per chunk
-        for i0, iw in b.tiled(rw, TM, "ci"):    # a loop over m-tiles, their cells unrolled
-            if oa.tp and nxt is not None:
-                oa.transpose(b, abase, kc0 + sgn * chunk, width[nxt], nxt % 2, nxt % 2, r0, rw,
-                             i0, iw)
-            row = i0 // TM * ns
-            results = []
-            for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
-                n = row + cj
-                dst = banks[cj % len(banks)].ap(iw, dims=((1, jw),))
-                for k0, kt in b.tiled(kcw, TK, "kk"):
-                    b.matmul(dst, oa.ap(kt, ah, k0, i0, iw), ob.ap(kt, bh, k0, j0, jw),
-                             start_when=(k0,))
-                cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
-                eng = (ADD_ENGINES[cj % 2],)
-                if pos == 0:
-                    b.tensor_copy(cell, dst, engines=eng)
-                else:
-                    b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=eng)
-                if last:
-                    # the result into the accumulators' bytes, the m-tile's cells packed side
-                    # by side (cell j at j * 512 output elements: the fp32 bytes of cells
-                    # j/2 .. j-1, whose results left already), so one DMA of contiguous rows
-                    # stores the m-tile (runs of ``sw`` elements, not 512)
-                    into = acc.ap(iw, elem_offset=row * TN + cj * TN * out_dt.itemsize // 4,
-                                  dims=((1, jw),), dtype=out_dt)
-                    res = epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into, False)
-                    results.append(res)
-            if last and all(r is not None for r in results):
-                b.dma(out_ap(k, bidx, r0 + i0, iw, s0, sw),
-                      acc.ap(iw, elem_offset=row * TN, dims=((1, sw),), dtype=out_dt))
-            elif last:
-                assert not any(results), "an m-tile's cells are either all resident or all stored"
+        # a loop over groups of m-tiles, their cells unrolled (static): enough m-tiles per
+        # iteration that the cells take every PSUM bank in turn (one n-tile per block would
+        # otherwise put every cell on one bank, each product waiting for the previous cell's
+        # add), their PSUM reads alternating GpSimdE / VectorE (one engine alone falls behind
+        # TensorE at two K tiles per chunk)
+        per = max(1, len(banks) // ns)
+        for g0, gw in b.tiled(rw, TM * per, "ci"):
+            for ui, (o, iw) in enumerate(_pieces(gw, TM)):
+                i0 = g0 + o
+                if oa.tp and nxt is not None:
+                    oa.transpose(b, abase, kc0 + sgn * chunk, width[nxt], nxt % 2, nxt % 2, r0, rw,
+                                 i0, iw)
+                row = i0 // TM * ns
+                results = []
+                for cj, (j0, jw) in enumerate(_pieces(sw, TN)):
+                    n = row + cj
+                    dst = banks[(ui * ns + cj) % len(banks)].ap(iw, dims=((1, jw),))
+                    for k0, kt in b.tiled(kcw, TK, "kk"):
+                        b.matmul(dst, oa.ap(kt, ah, k0, i0, iw), ob.ap(kt, bh, k0, j0, jw),
+                                 start_when=(k0,))
+                    cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
+                    eng = (ADD_ENGINES[(ui * ns + cj) % 2],)
+                    if pos == 0:
+                        b.tensor_copy(cell, dst, engines=eng)
+                    else:
+                        b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=eng)
+                    if last:
+                        # the result into the accumulators' bytes, the m-tile's cells packed side
+                        # by side (cell j at j * 512 output elements: the fp32 bytes of cells
+                        # j/2 .. j-1, whose results left already), so one DMA of contiguous rows
+                        # stores the m-tile (runs of ``sw`` elements, not 512)
+                        into = acc.ap(iw, elem_offset=row * TN + cj * TN * out_dt.itemsize // 4,
+                                      dims=((1, jw),), dtype=out_dt)
+                        res = epilogue(b, k, used, bidx, r0 + i0, iw, s0 + j0, jw, cell, into, False)
+                        results.append(res)
+                if last and all(r is not None for r in results):
+                    b.dma(out_ap(k, bidx, r0 + i0, iw, s0, sw),
+                          acc.ap(iw, elem_offset=row * TN, dims=((1, sw),), dtype=out_dt))
+                elif last:
+                    assert not any(results), "an m-tile's cells are either all resident or all stored"
 
     # positions 1 .. L in a loop over pairs: those whose next two chunks exist and are full
     # (the same code every iteration); the rest one by one
