@@ -113,7 +113,7 @@ def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.
 def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Callable:
     """Partition one ATen graph and return the callable that runs it (device + fallback)."""
     from neuron_compiler.dump import CompileDump, readable
-    from neuron_compiler.partition import format_plan, partition_graph
+    from neuron_compiler.partition import format_plan, log_plan, partition_graph, plan_table
     from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
 
     original_code = readable(gm)
@@ -127,6 +127,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
         if dump is not None:
             dump.write("fx_graph_auto_cast.py", readable(gm))
     plan = partition_graph(gm)
+    log_plan(name, opts.target, plan)
     record = GraphRecord(name=name, kind=kind, target=opts.target,
                          device_nodes=plan.device_nodes, fallback_nodes=plan.fallback_nodes,
                          fallbacks=plan.fallbacks, partitions=plan.device_partitions,
@@ -136,11 +137,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
         dump.write("partitions.txt", format_plan(plan, title=f"{name} (target {opts.target})"))
         dump.write_json("compile.json", {
             "name": name, "kind": kind, "target": opts.target, "options": opts.to_dict(),
-            "device_nodes": plan.device_nodes, "fallback_nodes": plan.fallback_nodes,
-            "fallbacks": [{"op": e.op, "count": e.count, "reason": e.reason}
-                          for e in plan.fallbacks],
-            "partitions": {p: dict(sorted(plan.partition_ops[p].items()))
-                           for p in plan.device_partitions},
+            **plan_table(plan),
         })
     if opts.fallback == "error" and plan.fallbacks:
         raise NeuronFallbackError([(e.op, e.count, e.reason) for e in plan.fallbacks])

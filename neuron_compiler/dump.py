@@ -90,13 +90,11 @@ class CompileDump:
 
     def write_compiled(self, partition: str, sig: tuple, compiled: object) -> None:
         program = getattr(compiled, "program", None)
-        streams = getattr(program, "streams", {}) or {}
         info = {
             "name": getattr(compiled, "name", partition),
             "ops": list(getattr(compiled, "ops", ())),
             "spill_bytes": int(getattr(compiled, "spill_bytes", 0)),
-            "instructions_per_queue": {str(getattr(q, "name", q)): len(s)
-                                       for q, s in sorted(streams.items())},
+            "instructions_per_queue": instructions_per_queue(compiled),
             "buffers": [str(b) for b in getattr(program, "buffers", ())],
         }
         self.write_json("compiled.json", info, self.partition_subdir(partition, sig))
@@ -106,6 +104,12 @@ class CompileDump:
 
     def write_partition_stats(self, partition: str, sig: tuple, stats: SimStats) -> None:
         self.write_json("stats.json", stats.to_dict(), self.partition_subdir(partition, sig))
+
+
+def instructions_per_queue(compiled: object | None) -> dict[str, int]:
+    """Instruction count per engine / DMA queue of a lowered program (empty when none)."""
+    streams = getattr(getattr(compiled, "program", None), "streams", None) or {}
+    return {str(getattr(q, "name", q)): len(s) for q, s in sorted(streams.items())}
 
 
 def readable(gm: GraphModule) -> str:

@@ -22,6 +22,7 @@ Invariants
 from __future__ import annotations
 
 import importlib
+import logging
 import operator
 from collections import Counter
 from dataclasses import dataclass
@@ -154,6 +155,33 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
                       sorted(fallback_count.items(), key=lambda kv: (-kv[1], kv[0])))
     return PartitionPlan(fused, tuple(device), partition_ops, device_nodes, fallback_nodes,
                          fallbacks, node_reasons)
+
+
+def plan_table(plan: PartitionPlan) -> dict:
+    """The plan as JSON-able data: node counts, the fallback table and each partition's ops
+    (written to ``compile.json`` and to the ``neuron_compiler_graph`` tlparse artifact)."""
+    return {
+        "device_nodes": plan.device_nodes, "fallback_nodes": plan.fallback_nodes,
+        "fallbacks": [{"op": e.op, "count": e.count, "reason": e.reason} for e in plan.fallbacks],
+        "partitions": {p: dict(sorted(plan.partition_ops[p].items()))
+                       for p in plan.device_partitions},
+    }
+
+
+def log_plan(name: str, target: str, plan: PartitionPlan) -> None:
+    """Log the partitioning decisions of graph ``name`` (see ``neuron_compiler.logs``)."""
+    from neuron_compiler.logs import artifact, log
+    log.info("%s (target %s): %d device partition(s), %d device nodes, %d fallback nodes",
+             name, target, len(plan.device_partitions), plan.device_nodes, plan.fallback_nodes)
+    for e in plan.fallbacks:
+        log.info("%s: fallback %s x%d: %s", name, e.op, e.count, e.reason)
+    if log.isEnabledFor(logging.DEBUG):
+        for p in plan.device_partitions:
+            ops = ", ".join(f"{op} x{c}" for op, c in sorted(plan.partition_ops[p].items()))
+            log.debug("%s/%s: %s", name, p, ops)
+        for node, reason in plan.node_reasons.items():
+            log.debug("%s: fallback node %s: %s", name, node, reason)
+    artifact("neuron_compiler_graph", lambda: {"name": name, "target": target, **plan_table(plan)})
 
 
 def format_plan(plan: PartitionPlan, title: str = "") -> str:

@@ -74,7 +74,9 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils._pytree import tree_leaves
 
+from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import NeuronFallbackError, NeuronInternalError
+from neuron_compiler.logs import artifact, log
 from neuron_compiler.options import NeuronOptions
 from neuron_compiler.partition import is_compute_node, lowering_api, op_name
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
@@ -597,7 +599,28 @@ class DevicePartition(torch.nn.Module):
         dt = time.perf_counter() - t0
         for p in active_profiles():
             p.note_compile(dt, cache_hit=hit)
+        self._log_compile(sig, prog, dt, hit)
         return entry
+
+    def _log_compile(self, sig: Signature, prog: _Program, dt: float, hit: bool) -> None:
+        """Log one specialisation's compile and emit its tlparse artifact (see ``logs``)."""
+        where = f"{self.graph.name}/{self.name}"
+        log.debug("%s: signature %s", where, describe_signature(sig))
+        queues = instructions_per_queue(prog.compiled)
+        if prog.unsupported is not None:
+            log.info("%s: not lowered, runs eagerly (op %s): %s", where,
+                     getattr(prog.unsupported, "op", "?"), prog.unsupported)
+        elif hit:
+            log.info("%s: program cache hit (first lowered for %s), %.1f ms", where,
+                     prog.origin, dt * 1e3)
+        else:
+            log.info("%s: compiled in %.1f ms, %d instructions", where, dt * 1e3,
+                     sum(queues.values()))
+        artifact("neuron_compiler_partition", lambda: {
+            "graph": self.graph.name, "partition": self.name,
+            "signature": describe_signature(sig), "compile_time_s": dt, "cache_hit": hit,
+            "unsupported": None if prog.unsupported is None else str(prog.unsupported),
+            "instructions_per_queue": queues})
 
     def _lower(self, api: object, gm: GraphModule, specs: list, sig: Signature,
                writer: object | None) -> _Program:
@@ -617,7 +640,9 @@ class DevicePartition(torch.nn.Module):
                 dump("unsupported.txt", f"{exc}\n")
             prog.unsupported = exc
         except Exception as exc:   # a compiler bug: an error with context, never a fallback
-            raise self._internal_error(exc, gm, sig) from exc
+            err = self._internal_error(exc, gm, sig)
+            log.warning("compile failed: %s", err)
+            raise err from exc
         return prog
 
     def _internal_error(self, exc: Exception, gm: GraphModule,

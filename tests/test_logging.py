@@ -1,0 +1,149 @@
+"""The ``neuron_compiler`` logger through ``torch._logging`` (TORCH_LOGS, set_logs) and the
+tlparse artifacts through ``trace_structured`` (TORCH_TRACE)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuron_compiler import logs
+from neuron_compiler.errors import NeuronInternalError
+from neuron_compiler.testing import compile_for_neuron
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A device partition, a fallback op (cumsum) and a program-cache hit (an identical second model).
+SCRIPT = textwrap.dedent("""
+    import torch
+    def f(a):
+        return torch.cumsum(a, 0).sin() + 1
+    x = torch.randn(2, 8)
+    g1 = torch.compile(f, backend="neuron")
+    g1(x)
+    torch._dynamo.reset()
+    g2 = torch.compile(lambda a: torch.cumsum(a, 0).sin() + 1, backend="neuron")
+    g2(x)
+    print("done")
+""")
+
+
+def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "TORCH_TRACE")}
+    e.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")]))
+    script = tmp_path / "tiny.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    return proc
+
+
+def _ours(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "neuron_compiler/" in ln]
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_torch_logs_debug_and_torch_trace(tmp_path):
+    trace_dir = tmp_path / "trace"
+    proc = _run(tmp_path, TORCH_LOGS="+neuron_compiler", TORCH_TRACE=str(trace_dir))
+    text = "\n".join(_ours(proc.stderr))
+    assert "1 device partition(s), 2 device nodes, 1 fallback nodes" in text
+    assert "fallback aten.cumsum.default x1: aten.cumsum.default:" in text  # op and reason
+    assert "/fused_0: compiled in " in text and " instructions" in text
+    assert "/fused_0: program cache hit (first lowered for inference_" in text
+    assert "fused_0: aten.add.Tensor x1, aten.sin.default x1" in text          # DEBUG
+    assert "fallback node cumsum:" in text and "signature (float32[2, 8])" in text
+
+    files = list(trace_dir.iterdir())
+    assert files, "TORCH_TRACE wrote no file"
+    trace = "".join(f.read_text() for f in files)
+    assert '"name": "neuron_compiler_graph"' in trace
+    assert '"name": "neuron_compiler_partition"' in trace
+    lines = trace.splitlines()
+    i = next(i for i, ln in enumerate(lines) if '"neuron_compiler_graph"' in ln)
+    payload = json.loads(lines[i + 1].strip())       # the payload follows, tab-indented
+    assert payload["partitions"] == {"fused_0": {"aten.add.Tensor": 1, "aten.sin.default": 1}}
+    assert payload["fallbacks"][0]["op"] == "aten.cumsum.default"
+    assert payload["fallback_nodes"] == 1 and payload["target"] == "trn2"
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def records():
+    h = _Records()
+    logs.log.addHandler(h)
+    yield h.records
+    logs.log.removeHandler(h)
+
+
+def _compile_and_run() -> None:
+    with torch.no_grad():
+        compile_for_neuron(lambda x: torch.relu(x) * 3.0)(torch.randn(4, 8))
+
+
+def test_registration_is_idempotent_and_set_logs_knows_us(records, monkeypatch, capfd):
+    from torch._logging._internal import log_registry
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    assert logs.REGISTERED and log_registry.is_log("neuron_compiler")
+    before = dict(log_registry.log_alias_to_log_qnames)
+    assert logs._register() and dict(log_registry.log_alias_to_log_qnames) == before
+    _compile_and_run()                           # not asked for: nothing of ours is printed
+    assert _ours(capfd.readouterr().err) == [] and records == []
+    try:
+        torch._logging.set_logs(modules={"neuron_compiler": logging.INFO})
+        assert logs.log.getEffectiveLevel() == logging.INFO
+        torch._dynamo.reset()
+        _compile_and_run()
+    finally:
+        torch._logging.set_logs()
+    printed = "\n".join(_ours(capfd.readouterr().err))
+    assert "1 device partition(s)" in printed and "/fused_0: " in printed    # torch's handler
+    assert "signature (" not in printed                                       # no DEBUG lines
+    msgs = [r.getMessage() for r in records]
+    assert any("1 device partition(s)" in m for m in msgs), msgs
+    assert all(r.levelno >= logging.INFO for r in records)
+    assert logs.log.getEffectiveLevel() > logging.INFO          # set_logs() switched us off
+    records.clear()
+    torch._dynamo.reset()
+    _compile_and_run()
+    assert records == []
+
+
+def test_compile_failure_is_logged_with_partition_and_op(records, monkeypatch):
+    api = pytest.importorskip("lowering.api")
+    from lowering.errors import LoweringError
+
+    def compile_graph(gm, specs, target, dump=None, name=None):
+        mul = next(n for n in gm.graph.nodes if "mul" in str(n.target))
+        raise LoweringError(f"lowering {mul.format_node()} failed")
+
+    monkeypatch.setattr(api, "compile_graph", compile_graph)
+    f = compile_for_neuron(lambda x: torch.relu(x * 2.0) + 1.0)
+    with pytest.raises(NeuronInternalError), torch.no_grad():
+        f(torch.randn(4, 8))
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "compile failed" in warned[0] and "/fused_0" in warned[0]
+    assert "aten.mul.Tensor (node mul)" in warned[0]
