@@ -114,3 +114,17 @@ def test_output_resident_blocking_is_chosen_where_psum_limits_the_block():
     assert matmul_plan.choose_blocking(big, t)[0].resident == "C"
     assert matmul_plan.choose_blocking(small, t)[0].resident != "C"
     assert all(c.resident != "C" for c in matmul_plan.candidates(replace(big, no_outres=True), t))
+
+
+def test_output_resident_cells_take_every_psum_bank(monkeypatch):
+    """One n-tile per block (group=1): the m-tile loop unrolls enough m-tiles that consecutive
+    cells take different PSUM banks (on one bank every product waits for the previous cell's
+    add)."""
+    import re
+    _force_outres(monkeypatch, 6, 1, 4)
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(768, 1024, generator=g).to(torch.bfloat16), torch.randn(1024, 512, generator=g).to(torch.bfloat16)
+    low = lower_and_run(torch.mm, a, b)
+    banks = set(re.findall(r"matmul\([^)]*\) (k0\.ps\d+)\[", low.dumps["tir.txt"]))
+    assert len(banks) == 4, banks
+    assert_close(low.outputs[0], torch.mm(a, b))
