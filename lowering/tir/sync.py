@@ -34,6 +34,7 @@ Invariants
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -132,6 +133,19 @@ def _y(v: str) -> str:
     return "y:" + v
 
 
+_YFLAT: dict[int, tuple[InstrInfo, Affine]] = {}
+
+
+def _yflat(Y: InstrInfo) -> Affine:
+    """``Y``'s flat iteration index over its loops, renamed (memoised per instruction: the
+    same instruction is the later side of many pairs)."""
+    hit = _YFLAT.get(id(Y))
+    if hit is None or hit[0] is not Y:
+        hit = _YFLAT[id(Y)] = (Y, _rename(flat_of(Y.loops)))
+    return hit[1]
+
+
+@functools.lru_cache(maxsize=65536)
 def _rename(a: Affine) -> Affine:
     return Affine(a.const, tuple((_y(v), c) for v, c in a.terms))
 
@@ -139,6 +153,7 @@ def _rename(a: Affine) -> Affine:
 def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
                 st: Structure | None = None) -> SyncPlan:
     st = st or Structure(tp)
+    _YFLAT.clear()
     by_buf: dict[str, list[_Access]] = defaultdict(list)
     for sid in sorted(st.info):
         inf = st.info[sid]
@@ -312,7 +327,7 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
     dom = X.counts()
     dom.update({_y(lp.var): lp.count for lp in Y.loops})
     xvars = [(lp.var, lp.count) for lp in X.loops]
-    yflat = _rename(flat_of(Y.loops))
+    yflat = _yflat(Y)
     boff = _rename(b.offset)
 
     # same allocation: gen levels (0..k) are X's
