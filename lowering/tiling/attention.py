@@ -148,7 +148,7 @@ def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: in
     the score banks etc. of pipelined groups before it (``_groups``), reused by its blocks."""
     blocks = _blocks(g0, gw)
     st = _state(b, blocks, D, Dv, sq.ref.dtype)
-    _init(b, sq, bidx, st, blocks, D)
+    _init(b, sq, bidx, st, blocks, D, l0=_l0(k))
     if masks is not None:     # causal: only the keys the group's last query can see
         Sk = min(Sk, g0.const + gw + k.attrs.causal_offset)
     kbs = _key_blocks(Sk)
@@ -201,7 +201,7 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
         return run
 
     def init(g: Affine, u: int) -> None:       # state and Q of a group
-        stage("I", lambda: _init(b, sq, bidx, sets[u], _blocks(g * gw, gw), D))()
+        stage("I", lambda: _init(b, sq, bidx, sets[u], _blocks(g * gw, gw), D, l0=_l0(k)))()
 
     def start(g: Affine, u: int):              # its first key block; returns the rest
         first, middle, last = stages(g, u)[1]
@@ -238,7 +238,7 @@ def _causal_groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J
     def init(g: int) -> None:
         blocks, p, _ = steps[g]
         with b.replica("I"):
-            _init(b, sq, bidx, sets[g % 2], blocks, D, p)
+            _init(b, sq, bidx, sets[g % 2], blocks, D, p, l0=_l0(k))
 
     def start(g: int):
         first, middle, last = steps[g][2]
@@ -321,14 +321,21 @@ def _state(b: TirBuilder, blocks, D: int, Dv: int, dt: DType, tag: str = "") -> 
     return st
 
 
-def _init(b: TirBuilder, sq: _Side, bidx, st, blocks, D: int, p0: int = 0) -> None:
+def _l0(k: KOp) -> float:
+    """The running sum's initial value: 0, or with ``safe`` the smallest normal fp32, so a row
+    whose every key is hidden (or -inf) ends with 0 / TINY = 0 rather than 0 / 0; any other row's
+    sum is at least 1 (its largest score gives exp(0)), which TINY does not change in fp32."""
+    return TINY if k.attrs.safe else 0.0
+
+
+def _init(b: TirBuilder, sq: _Side, bidx, st, blocks, D: int, p0: int = 0, l0: float = 0.0) -> None:
     """Q^T loads and the statistics' (slot ``p0``, the first key block's parity) and the
-    accumulator's initial values."""
+    accumulator's initial values (the running sum ``l0``, see ``_l0``)."""
     for (qt, nm, l, acc), (q0, qr) in zip(st, blocks):
         for d0, dw in b.tiled(D, 128, "d"):
             sq.load(b, qt, d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
         b.memset(nm[p0].ap(), -LOWEST)
-        b.memset(l[p0].ap(), 0.0)
+        b.memset(l[p0].ap(), l0)
         b.memset(acc.ap(), 0.0)
 
 

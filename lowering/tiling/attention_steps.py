@@ -264,11 +264,7 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
 def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, Dv: int) -> None:
     a = k.attrs
     _, _, l, acc = state
-    den = l[par].ap()
-    if a.safe:
-        d = b.tile("den", Memory.SBUF, qr, 1, F32).ap()
-        b.tensor_scalar(d, den, AluOp.MAX, TINY)
-        den = d
+    den = l[par].ap()        # (with ``safe`` it started at TINY, never 0: attention._l0)
     rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
     b.activation(rl, den, ActFunc.RECIPROCAL)
     _store(b, k, bidx, q0, qr, Dv, acc.ap(), rl)
