@@ -80,12 +80,15 @@ def _mm(m, k, n):
     return lambda: (torch.mm, (bf16(m, k), bf16(k, n)), {"flops": 2 * m * k * n})
 
 
-def _attention(written_out: bool):
+def _attention(written_out: bool, causal: bool = False):
     b, h, s, d = 1, 8, 2048, 128
     fn = ((lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, dim=-1) @ v)
-          if written_out else F.scaled_dot_product_attention)
-    work = {"flops": 4 * b * h * s * s * d, "nbytes": 4 * b * h * s * d * 2,
-            "transcendentals": b * h * s * s}
+          if written_out else (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+    # causal: the visible half of the score matrix (the diagonal blocks counted whole is the
+    # compiler's business, not the floor's)
+    frac = (s + 1) / (2 * s) if causal else 1.0
+    work = {"flops": 4 * b * h * s * s * d * frac, "nbytes": 4 * b * h * s * d * 2,
+            "transcendentals": b * h * s * s * frac}
     return lambda: (fn, (bf16(b, h, s, d), bf16(b, h, s, d), bf16(b, h, s, d)), work)
 
 
@@ -130,6 +133,7 @@ CASES = [
     Case("mm2048", "mm 2048^3", _mm(2048, 2048, 2048)),
     Case("sdpa", "sdpa [1,8,2048,128]", _attention(False)),
     Case("attn", "attention written out", _attention(True)),
+    Case("sdpa_causal", "sdpa causal [1,8,2048,128]", _attention(False, causal=True)),
     Case("layer_norm", "layer_norm [8192,4096]", _rowwise("layer_norm")),
     Case("softmax", "softmax [8192,4096]", _rowwise("softmax")),
     Case("gelu", "gelu [8192,4096]", _rowwise("gelu")),
