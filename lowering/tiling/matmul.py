@@ -90,8 +90,8 @@ class _Side:
              copy_engines: tuple | None = None) -> None:
         """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
         is a plain strided copy whatever the form); ``stage``: the rows from ``stage``
-        (``(tile, K)``, or ``(tile, K, offset)`` when row ``f0`` sits ``offset`` elements into
-        it); ``psum``: where a TensorE transpose of at most 128 rows lands (default: a new tile
+        (``(tile, K, offset)`` as ``stage`` returns it: row ``f0`` sits ``offset`` elements into
+        the tile); ``psum``: where a TensorE transpose of at most 128 rows lands (default: a new tile
         of ``tp_bufs`` slots); ``copy_engines``: the engines its copy out of PSUM may take."""
         r = self.ref
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
@@ -106,9 +106,8 @@ class _Side:
                              cw, self.fstride, ((kt, self.kstride),))
                 rows = b.resident_view(src, cw)      # RES_T: the rows are already in SBUF
                 if stage is not None:
-                    st, K, *off = stage
-                    rows = st.ap(cw, elem_offset=(off[0] if off else 0) + c0 // 128 * K + k0,
-                                 dims=((1, kt),))
+                    st, K, off = stage
+                    rows = st.ap(cw, elem_offset=off + c0 // 128 * K + k0, dims=((1, kt),))
                 elif rows is None:
                     t = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
                     b.dma(t.ap(), src)

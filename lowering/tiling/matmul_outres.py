@@ -71,12 +71,11 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         abase, bbase = sa.base(bidx), sb.base(bidx)
-        cells_max = -(-min(M, c.block * TM) // TM) * -(-min(N, c.group * TN) // TN)
-        acc = b.tile("accs", Memory.SBUF, TM, cells_max * TN, F32, 1)
         # one allocation of every tile for all blocks: the next block's first chunk loads
         # while this block's last chunk computes (a new allocation per block would wait for
         # every access of the previous one)
         rw_max, sw_max = min(M, c.block * TM), min(N, c.group * TN)
+        acc = b.tile("accs", Memory.SBUF, TM, -(-rw_max // TM) * -(-sw_max // TN) * TN, F32, 1)
         # PSUM banks taken by the cells in turn (the cells are unrolled: the rotation is explicit)
         banks = [b.tile(f"ps{i}", Memory.PSUM, TM, TN, F32, 1) for i in range(c.acc_bufs)]
         oa = _Operand(b, sa, "ach", kts, chunks[0][1], rw_max, dt, row_slots=2)
@@ -171,7 +170,7 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
     (the stores run under the last chunk's products). ``reverse``: the chunks in descending
     order. ``reuse``: the previous block had the same rows of A and ended with this block's
     first chunk, so its A^T (and the staged rows of the next chunk) are in place."""
-    nr, ns = -(-rw // TM), -(-sw // TN)
+    ns = -(-sw // TN)
     chunk = chunks[0][1]
     C = len(chunks)
     width = [w for _, w in chunks]

@@ -77,6 +77,12 @@ class _Access:
     def sid(self) -> int:
         return self.info.ins.sid
 
+    @functools.cached_property
+    def yflat(self) -> Affine:
+        """The flat iteration index over its loops, renamed as the later side of a pair
+        (computed once: an access is the later side of many pairs)."""
+        return _rename(flat_of(self.info.loops))
+
 
 def _extent(x: _Access) -> tuple[int, int]:
     """Bytes of its slot that ``x`` may touch over all its iterations (a bounding interval)."""
@@ -133,19 +139,6 @@ def _y(v: str) -> str:
     return "y:" + v
 
 
-_YFLAT: dict[int, tuple[InstrInfo, Affine]] = {}
-
-
-def _yflat(Y: InstrInfo) -> Affine:
-    """``Y``'s flat iteration index over its loops, renamed (memoised per instruction: the
-    same instruction is the later side of many pairs)."""
-    hit = _YFLAT.get(id(Y))
-    if hit is None or hit[0] is not Y:
-        hit = _YFLAT[id(Y)] = (Y, _rename(flat_of(Y.loops)))
-    return hit[1]
-
-
-@functools.lru_cache(maxsize=65536)
 def _rename(a: Affine) -> Affine:
     return Affine(a.const, tuple((_y(v), c) for v, c in a.terms))
 
@@ -153,7 +146,6 @@ def _rename(a: Affine) -> Affine:
 def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
                 st: Structure | None = None) -> SyncPlan:
     st = st or Structure(tp)
-    _YFLAT.clear()
     by_buf: dict[str, list[_Access]] = defaultdict(list)
     for sid in sorted(st.info):
         inf = st.info[sid]
@@ -327,7 +319,7 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
     dom = X.counts()
     dom.update({_y(lp.var): lp.count for lp in Y.loops})
     xvars = [(lp.var, lp.count) for lp in X.loops]
-    yflat = _yflat(Y)
+    yflat = y.yflat
     boff = _rename(b.offset)
 
     # same allocation: gen levels (0..k) are X's

@@ -57,37 +57,30 @@ def test_output_resident_matmul_matches_eager(monkeypatch, case):
     assert_close(low.outputs[0], torch.mm(a, b))
 
 
-def test_output_resident_linear_with_epilogue_and_batch(monkeypatch):
+EPILOGUE_CASES = [  # (M, K, N, target, block, group, seed, scale)
+    (200, 640, 600, "trn2", 2, 2, 5, 640 ** 0.5),
+    # the alternating chunk order: four chunks, rows of three n-blocks, A by TensorE transposes
+    (260, 1900, 1400, "trn1", 2, 1, 11, 1.0),
+]
+
+
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}")
+def test_output_resident_linear_with_epilogue_and_batch(monkeypatch, case):
     """A linear layer's epilogue (bias, GELU) reads the SBUF accumulators; batch axes loop
     outside the blocks. (A row bias folds into PSUM only in the PSUM forms: here the bias is a
     full-shape add after a bmm, so the epilogue takes it.)"""
-    _force_outres(monkeypatch, 2, 2, 4)
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 200, 640, generator=g).to(torch.bfloat16)
-    w = torch.randn(640, 600, generator=g).to(torch.bfloat16)
-    r = torch.randn(2, 200, 600, generator=g).to(torch.bfloat16)
+    M, K, N, target, block, group, seed, scale = case
+    _force_outres(monkeypatch, block, group, 4)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, M, K, generator=g).to(torch.bfloat16)
+    w = torch.randn(K, N, generator=g).to(torch.bfloat16)
+    r = torch.randn(2, M, N, generator=g).to(torch.bfloat16)
 
     def fn(x, w, r):
         return F.gelu(torch.matmul(x, w) + r)
-    low = lower_and_run(fn, x, w, r)
+    low = lower_and_run(fn, x, w, r, target=target)
     assert "resident=C" in _notes(low), _notes(low)
-    assert_close(low.outputs[0], fn(x, w, r), scale=640 ** 0.5)
-
-
-def test_output_resident_snake_with_epilogue_batch_and_trn1(monkeypatch):
-    """The alternating chunk order (four chunks, rows of three n-blocks) under a batch loop and
-    an epilogue that reads another input, on trn1 (A by TensorE transposes)."""
-    _force_outres(monkeypatch, 2, 1, 4)
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(2, 260, 1900, generator=g).to(torch.bfloat16)
-    w = torch.randn(1900, 1400, generator=g).to(torch.bfloat16)
-    r = torch.randn(2, 260, 1400, generator=g).to(torch.bfloat16)
-
-    def fn(x, w, r):
-        return F.gelu(torch.matmul(x, w) + r)
-    low = lower_and_run(fn, x, w, r, target="trn1")
-    assert "resident=C" in _notes(low), _notes(low)
-    assert_close(low.outputs[0], fn(x, w, r))
+    assert_close(low.outputs[0], fn(x, w, r), scale=scale)
 
 
 def test_the_tolerance_catches_a_dropped_chunk(monkeypatch):
