@@ -47,6 +47,8 @@ from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
+MASK_SCALE = 2.0 ** 126 / -LOWEST   # the -3.4e38 mask scaled to -2^126, finite in bf16
+
 
 
 def tile_attention(b: TirBuilder, k: KOp) -> None:
@@ -428,9 +430,13 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
            Dv: int, masks: dict | None, psum_free: int) -> None:
     """Batch items (the innermost batch axis) that are one step each (all queries in one group,
-    all keys in one block), software-pipelined ``U`` items deep: item t+U-1's early stage (loads,
-    products, row max, exp) is issued before item t's late stage (P^T, second products,
-    normalisation), every engine finding work of another item ahead of the one that waits.
+    all keys in one block), software-pipelined ``U`` items deep: item t's P^T transposes, then
+    item t+U-1's early stage (loads, products, row max, exp), then item t's second products and
+    normalisation, every engine finding work of another item ahead of the one that waits
+    (TensorE runs the next item's products while P^T is copied out of PSUM).
+    Under a causal mask where every row sees a key, the mask is added to the scores by TensorE
+    (``S += I.T @ mask`` with the mask in bf16 at -2^126: exact, and the row max then reads
+    PSUM directly instead of a VectorE pass writing the masked scores to SBUF).
     With one key block the softmax needs no running statistics: m = rowmax, P = exp(scale * S -
     scale * m) with its row sum l, out = (P @ V) / l straight from PSUM. Each of the U items in
     flight has its own statistics and probability tiles (item t uses set t % U) and, when
@@ -454,6 +460,18 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # a row with no visible key (its sum is 0) exists only under a score expression or a
     # causal offset that hides key 0 from the first queries
     clamp = a.safe and (a.score is not None or a.causal_offset < 0)
+    # every row sees a key: the mask goes into the scores on TensorE (S += I.T @ mask, exact:
+    # 0 or -2^126 in bf16), so the row max reads PSUM and no VectorE pass adds it
+    mm_mask = {}
+    if masks is not None and a.score is None and a.causal_offset >= 0 and any(d is not None for d in diag):
+        ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
+        b.iota(ident.ap(), 0, -1, (1,))                              # c - p
+        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0)
+        for j, m in enumerate(diag):
+            if m is not None and id(m) not in mm_mask:
+                t = b.tile(f"mmask{len(mm_mask)}", Memory.SBUF, QB, kw, DType.BF16)
+                b.tensor_scalar(t.ap(QB, dims=((1, kw),)), m.ap(QB, dims=((1, kw),)), AluOp.MULTIPLY, MASK_SCALE)
+                mm_mask[id(m)] = t
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
@@ -477,11 +495,15 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         kt = _load_k(b, sk, bidx, aff(0), kw, D, dt)
         _qk(b, qts, blocks, kt, S, kw, D)
         for j, (q0, qr) in enumerate(blocks):
+            if diag[j] is not None and mm_mask:
+                b.matmul(S[j].ap(qr, dims=((1, kw),)), ident.ap(QB, dims=((1, qr),)),
+                         mm_mask[id(diag[j])].ap(QB, dims=((1, kw),)), start_when=(1,))
+        for j, (q0, qr) in enumerate(blocks):
             src, act_scale = S[j].ap(qr, dims=((1, kw),)), a.scale
             if a.score is not None:
                 src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
                 act_scale = 1.0
-            if diag[j] is not None:
+            if diag[j] is not None and not mm_mask:
                 sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
                 b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc
@@ -497,13 +519,19 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
             b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=act_scale, bias_ap=nm,
                          reduce=AluOp.ADD, accum=L[j].ap())
 
-    def late(item: Affine, u: int) -> None:
+    def late_t(item: Affine, u: int):
         bidx = outer + (item,)
         S, O, P, L = sets[u]
         vt = _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
         nsub = -(-kw // 128)
         pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32)
                for j, (q0, qr) in enumerate(blocks)]
+        return vt, pts
+
+    def late(item: Affine, u: int, vp=None) -> None:
+        bidx = outer + (item,)
+        S, O, P, L = sets[u]
+        vt, pts = vp if vp is not None else late_t(item, u)
         for j, (q0, qr) in enumerate(blocks):
             for s0, sw in b.tiled(kw, 128, "pv"):
                 sub = s0 // 128
@@ -525,8 +553,9 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     if Lp:
         with b.loop(Lp, "it") as i:
             for r in range(U):
+                vp = late_t(U * i + r, r)
                 early(U * i + r + U - 1, (r + U - 1) % U)
-                late(U * i + r, r)
+                late(U * i + r, r, vp)
     for t in range(U * Lp, n):               # the rest, unrolled
         if t + U - 1 < n:
             early(aff(t + U - 1), (t + U - 1) % U)

@@ -3,7 +3,12 @@
 Lifetimes, whole kernels first: a buffer lives from the start of the kernel before the first
 one that touches it to the end of the last, so no two buffers of one kernel or of neighbouring
 kernels share bytes (a load never waits for another buffer to release its memory, and the next
-kernel's loads start while this one computes); if that does not fit, *coarse* lifetimes: from
+kernel's loads start while this one computes); a buffer filled from weights (HBM data no
+instruction writes) lives from the start of the previous *weight-streaming* kernel (one that
+loads at least ``WEIGHT_STREAM_BYTES`` of weights), so a matmul's weights stream in during the
+previous matmul and the norm or attention kernels between them (GPT-2 small trn2: 1096 -> 1079
+us), while at most two kernels' weights are in flight on the in-order DMA engines; if that does
+not fit, *coarse* lifetimes: from
 the start of the first to the end of the last *top-level statement* that touches it (one loop
 nest of a kernel, or a lone instruction), padded by ``LIFETIME_PAD`` statements, then exact; if that does not fit either, *fine* lifetimes in
 statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
@@ -21,6 +26,7 @@ Invariants
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from lowering.errors import Unsupported
@@ -36,6 +42,7 @@ KERNEL_PADS = (1,)   # kernels ahead of the first user whose bytes a buffer stay
 #                      1125 us, 3: 1238 us against 1099: deeper prefetch queues more transfers
 #                      ahead of the critical ones on the in-order DMA engines)
 SBUF_ALIGN = 64
+WEIGHT_STREAM_BYTES = 64 * 1024   # a kernel loading less (norm gains, biases) is not a weight stream
 
 
 @dataclass
@@ -97,13 +104,16 @@ def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
 
 
 def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, int]],
-                     before: int = 1) -> dict[str, tuple[int, int]]:
+                     before: int = 1,
+                     weights: dict[str, tuple[int, set[str]]] | None = None
+                     ) -> dict[str, tuple[int, int]]:
     """Coarse lifetimes widened to whole kernels, from the start of the kernel ``before``
     kernels ahead of the first one that touches the buffer to the end of the last: no two
     buffers of one kernel, or of kernels that close, share bytes (a kernel's loads never wait
     for bytes its own kernel or the ones just before still use, so they can run that far
     ahead). The kernel of a top-level statement is the ``k<i>`` prefix of its instructions'
-    tags."""
+    tags. ``weights`` (``weight_buffers``): such a buffer starts no later than the previous
+    weight-streaming kernel."""
     kern_of: dict[int, int] = {}
     order: dict[str, int] = {}
     for sid in sorted(st.info):
@@ -116,10 +126,34 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
     for top, kk in kern_of.items():
         first[kk] = min(first.get(kk, top), top)
         last[kk] = max(last.get(kk, top), top)
+    srcs: dict[int, set[str]] = defaultdict(set)
+    for name, (sid, bufs) in (weights or {}).items():
+        srcs[kern_of[st.info[sid].top]] |= bufs
+    wbytes = {k: sum(tp.buffer(b).free[0] for b in bufs) for k, bufs in srcs.items()}
+    loaders = sorted(k for k, n in wbytes.items() if n >= WEIGHT_STREAM_BYTES)
     out = {}
     for name, (f, l) in coarse.items():
         kf, kl = kern_of.get(f, 0), kern_of.get(l, 0)
-        out[name] = (first.get(max(0, kf - before), f), last.get(kl, l))
+        k0 = max(0, kf - before)
+        if weights and name in weights:
+            prev = [k for k in loaders if k < kf]
+            k0 = min(k0, prev[-1]) if prev else 0
+        out[name] = (first.get(k0, f), last.get(kl, l))
+    return out
+
+
+def weight_buffers(tp: TProgram, st: Structure) -> dict[str, tuple[int, set[str]]]:
+    """On-chip buffers filled by loads of HBM data that no instruction writes (weights, graph
+    inputs): each with its first such load and the HBM buffers those loads read."""
+    written = {a.buf for inf in st.info.values() for a in inf.ins.writes
+               if tp.buffer(a.buf).memory is Memory.HBM}
+    out: dict[str, tuple[int, set[str]]] = {}
+    for sid in sorted(st.info):
+        ins = st.info[sid].ins
+        if (ins.dst is not None and tp.buffer(ins.dst.buf).memory is not Memory.HBM and ins.srcs
+                and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written
+                        for a in ins.srcs)):
+            out.setdefault(ins.dst.buf, (sid, set()))[1].update(a.buf for a in ins.srcs)
     return out
 
 
@@ -197,7 +231,8 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
                 fine = fine_lifetimes(tp, st)
             if mode == "kernel":
                 if kernel_by_pad.get(pad) is None:      # the same for SBUF and PSUM
-                    kernel_by_pad[pad] = kernel_lifetimes(tp, st, coarse, pad)
+                    kernel_by_pad[pad] = kernel_lifetimes(tp, st, coarse, pad,
+                                                          weight_buffers(tp, st))
                 kernel = kernel_by_pad[pad]
                 pad = 0
             live = {"coarse": coarse, "kernel": kernel, "fine": fine}[mode]

@@ -154,6 +154,33 @@ def test_weight_loads_take_the_prefetch_queues_and_stores_do_not():
     assert lanes["store"] == {0}, lanes
 
 
+def test_weights_stream_in_during_the_previous_matmul_across_a_norm():
+    """mm -> layer_norm -> mm: the second matmul's weight buffers live from the start of the
+    first matmul (the previous weight-streaming kernel), not just from the norm kernel before
+    it, so their bytes never wait for the first matmul's buffers (plan.weight_buffers)."""
+    x, w1, w2 = rand(256, 192, seed=1), rand(192, 384, seed=2) * 0.1, rand(384, 256, seed=3) * 0.1
+    fn = lambda x, w1, w2: F.layer_norm(x @ w1, (384,)) @ w2   # noqa: E731
+    low = lower_and_run(fn, x, w1, w2)
+    assert _kernels(low) == ["matmul", "layer_norm", "matmul"]
+    assert_close(low.outputs[0], fn(x, w1, w2))
+    spans: dict[str, tuple[int, int]] = {}
+    for ln in low.dumps["memory_plan.txt"].splitlines():
+        f = ln.split()
+        if len(f) > 5 and f[0] == "sbuf" and f[2].startswith("@"):
+            off = int(f[2][1:] or f[3])
+            rest = f[3:] if f[2] != "@" else f[4:]
+            spans[f[1]] = (off, off + int(rest[0]) * int(rest[2]))
+    # the second matmul's weight tiles: loaded from in2 (the program's third input)
+    loads = {ins.writes[0].buffer for q, s in low.compiled.program.streams.items()
+             if q.engine is EngineKind.DMA for ins in s if ins.srcs and ins.srcs[0].buffer == "in2"}
+    assert loads, loads
+    for w in loads:
+        lo, hi = spans[w]
+        for name, (a, b) in spans.items():
+            if name.startswith("k0."):
+                assert b <= lo or hi <= a, (w, spans[w], name, (a, b))
+
+
 # ---- TensorE-transposed weights load whole rows (trn1 has no DMA transpose) --------------------
 
 @pytest.mark.parametrize("shape", [(130, 300, 200), (64, 1000, 520)], ids=lambda s: "x".join(map(str, s)))
