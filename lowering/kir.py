@@ -147,6 +147,8 @@ class EOp(enum.Enum):
     GE = "ge"
     AND = "and"
     OR = "or"
+    XOR = "xor"             # logical: non-zero is true
+    MOD = "mod"             # floor modulo (sign of the divisor), the ALU's mod
     # ternary
     WHERE = "where"
 
@@ -156,7 +158,8 @@ UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, 
                        EOp.TANH, EOp.SIGMOID, EOp.RELU, EOp.GELU, EOp.GELU_TANH, EOp.SILU,
                        EOp.ERF, EOp.SIN, EOp.COS, EOp.SIGN, EOp.LOGICAL_NOT, EOp.CAST})
 BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
-                        EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR})
+                        EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR,
+                        EOp.XOR, EOp.MOD})
 COMPARE_OPS = frozenset({EOp.EQ, EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE})
 
 
