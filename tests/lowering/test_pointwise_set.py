@@ -10,7 +10,7 @@
 - Every case goes through ``lower_and_run``: every ATen node of the graph must be supported and
   the program must execute instructions (ran on the device, not a fallback).
 - Rules that the core decompositions never leave in a graph (``nan_to_num``) are traced
-  without decompositions (``_raw``).
+  without decompositions (``undecomposed.lower_raw``).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from lowering.api import TensorSpec, compile_graph, why_unsupported
-from lowering_helpers import assert_close, from_numpy, lower_and_run, to_numpy, trace
+from lowering.api import why_unsupported
+from lowering_helpers import assert_close, lower_and_run, trace
+from undecomposed import lower_raw
 
 aten = torch.ops.aten
 SHAPE = (130, 513)
@@ -53,17 +54,6 @@ def _bits(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
         i = bad.flatten().nonzero()[0, 0]
         raise AssertionError(f"{what}: {int(bad.sum())} of {expected.numel()} elements differ; first "
                              f"{float(actual.flatten()[i])!r} vs {float(expected.flatten()[i])!r}")
-
-
-def _raw(fn, *inputs):
-    """Lower ``fn`` traced without decompositions, run it; the device outputs."""
-    gm = make_fx(fn)(*inputs)
-    bad = [n.format_node() for n in gm.graph.nodes if n.op == "call_function" and why_unsupported(n)]
-    assert not bad, bad
-    cg = compile_graph(gm, [TensorSpec(tuple(x.shape), x.dtype) for x in inputs])
-    outs, res = cg.run([to_numpy(x) for x in inputs], mode="functional")
-    assert res.stats.instructions > 0
-    return [from_numpy(o, v.dtype).reshape(v.shape) for o, v in zip(outs, cg.outputs)]
 
 
 # ---- exact unary ------------------------------------------------------------------------------
@@ -138,7 +128,7 @@ def test_nan_to_num_rule():
     x = values()
     fns = [lambda t: torch.nan_to_num(t), lambda t: torch.nan_to_num(t, nan=1.5, posinf=7.0, neginf=-9.0)]
     for fn in fns:
-        _bits(_raw(fn, x)[0], fn(x), "nan_to_num")
+        _bits(lower_raw(fn, x)[0][0], fn(x), "nan_to_num")
 
 
 # ---- transcendental compositions --------------------------------------------------------------
