@@ -24,6 +24,13 @@ Invariants
   lookup reads the same table: an embedding), axis ``attrs.axis == len(I)`` is the indexed axis
   of size ``attrs.bound == V``, and ``R`` is the row each lookup copies; ``outs[0]`` has shape
   ``(*I, *R)`` and the table's dtype. Values are copied as bytes (no arithmetic).
+- A SCATTER kernel updates ``outs[0]`` in place: ``outs[0][I, ins[1][I], R] (+)= ins[0][I, R]``
+  with the GATHER layout (``outs[0]`` a ``(*I, V, *R)`` view whose first ``len(I)`` axes are
+  lock-step with the index ``ins[1]`` of shape ``I``; ``ins[0]`` the ``(*I, *R)`` data). It reads
+  nothing else of ``outs[0]`` except the rows it accumulates into, so an earlier kernel must
+  have written the whole tensor (a copy of ``self`` or a fill): the tensor has two writers, in
+  program order. Lookups apply in row-major order of ``I`` (the last of duplicates wins; with
+  ``accumulate`` each adds in fp32 and rounds to the table dtype).
 - A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
@@ -147,6 +154,8 @@ class EOp(enum.Enum):
     GE = "ge"
     AND = "and"
     OR = "or"
+    XOR = "xor"             # logical: non-zero is true
+    MOD = "mod"             # floor modulo (sign of the divisor), the ALU's mod
     # ternary
     WHERE = "where"
 
@@ -156,7 +165,8 @@ UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, 
                        EOp.TANH, EOp.SIGMOID, EOp.RELU, EOp.GELU, EOp.GELU_TANH, EOp.SILU,
                        EOp.ERF, EOp.SIN, EOp.COS, EOp.SIGN, EOp.LOGICAL_NOT, EOp.CAST})
 BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
-                        EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR})
+                        EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR,
+                        EOp.XOR, EOp.MOD})
 COMPARE_OPS = frozenset({EOp.EQ, EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE})
 
 
@@ -217,6 +227,7 @@ class KKind(enum.Enum):
     GATHER = "gather"
     ATTENTION = "attention"
     CONV = "conv"
+    SCATTER = "scatter"
 
 
 class ReduceOp(enum.Enum):
@@ -272,6 +283,16 @@ class GatherKAttrs:
 
 
 @dataclass(frozen=True)
+class ScatterKAttrs:
+    """Row/element scatter into ``outs[0]`` (see the module docstring): ``axis`` and ``bound``
+    as in ``GatherKAttrs``; ``accumulate`` adds instead of overwriting."""
+
+    axis: int
+    bound: int
+    accumulate: bool = False
+
+
+@dataclass(frozen=True)
 class AttentionKAttrs:
     """``outs[0][b] = epilogue(softmax(score(scale * Q[b] @ KT[b])) @ V[b])`` over views
     ``ins = (Q [*B, Sq, D], KT [*B, D, Sk], V [*B, Sk, Dv], *extra)``: one kernel for the
@@ -312,7 +333,7 @@ class ConvKAttrs:
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
-          | AttentionKAttrs | ConvKAttrs)
+          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ device (``arange``/``full``, bounded below 2**24 at compile time), never from a 
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -18,7 +19,9 @@ import torch.fx as fx
 
 from lowering.errors import Unsupported
 from lowering.frontend import LowerCtx, machine_dtype
-from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, const, load
+from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, const, contiguous_strides,
+                          load)
+from lowering.ops import mathfns
 from lowering.ops.views import apply_view
 from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
@@ -251,3 +254,200 @@ def _leaky_relu(ctx, node, x, negative_slope=0.01):
     return pointwise(ctx, node, [x], lambda l, dt: e(
         EOp.WHERE, e(EOp.GT, l[0], const(0.0)), l[0], e(EOp.MUL, l[0], const(negative_slope)),
         dtype=dt))
+
+
+# ---- the rest of the pointwise set: compositions (ops/mathfns.py) --------------------------
+def _doc_check(doc: str):
+    """A check that accepts every node and documents how the op runs (its ``limits``)."""
+    def check(node: fx.Node) -> str | None:
+        return None
+    check.__doc__ = doc
+    return check
+
+
+_COMPOSED_UNARY = {
+    aten.floor.default: (mathfns.floor, "exact: VectorE, round(x) - (round(x) > x) with the 2**23 "
+                         "rounding trick (no floor instruction)"),
+    aten.ceil.default: (mathfns.ceil, "exact: VectorE, -floor(-x) (no ceil instruction)"),
+    aten.round.default: (mathfns.round_even, "exact, half to even: VectorE, (|x| + 2**23) - 2**23 "
+                         "with the sign put back (no round instruction)"),
+    aten.trunc.default: (mathfns.trunc, "exact: VectorE, ceil for x < 0 else floor"),
+    aten.log1p.default: (mathfns.log1p, "ScalarE log + VectorE, Kahan's log(1+x) * x / ((1+x) - 1) "
+                         "(no log1p function); log is valid on [2**-64, 2**64]"),
+    aten.expm1.default: (mathfns.expm1, "ScalarE exp/log + VectorE, Kahan's (e^x - 1) * x / log(e^x) "
+                         "(no expm1 function)"),
+    aten.log2.default: (mathfns.log2, "ScalarE log, divided by ln 2 on VectorE"),
+    aten.log10.default: (mathfns.log10, "ScalarE log, divided by ln 10 on VectorE"),
+    aten.exp2.default: (mathfns.exp2, "VectorE pow(2, x) (exact for integer x)"),
+    aten.atan.default: (mathfns.atan, "VectorE: cephes atanf (range reduction, odd degree-9 "
+                        "polynomial); the simulated ScalarE table has no arctan"),
+    aten.tan.default: (mathfns.tan, "ScalarE sin / cos, divided on VectorE (no tan function)"),
+    aten.asin.default: (mathfns.asin, "composed: atan(x / sqrt((1-x)(1+x))), ScalarE sqrt + VectorE"),
+    aten.acos.default: (mathfns.acos, "composed: 2 atan(sqrt((1-x)/(1+x))), ScalarE sqrt + VectorE"),
+    aten.sinh.default: (mathfns.sinh, "composed from expm1 (exp/log), odd; e^|x|/2 for |x| > 20"),
+    aten.cosh.default: (mathfns.cosh, "composed: (e^|x| + e^-|x|)/2; e^|x|/2 for |x| > 20"),
+    aten.asinh.default: (mathfns.asinh, "composed: log1p(a + a^2/(1 + sqrt(1 + a^2))) with the sign "
+                         "of x; log(a) + ln 2 beyond 2**60"),
+    aten.acosh.default: (mathfns.acosh, "composed: log1p(t + sqrt(t(t+2))), t = x - 1; log(x) + ln 2 "
+                         "beyond 2**60"),
+    aten.atanh.default: (mathfns.atanh, "composed: log1p(2x/(1-x)) / 2"),
+}
+
+
+def _composed_unary(fn):
+    def lower(ctx: LowerCtx, node: fx.Node, x: TensorRef) -> TensorRef:
+        return pointwise(ctx, node, [x], lambda l, dt: fn(_f32(l[0])))
+    return lower
+
+
+def _f32(x: Expr) -> Expr:
+    return x if x.dtype == F32 else e(EOp.CAST, x)
+
+
+for _t, (_fn, _doc) in _COMPOSED_UNARY.items():
+    register(_t, dtypes=FLOAT_DTYPES, check=_doc_check(_doc))(_composed_unary(_fn))
+
+
+@register(aten.round.decimals, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "exact: round(x * 10**d) / 10**d (d < 0: round(x / 10**-d) * 10**-d) in fp32, as torch's kernel"))
+def _round_decimals(ctx, node, x, *, decimals=0):
+    return pointwise(ctx, node, [x], lambda l, dt: mathfns.round_decimals(_f32(l[0]), int(decimals)))
+
+
+def _classify(fn):
+    def lower(ctx: LowerCtx, node: fx.Node, x: TensorRef) -> TensorRef:
+        return pointwise(ctx, node, [x], lambda l, dt: e(EOp.CAST, fn(_f32(l[0])), dtype=dt))
+    return lower
+
+
+register(aten.isnan.default, dtypes=FLOAT_DTYPES | MASK_DTYPES,
+         check=_doc_check("exact: VectorE x != x"))(_classify(mathfns.isnan))
+register(aten.isinf.default, dtypes=FLOAT_DTYPES | MASK_DTYPES,
+         check=_doc_check("exact: VectorE |x| == inf"))(_classify(mathfns.isinf))
+
+
+@register(aten.nan_to_num.default, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "exact: VectorE selects (defaults: the dtype's largest finite values)"))
+def _nan_to_num(ctx, node, x, nan=0.0, posinf=None, neginf=None):
+    fi = torch.finfo(ctx.out_val.dtype)
+    hi = fi.max if posinf is None else posinf
+    lo = fi.min if neginf is None else neginf
+    nv = 0.0 if nan is None else nan
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        v = _f32(l[0])
+        return mathfns.where(mathfns.isnan(v), nv, mathfns.where(
+            e(EOp.EQ, v, const(math.inf)), hi, mathfns.where(e(EOp.EQ, v, const(-math.inf)), lo, v)))
+    return pointwise(ctx, node, [x], build)
+
+
+def _composed_binary(fn):
+    def lower(ctx: LowerCtx, node: fx.Node, a, b) -> TensorRef:
+        return pointwise(ctx, node, [a, b], lambda l, dt: fn(_f32(l[0]), _f32(l[1])))
+    return lower
+
+
+register(aten.atan2.default, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "C atan2 (signed zeros, infinities): the atan polynomial of min(|x|,|y|)/max(|x|,|y|), "
+    "reflected on VectorE"))(_composed_binary(mathfns.atan2))
+register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "exact, sign of the dividend: VectorE mod(|a|, |b|) with a's sign bit; float dtypes only"))(
+    _composed_binary(mathfns.fmod))
+register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "exact, sign of the divisor: torch's r = fmod(a, b); r + b where r != 0 and the signs "
+    "differ; float dtypes only"))(_composed_binary(mathfns.remainder))
+register(aten.bitwise_xor.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.XOR))
+register(aten.logical_xor.default, dtypes=EW_DTYPES,
+         check=int_inputs_generated_on_device)(_binary(EOp.XOR))
+
+
+@register(aten.clamp.Tensor, dtypes=FLOAT_DTYPES)
+def _clamp_tensor(ctx, node, x, min=None, max=None):
+    """min(max(x, lo), hi) on VectorE, bounds broadcast tensors (NaN propagates)."""
+    operands = [x] + [t for t in (min, max) if t is not None]
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        y, k = l[0], 1
+        if min is not None:
+            y, k = e(EOp.MAX, y, l[k]), k + 1
+        if max is not None:
+            y = e(EOp.MIN, y, l[k])
+        return e(EOp.CAST, y, dtype=dt)
+    return pointwise(ctx, node, operands, build)
+
+
+@register(aten.elu.default, dtypes=FLOAT_DTYPES, check=_doc_check(
+    "scale * (x if x > 0 else alpha * expm1(x * input_scale)); expm1 composed (ScalarE exp/log)"))
+def _elu(ctx, node, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    def build(l: Leaves, dt: DType) -> Expr:
+        v = _f32(l[0])
+        neg = e(EOp.MUL, mathfns.expm1(e(EOp.MUL, v, const(input_scale))), const(alpha * scale))
+        return mathfns.where(e(EOp.GT, v, const(0.0)), e(EOp.MUL, v, const(scale)), neg)
+    return pointwise(ctx, node, [x], build)
+
+
+# ---- copies and fills ------------------------------------------------------------------------
+@register(aten.copy.default, dtypes=EW_DTYPES)
+def _copy(ctx, node, x, src, non_blocking=False):
+    """``src`` broadcast to ``x``'s shape in ``x``'s dtype (functionalised ``copy_``)."""
+    return pointwise(ctx, node, [src], lambda l, dt: e(EOp.CAST, l[0], dtype=dt))
+
+
+@register(aten.fill.Scalar, aten.fill.Tensor, dtypes=EW_DTYPES)
+def _fill_like(ctx, node, x, value):
+    """``x``'s shape filled with ``value`` (a number, or a 0-d tensor broadcast): memset."""
+    return pointwise(ctx, node, [value], lambda l, dt: e(EOp.CAST, l[0], dtype=dt))
+
+
+def _empty_strided_check(node: fx.Node) -> str | None:
+    """Contiguous strides only (the result is a new contiguous tensor, filled with zeros)."""
+    size, stride = node.args[0], node.args[1]
+    want = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        want[i] = want[i + 1] * max(1, int(size[i + 1]))
+    if any(int(n) > 1 and int(s) != w for n, s, w in zip(size, stride, want)):
+        return f"stride {list(stride)} is not the contiguous stride {want} of size {list(size)}"
+    return None
+
+
+@register(aten.empty.memory_format, dtypes=EW_DTYPES)
+def _empty(ctx, node, size, **kwargs):
+    """A new tensor; its contents are unspecified, so it is filled with zeros (memset)."""
+    return pointwise(ctx, node, [], lambda l, dt: const(0.0, dt))
+
+
+@register(aten.empty_strided.default, dtypes=EW_DTYPES, check=_empty_strided_check)
+def _empty_strided(ctx, node, size, stride, **kwargs):
+    return pointwise(ctx, node, [], lambda l, dt: const(0.0, dt))
+
+
+@register(aten.repeat.default, dtypes=EW_DTYPES)
+def _repeat(ctx, node, x, repeats):
+    """One copy kernel (DMA through SBUF): the output viewed as ``[r0, s0, r1, s1, ...]`` is
+    ``x`` broadcast along the ``r`` axes (stride 0)."""
+    reps = [int(r) for r in repeats]
+    lead = len(reps) - x.rank
+    shape = (1,) * lead + x.shape
+    strides = (0,) * lead + x.strides
+    out = ctx.new_tensor(tuple(r * s for r, s in zip(reps, shape)), x.dtype)
+    if out.numel == 0:
+        return out
+    vshape = tuple(v for pair in zip(reps, shape) for v in pair)
+    src = TensorRef(x.buffer, x.dtype, vshape,
+                    tuple(v for st in strides for v in (0, st)), x.offset)
+    dst = TensorRef(out.buffer, out.dtype, vshape, contiguous_strides(vshape))
+    ctx.emit(KOp(KKind.POINTWISE, (dst,), (src,), PointwiseAttrs(load(0, x.dtype))))
+    return out
+
+
+@register(aten.flip.default, dtypes=EW_DTYPES)
+def _flip(ctx, node, x, dims):
+    """One copy kernel reading ``x`` through a view with negated strides on ``dims``."""
+    flipped = {int(d) % max(1, x.rank) for d in dims}
+    off = x.offset + sum((x.shape[d] - 1) * x.strides[d] for d in flipped if x.shape[d] > 0)
+    src = TensorRef(x.buffer, x.dtype, x.shape,
+                    tuple(-s if d in flipped else s for d, s in enumerate(x.strides)), off)
+    out = ctx.new_tensor(x.shape, x.dtype)
+    if out.numel:
+        ctx.emit(KOp(KKind.POINTWISE, (out,), (src,), PointwiseAttrs(load(0, x.dtype))))
+    return out

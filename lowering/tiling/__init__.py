@@ -9,6 +9,7 @@ from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
+from lowering.tiling.scatter import tile_scatter
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TProgram
 from runtime_sim.targets import Target
@@ -22,6 +23,7 @@ TILERS = {
     KKind.ATTENTION: tile_attention,
     KKind.GATHER: tile_gather,
     KKind.CONV: tile_conv,
+    KKind.SCATTER: tile_scatter,
 }
 
 

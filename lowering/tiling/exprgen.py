@@ -38,6 +38,7 @@ ALU_OF: dict[EOp, AluOp] = {
     EOp.MAX: AluOp.MAX, EOp.MIN: AluOp.MIN, EOp.POW: AluOp.POW, EOp.EQ: AluOp.IS_EQUAL,
     EOp.NE: AluOp.NOT_EQUAL, EOp.LT: AluOp.IS_LT, EOp.LE: AluOp.IS_LE, EOp.GT: AluOp.IS_GT,
     EOp.GE: AluOp.IS_GE, EOp.AND: AluOp.LOGICAL_AND, EOp.OR: AluOp.LOGICAL_OR,
+    EOp.XOR: AluOp.LOGICAL_XOR, EOp.MOD: AluOp.MOD,
 }
 _PY = {
     EOp.ADD: lambda a, b: a + b, EOp.SUB: lambda a, b: a - b, EOp.MUL: lambda a, b: a * b,
@@ -46,7 +47,16 @@ _PY = {
     EOp.EQ: lambda a, b: float(a == b), EOp.NE: lambda a, b: float(a != b),
     EOp.LT: lambda a, b: float(a < b), EOp.LE: lambda a, b: float(a <= b),
     EOp.GT: lambda a, b: float(a > b), EOp.GE: lambda a, b: float(a >= b),
+    EOp.XOR: lambda a, b: float((a != 0) != (b != 0)),
+    EOp.MOD: lambda a, b: _mod(a, b),
 }
+
+
+def _mod(a: float, b: float) -> float:
+    """The ALU's floor modulo on fp32 values (semantics.ALU[MOD])."""
+    import numpy as np
+    with np.errstate(all="ignore"):
+        return float(np.mod(np.float32(a), np.float32(b)))
 
 
 def count_intermediates(expr: Expr) -> int:
