@@ -25,14 +25,15 @@ A third form keeps the output block in SBUF and streams both operands in chunks 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
-                                         choose_blocking, operand_form, staged)
+                                         SBUF_SHARE, choose_blocking, footprint, operand_form,
+                                         staged)
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -144,6 +145,8 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
+    if best.resident != "C":
+        best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
@@ -151,6 +154,23 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         _emit(b, k, sa, sb, best, used, folded)
+
+
+def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
+    """A resident side read from a graph input (weights) keeps every block in its own slot when
+    all of them fit: no block load then waits for the products of an earlier block, so the
+    whole operand streams in ahead of the kernel (during the kernels before it) instead of
+    two blocks ahead and the rest behind the kernel's own products."""
+    buf = b.buffers.get(res.ref.buffer)
+    if c.stream or buf is None or buf.role != "input" or b.is_resident(res.ref.buffer):
+        return c
+    nblocks = -(-res.F // (c.block * (TM if c.resident == "A" else TN)))
+    if nblocks <= c.block_bufs:
+        return c
+    whole = replace(c, block_bufs=nblocks)
+    if footprint(shape, whole, b.target)[0] > int(b.target.sbuf_bytes_per_partition * SBUF_SHARE):
+        return c
+    return whole
 
 
 def _epi_tiles(epi: Expr | None) -> int:

@@ -200,3 +200,47 @@ def test_transposed_weight_rows_are_staged_in_big_loads_on_trn1(shape):
     w_loads = sum(1 for q, s in low.compiled.program.streams.items() if q.engine is EngineKind.DMA
                   for ins in s if ins.srcs and ins.srcs[0].buffer == "in1")
     assert w_loads <= -(-N // 128) * -(-M // 128), w_loads
+
+
+def test_weights_of_a_matmul_keep_every_block_in_its_own_slot_when_they_fit():
+    """A resident-B matmul over weights (a graph input) of three blocks: each block has its own
+    slot (block_bufs = 3, in the dump's note and the memory plan), so no weight load waits for
+    the products of an earlier block; values match eager."""
+    x = rand(128, 768, seed=4).to(torch.bfloat16)
+    w = (rand(768, 3072, seed=5) * 0.05).to(torch.bfloat16)
+    fn = lambda x, w: F.layer_norm(x, (768,)) @ w               # noqa: E731
+    low = lower_and_run(fn, x, w)
+    note = next(n for n in _notes(low) if "matmul 1 x [128x768]" in n)
+    assert "chose resident=B block=2" in note and "block_bufs=3" in note.split(";")[1], note
+    assert any(ln.split()[1] == "k1.res" and " 3 x " in ln
+               for ln in low.dumps["memory_plan.txt"].splitlines()[3:]), low.dumps["memory_plan.txt"]
+    # every weight load is free of waits on TensorE (no slot is reused within the kernel)
+    pe_sems = {s for q, st in low.compiled.program.streams.items() if q.engine is EngineKind.TENSOR
+               for ins in st for s in ins.signals}
+    for q, st in low.compiled.program.streams.items():
+        for ins in st:
+            if q.engine is EngineKind.DMA and ins.srcs and ins.srcs[0].buffer == "in1":
+                assert not {w for w, _ in ins.waits} & pe_sems, ins
+    assert_close(low.outputs[0], fn(x, w), scale=4.0)
+
+
+def test_big_weight_loads_of_consecutive_matmuls_share_one_queue_in_program_order():
+    """The weight stream (schedule._streams): loads whose data phase outlasts the descriptor
+    generation go to one queue, so the second matmul's weights are issued after the first's
+    (the engines serve transfers in issue order) instead of sharing the engines with them."""
+    x = rand(128, 768, seed=6).to(torch.bfloat16)
+    w1 = (rand(768, 3072, seed=7) * 0.05).to(torch.bfloat16)
+    w2 = (rand(3072, 768, seed=8) * 0.05).to(torch.bfloat16)
+    fn = lambda x, w1, w2: torch.relu(F.layer_norm(x, (768,)) @ w1) @ w2   # noqa: E731
+    low = lower_and_run(fn, x, w1, w2)
+    assert_close(low.outputs[0], fn(x, w1, w2), scale=4.0)
+    queues = {}
+    for q, st in low.compiled.program.streams.items():
+        for i, ins in enumerate(st):
+            if q.engine is EngineKind.DMA and ins.srcs and ins.srcs[0].buffer in ("in1", "in2") \
+                    and ins.writes[0].partitions == 128:
+                queues.setdefault(ins.srcs[0].buffer, []).append((q, i))
+    assert set(queues) == {"in1", "in2"}, queues
+    (q1,), (q2,) = {q for q, _ in queues["in1"]}, {q for q, _ in queues["in2"]}
+    assert q1 == q2, queues
+    assert max(i for _, i in queues["in1"]) < min(i for _, i in queues["in2"]), queues
