@@ -153,7 +153,21 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     if best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
-        _emit(b, k, sa, sb, best, used, folded)
+        _emit(b, k, sa, sb, best, used, folded, _transpose_once(shape, best, t,
+                                                                 sb if best.resident == "A" else sa))
+
+
+def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
+    """Resident rows (``RES_T``) streamed as one group against several blocks: transpose them
+    once for every block (their K tiles side by side, instead of ``stream_bufs`` slots
+    re-filled per block) when that tile fits next to the rest of the kernel."""
+    rt, st = (TM, TN) if c.resident == "A" else (TN, TM)
+    res_f = shape.M if c.resident == "A" else shape.N
+    if strm.form != RES_T or c.stream or -(-res_f // (c.block * rt)) <= 1 or strm.F > c.group * st:
+        return False
+    isz = shape.dtype.itemsize
+    extra = -(-shape.K // TK) * strm.F * isz - c.stream_bufs * strm.F * isz
+    return footprint(shape, c, t)[0] + max(0, extra) <= int(t.sbuf_bytes_per_partition * SBUF_SHARE)
 
 
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
@@ -234,16 +248,23 @@ def _prod(xs) -> int:
 
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
-          folded: list[int]) -> None:
+          folded: list[int], once: bool = False) -> None:
+    """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
+    tiles are transposed into one tile before the block loop and read by every block."""
     A, out = k.ins[0], k.outs[0]
     *batch, M, K = A.shape
     N = k.ins[1].shape[-1]
     dt = A.dtype
     res, strm = (sa, sb) if c.resident == "A" else (sb, sa)
     rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
+    Kt = -(-K // TK)
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         rbase, sbase = res.base(bidx), strm.base(bidx)
+        if once:
+            tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
+            for k0, kt in b.tiled(K, TK, "kt"):
+                strm.load(b, tall, k0 // TK * strm.F, sbase, k0, kt, aff(0), strm.F)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
                 blk = b.tile("res", Memory.SBUF, TK, (-(-K // TK)) * rw, dt, c.block_bufs)
@@ -256,8 +277,11 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
                 sstage = strm.stage(b, sbase, s0, sw, K)
                 for k0, kt in b.tiled(K, TK, "k"):
-                    sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
-                    strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage)
+                    if once:
+                        sblk = _Slice(tall, k0 // TK * strm.F)
+                    else:
+                        sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
+                        strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage)
                     if c.stream:      # K too long to keep a block: both sides per K tile
                         blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
                         res.load(b, blk, aff(0), rbase, k0, kt, r0, rw)
@@ -290,6 +314,16 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                             m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
                             cell = (ja * nr + ia) * TN
                         _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+
+
+class _Slice:
+    """Elements from ``off`` of every partition of a tile, used where a tile is expected."""
+
+    def __init__(self, tile: Tile, off):
+        self.tile, self.off = tile, off
+
+    def ap(self, partitions: int | None = None, elem_offset=0, **kw) -> TAP:
+        return self.tile.ap(partitions, elem_offset=self.off + elem_offset, **kw)
 
 
 def _bias_products(b: TirBuilder, k: KOp, fi: int, bidx, c: Blocking, acc, r0, rw: int, s0, sw: int,

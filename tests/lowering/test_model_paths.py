@@ -244,3 +244,16 @@ def test_big_weight_loads_of_consecutive_matmuls_share_one_queue_in_program_orde
     (q1,), (q2,) = {q for q, _ in queues["in1"]}, {q for q, _ in queues["in2"]}
     assert q1 == q2, queues
     assert max(i for _, i in queues["in1"]) < min(i for _, i in queues["in2"]), queues
+
+
+def test_resident_rows_are_transposed_once_for_every_block_of_the_weights():
+    """x (resident in SBUF) @ W over three weight blocks: x's K tiles are transposed on TensorE
+    once (6 transposes for K = 768), not once per block (18), and the values match eager."""
+    x = rand(128, 768, seed=9).to(torch.bfloat16)
+    w = (rand(768, 3072, seed=10) * 0.05).to(torch.bfloat16)
+    fn = lambda x, w: F.layer_norm(x, (768,)) @ w               # noqa: E731
+    low = lower_and_run(fn, x, w)
+    assert_close(low.outputs[0], fn(x, w), scale=4.0)
+    _, res = low.compiled.run(None, mode="timing", trace=True)
+    n_tp = sum(1 for e in res.trace if e.queue == "pe" and e.name == "transpose")
+    assert n_tp == 6, n_tp
