@@ -364,7 +364,8 @@ class Profile:
 
     def export_chrome_trace(self, path: str) -> None:
         """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
-        device partition and input signature, one track per engine / DMA queue, times in
+        device partition and input signature, one track per engine / DMA queue (named as
+        AWS's profiler names them: ``pe (TensorE)``, ..., ``dma3 (DMA queue 3)``), times in
         simulated microseconds from the start of one call of that partition (the program's
         timing does not depend on the data, so every call looks the same)."""
         from runtime_sim.trace import to_chrome_trace
@@ -374,7 +375,8 @@ class Profile:
             _, result = rec.compiled.run(None, mode="timing", trace=True)  # type: ignore[attr-defined]
             pname = (f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition} "
                      f"{rec.input_shapes} x{rec.calls}")
-            events += to_chrome_trace(result, process_name=pname, pid=pid)["traceEvents"]
+            events += to_chrome_trace(result, process_name=pname, pid=pid,
+                                      engine_labels=True)["traceEvents"]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
 

@@ -7,6 +7,9 @@
   simulator; ``"timing"``: from running the partition eagerly, while the (data-independent,
   cached) simulated timing is recorded.
 - ``FallbackOp`` replaces each eager fallback node and measures its host wall time.
+- ``torch.profiler`` sees each device-partition call as a ``record_function`` range named
+  ``neuron partition: <graph>/<partition>`` (its compile, when it is the first call, included)
+  and each fallback op as ``neuron fallback: <aten op>``.
 - ``NeuronGraph`` is the callable handed back to AOTAutograd; each call runs inside
   ``profile.graph_call`` (counted, filed as warm-up or steady state).
 
@@ -77,6 +80,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.profiler import record_function
 from torch.utils._pytree import tree_leaves
 
 from neuron_compiler.cache import CacheEntry, DiskCache, cache_key, disk_cache
@@ -478,9 +482,10 @@ class FallbackOp(torch.nn.Module):
         profs = active_profiles()
         if not self.is_view:
             read_on_host((args, kwargs), profs)
-        t0 = time.perf_counter_ns()
-        out = self.op(*args, **kwargs)
-        dt = time.perf_counter_ns() - t0
+        with record_function(f"neuron fallback: {self.op_name}"):
+            t0 = time.perf_counter_ns()
+            out = self.op(*args, **kwargs)
+            dt = time.perf_counter_ns() - t0
         if self.is_view and args and isinstance(args[0], torch.Tensor):
             for o in tree_leaves(out):
                 if isinstance(o, torch.Tensor):
@@ -539,6 +544,10 @@ class DevicePartition(torch.nn.Module):
         self._cache: dict[Signature, _Compiled] = {}
 
     def forward(self, *args: object) -> object:
+        with record_function(f"neuron partition: {self.graph.name}/{self.name}"):
+            return self._forward(args)
+
+    def _forward(self, args: tuple) -> object:
         sig = signature(args)
         entry = self._cache.get(sig)
         if entry is None:
