@@ -69,8 +69,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import os
 import re
 import time
+import traceback
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -346,6 +348,7 @@ class _Program:
     stage_files: list[tuple[str, str]] | None     # dump files of that lowering (None: no dump)
     compiled: object | None = None                # lowering CompiledGraph
     unsupported: Exception | None = None          # or the Unsupported it raised
+    on_disk: set[str] = field(default_factory=set)  # cache directories that hold it
 
 
 class ProgramCache:
@@ -619,27 +622,34 @@ class DevicePartition(torch.nn.Module):
         need_files = self.dump is not None
         prog = PROGRAM_CACHE.get(key, need_stage_files=need_files)
         hit = prog is not None
-        disk, disk_key, disk_hit = self._disk_cache(gm), "", None
+        disk, disk_hit = self._disk_cache(gm), None
+        disk_key = cache_key(key[0], key[1], key[2], self.options.target) if disk else ""
         if prog is None and disk is not None:
-            disk_key = cache_key(key[0], key[1], key[2], self.options.target)
             prog = _from_disk(disk.load(disk_key), api, need_files)
             disk_hit = prog is not None
             if prog is not None:
+                prog.on_disk.add(disk.root)
                 PROGRAM_CACHE.put(key, prog)
         writer = (self.dump.partition_writer(self.name, sig, gm)  # type: ignore[union-attr]
                   if self.dump is not None else None)
+        lowered = prog is None
         if prog is None:
             prog = self._lower(api, gm, specs, sig, writer)
             PROGRAM_CACHE.put(key, prog)
-            if disk is not None:
-                disk.store(disk_key, _to_disk(prog))
-        elif writer is not None:
-            for filename, text in prog.stage_files or ():
-                writer(filename, text)
-            where = (f"the on-disk compile cache ({disk.path(disk_key)})" if disk_hit
-                     else "the process-wide program cache")
-            writer("cache_hit.txt", f"program taken from {where}: first lowered for "
-                                    f"{prog.origin}\n")
+        if disk is not None and disk.root not in prog.on_disk:
+            # lowered now, or earlier in this process by a compile without this cache_dir
+            # (then an entry another process wrote is kept: it may carry stage files)
+            kept = not lowered and os.path.exists(disk.path(disk_key))
+            if kept or disk.store(disk_key, _to_disk(prog)) is not None:
+                prog.on_disk.add(disk.root)
+        if hit or disk_hit:
+            if writer is not None:
+                for filename, text in prog.stage_files or ():
+                    writer(filename, text)
+                where = (f"the on-disk compile cache ({disk.path(disk_key)})"  # type: ignore
+                         if disk_hit else "the process-wide program cache")
+                writer("cache_hit.txt", f"program taken from {where}: first lowered for "
+                                        f"{prog.origin}\n")
         entry = _Compiled(sig, program=prog, out_meta=out_meta)
         if prog.unsupported is not None:
             exc = prog.unsupported
@@ -653,6 +663,8 @@ class DevicePartition(torch.nn.Module):
                                               str(exc))
         elif self.dump is not None:
             self.dump.write_compiled(self.name, sig, prog.compiled)  # type: ignore
+        if self.dump is not None:
+            self.dump.finish_partition(self.name, sig)  # type: ignore[union-attr]
         dt = time.perf_counter() - t0
         for p in active_profiles():
             p.note_compile(dt, cache_hit=hit, disk_hit=disk_hit)
@@ -711,6 +723,9 @@ class DevicePartition(torch.nn.Module):
         except Exception as exc:   # a compiler bug: an error with context, never a fallback
             err = self._internal_error(exc, gm, sig)
             log.warning("compile failed: %s", err)
+            if self.dump is not None:
+                self.dump.finish_partition(  # type: ignore[union-attr]
+                    self.name, sig, error=f"{err}\n\n{traceback.format_exc()}")
             raise err from exc
         return prog
 

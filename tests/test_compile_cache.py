@@ -235,3 +235,20 @@ def test_in_process_hits_skip_the_disk(tmp_path):
     assert prof.to_dict()["cache"]["misses"] == 1
     d2 = prof2.to_dict()
     assert d2["program_cache"]["hits"] == 1 and d2["cache"] == {"hits": 0, "misses": 0}
+
+
+def test_program_lowered_without_a_cache_dir_is_stored_when_one_is_asked(tmp_path):
+    import neuron_compiler
+    torch._dynamo.reset()
+    fn = lambda x: torch.tanh(x * 5.0 - 2.0)          # noqa: E731
+    try:
+        f = torch.compile(fn, backend="neuron")
+        f(torch.randn(17, 130))
+        g = torch.compile(fn, backend="neuron", options={"cache_dir": str(tmp_path)})
+        with neuron_compiler.profile() as prof:
+            g(torch.randn(17, 130))
+    finally:
+        torch._dynamo.reset()
+    d = prof.to_dict()
+    assert d["program_cache"]["hits"] == 1 and d["cache"] == {"hits": 0, "misses": 0}
+    assert len(_entries(tmp_path)) == 1
