@@ -56,6 +56,13 @@ class Kernel:
     def label(self) -> str:
         return f"k{self.index} {self.kind} ({', '.join(self.origin)})"
 
+    @property
+    def short(self) -> str:
+        """The label with at most 3 origin nodes named."""
+        names = ", ".join(self.origin[:3])
+        more = f" +{len(self.origin) - 3} more" if len(self.origin) > 3 else ""
+        return f"k{self.index} {self.kind} ({names}{more})"
+
 
 @dataclass(frozen=True)
 class Boundary:
@@ -166,10 +173,12 @@ def decisions_markdown(d: Decisions, title: str = "") -> str:
         out.append("Not fused (a tensor passes from one kernel to the next):")
         for b in d.boundaries:
             where = "stays in SBUF (resident)" if b.resident else "goes through HBM"
-            why = ("; ".join(b.why) if b.why else "the lowering recorded no reason (it records "
-                   "WhyNoFuse lines for attention fusions only)")
-            out.append(f"- %{b.buffer}: {b.producer.label} -> {b.consumer.label}: {where}; "
+            why = "; ".join(b.why) if b.why else "not recorded"
+            out.append(f"- %{b.buffer}: {b.producer.short} -> {b.consumer.short}: {where}; "
                        f"why not fused: {why}")
+        if any(not b.why for b in d.boundaries):
+            out += ["", "(\"not recorded\": the lowering writes a reason, a WhyNoFuse line, "
+                        "only when it refuses an attention fusion.)"]
     else:
         out.append("Not fused: no tensor passes between kernels.")
     other = [n for n in d.why_no_fuse if not any(n in b.why for b in d.boundaries)]

@@ -389,6 +389,8 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         "nodes": nodes,
         "program_cache": {k: sum(d["program_cache"][k] for d in all_compiles)
                           for k in ("hits", "misses")},
+        "compile_cache": {k: sum(d["cache"][k] for d in all_compiles)
+                          for k in ("hits", "misses")},
     }
     rows = compare_outputs(out, ref, cfg.effective_thresholds())
     for r in rows:
