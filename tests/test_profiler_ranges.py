@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 import neuron_compiler
 from runtime_sim.trace import track_label
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def _compile(fn):
+    torch._dynamo.reset()          # a fresh compile: its first call is the warm-up
+    return torch.compile(fn, backend="neuron")
 
 
 def model(x, w):
@@ -24,7 +21,7 @@ def model(x, w):
 
 
 def test_record_function_ranges_per_partition_and_fallback():
-    f = torch.compile(model, backend="neuron")
+    f = _compile(model)
     x, w = torch.randn(8, 16), torch.randn(16, 32)
     f(x, w)
     with torch.profiler.profile() as prof, neuron_compiler.profile() as ours:
@@ -41,7 +38,7 @@ def test_record_function_ranges_per_partition_and_fallback():
 
 
 def test_trace_tracks_are_named_after_the_engines(tmp_path):
-    f = torch.compile(lambda x, w: torch.softmax(x @ w, dim=-1), backend="neuron")
+    f = _compile(lambda x, w: torch.softmax(x @ w, dim=-1))
     with neuron_compiler.profile() as prof:
         f(torch.randn(64, 96), torch.randn(96, 80))
     path = tmp_path / "t.json"
