@@ -10,6 +10,8 @@ Invariants
 - Read-only, and a pure function of the two directories' files (the ones ``dump.py`` writes).
 - ``diff_dumps`` returns ``(text, changed)``; ``changed`` is True when any compared item
   differs, so the exit code (0 same, 1 different) agrees with the rows marked ``*``.
+- A program taken from a cache is the same program: ``device (cache hit)`` compares equal
+  to ``device``.
 - Simulated times compare exactly (the simulator is deterministic: the same program has the
   same time), shown with their relative change.
 """
@@ -42,7 +44,8 @@ def _collect(root: str) -> list[_Compile]:
             comp = load_json(os.path.join(pdir, "compiled.json")) or {}
             stats = load_json(os.path.join(pdir, "stats.json")) or {}
             c.programs[p] = {
-                "status": partition_status(pdir),
+                # where the program came from (lowered or a cache) is not a change of it
+                "status": partition_status(pdir).replace(" (cache hit)", ""),
                 "signature": read_text(os.path.join(pdir, "signature.txt")).strip(),
                 "queues": comp.get("instructions_per_queue", {}),
                 "sim_us": stats["total_ns"] / 1e3 if "total_ns" in stats else None,

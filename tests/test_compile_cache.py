@@ -17,6 +17,7 @@ import torch
 
 from neuron_compiler.cache import MAGIC, CacheEntry, DiskCache, NeuronCacheWarning, cache_key
 from neuron_compiler.options import validate_options
+from neuron_compiler.runtime import PROGRAM_CACHE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +110,10 @@ def test_second_process_hits_truncated_entries_recompile(script, tmp_path):
     assert len(third["warnings"]) == len(entries), third["warnings"]
     assert all("is corrupt" in w and "compiled again" in w for w in third["warnings"])
     assert third["matches"], third
-    assert _result(_run(script, cache, tmp_path))["cache"]["hits"] == len(entries)  # rewritten
+    disk = DiskCache(str(cache))                # the entries were rewritten whole
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeuronCacheWarning)
+        assert all(disk.load(os.path.basename(p).removesuffix(".neuron")) for p in entries)
 
 
 def test_two_processes_compiling_at_once(script, tmp_path):
@@ -124,8 +128,8 @@ def test_two_processes_compiling_at_once(script, tmp_path):
         warnings.simplefilter("error", NeuronCacheWarning)   # every entry is whole
         for path in entries:
             assert disk.load(os.path.basename(path).removesuffix(".neuron")) is not None
-    again = _result(_run(script, cache, tmp_path))
-    assert again["cache"] == {"hits": len(entries), "misses": 0}
+    for r in results:       # each asked for every partition (one may have hit the other's)
+        assert r["cache"]["hits"] + r["cache"]["misses"] == len(entries) >= 2, r
 
 
 # ---- the file format, in process ---------------------------------------------------------------
@@ -220,6 +224,7 @@ def test_in_process_hits_skip_the_disk(tmp_path):
     asked only on a program-cache miss (so ``cache`` counts one miss, then nothing)."""
     import neuron_compiler
     torch._dynamo.reset()
+    PROGRAM_CACHE.clear()          # no program of an earlier test in this process
     try:
         f = torch.compile(lambda x: torch.relu(x * 3.0 + 1.0), backend="neuron",
                           options={"cache_dir": str(tmp_path)})
@@ -240,6 +245,7 @@ def test_in_process_hits_skip_the_disk(tmp_path):
 def test_program_lowered_without_a_cache_dir_is_stored_when_one_is_asked(tmp_path):
     import neuron_compiler
     torch._dynamo.reset()
+    PROGRAM_CACHE.clear()
     fn = lambda x: torch.tanh(x * 5.0 - 2.0)          # noqa: E731
     try:
         f = torch.compile(fn, backend="neuron")

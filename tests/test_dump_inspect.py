@@ -165,8 +165,10 @@ def test_html_renders_in_headless_chromium(html_page, tmp_path):
 
 
 def test_diff(tmp_path, capsys):
-    _compile_into(tmp_path / "a")
-    _compile_into(tmp_path / "same")
+    keep = _compile_into(tmp_path / "a")
+    _compile_into(tmp_path / "same", reset=False)      # its programs are program-cache hits
+    assert "cache hit" in (tmp_path / "same" / "index.md").read_text()
+    del keep
     _compile_into(tmp_path / "wide", width=640)
     assert neuron_dump(["diff", str(tmp_path / "a"), str(tmp_path / "same")]) == 0
     assert capsys.readouterr().out.rstrip().endswith("same")
