@@ -139,6 +139,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
             "name": name, "kind": kind, "target": opts.target, "options": opts.to_dict(),
             **plan_table(plan),
         })
+        dump.update_index()
     if opts.fallback == "error" and plan.fallbacks:
         raise NeuronFallbackError([(e.op, e.count, e.reason) for e in plan.fallbacks])
     outer = plan.gm

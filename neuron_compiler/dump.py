@@ -3,6 +3,7 @@
 Layout (every file is plain text or JSON, readable and diffable)::
 
     DUMP_DIR/
+      index.md                         one line per compile, linking its files (regenerated)
       000_forward_1a2b3c4d/            one directory per compiled ATen graph, numbered in order
         compile.json                   kind, target, options, node counts, fallbacks, partitions
         fx_graph_readable.py           the ATen graph after AOTAutograd + decompositions
@@ -15,18 +16,30 @@ Layout (every file is plain text or JSON, readable and diffable)::
                                        (ir_pre_fusion.txt, program.txt, ...)
           compiled.json                program summary: instructions per queue, buffers, ops
           stats.json                   simulation statistics of the first call
+          decisions.md                 fusion (and refused fusions), matmul blocking and why,
+                                       other tiling choices (``dump_views``)
+          memory_plan.svg              the SBUF/PSUM plan as a picture
+          cache_hit.txt                the program came from a cache (stage files replayed)
           unsupported.txt              only when the lowering raised Unsupported
+          error.txt                    only when the lowering failed (a compiler bug): the
+                                       error and its traceback
 
 Invariants
 - A compile never overwrites another's files: its directory number is claimed with an atomic
   ``mkdir`` (safe with several processes sharing one dump directory).
 - File names written through the lowering's dump callback are plain names (no path separators).
+- ``index.md`` is derived from the compile directories alone and rewritten whole (temporary
+  file + ``os.replace``) after each compile and partition, so a reader never sees half of it
+  and several processes sharing the directory each leave a complete index.
+- Derived views (``decisions.md``, ``memory_plan.svg``) are written from the stage files after
+  each partition's compile, whether lowered now or replayed from a cache.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable
 
 from torch.fx import GraphModule
@@ -34,6 +47,9 @@ from torch.fx import GraphModule
 from runtime_sim.stats import SimStats
 
 COMPILE_DIR_RE = re.compile(r"^(\d{3,})_(.+)$")
+INDEX = "index.md"
+STAGE_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "tir.txt", "memory_plan.txt",
+               "sync.txt", "program.txt")
 
 
 class CompileDump:
@@ -104,6 +120,111 @@ class CompileDump:
 
     def write_partition_stats(self, partition: str, sig: tuple, stats: SimStats) -> None:
         self.write_json("stats.json", stats.to_dict(), self.partition_subdir(partition, sig))
+        self.update_index()
+
+    def finish_partition(self, partition: str, sig: tuple, error: str | None = None) -> None:
+        """After a partition's compile (lowered, replayed from a cache, refused or failed):
+        its error (``error.txt``), its derived views, and the index."""
+        from neuron_compiler.dump_views import decisions, decisions_markdown, memory_plan_svg
+        sub = self.partition_subdir(partition, sig)
+        if error is not None:
+            self.write("error.txt", error if error.endswith("\n") else error + "\n", sub)
+        pdir = os.path.join(self.path, sub)
+        texts = {f: read_text(os.path.join(pdir, f)) for f in STAGE_FILES}
+        if texts["ir_post_fusion.txt"]:
+            title = f"{os.path.basename(self.path)}/{sub}"
+            self.write("decisions.md", decisions_markdown(decisions(texts), title), sub)
+        if texts["memory_plan.txt"]:
+            self.write("memory_plan.svg", memory_plan_svg(texts["memory_plan.txt"]) + "\n", sub)
+        self.update_index()
+
+    def update_index(self) -> None:
+        write_index(os.path.dirname(self.path))
+
+
+# ---- reading a dump (shared by index.md and neuron-dump) ----------------------------------------
+def read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def load_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def compiles(root: str) -> list[tuple[int, str]]:
+    """(number, directory name) of every compile under ``root``, in order."""
+    out = []
+    for d in os.listdir(root):
+        m = COMPILE_DIR_RE.match(d)
+        if m and os.path.isdir(os.path.join(root, d)):
+            out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
+def partition_dirs(cdir: str) -> list[str]:
+    return sorted(d for d in os.listdir(cdir) if os.path.isdir(os.path.join(cdir, d)))
+
+
+def partition_status(pdir: str) -> str:
+    """``device``, ``device (cache hit)``, ``fallback: <reason>``, ``error: <first line>`` or
+    ``compiling`` (nothing but the inputs written yet) for one partition directory."""
+    error = read_text(os.path.join(pdir, "error.txt")).strip()
+    if error:
+        return "error: " + error.splitlines()[0]
+    unsupported = read_text(os.path.join(pdir, "unsupported.txt")).strip()
+    if unsupported:
+        return "fallback: " + unsupported.splitlines()[0]
+    if os.path.exists(os.path.join(pdir, "compiled.json")):
+        hit = os.path.exists(os.path.join(pdir, "cache_hit.txt"))
+        return "device (cache hit)" if hit else "device"
+    return "compiling"
+
+
+def write_index(root: str) -> str:
+    """Rewrite ``root/index.md`` from the compile directories; returns its path."""
+    lines = ["# neuron dump", "",
+             "One line per compiled ATen graph. Browse with `neuron-dump DIR`, "
+             "`neuron-dump DIR N`, `neuron-dump DIR --html report.html`.", "",
+             "| # | compile | kind | target | device nodes | fallback nodes | files | partitions |",
+             "|---|---|---|---|---|---|---|---|"]
+    for idx, d in compiles(root):
+        cdir = os.path.join(root, d)
+        meta = load_json(os.path.join(cdir, "compile.json")) or {}
+        files = " ".join(f"[{f.split('.')[0].removeprefix('fx_graph_')}]({d}/{f})"
+                         for f in ("fx_graph_readable.py", "fx_graph_partitioned.py",
+                                   "partitions.txt", "compile.json")
+                         if os.path.exists(os.path.join(cdir, f)))
+        parts = []
+        for p in partition_dirs(cdir):
+            pdir = os.path.join(cdir, p)
+            links = " ".join(f"[{f.split('.')[0].replace('_', ' ')}]({d}/{p}/{f})"
+                             for f in ("decisions.md", "memory_plan.svg", "tir.txt",
+                                       "program.txt", "stats.json", "error.txt",
+                                       "unsupported.txt")
+                             if os.path.exists(os.path.join(pdir, f)))
+            parts.append(f"**{p}** {partition_status(pdir).replace('|', '/')} {links}")
+        lines.append(f"| {idx} | [{d}]({d}/) | {meta.get('kind', '-')} | "
+                     f"{meta.get('target', '-')} | {meta.get('device_nodes', '-')} | "
+                     f"{meta.get('fallback_nodes', '-')} | {files} | "
+                     f"{'<br>'.join(parts) or '-'} |")
+    path = os.path.join(root, INDEX)
+    fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".md", dir=root)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
+    return path
 
 
 def instructions_per_queue(compiled: object | None) -> dict[str, int]:

@@ -8,12 +8,18 @@
                                         (or name the partition: fused_0/program.txt,
                                         fused_0.s1/program.txt)
 
+    neuron-dump DIR 0 decisions.md      fusion (and refused fusions), matmul blocking and why
+    neuron-dump DIR --html report.html  the whole dump as one self-contained HTML page
+    neuron-dump diff DIR_A DIR_B        what changed: graphs, partitions, fallbacks,
+                                        instruction counts, simulated times (exit 1 if any)
+
 A compile may be named by its number (``0``, ``000``) or its directory name.
 
 Invariants
 - Read-only: it never writes into the dump directory. It reads only the files ``dump.py``
   writes; a missing optional file (stats.json, compiled.json) is shown as ``-``.
-- ``main(argv)`` returns a process exit code (0 ok, 2 bad usage / not found).
+- ``main(argv)`` returns a process exit code (0 ok, 2 bad usage / not found; ``diff``: 0 the
+  same, 1 different, 2 bad usage).
 """
 from __future__ import annotations
 
@@ -23,24 +29,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from neuron_compiler.dump import COMPILE_DIR_RE
-
-
-def _compiles(root: str) -> list[tuple[int, str]]:
-    out = []
-    for d in os.listdir(root):
-        m = COMPILE_DIR_RE.match(d)
-        if m and os.path.isdir(os.path.join(root, d)):
-            out.append((int(m.group(1)), d))
-    return sorted(out)
-
-
-def _load_json(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+from neuron_compiler.dump import compiles as _compiles
+from neuron_compiler.dump import load_json as _load_json
+from neuron_compiler.dump import partition_dirs as _partition_dirs
+from neuron_compiler.dump import partition_status
+from neuron_compiler.dump import read_text as _read
 
 
 def _find_compile(root: str, name: str) -> str | None:
@@ -48,10 +41,6 @@ def _find_compile(root: str, name: str) -> str | None:
         if d == name or (name.isdigit() and int(name) == idx):
             return os.path.join(root, d)
     return None
-
-
-def _partition_dirs(cdir: str) -> list[str]:
-    return sorted(d for d in os.listdir(cdir) if os.path.isdir(os.path.join(cdir, d)))
 
 
 def list_compiles(root: str) -> str:
@@ -87,13 +76,12 @@ def summarize(cdir: str) -> str:
         sig = _read(os.path.join(pdir, "signature.txt")).strip() or "-"
         comp = _load_json(os.path.join(pdir, "compiled.json"))
         stats = _load_json(os.path.join(pdir, "stats.json"))
-        unsupported = _read(os.path.join(pdir, "unsupported.txt")).strip()
         per_q = comp.get("instructions_per_queue", {}) if comp else {}
         rows.append((d, sig, str(sum(per_q.values())) if comp else "-",
                      _queue_summary(per_q),
                      f"{stats['total_ns'] / 1e3:.2f}" if stats else "-",
                      f"{stats['roofline_ns'] / 1e3:.2f}" if stats else "-",
-                     f"fallback: {unsupported}" if unsupported else "device"))
+                     partition_status(pdir)))
     if len(rows) > 1:
         lines.append("")
         lines += _fmt(rows)
@@ -137,14 +125,6 @@ def show_file(cdir: str, name: str) -> str | None:
     return "\n".join(f"==> {d}/{base} <==\n{_read(p)}" for d, p in found)
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def _fmt(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -152,18 +132,61 @@ def _fmt(rows: list[tuple[str, ...]]) -> list[str]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _diff_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="neuron-dump", description="Inspect a neuron backend dump directory.")
+        prog="neuron-dump diff", description="What changed between two dump directories "
+        "(exit 0 when the same, 1 when different).")
+    parser.add_argument("dir_a")
+    parser.add_argument("dir_b")
+    args = parser.parse_args(argv)
+    for d in (args.dir_a, args.dir_b):
+        if not os.path.isdir(d):
+            print(f"neuron-dump diff: {d!r} is not a directory", file=sys.stderr)
+            return 2
+    from neuron_compiler.dump_diff import diff_dumps
+    text, changed = diff_dumps(args.dir_a, args.dir_b)
+    print(text)
+    return 1 if changed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["diff"]:        # a dump directory named "diff" is reachable as ./diff
+        try:
+            return _diff_main(argv[1:])
+        except SystemExit as exc:   # argparse: usage error
+            return 2 if exc.code else 0
+    parser = argparse.ArgumentParser(
+        prog="neuron-dump", description="Inspect a neuron backend dump directory "
+        "(`neuron-dump diff DIR_A DIR_B` compares two).")
     parser.add_argument("dir", help="the dump directory (dump_dir option / $NEURON_DUMP_DIR)")
     parser.add_argument("compile", nargs="?", help="a compile: its number or directory name")
     parser.add_argument("file", nargs="?",
                         help="a file of that compile, e.g. partitions.txt, program.txt, "
-                             "fused_0/ir_pre_fusion.txt")
-    args = parser.parse_args(list(argv) if argv is not None else None)
+                             "fused_0/ir_pre_fusion.txt, decisions.md")
+    parser.add_argument("--html", metavar="PATH",
+                        help="write the whole dump as one self-contained HTML file")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
     if not os.path.isdir(args.dir):
         print(f"neuron-dump: {args.dir!r} is not a directory", file=sys.stderr)
         return 2
+    if args.html is not None:
+        if args.compile is not None:
+            print("neuron-dump: --html renders the whole directory; drop COMPILE/FILE",
+                  file=sys.stderr)
+            return 2
+        from neuron_compiler.dump_html import render_dump_html
+        try:
+            with open(args.html, "w") as f:
+                f.write(render_dump_html(args.dir))
+        except OSError as exc:
+            print(f"neuron-dump: cannot write {args.html!r}: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.html}")
+        return 0
     if args.compile is None:
         print(list_compiles(args.dir))
         return 0

@@ -6,6 +6,7 @@ Invariants
   key, the allowed values and the value that was given.
 - ``dump_dir`` comes from ``options["dump_dir"]`` when that key is given (even as ``None``, which
   disables dumping), else from the ``NEURON_DUMP_DIR`` environment variable, else ``None``.
+  ``cache_dir`` likewise, from ``NEURON_CACHE_DIR``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ SIM_MODES: tuple[str, ...] = ("functional", "timing")
 FALLBACK_POLICIES: tuple[str, ...] = ("allow", "error")
 AUTO_CASTS: tuple[str, ...] = ("none", "matmul", "all")   # as neuron_compiler.autocast
 DUMP_DIR_ENV = "NEURON_DUMP_DIR"
+CACHE_DIR_ENV = "NEURON_CACHE_DIR"   # as neuron_compiler.cache
+_DIR_OPTIONS = (("dump_dir", DUMP_DIR_ENV), ("cache_dir", CACHE_DIR_ENV))
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class NeuronOptions:
     - ``dump_dir``: directory for per-compile dumps, or ``None`` (default: ``$NEURON_DUMP_DIR``).
     - ``auto_cast``: ``"none"`` (default), ``"matmul"`` or ``"all"``: compute fp32 matmuls (or
       all fp32 ops) in bf16, as neuronx-cc's ``--auto-cast`` (see ``neuron_compiler.autocast``).
+    - ``cache_dir``: directory of the on-disk compile cache shared between processes, or
+      ``None`` (default: ``$NEURON_CACHE_DIR``); see ``neuron_compiler.cache``.
     """
 
     target: str = "trn2"
@@ -43,18 +48,22 @@ class NeuronOptions:
     fallback: str = "allow"
     dump_dir: str | None = None
     auto_cast: str = "none"
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, TARGETS)
         _check_choice("sim_mode", self.sim_mode, SIM_MODES)
         _check_choice("fallback", self.fallback, FALLBACK_POLICIES)
         _check_choice("auto_cast", self.auto_cast, AUTO_CASTS)
-        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
-            raise NeuronOptionError(
-                f"option 'dump_dir' must be a directory path (str or os.PathLike) or None, "
-                f"got {self.dump_dir!r} of type {type(self.dump_dir).__name__}")
-        if self.dump_dir is not None:
-            object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
+        for key, _ in _DIR_OPTIONS:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if not isinstance(value, (str, os.PathLike)):
+                raise NeuronOptionError(
+                    f"option {key!r} must be a directory path (str or os.PathLike) or None, "
+                    f"got {value!r} of type {type(value).__name__}")
+            object.__setattr__(self, key, os.fspath(value) or None)   # "" means none
 
     @classmethod
     def valid_keys(cls) -> tuple[str, ...]:
@@ -79,8 +88,9 @@ class NeuronOptions:
                 f"unknown neuron option{'s' if len(unknown) > 1 else ''} {names}; "
                 f"valid options are: {', '.join(valid)}")
         kwargs = dict(options)
-        if "dump_dir" not in kwargs:
-            kwargs["dump_dir"] = os.environ.get(DUMP_DIR_ENV) or None
+        for key, env in _DIR_OPTIONS:
+            if key not in kwargs:
+                kwargs[key] = os.environ.get(env) or None
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, str | None]:

@@ -31,7 +31,10 @@ Invariants
   graph: one inference, or one forward + backward step).
 - ``compiles`` counts partition specialisations prepared inside the profile (a new input
   signature of a partition), ``program_cache`` splits them into process-wide program-cache
-  hits (an identical partition was already lowered) and misses (lowered now).
+  hits (an identical partition was already lowered) and misses (lowered now). ``cache`` counts
+  the on-disk compile cache (``cache_dir``), asked only after a program-cache miss: hits
+  (read from disk) and misses (lowered, then stored; a corrupt entry is a miss). Without a
+  ``cache_dir`` both stay 0.
 - ``to_dict()`` is JSON-ready: only str/int/float/bool/None/list/dict.
 """
 from __future__ import annotations
@@ -121,6 +124,8 @@ class Profile:
     compile_time_s: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
 
     # ---- recording (called by the runtime) ---------------------------------------------------
     def _bump(self, **values: float) -> None:
@@ -138,13 +143,21 @@ class Profile:
         c = self._phase.setdefault((id(graph), "warmup" if first else "steady"), Counter())
         c["calls"] += 1
 
-    def note_compile(self, seconds: float, cache_hit: bool = False) -> None:
+    def note_compile(self, seconds: float, cache_hit: bool = False,
+                     disk_hit: bool | None = None) -> None:
+        """One partition specialisation prepared: from the program cache (``cache_hit``), or
+        the on-disk cache was asked (``disk_hit`` True/False; None: it was not)."""
         self.compiles += 1
         self.compile_time_s += seconds
         if cache_hit:
             self.cache_hits += 1
         else:
             self.cache_misses += 1
+        if disk_hit is not None:
+            if disk_hit:
+                self.disk_hits += 1
+            else:
+                self.disk_misses += 1
         self._bump(compile_s=seconds)
 
     def note_failure(self, failure: PartitionFailure) -> None:
@@ -267,6 +280,7 @@ class Profile:
             "compiles": self.compiles,
             "compile_time_s": self.compile_time_s,
             "program_cache": {"hits": self.cache_hits, "misses": self.cache_misses},
+            "cache": {"hits": self.disk_hits, "misses": self.disk_misses},
             "graphs": [{"name": names[gid], "kind": g.kind, "target": g.target,
                         "calls": self._graph_calls[gid],
                         "warmup_calls": int(self._phase.get((gid, "warmup"), {}).get("calls", 0)),
@@ -316,6 +330,9 @@ class Profile:
             f"({d['compile_time_s']:.2f} s; program cache {d['program_cache']['hits']} hits, "
             f"{d['program_cache']['misses']} misses)",
         ]
+        if d["cache"]["hits"] or d["cache"]["misses"]:
+            lines.append(f"  on-disk compile cache : {d['cache']['hits']} hits, "
+                         f"{d['cache']['misses']} misses")
         for label, ph in (("warm-up (first calls)", d["warmup"]),
                           ("steady state, per call", d["steady_state"])):
             if ph["graph_calls"]:
@@ -347,7 +364,8 @@ class Profile:
 
     def export_chrome_trace(self, path: str) -> None:
         """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
-        device partition and input signature, one track per engine / DMA queue, times in
+        device partition and input signature, one track per engine / DMA queue (named as
+        AWS's profiler names them: ``pe (TensorE)``, ..., ``dma3 (DMA queue 3)``), times in
         simulated microseconds from the start of one call of that partition (the program's
         timing does not depend on the data, so every call looks the same)."""
         from runtime_sim.trace import to_chrome_trace
@@ -357,7 +375,8 @@ class Profile:
             _, result = rec.compiled.run(None, mode="timing", trace=True)  # type: ignore[attr-defined]
             pname = (f"{names.get(id(rec.graph), rec.graph.name)}/{rec.partition} "
                      f"{rec.input_shapes} x{rec.calls}")
-            events += to_chrome_trace(result, process_name=pname, pid=pid)["traceEvents"]
+            events += to_chrome_trace(result, process_name=pname, pid=pid,
+                                      engine_labels=True)["traceEvents"]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
 

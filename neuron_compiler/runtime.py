@@ -7,6 +7,9 @@
   simulator; ``"timing"``: from running the partition eagerly, while the (data-independent,
   cached) simulated timing is recorded.
 - ``FallbackOp`` replaces each eager fallback node and measures its host wall time.
+- ``torch.profiler`` sees each device-partition call as a ``record_function`` range named
+  ``neuron partition: <graph>/<partition>`` (its compile, when it is the first call, included)
+  and each fallback op as ``neuron fallback: <aten op>``.
 - ``NeuronGraph`` is the callable handed back to AOTAutograd; each call runs inside
   ``profile.graph_call`` (counted, filed as warm-up or steady state).
 
@@ -30,6 +33,11 @@ Program cache (``PROGRAM_CACHE``, process-wide)
   models that use it. A dumped compile replays the cached stage files into its own dump
   directory (plus ``cache_hit.txt``); an entry lowered without a dump is lowered again when a
   dump is asked for (so dumps are complete).
+- On a miss, the on-disk compile cache (``cache_dir``, ``neuron_compiler.cache``) is asked
+  next, keyed on the same structure plus the target description and the compiler's versions;
+  a graph whose key holds object ids (``call_module``, non-tensor ``get_attr``) never uses
+  it. A program lowered here is stored there; its stage files travel with it, so a dump of a
+  disk hit is complete too (an entry stored without them is lowered again when a dump asks).
 
 Residency (``RESIDENCY``, process-wide): where the current data of each live tensor is
 - A tensor is identified by its Python object (weakly referenced) and its data by its
@@ -61,8 +69,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import os
 import re
 import time
+import traceback
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -72,8 +82,10 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.profiler import record_function
 from torch.utils._pytree import tree_leaves
 
+from neuron_compiler.cache import CacheEntry, DiskCache, cache_key, disk_cache
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import NeuronFallbackError, NeuronInternalError
 from neuron_compiler.logs import artifact, log
@@ -325,7 +337,7 @@ def read_on_host(value: object, profs: tuple) -> None:
 
 
 # ---- process-wide program cache ----------------------------------------------------------------
-_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback"})
+_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_dir"})
 
 
 @dataclass(eq=False)
@@ -336,6 +348,7 @@ class _Program:
     stage_files: list[tuple[str, str]] | None     # dump files of that lowering (None: no dump)
     compiled: object | None = None                # lowering CompiledGraph
     unsupported: Exception | None = None          # or the Unsupported it raised
+    on_disk: set[str] = field(default_factory=set)  # cache directories that hold it
 
 
 class ProgramCache:
@@ -409,6 +422,36 @@ def _target_key(gm: GraphModule, n: Node) -> object:
     return None                                     # placeholder/output: position is enough
 
 
+def _process_local(gm: GraphModule) -> bool:
+    """True when ``program_key`` keys ``gm`` by object ids (see ``_target_key``)."""
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "call_method"):
+            return True
+        if n.op == "get_attr" and not isinstance(operator.attrgetter(str(n.target))(gm),
+                                                 torch.Tensor):
+            return True
+    return False
+
+
+def _to_disk(prog: _Program) -> CacheEntry:
+    exc = prog.unsupported
+    return CacheEntry(prog.origin, prog.compiled,
+                      None if exc is None else (str(getattr(exc, "op", "?")),
+                                                str(getattr(exc, "reason", exc))),
+                      prog.stage_files)
+
+
+def _from_disk(entry: CacheEntry | None, api: object, need_stage_files: bool) -> _Program | None:
+    """The ``_Program`` of a disk entry (None: no entry, or no stage files when a dump needs
+    them: then it is lowered again, and stored again with them)."""
+    if entry is None or (need_stage_files and entry.stage_files is None):
+        return None
+    prog = _Program(entry.origin, entry.stage_files, entry.compiled)
+    if entry.unsupported is not None:
+        prog.unsupported = api.Unsupported(*entry.unsupported)  # type: ignore[attr-defined]
+    return prog
+
+
 def program_key(gm: GraphModule, specs: list, options: NeuronOptions,
                 compiler: object) -> tuple:
     """The structural key of a specialised partition (see the module docstring)."""
@@ -442,9 +485,10 @@ class FallbackOp(torch.nn.Module):
         profs = active_profiles()
         if not self.is_view:
             read_on_host((args, kwargs), profs)
-        t0 = time.perf_counter_ns()
-        out = self.op(*args, **kwargs)
-        dt = time.perf_counter_ns() - t0
+        with record_function(f"neuron fallback: {self.op_name}"):
+            t0 = time.perf_counter_ns()
+            out = self.op(*args, **kwargs)
+            dt = time.perf_counter_ns() - t0
         if self.is_view and args and isinstance(args[0], torch.Tensor):
             for o in tree_leaves(out):
                 if isinstance(o, torch.Tensor):
@@ -503,6 +547,10 @@ class DevicePartition(torch.nn.Module):
         self._cache: dict[Signature, _Compiled] = {}
 
     def forward(self, *args: object) -> object:
+        with record_function(f"neuron partition: {self.graph.name}/{self.name}"):
+            return self._forward(args)
+
+    def _forward(self, args: tuple) -> object:
         sig = signature(args)
         entry = self._cache.get(sig)
         if entry is None:
@@ -571,18 +619,37 @@ class DevicePartition(torch.nn.Module):
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]
         out_meta = [n.meta["val"] for n in out_nodes]
         key = program_key(gm, specs, self.options, api.compile_graph)
-        prog = PROGRAM_CACHE.get(key, need_stage_files=self.dump is not None)
+        need_files = self.dump is not None
+        prog = PROGRAM_CACHE.get(key, need_stage_files=need_files)
         hit = prog is not None
+        disk, disk_hit = self._disk_cache(gm), None
+        disk_key = cache_key(key[0], key[1], key[2], self.options.target) if disk else ""
+        if prog is None and disk is not None:
+            prog = _from_disk(disk.load(disk_key), api, need_files)
+            disk_hit = prog is not None
+            if prog is not None:
+                prog.on_disk.add(disk.root)
+                PROGRAM_CACHE.put(key, prog)
         writer = (self.dump.partition_writer(self.name, sig, gm)  # type: ignore[union-attr]
                   if self.dump is not None else None)
+        lowered = prog is None
         if prog is None:
             prog = self._lower(api, gm, specs, sig, writer)
             PROGRAM_CACHE.put(key, prog)
-        elif writer is not None:
-            for filename, text in prog.stage_files or ():
-                writer(filename, text)
-            writer("cache_hit.txt", f"program taken from the process-wide program cache: "
-                                    f"first lowered for {prog.origin}\n")
+        if disk is not None and disk.root not in prog.on_disk:
+            # lowered now, or earlier in this process by a compile without this cache_dir
+            # (then an entry another process wrote is kept: it may carry stage files)
+            kept = not lowered and os.path.exists(disk.path(disk_key))
+            if kept or disk.store(disk_key, _to_disk(prog)) is not None:
+                prog.on_disk.add(disk.root)
+        if hit or disk_hit:
+            if writer is not None:
+                for filename, text in prog.stage_files or ():
+                    writer(filename, text)
+                where = (f"the on-disk compile cache ({disk.path(disk_key)})"  # type: ignore
+                         if disk_hit else "the process-wide program cache")
+                writer("cache_hit.txt", f"program taken from {where}: first lowered for "
+                                        f"{prog.origin}\n")
         entry = _Compiled(sig, program=prog, out_meta=out_meta)
         if prog.unsupported is not None:
             exc = prog.unsupported
@@ -596,13 +663,23 @@ class DevicePartition(torch.nn.Module):
                                               str(exc))
         elif self.dump is not None:
             self.dump.write_compiled(self.name, sig, prog.compiled)  # type: ignore
+        if self.dump is not None:
+            self.dump.finish_partition(self.name, sig)  # type: ignore[union-attr]
         dt = time.perf_counter() - t0
         for p in active_profiles():
-            p.note_compile(dt, cache_hit=hit)
-        self._log_compile(sig, prog, dt, hit)
+            p.note_compile(dt, cache_hit=hit, disk_hit=disk_hit)
+        self._log_compile(sig, prog, dt, hit, disk_hit)
         return entry
 
-    def _log_compile(self, sig: Signature, prog: _Program, dt: float, hit: bool) -> None:
+    def _disk_cache(self, gm: GraphModule) -> DiskCache | None:
+        """The on-disk cache when ``cache_dir`` is set and ``gm``'s key can be shared between
+        processes (a graph holding Python objects is keyed by their ids: never shared)."""
+        if self.options.cache_dir is None or _process_local(gm):
+            return None
+        return disk_cache(self.options.cache_dir)
+
+    def _log_compile(self, sig: Signature, prog: _Program, dt: float, hit: bool,
+                     disk_hit: bool | None) -> None:
         """Log one specialisation's compile and emit its tlparse artifact (see ``logs``)."""
         where = f"{self.graph.name}/{self.name}"
         log.debug("%s: signature %s", where, describe_signature(sig))
@@ -613,12 +690,16 @@ class DevicePartition(torch.nn.Module):
         elif hit:
             log.info("%s: program cache hit (first lowered for %s), %.1f ms", where,
                      prog.origin, dt * 1e3)
+        elif disk_hit:
+            log.info("%s: on-disk compile cache hit (first lowered for %s), %.1f ms", where,
+                     prog.origin, dt * 1e3)
         else:
             log.info("%s: compiled in %.1f ms, %d instructions", where, dt * 1e3,
                      sum(queues.values()))
         artifact("neuron_compiler_partition", lambda: {
             "graph": self.graph.name, "partition": self.name,
             "signature": describe_signature(sig), "compile_time_s": dt, "cache_hit": hit,
+            "disk_cache_hit": disk_hit,
             "unsupported": None if prog.unsupported is None else str(prog.unsupported),
             "instructions_per_queue": queues})
 
@@ -642,6 +723,9 @@ class DevicePartition(torch.nn.Module):
         except Exception as exc:   # a compiler bug: an error with context, never a fallback
             err = self._internal_error(exc, gm, sig)
             log.warning("compile failed: %s", err)
+            if self.dump is not None:
+                self.dump.finish_partition(  # type: ignore[union-attr]
+                    self.name, sig, error=f"{err}\n\n{traceback.format_exc()}")
             raise err from exc
         return prog
 

@@ -8,6 +8,10 @@ Invariants
   queue may issue again); DMAs span their data phase. Completion (and for DMAs issue) times are
   in ``args``. So events on one track never overlap.
 - ``args`` carry the operands, waits, signals and tag as strings.
+- Track names are the queue names (``pe``, ``dma3``); with ``engine_labels=True`` each is
+  followed by the name AWS's Neuron profiler gives that engine (``pe (TensorE)``, ``dve
+  (VectorE)``, ``act (ScalarE)``, ``pool (GpSimdE)``, ``dma3 (DMA queue 3)``), so the first word
+  is always the queue name.
 """
 from __future__ import annotations
 
@@ -18,6 +22,16 @@ from typing import Iterable, Mapping
 from .stats import SimResult
 
 _ORDER = {"pe": 0, "dve": 1, "act": 2, "pool": 3}
+ENGINE_LABELS = {"pe": "TensorE", "dve": "VectorE", "act": "ScalarE", "pool": "GpSimdE"}
+
+
+def track_label(queue: str) -> str:
+    """``pe`` -> ``pe (TensorE)``, ``dma3`` -> ``dma3 (DMA queue 3)``; others unchanged."""
+    if queue in ENGINE_LABELS:
+        return f"{queue} ({ENGINE_LABELS[queue]})"
+    if queue.startswith("dma") and queue[3:].isdigit():
+        return f"{queue} (DMA queue {queue[3:]})"
+    return queue
 
 
 def _tid_key(name: str) -> tuple[int, int]:
@@ -28,13 +42,16 @@ def _tid_key(name: str) -> tuple[int, int]:
     return (5, 0)
 
 
-def to_chrome_trace(result: SimResult, process_name: str = "neuron", pid: int = 1) -> dict:
+def to_chrome_trace(result: SimResult, process_name: str = "neuron", pid: int = 1,
+                    engine_labels: bool = False) -> dict:
     names = sorted({e.queue for e in result.trace}, key=_tid_key)
+    label = track_label if engine_labels else str
     tid = {n: k + 1 for k, n in enumerate(names)}
     ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"name": f"{process_name} ({result.stats.target})"}}]
     for n in names:
-        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid[n], "args": {"name": n}})
+        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid[n],
+                   "args": {"name": label(n)}})
         ev.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid[n],
                    "args": {"sort_index": tid[n]}})
     for e in result.trace:
@@ -45,7 +62,8 @@ def to_chrome_trace(result: SimResult, process_name: str = "neuron", pid: int = 
 
 
 def write_chrome_trace(path: str | Path,
-                       results: SimResult | Iterable[SimResult] | Mapping[str, SimResult]) -> Path:
+                       results: SimResult | Iterable[SimResult] | Mapping[str, SimResult],
+                       engine_labels: bool = False) -> Path:
     """Write one or several results (a mapping gives each process its name) as one JSON file."""
     if isinstance(results, SimResult):
         items: list[tuple[str, SimResult]] = [("neuron", results)]
@@ -55,7 +73,8 @@ def write_chrome_trace(path: str | Path,
         items = [(f"neuron{k}", r) for k, r in enumerate(results)]
     events: list[dict] = []
     for k, (name, r) in enumerate(items):
-        events += to_chrome_trace(r, process_name=name, pid=k + 1)["traceEvents"]
+        events += to_chrome_trace(r, process_name=name, pid=k + 1,
+                                  engine_labels=engine_labels)["traceEvents"]
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

@@ -24,7 +24,7 @@ def test_defaults(monkeypatch):
     assert opts == NeuronOptions(target="trn2", sim_mode="functional", fallback="allow",
                                  dump_dir=None)
     assert NeuronOptions.valid_keys() == ("target", "sim_mode", "fallback", "dump_dir",
-                                          "auto_cast")
+                                          "auto_cast", "cache_dir")
 
 
 def test_unknown_key_lists_valid_keys():

@@ -24,9 +24,6 @@ Invariants
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -43,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 import neuron_compiler
+from neuron_compiler.cache import target_hash
 from neuron_compiler.eval import prices
 from neuron_compiler.eval.accuracy import Thresholds, compare_outputs, dtype_name
 from neuron_compiler.eval.zoo import LoadedModel
@@ -97,13 +95,6 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def target_hash(name: str) -> str:
-    """sha256 (first 16 hex digits) of a target description's fields, as sorted JSON."""
-    from runtime_sim.targets import get_target
-    fields = dataclasses.asdict(get_target(name))
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def versions(targets: list[str]) -> dict:
@@ -397,6 +388,8 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
         "nodes": nodes,
         "program_cache": {k: sum(d["program_cache"][k] for d in all_compiles)
+                          for k in ("hits", "misses")},
+        "compile_cache": {k: sum(d["cache"][k] for d in all_compiles)
                           for k in ("hits", "misses")},
     }
     rows = compare_outputs(out, ref, cfg.effective_thresholds())
