@@ -158,12 +158,14 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
-    """Resident rows (``RES_T``) streamed as one group against several blocks: transpose them
-    once for every block (their K tiles side by side, instead of ``stream_bufs`` slots
-    re-filled per block) when that tile fits next to the rest of the kernel."""
-    rt, st = (TM, TN) if c.resident == "A" else (TN, TM)
-    res_f = shape.M if c.resident == "A" else shape.N
-    if strm.form != RES_T or c.stream or -(-res_f // (c.block * rt)) <= 1 or strm.F > c.group * st:
+    """Resident rows (``RES_T``) streamed as one group: transpose all their K tiles first, side
+    by side in one tile that every block reads (instead of ``stream_bufs`` slots re-filled per
+    block and K tile), when that tile fits next to the rest of the kernel. TensorE then runs
+    the transposes back to back, their PSUM copies pipelined behind them, and the products
+    without waiting for a copy (GPT-2 small trn2 1010 -> 984 us, BERT-base trn1 1863 -> 1844
+    us; and with several blocks each K tile is transposed once instead of once per block)."""
+    st = TN if c.resident == "A" else TM
+    if strm.form != RES_T or c.stream or strm.F > c.group * st or shape.K <= TK:
         return False
     isz = shape.dtype.itemsize
     extra = -(-shape.K // TK) * strm.F * isz - c.stream_bufs * strm.F * isz
