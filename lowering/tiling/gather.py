@@ -40,16 +40,27 @@ def tile_gather(b: TirBuilder, k: KOp) -> None:
     assert n == index.rank and table.shape[n] == k.attrs.bound, (k.attrs, table, index)
     if out.numel == 0:
         return
+    for it, p, c, dense, tab in row_chunks(b, index, out, table, n, k.attrs.bound, "g"):
+        rows = b.tile("grow", Memory.SBUF, p, c, table.dtype, ROW_BUFS)
+        b.emit(Op.DMA_GATHER, rows.ap(), (tab, it), DmaGatherAttrs(), engines=(EngineKind.DMA,))
+        b.dma(dense, rows.ap())
+
+
+def row_chunks(b: TirBuilder, index, dense, table, n: int, bound: int, tag: str):
+    """The lookup tiles and row chunks of an indirect DMA over ``table`` (indexed axis ``n`` of
+    size ``bound``) with ``dense`` the rows in lookup order (the gather's output, the scatter's
+    data): yields ``(index tile, lookups p, chunk columns c, dense chunk in HBM, table access)``
+    inside the loops that walk them (the index tile loaded once per lookup tile)."""
     P = b.target.sbuf_partitions
     isz = table.dtype.itemsize
-    # lookup space: operands (index, out, table lock-step)
-    plan = plan_rows(index.shape, (), [index.strides, out.strides[:n], table.strides[:n]],
-                     [index.offset, out.offset, table.offset])
-    # row space: operands (out, table); the innermost collapsed axis is the chunked row dim
-    rshape, rsts = collapse(tuple(out.shape[n:]), [out.strides[n:], table.strides[n + 1:]])
+    # lookup space: operands (index, dense, table lock-step)
+    plan = plan_rows(index.shape, (), [index.strides, dense.strides[:n], table.strides[:n]],
+                     [index.offset, dense.offset, table.offset])
+    # row space: operands (dense, table); the innermost collapsed axis is the chunked row dim
+    rshape, rsts = collapse(tuple(dense.shape[n:]), [dense.strides[n:], table.strides[n + 1:]])
     row_axes = [(rshape[i], (rsts[0][i], rsts[1][i])) for i in range(len(rshape))]
     *row_outer, last = row_axes if row_axes else [(1, (1, 1))]
-    rlen, (ors, trs) = last
+    rlen, (drs, trs) = last
     chunk = max(1, ROW_CHUNK_BYTES // isz)
     vstride = table.strides[n]
     with ExitStack() as es:
@@ -57,22 +68,20 @@ def tile_gather(b: TirBuilder, k: KOp) -> None:
         for size, st in plan.outer:
             v = es.enter_context(b.loop(size, "o"))
             bases = [bk + v * st[j] for j, bk in enumerate(bases)]
-        irs, ors_p, trs_p = plan.row_strides
+        irs, drs_p, trs_p = plan.row_strides
         for r0, p in b.tiled(plan.rows, P, "r"):
-            it = b.tile("gidx", Memory.SBUF, p, 1, index.dtype, IDX_BUFS)
+            it = b.tile(f"{tag}idx", Memory.SBUF, p, 1, index.dtype, IDX_BUFS)
             b.dma(it.ap(), hbm_ap(index.buffer, index.dtype, bases[0] + r0 * irs, p, irs, ()))
             with ExitStack() as es2:
-                obase = bases[1] + r0 * ors_p
+                dbase = bases[1] + r0 * drs_p
                 tbase = bases[2] + r0 * trs_p
-                for size, (so, st) in row_outer:
+                for size, (sd, st) in row_outer:
                     v = es2.enter_context(b.loop(size, "w"))
-                    obase, tbase = obase + v * so, tbase + v * st
+                    dbase, tbase = dbase + v * sd, tbase + v * st
                 for c0, c in b.tiled(rlen, chunk, "c"):
-                    rows = b.tile("grow", Memory.SBUF, p, c, table.dtype, ROW_BUFS)
                     row = ((trs, c),) if row_axes else ()
                     tab = TAP(table.buffer, 0, 1, (tbase + c0 * trs) * isz,
-                              ((trs_p, p), (0, 1), (vstride, k.attrs.bound)) + row, table.dtype)
-                    b.emit(Op.DMA_GATHER, rows.ap(), (tab, it.ap()), DmaGatherAttrs(),
-                           engines=(EngineKind.DMA,))
-                    b.dma(hbm_ap(out.buffer, out.dtype, obase + c0 * ors, p, ors_p, ((c, ors),)),
-                          rows.ap())
+                              ((trs_p, p), (0, 1), (vstride, bound)) + row, table.dtype)
+                    dense_ap = hbm_ap(dense.buffer, dense.dtype, dbase + c0 * drs, p, drs_p,
+                                      ((c, drs),))
+                    yield it.ap(), p, c, dense_ap, tab

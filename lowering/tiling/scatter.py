@@ -20,19 +20,11 @@ Invariants
 """
 from __future__ import annotations
 
-from contextlib import ExitStack
-
 from lowering.kir import KOp, ScatterKAttrs
-from lowering.tiling.gather import ROW_CHUNK_BYTES
-from lowering.tiling.layout import collapse, plan_rows
-from lowering.tir.affine import aff
-from lowering.tir.builder import TirBuilder, hbm_ap
-from lowering.tir.ir import TAP
+from lowering.tiling.gather import ROW_BUFS, row_chunks
+from lowering.tir.builder import TirBuilder
 from lowering.tir.resident import NotResident
 from runtime_sim.isa import DmaScatterAttrs, EngineKind, Memory, Op
-
-IDX_BUFS = 3
-ROW_BUFS = 3
 
 
 def tile_scatter(b: TirBuilder, k: KOp) -> None:
@@ -45,38 +37,8 @@ def tile_scatter(b: TirBuilder, k: KOp) -> None:
         raise NotResident(table.buffer, "a scatter updates it by indirect DMA, which addresses HBM")
     if index.numel == 0 or data.numel == 0:
         return
-    P = b.target.sbuf_partitions
-    isz = table.dtype.itemsize
-    plan = plan_rows(index.shape, (), [index.strides, data.strides[:n], table.strides[:n]],
-                     [index.offset, data.offset, table.offset])
-    rshape, rsts = collapse(tuple(data.shape[n:]), [data.strides[n:], table.strides[n + 1:]])
-    row_axes = [(rshape[i], (rsts[0][i], rsts[1][i])) for i in range(len(rshape))]
-    *row_outer, last = row_axes if row_axes else [(1, (1, 1))]
-    rlen, (drs, trs) = last
-    chunk = max(1, ROW_CHUNK_BYTES // isz)
-    vstride = table.strides[n]
     attrs = DmaScatterAttrs(k.attrs.accumulate)
-    with ExitStack() as es:
-        bases = [aff(x) for x in plan.bases]
-        for size, st in plan.outer:
-            v = es.enter_context(b.loop(size, "o"))
-            bases = [bk + v * st[j] for j, bk in enumerate(bases)]
-        irs, drs_p, trs_p = plan.row_strides
-        for r0, p in b.tiled(plan.rows, P, "r"):
-            it = b.tile("sidx", Memory.SBUF, p, 1, index.dtype, IDX_BUFS)
-            b.dma(it.ap(), hbm_ap(index.buffer, index.dtype, bases[0] + r0 * irs, p, irs, ()))
-            with ExitStack() as es2:
-                dbase = bases[1] + r0 * drs_p
-                tbase = bases[2] + r0 * trs_p
-                for size, (sd, st) in row_outer:
-                    v = es2.enter_context(b.loop(size, "w"))
-                    dbase, tbase = dbase + v * sd, tbase + v * st
-                for c0, c in b.tiled(rlen, chunk, "c"):
-                    rows = b.tile("srow", Memory.SBUF, p, c, data.dtype, ROW_BUFS)
-                    b.dma(rows.ap(), hbm_ap(data.buffer, data.dtype, dbase + c0 * drs, p, drs_p,
-                                            ((c, drs),)))
-                    row = ((trs, c),) if row_axes else ()
-                    tab = TAP(table.buffer, 0, 1, (tbase + c0 * trs) * isz,
-                              ((trs_p, p), (0, 1), (vstride, k.attrs.bound)) + row, table.dtype)
-                    b.emit(Op.DMA_SCATTER, tab, (rows.ap(), it.ap()), attrs,
-                           engines=(EngineKind.DMA,))
+    for it, p, c, dense, tab in row_chunks(b, index, data, table, n, k.attrs.bound, "s"):
+        rows = b.tile("srow", Memory.SBUF, p, c, data.dtype, ROW_BUFS)
+        b.dma(rows.ap(), dense)
+        b.emit(Op.DMA_SCATTER, tab, (rows.ap(), it), attrs, engines=(EngineKind.DMA,))

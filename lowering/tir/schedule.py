@@ -23,8 +23,9 @@ engine has several queues (``Target.dma_queues_per_engine``): loads of data no i
 the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
 queues, so that they never wait in line behind a transfer that waits for compute (an output
 store, a load of an intermediate); they wait only for their slot to be free, and run ahead
-into the next kernel's weights while the current kernel computes. Weight loads big enough that
-their data phase outlasts the queue's descriptor generation (``_streams``) all take one queue,
+into the next kernel's weights while the current kernel computes. Weight loads big enough that their
+data phase outlasts the queue's descriptor generation all take one queue (``_stream_loads``;
+not a kernel's loads into several refilled buffers, which would hold each other up),
 the *weight stream*: issued in program order, i.e. in the order the kernels consume them, so
 the next kernel's weights never share the engines with (and delay) the current kernel's
 (engines serve transfers in issue order; BERT-base trn1 1952 -> 1863 us, GPT-2 small trn2
@@ -45,6 +46,7 @@ from runtime_sim.costs import clock_ghz, instr_cost
 from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
 from runtime_sim.targets import Target
 
+BIG_LOAD = 64 * 1024   # bytes: a load that matters to the stream (not a bias or a norm gain)
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
 PREFETCH_LANES = 2   # prefetch queues per engine: consecutive prefetching kernels alternate
 
@@ -94,16 +96,48 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
         if EngineKind.DMA in ins.engines and _prefetchable(tp, ins, written):
             kern = (ins.tag or "").split(":", 1)[0]
             lane_of.setdefault(kern, 1 + len(lane_of) % PREFETCH_LANES)
+    stream = _stream_loads(tp, st, target, written, lanes[1][0])
     for sids in regions.values():
-        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of)
+        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of, stream)
     return out
 
 
-def _streams(probe: Instr, q: Queue, target: Target) -> bool:
-    """A weight load whose data phase outlasts its descriptor generation: one queue issuing
-    such loads back to back keeps the DMA engines busy, so they all take one queue."""
-    c = instr_cost(probe, q, target)
-    return c.busy_ns >= c.issue_ns
+def _stream_loads(tp: TProgram, st: Structure, target: Target, written: set[str],
+                  q: Queue) -> set[int]:
+    """The weight loads that take the weight stream: per kernel, its weight loads whose data
+    phase outlasts their descriptor generation (one queue issuing them back to back keeps the
+    engines busy), unless the kernel refills more than one weight buffer (counting a buffer
+    with its tail aliases) by loads of at least ``BIG_LOAD`` bytes, as a GEMM streaming both
+    operands does: on one in-order queue a load waiting for its slot would hold up the other
+    operand's (trn1 NKI-tutorial GEMM 6865 -> 11076 us). A buffer holding its whole weight
+    tensor is never refilled."""
+    per: dict[str, list[int]] = defaultdict(list)
+    for sid in sorted(st.info):
+        ins = st.info[sid].ins
+        if EngineKind.DMA in ins.engines and _prefetchable(tp, ins, written):
+            c = instr_cost(probe_instr(tp, ins), q, target)
+            if c.busy_ns >= c.issue_ns:
+                per[(ins.tag or "").split(":", 1)[0]].append(sid)
+    out: set[int] = set()
+    for sids in per.values():
+        refilled = {tp.buffer(b).alias or b for b in (st.info[sid].ins.dst.buf for sid in sids
+                                                      if not _whole(tp, st.info[sid].ins)
+                                                      and _bytes(st.info[sid]) >= BIG_LOAD)}
+        if len(refilled) <= 1:
+            out.update(sids)
+    return out
+
+
+def _bytes(inf) -> int:
+    """Bytes one static load moves over all its executions."""
+    a = inf.ins.srcs[0]
+    return inf.count * a.partitions * a.free_size * a.dtype.itemsize
+
+
+def _whole(tp: TProgram, ins: TInstr) -> bool:
+    """The load's buffer holds its whole source tensor: no slot of it is refilled."""
+    d = tp.buffer(ins.dst.buf)
+    return d.slot_bytes * d.bufs * d.partitions >= sum(tp.buffer(a.buf).free[0] for a in ins.srcs)
 
 
 def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
@@ -112,7 +146,8 @@ def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
             and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written for a in ins.srcs))
 
 
-def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of) -> None:
+def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of,
+                     stream) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
@@ -136,7 +171,7 @@ def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, la
             lane = (lane_of[(ins.tag or "").split(":", 1)[0]] if _prefetchable(tp, ins, written)
                     else 0)
             dmas = lanes[lane]
-            if lane and _streams(probes[sid], dmas[0], target):
+            if sid in stream:
                 dmas = lanes[1][:1]            # the weight stream: one queue, program order
             best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[lane]) % len(dmas)))
             q = dmas[best]
