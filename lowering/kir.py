@@ -31,6 +31,12 @@ Invariants
   have written the whole tensor (a copy of ``self`` or a fill): the tensor has two writers, in
   program order. Lookups apply in row-major order of ``I`` (the last of duplicates wins; with
   ``accumulate`` each adds in fp32 and rounds to the table dtype).
+- A SCAN kernel computes the inclusive scan of ``ins[0]`` along ``attrs.dim`` into ``outs[0]``
+  (same shape): a running fp32 value, each output rounded once to its dtype.
+- A SELECT kernel picks along ``attrs.dim`` of ``ins[0]`` (length C): ``outs`` = (values?,
+  indices?) per ``has_values`` / ``has_indices``, each of the input's shape with that dim of size
+  ``k`` (or without it when ``keepdim`` is False for a reduction-like k = 1); indices are int64
+  positions along the dim (``SelectKAttrs``).
 - A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
@@ -228,12 +234,44 @@ class KKind(enum.Enum):
     ATTENTION = "attention"
     CONV = "conv"
     SCATTER = "scatter"
+    SCAN = "scan"
+    SELECT = "select"
 
 
 class ReduceOp(enum.Enum):
     SUM = "sum"
     MAX = "max"
     MIN = "min"
+    PROD = "prod"
+
+
+class ScanOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+
+
+@dataclass(frozen=True)
+class ScanKAttrs:
+    """Inclusive scan along ``dim`` (see the module docstring)."""
+
+    dim: int
+    op: ScanOp
+
+
+@dataclass(frozen=True)
+class SelectKAttrs:
+    """Top-``k`` along ``dim`` (see the module docstring). ``largest``: the k largest in
+    descending order, else the k smallest in ascending order. ``nan_wins``: a NaN is the
+    result of the selection (max/min/argmax/argmin, where NaN propagates) rather than ordered
+    above +inf (topk/sort: a NaN is the largest value, so it comes last in ascending order).
+    Ties keep index order (a stable sort)."""
+
+    dim: int
+    k: int
+    largest: bool
+    nan_wins: bool
+    has_values: bool
+    has_indices: bool
 
 
 @dataclass(frozen=True)
@@ -333,7 +371,7 @@ class ConvKAttrs:
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
-          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs)
+          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs)
 
 
 @dataclass(frozen=True)

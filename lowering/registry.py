@@ -124,6 +124,8 @@ FAMILY_ENGINES = {
     "shape": "DMA / engine copies; POINTWISE",
     "constants": "VectorE/GpSimdE memset, GpSimdE iota; POINTWISE",
     "convolution": "TensorE implicit GEMM, ScalarE bias on evacuation; CONV (pads: memset + DMA; POINTWISE)",
+    "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
+    "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
 }
 
 

@@ -255,6 +255,9 @@ class Op(enum.Enum):
     BN_AGGR = "bn_aggr"
     DMA_GATHER = "dma_gather"    # indirect DMA: rows of an HBM table by an SBUF index
     DMA_SCATTER = "dma_scatter"  # indirect DMA: rows into an HBM table by an SBUF index
+    MAX8 = "max8"                        # VectorE: the 8 largest values of each partition
+    FIND_INDEX8 = "nc_find_index8"       # VectorE: positions of 8 given values per partition
+    MATCH_REPLACE8 = "nc_match_replace8"  # VectorE: overwrite the first matches of 8 values
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -436,6 +439,32 @@ class DmaScatterAttrs:
 
 
 @dataclass(frozen=True)
+class Max8Attrs:
+    """``dst[p, 0:8]`` = the 8 largest fp32 values of partition ``p`` of ``srcs[0]`` (all its free
+    elements, 8 to 16384), in descending order; NaN orders above +inf (ASSUMED: the NKI docs do
+    not say how NaN orders; this is torch.topk's order). NKI ``nki.isa.max8``."""
+
+
+@dataclass(frozen=True)
+class FindIndex8Attrs:
+    """``dst[p, j]`` = the position (0-based, in the row-major order of the free elements) of the
+    first element of ``srcs[0]`` (data) equal to ``srcs[1][p, j]`` (vals, 8 per partition); equal
+    vals are paired with ascending positions (the k-th equal val with the k-th match); a val
+    with no (remaining) match gives the all-ones sentinel (-1 in the int32 destination).
+    Comparison in fp32; NaN matches NaN (ASSUMED). NKI ``nki.isa.nc_find_index8``."""
+
+
+@dataclass(frozen=True)
+class MatchReplace8Attrs:
+    """``dst`` = ``srcs[0]`` (data) with the first match of each of the 8 ``srcs[1]`` vals of its
+    partition replaced by ``imm`` (equal vals replace that many distinct matches; a val with no
+    match replaces nothing); matching as ``FindIndex8Attrs``. NKI ``nki.isa.nc_match_replace8``
+    (its optional index output is not modelled: ``nc_find_index8`` gives the same positions)."""
+
+    imm: float = float("-inf")
+
+
+@dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
 
@@ -443,7 +472,7 @@ class SemAttrs:
 OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
                 MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
-                DmaScatterAttrs, SemAttrs]
+                DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -452,7 +481,8 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.TENSOR_REDUCE: TensorReduceAttrs,
     Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
-    Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.SEM: SemAttrs,
+    Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.MAX8: Max8Attrs,
+    Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -473,6 +503,9 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.BN_AGGR: frozenset({EngineKind.VECTOR}),
     Op.DMA_GATHER: frozenset({EngineKind.DMA}),
     Op.DMA_SCATTER: frozenset({EngineKind.DMA}),
+    Op.MAX8: frozenset({EngineKind.VECTOR}),
+    Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
+    Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
     Op.SEM: frozenset(EngineKind),
 }
 

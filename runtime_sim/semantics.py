@@ -47,6 +47,12 @@ Conventions (the executable spec of the ISA)
   lookup order, so with duplicate indices the last lookup wins; with ``accumulate`` each lookup
   reads its row, adds in fp32 and rounds to the table dtype before the next one (NKI
   ``dst_rmw_op=add``; DMA compute is fp32), and the row must have been written before.
+- ``max8`` / ``nc_find_index8`` / ``nc_match_replace8`` (VectorE, per partition, over the
+  row-major flattened free elements, fp32): max8 writes the 8 largest values in descending order
+  with NaN above +inf; find_index8 writes, for each of the 8 vals, the position of its first
+  match (NaN matches NaN; the k-th of equal vals gets the k-th match; no match: -1, the all-ones
+  int32 sentinel); match_replace8 copies the data with those matched positions set to ``imm``.
+  The NaN rules are ASSUMED (isa.py); they are what torch's topk/argmax orders.
 - ``sem``: nothing.
 """
 from __future__ import annotations
@@ -57,7 +63,7 @@ from typing import Callable
 import numpy as np
 
 from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
-                  Instr, IotaAttrs, MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs,
+                  Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout)
 from .checks import BoundsError, dma_2d
 from .memory import MachineMemory
@@ -397,6 +403,38 @@ def dma_scatter(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
         m.write(a, m.read_f32(a).reshape(-1) + xf[j])
 
 
+def max8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    x = _rows(m, ins.srcs[0])
+    # ascending sort puts NaN last; reversed, NaN comes first, then the values descending
+    m.write(_dst(ins), np.sort(x, axis=1)[:, ::-1][:, :8])
+
+
+def _matches(data: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found [P, 8], position [P, 8]) of each val's match: the k-th of equal vals (in val order)
+    takes the k-th equal data element; NaN equals NaN."""
+    nan_d, nan_v = np.isnan(data), np.isnan(vals)
+    eq = (data[:, None, :] == vals[:, :, None]) | (nan_d[:, None, :] & nan_v[:, :, None])
+    same = (vals[:, :, None] == vals[:, None, :]) | (nan_v[:, :, None] & nan_v[:, None, :])
+    rank = np.tril(same, k=-1).sum(axis=2)          # equal vals before this one
+    hit = eq & (np.cumsum(eq, axis=2) == (rank + 1)[:, :, None])
+    return hit.any(axis=2), hit.argmax(axis=2)
+
+
+def find_index8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    found, pos = _matches(_rows(m, ins.srcs[0]), _rows(m, ins.srcs[1]))
+    m.write(_dst(ins), np.where(found, pos, -1).astype(np.int64))
+
+
+def match_replace8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, MatchReplace8Attrs)
+    data = _rows(m, ins.srcs[0]).copy()
+    found, pos = _matches(data, _rows(m, ins.srcs[1]))
+    p, j = np.nonzero(found)
+    data[p, pos[p, j]] = F32(a.imm)
+    m.write(_dst(ins), data)
+
+
 def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     return None
 
@@ -407,6 +445,7 @@ SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.TENSOR_TENSOR_SCAN: tensor_tensor_scan, Op.TENSOR_SCALAR: tensor_scalar,
     Op.TENSOR_REDUCE: tensor_reduce, Op.TENSOR_COPY: tensor_copy, Op.MEMSET: memset,
     Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr,
-    Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.SEM: sem,
+    Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.MAX8: max8,
+    Op.FIND_INDEX8: find_index8, Op.MATCH_REPLACE8: match_replace8, Op.SEM: sem,
 }
 assert set(SEMANTICS) == set(Op), "every op needs a semantics function"

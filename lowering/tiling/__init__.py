@@ -9,7 +9,9 @@ from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
+from lowering.tiling.scan import tile_scan
 from lowering.tiling.scatter import tile_scatter
+from lowering.tiling.select import tile_select
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TProgram
 from runtime_sim.targets import Target
@@ -24,6 +26,8 @@ TILERS = {
     KKind.GATHER: tile_gather,
     KKind.CONV: tile_conv,
     KKind.SCATTER: tile_scatter,
+    KKind.SCAN: tile_scan,
+    KKind.SELECT: tile_select,
 }
 
 
