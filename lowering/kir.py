@@ -236,6 +236,7 @@ class KKind(enum.Enum):
     SCATTER = "scatter"
     SCAN = "scan"
     SELECT = "select"
+    LAYER_NORM_BWD = "layer_norm_bwd"
 
 
 class ReduceOp(enum.Enum):
@@ -312,6 +313,16 @@ class LayerNormKAttrs:
 
 
 @dataclass(frozen=True)
+class LayerNormBwdKAttrs:
+    """outs = (grad_input,) of a layer norm over the trailing ``normalized_ndim`` dims;
+    ins = (grad_out, x, mean, rstd, weight?): mean/rstd have x's rank with the normalised dims
+    of size 1; weight (``has_weight``) has the normalised shape."""
+
+    normalized_ndim: int
+    has_weight: bool
+
+
+@dataclass(frozen=True)
 class GatherKAttrs:
     """Row/element gather (see the module docstring): ``axis`` is the table view's indexed axis
     (= the index's rank), ``bound`` its size; a lookup value outside ``[0, bound)`` is an error."""
@@ -371,7 +382,8 @@ class ConvKAttrs:
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
-          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs)
+          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs
+          | LayerNormBwdKAttrs)
 
 
 @dataclass(frozen=True)

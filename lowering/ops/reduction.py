@@ -125,9 +125,10 @@ def _var(ctx, node, x, dim=None, *, correction=None, keepdim=False):
     return _var_and_mean(ctx, x, dim, correction, keepdim, var_only=True)
 
 
-def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False):
-    from lowering.kir import EOp, Expr, PointwiseAttrs, load
-    vals = ctx.out_val if not var_only else (ctx.out_val, ctx.out_val)
+def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False, out_vals=None):
+    """``out_vals``: (var, mean) values giving the outputs' shapes and dtypes (default: the
+    node's)."""
+    vals = out_vals if out_vals is not None else (ctx.out_val if not var_only else (ctx.out_val, ctx.out_val))
     rd = _norm_dims(dim, x.rank)
     n = 1
     for d in rd:

@@ -6,6 +6,7 @@ from lowering.tiling.attention import tile_attention
 from lowering.tiling.conv import tile_conv
 from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
+from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
@@ -28,6 +29,7 @@ TILERS = {
     KKind.SCATTER: tile_scatter,
     KKind.SCAN: tile_scan,
     KKind.SELECT: tile_select,
+    KKind.LAYER_NORM_BWD: tile_layer_norm_bwd,
 }
 
 
