@@ -37,6 +37,9 @@ Invariants
   indices?) per ``has_values`` / ``has_indices``, each of the input's shape with that dim of size
   ``k`` (or without it when ``keepdim`` is False for a reduction-like k = 1); indices are int64
   positions along the dim (``SelectKAttrs``).
+- A RAND kernel writes random numbers into ``outs[0]`` from the seed words ``ins[0]``
+  (``RandKAttrs``); the seed is an INPUT buffer named ``rng_seed*`` that ``CompiledGraph.run``
+  fills on every call from torch's default generator.
 - A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
@@ -237,6 +240,7 @@ class KKind(enum.Enum):
     SCAN = "scan"
     SELECT = "select"
     LAYER_NORM_BWD = "layer_norm_bwd"
+    RAND = "rand"
 
 
 class ReduceOp(enum.Enum):
@@ -323,6 +327,16 @@ class LayerNormBwdKAttrs:
 
 
 @dataclass(frozen=True)
+class RandKAttrs:
+    """``outs[0]`` (contiguous) filled with uniform [0, 1) (``normal=False``) or standard normal
+    numbers from the Philox4x32-10 key in ``ins[0]`` (two int32 words, a seed input fed at call
+    time): element ``e`` of the flattened output takes counter ``e`` (normal: ``e`` and
+    ``numel + e``, Box-Muller)."""
+
+    normal: bool
+
+
+@dataclass(frozen=True)
 class GatherKAttrs:
     """Row/element gather (see the module docstring): ``axis`` is the table view's indexed axis
     (= the index's rank), ``bound`` its size; a lookup value outside ``[0, bound)`` is an error."""
@@ -383,7 +397,7 @@ class ConvKAttrs:
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
           | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs
-          | LayerNormBwdKAttrs)
+          | LayerNormBwdKAttrs | RandKAttrs)
 
 
 @dataclass(frozen=True)

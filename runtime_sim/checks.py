@@ -602,6 +602,21 @@ def _r_select8(ins: Instr, q: Queue, t: Target) -> None:
         raise OperandError(f"{op} writes int32 positions, got dst dtype {ins.dst.dtype.value}")
 
 
+def _r_rand(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 2)
+    assert ins.dst is not None
+    p = ins.dst.partitions
+    key, ctr = ins.srcs
+    _col_n(key, p, 2, "rand_philox key")
+    _col(ctr, p, "rand_philox counter")
+    for a, what in ((key, "key"), (ctr, "counter")):
+        if a.dtype not in (DType.INT32, DType.INT64):
+            raise OperandError(f"rand_philox {what} must be int32/int64, got {a.dtype.value}")
+    bits = ins.attrs.bits  # type: ignore[union-attr]
+    if not 1 <= bits <= 32:
+        raise OperandError(f"rand_philox bits must be in [1, 32], got {bits}")
+
+
 def _col_n(a: AP, p: int, n: int, what: str) -> None:
     if a.partitions != p or a.free_size != n:
         raise OperandError(f"{what}: expected [{p}, {n}], got [{a.partitions}, {a.free_size}]")
@@ -614,7 +629,7 @@ _OPERAND_RULES = {
     Op.TENSOR_REDUCE: _r_reduce, Op.TENSOR_COPY: _r_copy, Op.MEMSET: _r_none, Op.IOTA: _r_none,
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
     Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect, Op.MAX8: _r_select8,
-    Op.FIND_INDEX8: _r_select8, Op.MATCH_REPLACE8: _r_select8,
+    Op.FIND_INDEX8: _r_select8, Op.MATCH_REPLACE8: _r_select8, Op.RAND_PHILOX: _r_rand,
 }
 
 

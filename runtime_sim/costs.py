@@ -49,6 +49,7 @@ every operand is a 2-byte float type)
   partition of the data), floored at MIN_II like every VectorE instruction. nc_match_replace8:
   ``max(MIN_II, N)`` (the sdk@2.26 note prints ``min(MIN_II, N)``, which would cap a 16K-element
   search at 64 cycles; read as the max, like every other note's floor).
+- rand_philox (GpSimdE): ``philox_cycles_per_element * N`` (ASSUMED, targets.py).
 - sem: 0.
 
 DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/simulator.md)
@@ -277,6 +278,12 @@ def c_select8(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return _compute(max(t.min_ii_cycles, n), n, eng, t)
 
 
+def c_rand_philox(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    assert ins.dst is not None
+    n = ins.dst.free_size * t.philox_cycles_per_element
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
 def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return Cost(0.0, 0.0, 0.0)
 
@@ -349,7 +356,7 @@ COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
     Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.DMA_GATHER: c_dma_indirect,
     Op.DMA_SCATTER: c_dma_indirect, Op.MAX8: c_select8, Op.FIND_INDEX8: c_select8,
-    Op.MATCH_REPLACE8: c_select8, Op.SEM: c_sem,
+    Op.MATCH_REPLACE8: c_select8, Op.RAND_PHILOX: c_rand_philox, Op.SEM: c_sem,
 }
 assert set(COSTS) == set(Op), "every op needs a cost function"
 

@@ -258,6 +258,7 @@ class Op(enum.Enum):
     MAX8 = "max8"                        # VectorE: the 8 largest values of each partition
     FIND_INDEX8 = "nc_find_index8"       # VectorE: positions of 8 given values per partition
     MATCH_REPLACE8 = "nc_match_replace8"  # VectorE: overwrite the first matches of 8 values
+    RAND_PHILOX = "rand_philox"          # GpSimdE: counter-based uniform random numbers
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -465,6 +466,20 @@ class MatchReplace8Attrs:
 
 
 @dataclass(frozen=True)
+class RandPhiloxAttrs:
+    """Uniform random numbers from Philox4x32-10 (Salmon et al., SC'11, "Parallel random numbers:
+    as easy as 1, 2, 3"; the Random123 reference), a software generator on GpSimdE (the engines'
+    own XORWOW state is not modelled). ``srcs = (key [P, 2] int32, counter [P, 1] int32/int64)``:
+    element ``(p, i_0..)`` has counter ``e = counter[p] + sum(i_j * steps[j])``; its 32-bit word
+    is word ``e % 4`` of Philox4x32-10(counter block ``(e // 4) mod 2**64`` as (lo, hi, 0, 0),
+    key (key[p, 0], key[p, 1]) as uint32); the value is ``(word >> (32 - bits)) * 2**-bits``
+    in [0, 1), rounded to the destination dtype (``bits`` <= its significand: exact)."""
+
+    steps: tuple[int, ...] = (1,)
+    bits: int = 24
+
+
+@dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
 
@@ -472,7 +487,8 @@ class SemAttrs:
 OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
                 MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
-                DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, SemAttrs]
+                DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, RandPhiloxAttrs,
+                SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -482,7 +498,8 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
     Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.MAX8: Max8Attrs,
-    Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs, Op.SEM: SemAttrs,
+    Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs,
+    Op.RAND_PHILOX: RandPhiloxAttrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -506,6 +523,7 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.MAX8: frozenset({EngineKind.VECTOR}),
     Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
     Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
+    Op.RAND_PHILOX: frozenset({EngineKind.GPSIMD}),
     Op.SEM: frozenset(EngineKind),
 }
 

@@ -8,6 +8,7 @@ from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
+from lowering.tiling.rand import tile_rand
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
 from lowering.tiling.scan import tile_scan
@@ -30,6 +31,7 @@ TILERS = {
     KKind.SCAN: tile_scan,
     KKind.SELECT: tile_select,
     KKind.LAYER_NORM_BWD: tile_layer_norm_bwd,
+    KKind.RAND: tile_rand,
 }
 
 
