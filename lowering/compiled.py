@@ -6,8 +6,9 @@ Invariants
   its (shape, strides, element offset) view within that buffer, so several outputs may share a
   buffer (views) and an output may be a view of an input.
 - A timing result depends only on the program, so it is computed once and reused.
-- ``program.inputs`` past the placeholders are seed buffers (``rng_seed*``, two int32 words each)
-  of RAND kernels; ``run`` draws them from torch's default generator on every functional call.
+- ``program.inputs`` named ``rng_seed*`` are seed buffers (two int32 words each) of RAND kernels,
+  anywhere among the placeholders' buffers (which keep their order); ``run`` draws them from
+  torch's default generator on every functional call.
 """
 from __future__ import annotations
 
@@ -80,11 +81,12 @@ class CompiledGraph:
         if mode != "functional":
             raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
         assert inputs is not None and len(inputs) == len(self.input_specs)
-        n = len(self.input_specs)
-        feed = {name: np.ascontiguousarray(x) for name, x in zip(self.program.inputs[:n], inputs)}
-        for name in self.program.inputs[n:]:     # RAND kernels' seeds (lowering/ops/random.py)
-            assert name.startswith(RNG_SEED_PREFIX), (name, self.program.inputs)
-            feed[name] = rng_seed_words()
+        names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
+        assert len(names) == len(inputs), (names, len(inputs))
+        feed = {name: np.ascontiguousarray(x) for name, x in zip(names, inputs)}
+        for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
+            if name.startswith(RNG_SEED_PREFIX):
+                feed[name] = rng_seed_words()
         result = simulate(self.program, feed, mode="functional", trace=trace)
         if self._timing is None:
             self._timing = result

@@ -144,6 +144,7 @@ class EOp(enum.Enum):
     ERF = "erf"
     SIN = "sin"
     COS = "cos"
+    ATAN = "atan"           # ScalarE arctan: valid only for |x| <= pi/2 (callers reduce first)
     SIGN = "sign"
     LOGICAL_NOT = "logical_not"
     CAST = "cast"
@@ -172,7 +173,8 @@ class EOp(enum.Enum):
 LEAF_OPS = frozenset({EOp.LOAD, EOp.CONST, EOp.INDEX, EOp.ACC})
 UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, EOp.RECIPROCAL,
                        EOp.TANH, EOp.SIGMOID, EOp.RELU, EOp.GELU, EOp.GELU_TANH, EOp.SILU,
-                       EOp.ERF, EOp.SIN, EOp.COS, EOp.SIGN, EOp.LOGICAL_NOT, EOp.CAST})
+                       EOp.ERF, EOp.SIN, EOp.COS, EOp.ATAN, EOp.SIGN, EOp.LOGICAL_NOT,
+                       EOp.CAST})
 BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
                         EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR,
                         EOp.XOR, EOp.MOD})

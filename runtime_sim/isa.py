@@ -309,6 +309,7 @@ class ActFunc(enum.Enum):
     SIN = "sin"
     COS = "cos"
     NEG = "neg"
+    ARCTAN = "arctan"        # valid input [-pi/2, pi/2] (nki.api.shared.rst, activation functions)
 
 
 # ---- typed attributes, one dataclass per op ------------------------------------------------

@@ -22,6 +22,10 @@ Conventions (the executable spec of the ISA)
   free axes into ``accum`` [P, 1]. ``identity`` and ``copy`` both return ``x * scale + bias``.
   GELU (erf form) is ``0.5 x (1 + erf(x / sqrt 2))``, GELU_TANH is
   ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, SiLU ``x * sigmoid(x)``, as torch defines.
+  ARCTAN is ``arctan(z)`` on its valid input range ``[-pi/2, pi/2]`` (nki.api.shared.rst: outside
+  it the hardware "may produce invalid results"; the bound is fp32's pi/2); outside that range the simulator returns NaN,
+  so a program that relies on it fails its tests instead of passing on a value the engine
+  would not give. NaN inputs propagate.
 - ``tensor_tensor_scan``: per partition, along the row-major flattened free axis,
   ``y[i] = (src0[i] op0 y[i-1]) op1 src1[i]``, ``y[-1]`` = the constant ``initial`` or the [P, 1]
   third source; every step rounds to fp32 (the recurrence stays inside the engine).
@@ -112,6 +116,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_HALF_PI_F32 = float(np.float32(math.pi / 2))   # the fp32 pi/2 (just above pi/2) is in range
 
 ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ActFunc.IDENTITY: lambda x: x,
@@ -134,6 +139,7 @@ ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ActFunc.SIN: np.sin,
     ActFunc.COS: np.cos,
     ActFunc.NEG: np.negative,
+    ActFunc.ARCTAN: lambda x: np.where(np.abs(x) <= _HALF_PI_F32, np.arctan(x), np.nan),
 }
 
 
