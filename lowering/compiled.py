@@ -6,6 +6,9 @@ Invariants
   its (shape, strides, element offset) view within that buffer, so several outputs may share a
   buffer (views) and an output may be a view of an input.
 - A timing result depends only on the program, so it is computed once and reused.
+- ``program.inputs`` named ``rng_seed*`` are seed buffers (two int32 words each) of RAND kernels,
+  anywhere among the placeholders' buffers (which keep their order); ``run`` draws them from
+  torch's default generator on every functional call.
 """
 from __future__ import annotations
 
@@ -26,6 +29,15 @@ TORCH_TO_DTYPE: dict[torch.dtype, DType] = {
     torch.int32: DType.INT32, torch.int64: DType.INT64, torch.int8: DType.INT8,
     torch.uint8: DType.UINT8, torch.bool: DType.BOOL,
 }
+
+
+RNG_SEED_PREFIX = "rng_seed"
+
+
+def rng_seed_words() -> np.ndarray:
+    """Two int32 words for a Philox key, drawn from torch's default CPU generator (so a call is
+    deterministic after ``torch.manual_seed`` and advances eager's random stream)."""
+    return torch.randint(-2 ** 31, 2 ** 31, (2,), dtype=torch.int64).numpy().astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -69,7 +81,12 @@ class CompiledGraph:
         if mode != "functional":
             raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
         assert inputs is not None and len(inputs) == len(self.input_specs)
-        feed = {name: np.ascontiguousarray(x) for name, x in zip(self.program.inputs, inputs)}
+        names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
+        assert len(names) == len(inputs), (names, len(inputs))
+        feed = {name: np.ascontiguousarray(x) for name, x in zip(names, inputs)}
+        for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
+            if name.startswith(RNG_SEED_PREFIX):
+                feed[name] = rng_seed_words()
         result = simulate(self.program, feed, mode="functional", trace=trace)
         if self._timing is None:
             self._timing = result

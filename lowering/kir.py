@@ -31,6 +31,15 @@ Invariants
   have written the whole tensor (a copy of ``self`` or a fill): the tensor has two writers, in
   program order. Lookups apply in row-major order of ``I`` (the last of duplicates wins; with
   ``accumulate`` each adds in fp32 and rounds to the table dtype).
+- A SCAN kernel computes the inclusive scan of ``ins[0]`` along ``attrs.dim`` into ``outs[0]``
+  (same shape): a running fp32 value, each output rounded once to its dtype.
+- A SELECT kernel picks along ``attrs.dim`` of ``ins[0]`` (length C): ``outs`` = (values?,
+  indices?) per ``has_values`` / ``has_indices``, each of the input's shape with that dim of size
+  ``k`` (or without it when ``keepdim`` is False for a reduction-like k = 1); indices are int64
+  positions along the dim (``SelectKAttrs``).
+- A RAND kernel writes random numbers into ``outs[0]`` from the seed words ``ins[0]``
+  (``RandKAttrs``); the seed is an INPUT buffer named ``rng_seed*`` that ``CompiledGraph.run``
+  fills on every call from torch's default generator.
 - A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
@@ -135,6 +144,7 @@ class EOp(enum.Enum):
     ERF = "erf"
     SIN = "sin"
     COS = "cos"
+    ATAN = "atan"           # ScalarE arctan: valid only for |x| <= pi/2 (callers reduce first)
     SIGN = "sign"
     LOGICAL_NOT = "logical_not"
     CAST = "cast"
@@ -163,7 +173,8 @@ class EOp(enum.Enum):
 LEAF_OPS = frozenset({EOp.LOAD, EOp.CONST, EOp.INDEX, EOp.ACC})
 UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, EOp.RECIPROCAL,
                        EOp.TANH, EOp.SIGMOID, EOp.RELU, EOp.GELU, EOp.GELU_TANH, EOp.SILU,
-                       EOp.ERF, EOp.SIN, EOp.COS, EOp.SIGN, EOp.LOGICAL_NOT, EOp.CAST})
+                       EOp.ERF, EOp.SIN, EOp.COS, EOp.ATAN, EOp.SIGN, EOp.LOGICAL_NOT,
+                       EOp.CAST})
 BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
                         EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR,
                         EOp.XOR, EOp.MOD})
@@ -228,12 +239,46 @@ class KKind(enum.Enum):
     ATTENTION = "attention"
     CONV = "conv"
     SCATTER = "scatter"
+    SCAN = "scan"
+    SELECT = "select"
+    LAYER_NORM_BWD = "layer_norm_bwd"
+    RAND = "rand"
 
 
 class ReduceOp(enum.Enum):
     SUM = "sum"
     MAX = "max"
     MIN = "min"
+    PROD = "prod"
+
+
+class ScanOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+
+
+@dataclass(frozen=True)
+class ScanKAttrs:
+    """Inclusive scan along ``dim`` (see the module docstring)."""
+
+    dim: int
+    op: ScanOp
+
+
+@dataclass(frozen=True)
+class SelectKAttrs:
+    """Top-``k`` along ``dim`` (see the module docstring). ``largest``: the k largest in
+    descending order, else the k smallest in ascending order. ``nan_wins``: a NaN is the
+    result of the selection (max/min/argmax/argmin, where NaN propagates) rather than ordered
+    above +inf (topk/sort: a NaN is the largest value, so it comes last in ascending order).
+    Ties keep index order (a stable sort)."""
+
+    dim: int
+    k: int
+    largest: bool
+    nan_wins: bool
+    has_values: bool
+    has_indices: bool
 
 
 @dataclass(frozen=True)
@@ -271,6 +316,26 @@ class LayerNormKAttrs:
     eps: float
     has_weight: bool
     has_bias: bool
+
+
+@dataclass(frozen=True)
+class LayerNormBwdKAttrs:
+    """outs = (grad_input,) of a layer norm over the trailing ``normalized_ndim`` dims;
+    ins = (grad_out, x, mean, rstd, weight?): mean/rstd have x's rank with the normalised dims
+    of size 1; weight (``has_weight``) has the normalised shape."""
+
+    normalized_ndim: int
+    has_weight: bool
+
+
+@dataclass(frozen=True)
+class RandKAttrs:
+    """``outs[0]`` (contiguous) filled with uniform [0, 1) (``normal=False``) or standard normal
+    numbers from the Philox4x32-10 key in ``ins[0]`` (two int32 words, a seed input fed at call
+    time): element ``e`` of the flattened output takes counter ``e`` (normal: ``e`` and
+    ``numel + e``, Box-Muller)."""
+
+    normal: bool
 
 
 @dataclass(frozen=True)
@@ -333,7 +398,8 @@ class ConvKAttrs:
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
-          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs)
+          | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs
+          | LayerNormBwdKAttrs | RandKAttrs)
 
 
 @dataclass(frozen=True)

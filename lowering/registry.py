@@ -124,6 +124,9 @@ FAMILY_ENGINES = {
     "shape": "DMA / engine copies; POINTWISE",
     "constants": "VectorE/GpSimdE memset, GpSimdE iota; POINTWISE",
     "convolution": "TensorE implicit GEMM, ScalarE bias on evacuation; CONV (pads: memset + DMA; POINTWISE)",
+    "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
+    "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
+    "random": "GpSimdE rand_philox (Philox4x32-10), ScalarE Box-Muller; RAND (+ POINTWISE)",
 }
 
 

@@ -31,7 +31,10 @@ a looped stream is checked per static instruction, see checks_loops.py)
   destination fp32 in PSUM), TensorE transpose <= 128 x 128 into PSUM, VectorE transpose <= 32 x
   32, DMA sides of one dtype (DMA does not cast) and equal element counts, DMA transpose only on
   2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
-  elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512.
+  elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512; max8 and
+  nc_find_index8 read 8 to 16384 data elements per partition, nc_match_replace8 at most 16384,
+  their vals (and max8's / find_index8's destination) are [P, 8], find_index8 writes int32,
+  match_replace8's destination has the data's shape.
 - Indirect DMA (OperandError; layout in isa.py): the index is an int32/int64 SBUF AP; the table
   an HBM AP of at least 1 + len(index.dims) + 1 dims whose lock-step sizes equal the index AP's
   shape and with at most 2 row dims; the data an SBUF AP of the table's dtype (no cast) with the
@@ -577,6 +580,43 @@ def _r_bn_aggr(ins: Instr, q: Queue, t: Target) -> None:
     _col_n(ins.dst, s.partitions, 2, "bn_aggr dst")
 
 
+SELECT8_MAX = 16384   # data elements per partition of max8 / find_index8 / match_replace8 (NKI)
+
+
+def _r_select8(ins: Instr, q: Queue, t: Target) -> None:
+    op = ins.op.value
+    _nsrcs(ins, 1 if ins.op is Op.MAX8 else 2)
+    assert ins.dst is not None
+    data = ins.srcs[0]
+    lo = 1 if ins.op is Op.MATCH_REPLACE8 else 8
+    if not lo <= data.free_size <= SELECT8_MAX:
+        raise OperandError(f"{op} reads {lo} to {SELECT8_MAX} elements per partition, got "
+                           f"{data.free_size} ({data})")
+    if ins.op is not Op.MAX8:
+        _col_n(ins.srcs[1], data.partitions, 8, f"{op} vals")
+    if ins.op is Op.MATCH_REPLACE8:
+        _same_pf(ins.dst, data, f"{op} dst")
+        return
+    _col_n(ins.dst, data.partitions, 8, f"{op} dst")
+    if ins.op is Op.FIND_INDEX8 and ins.dst.dtype is not DType.INT32:
+        raise OperandError(f"{op} writes int32 positions, got dst dtype {ins.dst.dtype.value}")
+
+
+def _r_rand(ins: Instr, q: Queue, t: Target) -> None:
+    _nsrcs(ins, 2)
+    assert ins.dst is not None
+    p = ins.dst.partitions
+    key, ctr = ins.srcs
+    _col_n(key, p, 2, "rand_philox key")
+    _col(ctr, p, "rand_philox counter")
+    for a, what in ((key, "key"), (ctr, "counter")):
+        if a.dtype not in (DType.INT32, DType.INT64):
+            raise OperandError(f"rand_philox {what} must be int32/int64, got {a.dtype.value}")
+    bits = ins.attrs.bits  # type: ignore[union-attr]
+    if not 1 <= bits <= 32:
+        raise OperandError(f"rand_philox bits must be in [1, 32], got {bits}")
+
+
 def _col_n(a: AP, p: int, n: int, what: str) -> None:
     if a.partitions != p or a.free_size != n:
         raise OperandError(f"{what}: expected [{p}, {n}], got [{a.partitions}, {a.free_size}]")
@@ -588,7 +628,8 @@ _OPERAND_RULES = {
     Op.TENSOR_SCALAR: _r_ts,
     Op.TENSOR_REDUCE: _r_reduce, Op.TENSOR_COPY: _r_copy, Op.MEMSET: _r_none, Op.IOTA: _r_none,
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
-    Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect,
+    Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect, Op.MAX8: _r_select8,
+    Op.FIND_INDEX8: _r_select8, Op.MATCH_REPLACE8: _r_select8, Op.RAND_PHILOX: _r_rand,
 }
 
 

@@ -45,6 +45,11 @@ every operand is a 2-byte float type)
 - select: ``2N`` (three streamed inputs, like tensor_tensor). bn_stats ``N``; bn_aggr ``13N/3``.
 - Strided streaming: when any operand's innermost stride exceeds 16 bytes (and that axis has
   more than one element) the streamed element count doubles ("larger strides halve it").
+- max8, nc_find_index8: ``N`` (sdk@2.26 "Estimated instruction cost"; N = elements per
+  partition of the data), floored at MIN_II like every VectorE instruction. nc_match_replace8:
+  ``max(MIN_II, N)`` (the sdk@2.26 note prints ``min(MIN_II, N)``, which would cap a 16K-element
+  search at 64 cycles; read as the max, like every other note's floor).
+- rand_philox (GpSimdE): ``philox_cycles_per_element * N`` (ASSUMED, targets.py).
 - sem: 0.
 
 DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/simulator.md)
@@ -267,6 +272,18 @@ def c_bn_aggr(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return _compute(max(t.min_ii_cycles, n), n, eng, t)
 
 
+def c_select8(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    """max8 / nc_find_index8 / nc_match_replace8: one pass over the data (srcs[0])."""
+    n = ins.srcs[0].free_size * _stride_factor(ins.srcs[:1])
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
+def c_rand_philox(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    assert ins.dst is not None
+    n = ins.dst.free_size * t.philox_cycles_per_element
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
 def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return Cost(0.0, 0.0, 0.0)
 
@@ -338,7 +355,8 @@ COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.TENSOR_SCALAR: c_tensor_scalar, Op.TENSOR_REDUCE: c_tensor_reduce,
     Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
     Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.DMA_GATHER: c_dma_indirect,
-    Op.DMA_SCATTER: c_dma_indirect, Op.SEM: c_sem,
+    Op.DMA_SCATTER: c_dma_indirect, Op.MAX8: c_select8, Op.FIND_INDEX8: c_select8,
+    Op.MATCH_REPLACE8: c_select8, Op.RAND_PHILOX: c_rand_philox, Op.SEM: c_sem,
 }
 assert set(COSTS) == set(Op), "every op needs a cost function"
 

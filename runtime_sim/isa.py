@@ -255,6 +255,10 @@ class Op(enum.Enum):
     BN_AGGR = "bn_aggr"
     DMA_GATHER = "dma_gather"    # indirect DMA: rows of an HBM table by an SBUF index
     DMA_SCATTER = "dma_scatter"  # indirect DMA: rows into an HBM table by an SBUF index
+    MAX8 = "max8"                        # VectorE: the 8 largest values of each partition
+    FIND_INDEX8 = "nc_find_index8"       # VectorE: positions of 8 given values per partition
+    MATCH_REPLACE8 = "nc_match_replace8"  # VectorE: overwrite the first matches of 8 values
+    RAND_PHILOX = "rand_philox"          # GpSimdE: counter-based uniform random numbers
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -305,6 +309,7 @@ class ActFunc(enum.Enum):
     SIN = "sin"
     COS = "cos"
     NEG = "neg"
+    ARCTAN = "arctan"        # valid input [-pi/2, pi/2] (nki.api.shared.rst, activation functions)
 
 
 # ---- typed attributes, one dataclass per op ------------------------------------------------
@@ -436,6 +441,46 @@ class DmaScatterAttrs:
 
 
 @dataclass(frozen=True)
+class Max8Attrs:
+    """``dst[p, 0:8]`` = the 8 largest fp32 values of partition ``p`` of ``srcs[0]`` (all its free
+    elements, 8 to 16384), in descending order; NaN orders above +inf (ASSUMED: the NKI docs do
+    not say how NaN orders; this is torch.topk's order). NKI ``nki.isa.max8``."""
+
+
+@dataclass(frozen=True)
+class FindIndex8Attrs:
+    """``dst[p, j]`` = the position (0-based, in the row-major order of the free elements) of the
+    first element of ``srcs[0]`` (data) equal to ``srcs[1][p, j]`` (vals, 8 per partition); equal
+    vals are paired with ascending positions (the k-th equal val with the k-th match); a val
+    with no (remaining) match gives the all-ones sentinel (-1 in the int32 destination).
+    Comparison in fp32; NaN matches NaN (ASSUMED). NKI ``nki.isa.nc_find_index8``."""
+
+
+@dataclass(frozen=True)
+class MatchReplace8Attrs:
+    """``dst`` = ``srcs[0]`` (data) with the first match of each of the 8 ``srcs[1]`` vals of its
+    partition replaced by ``imm`` (equal vals replace that many distinct matches; a val with no
+    match replaces nothing); matching as ``FindIndex8Attrs``. NKI ``nki.isa.nc_match_replace8``
+    (its optional index output is not modelled: ``nc_find_index8`` gives the same positions)."""
+
+    imm: float = float("-inf")
+
+
+@dataclass(frozen=True)
+class RandPhiloxAttrs:
+    """Uniform random numbers from Philox4x32-10 (Salmon et al., SC'11, "Parallel random numbers:
+    as easy as 1, 2, 3"; the Random123 reference), a software generator on GpSimdE (the engines'
+    own XORWOW state is not modelled). ``srcs = (key [P, 2] int32, counter [P, 1] int32/int64)``:
+    element ``(p, i_0..)`` has counter ``e = counter[p] + sum(i_j * steps[j])``; its 32-bit word
+    is word ``e % 4`` of Philox4x32-10(counter block ``(e // 4) mod 2**64`` as (lo, hi, 0, 0),
+    key (key[p, 0], key[p, 1]) as uint32); the value is ``(word >> (32 - bits)) * 2**-bits``
+    in [0, 1), rounded to the destination dtype (``bits`` <= its significand: exact)."""
+
+    steps: tuple[int, ...] = (1,)
+    bits: int = 24
+
+
+@dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
 
@@ -443,7 +488,8 @@ class SemAttrs:
 OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTensorAttrs,
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
                 MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
-                DmaScatterAttrs, SemAttrs]
+                DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, RandPhiloxAttrs,
+                SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -452,7 +498,9 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.TENSOR_REDUCE: TensorReduceAttrs,
     Op.TENSOR_COPY: TensorCopyAttrs, Op.MEMSET: MemsetAttrs, Op.IOTA: IotaAttrs,
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
-    Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.SEM: SemAttrs,
+    Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.MAX8: Max8Attrs,
+    Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs,
+    Op.RAND_PHILOX: RandPhiloxAttrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -473,6 +521,10 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.BN_AGGR: frozenset({EngineKind.VECTOR}),
     Op.DMA_GATHER: frozenset({EngineKind.DMA}),
     Op.DMA_SCATTER: frozenset({EngineKind.DMA}),
+    Op.MAX8: frozenset({EngineKind.VECTOR}),
+    Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
+    Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
+    Op.RAND_PHILOX: frozenset({EngineKind.GPSIMD}),
     Op.SEM: frozenset(EngineKind),
 }
 

@@ -22,6 +22,10 @@ Conventions (the executable spec of the ISA)
   free axes into ``accum`` [P, 1]. ``identity`` and ``copy`` both return ``x * scale + bias``.
   GELU (erf form) is ``0.5 x (1 + erf(x / sqrt 2))``, GELU_TANH is
   ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, SiLU ``x * sigmoid(x)``, as torch defines.
+  ARCTAN is ``arctan(z)`` on its valid input range ``[-pi/2, pi/2]`` (nki.api.shared.rst: outside
+  it the hardware "may produce invalid results"; the bound is fp32's pi/2); outside that range the simulator returns NaN,
+  so a program that relies on it fails its tests instead of passing on a value the engine
+  would not give. NaN inputs propagate.
 - ``tensor_tensor_scan``: per partition, along the row-major flattened free axis,
   ``y[i] = (src0[i] op0 y[i-1]) op1 src1[i]``, ``y[-1]`` = the constant ``initial`` or the [P, 1]
   third source; every step rounds to fp32 (the recurrence stays inside the engine).
@@ -47,6 +51,14 @@ Conventions (the executable spec of the ISA)
   lookup order, so with duplicate indices the last lookup wins; with ``accumulate`` each lookup
   reads its row, adds in fp32 and rounds to the table dtype before the next one (NKI
   ``dst_rmw_op=add``; DMA compute is fp32), and the row must have been written before.
+- ``max8`` / ``nc_find_index8`` / ``nc_match_replace8`` (VectorE, per partition, over the
+  row-major flattened free elements, fp32): max8 writes the 8 largest values in descending order
+  with NaN above +inf; find_index8 writes, for each of the 8 vals, the position of its first
+  match (NaN matches NaN; the k-th of equal vals gets the k-th match; no match: -1, the all-ones
+  int32 sentinel); match_replace8 copies the data with those matched positions set to ``imm``.
+  The NaN rules are ASSUMED (isa.py); they are what torch's topk/argmax orders.
+- ``rand_philox`` (GpSimdE): Philox4x32-10 words of per-element counters, scaled to [0, 1)
+  (isa.RandPhiloxAttrs); uint32 arithmetic in numpy uint64, exact.
 - ``sem``: nothing.
 """
 from __future__ import annotations
@@ -57,7 +69,8 @@ from typing import Callable
 import numpy as np
 
 from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
-                  Instr, IotaAttrs, MatmulAttrs, MemsetAttrs, Op, TensorReduceAttrs,
+                  Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
+                  RandPhiloxAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout)
 from .checks import BoundsError, dma_2d
 from .memory import MachineMemory
@@ -103,6 +116,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_HALF_PI_F32 = float(np.float32(math.pi / 2))   # the fp32 pi/2 (just above pi/2) is in range
 
 ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ActFunc.IDENTITY: lambda x: x,
@@ -125,6 +139,7 @@ ACT_FUNCS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ActFunc.SIN: np.sin,
     ActFunc.COS: np.cos,
     ActFunc.NEG: np.negative,
+    ActFunc.ARCTAN: lambda x: np.where(np.abs(x) <= _HALF_PI_F32, np.arctan(x), np.nan),
 }
 
 
@@ -310,13 +325,18 @@ def iota(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     dst = _dst(ins)
     v = np.full(dst.shape, a.base, dtype=np.int64)
     v += (np.arange(dst.partitions, dtype=np.int64) * a.partition_step).reshape((-1,) + (1,) * len(dst.dims))
+    _add_free_steps(v, dst, a.steps)
+    m.write(dst, v)
+
+
+def _add_free_steps(v: np.ndarray, dst: AP, steps: tuple[int, ...]) -> None:
+    """``v[p, i_0..] += sum(i_j * steps[j])`` in place (missing steps are 0)."""
     for j, (_, sz) in enumerate(dst.dims):
-        step = a.steps[j] if j < len(a.steps) else 0
+        step = steps[j] if j < len(steps) else 0
         if step:
             shape = [1] * (len(dst.dims) + 1)
             shape[j + 1] = sz
             v += (np.arange(sz, dtype=np.int64) * step).reshape(shape)
-    m.write(dst, v)
 
 
 def select(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
@@ -397,6 +417,76 @@ def dma_scatter(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
         m.write(a, m.read_f32(a).reshape(-1) + xf[j])
 
 
+def max8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    x = _rows(m, ins.srcs[0])
+    # ascending sort puts NaN last; reversed, NaN comes first, then the values descending
+    m.write(_dst(ins), np.sort(x, axis=1)[:, ::-1][:, :8])
+
+
+def _matches(data: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found [P, 8], position [P, 8]) of each val's match: the k-th of equal vals (in val order)
+    takes the k-th equal data element; NaN equals NaN."""
+    nan_d, nan_v = np.isnan(data), np.isnan(vals)
+    eq = (data[:, None, :] == vals[:, :, None]) | (nan_d[:, None, :] & nan_v[:, :, None])
+    same = (vals[:, :, None] == vals[:, None, :]) | (nan_v[:, :, None] & nan_v[:, None, :])
+    rank = np.tril(same, k=-1).sum(axis=2)          # equal vals before this one
+    hit = eq & (np.cumsum(eq, axis=2) == (rank + 1)[:, :, None])
+    return hit.any(axis=2), hit.argmax(axis=2)
+
+
+def find_index8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    found, pos = _matches(_rows(m, ins.srcs[0]), _rows(m, ins.srcs[1]))
+    m.write(_dst(ins), np.where(found, pos, -1).astype(np.int64))
+
+
+def match_replace8(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, MatchReplace8Attrs)
+    data = _rows(m, ins.srcs[0]).copy()
+    found, pos = _matches(data, _rows(m, ins.srcs[1]))
+    p, j = np.nonzero(found)
+    data[p, pos[p, j]] = F32(a.imm)
+    m.write(_dst(ins), data)
+
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(ctr: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Philox4x32-10: ``ctr`` [..., 4] and ``key`` [..., 2] uint32 values (any integer dtype)
+    -> [..., 4] uint32 words (Random123's philox4x32 with 10 rounds)."""
+    c = [np.asarray(ctr[..., j], dtype=np.uint64) & _U32 for j in range(4)]
+    k = [np.asarray(key[..., j], dtype=np.uint64) & _U32 for j in range(2)]
+    for r in range(10):
+        if r:
+            k = [(k[0] + np.uint64(PHILOX_W[0])) & _U32, (k[1] + np.uint64(PHILOX_W[1])) & _U32]
+        p0 = c[0] * np.uint64(PHILOX_M[0])
+        p1 = c[2] * np.uint64(PHILOX_M[1])
+        hi0, lo0 = p0 >> np.uint64(32), p0 & _U32
+        hi1, lo1 = p1 >> np.uint64(32), p1 & _U32
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0]
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def rand_philox(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, RandPhiloxAttrs)
+    dst = _dst(ins)
+    key = m.read(ins.srcs[0]).reshape(dst.partitions, 2).astype(np.int64) & 0xFFFFFFFF
+    base = m.read(ins.srcs[1]).reshape(dst.partitions).astype(np.int64)
+    e = np.broadcast_to(base.reshape((-1,) + (1,) * len(dst.dims)), dst.shape).copy()
+    _add_free_steps(e, dst, a.steps)
+    e = e.reshape(dst.partitions, -1).astype(np.uint64)
+    blk = e >> np.uint64(2)
+    ctr = np.stack([blk & _U32, blk >> np.uint64(32), np.zeros_like(blk), np.zeros_like(blk)], -1)
+    words = philox4x32_10(ctr, np.broadcast_to(key[:, None, :], blk.shape + (2,)))
+    w = np.take_along_axis(words, (e & np.uint64(3)).astype(np.int64)[..., None], -1)[..., 0]
+    u = (w.astype(np.uint64) >> np.uint64(32 - a.bits)).astype(np.float64) * 2.0 ** -a.bits
+    m.write(dst, u.astype(F32))
+
+
 def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     return None
 
@@ -407,6 +497,8 @@ SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.TENSOR_TENSOR_SCAN: tensor_tensor_scan, Op.TENSOR_SCALAR: tensor_scalar,
     Op.TENSOR_REDUCE: tensor_reduce, Op.TENSOR_COPY: tensor_copy, Op.MEMSET: memset,
     Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr,
-    Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.SEM: sem,
+    Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.MAX8: max8,
+    Op.FIND_INDEX8: find_index8, Op.MATCH_REPLACE8: match_replace8,
+    Op.RAND_PHILOX: rand_philox, Op.SEM: sem,
 }
 assert set(SEMANTICS) == set(Op), "every op needs a semantics function"

@@ -95,7 +95,9 @@ _COST_ATTRS: dict[Op, Callable[[object], object]] = {
     Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
     Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
     Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.DMA_GATHER: lambda a: None,
-    Op.DMA_SCATTER: lambda a: a.accumulate, Op.SEM: lambda a: None,
+    Op.DMA_SCATTER: lambda a: a.accumulate, Op.MAX8: lambda a: None,
+    Op.FIND_INDEX8: lambda a: None, Op.MATCH_REPLACE8: lambda a: None,
+    Op.RAND_PHILOX: lambda a: None, Op.SEM: lambda a: None,
 }
 
 

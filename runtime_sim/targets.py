@@ -87,6 +87,13 @@ class Target:
     # cannot serve data-dependent addresses).
     dma_swdge_ns: float = 600.0
 
+    # Philox4x32-10 on GpSimdE (``rand_philox``): ASSUMED, no published figure (NKI's own RNG
+    # instructions give no cost). Estimated from the operation count: 10 rounds of two 32x32
+    # multiplies (hi and lo words), two xors and a key bump per 4-word block is ~60 32-bit
+    # operations per 4 elements, ~15 per element, plus the scaling: 16 cycles per element
+    # and partition (each GpSimd core's 16 32-bit lanes serve its 16 partitions).
+    philox_cycles_per_element: float = 16.0
+
     # --- TensorE power ramp (trn2/trn3; hardware.md, tools/neuron-explorer/overview-summary-page.rst:
     # "starts near 50% speed and ramps to full over ~3 us; falls back if utilisation drops below
     # 50% in a ~3 us window"). pe_ramp_start_speed == 1.0 disables the ramp (trn1: not documented).

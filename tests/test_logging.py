@@ -19,16 +19,16 @@ from neuron_compiler.testing import compile_for_neuron
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A device partition, a fallback op (cumsum) and a program-cache hit (an identical second model).
+# A device partition, a fallback op (logcumsumexp) and a program-cache hit (an identical second model).
 SCRIPT = textwrap.dedent("""
     import torch
     def f(a):
-        return torch.cumsum(a, 0).sin() + 1
+        return torch.logcumsumexp(a, 0).sin() + 1
     x = torch.randn(2, 8)
     g1 = torch.compile(f, backend="neuron")
     g1(x)
     torch._dynamo.reset()
-    g2 = torch.compile(lambda a: torch.cumsum(a, 0).sin() + 1, backend="neuron")
+    g2 = torch.compile(lambda a: torch.logcumsumexp(a, 0).sin() + 1, backend="neuron")
     g2(x)
     print("done")
 """)
@@ -62,11 +62,11 @@ def test_torch_logs_debug_and_torch_trace(tmp_path):
     proc = _run(tmp_path, TORCH_LOGS="+neuron_compiler", TORCH_TRACE=str(trace_dir))
     text = "\n".join(_ours(proc.stderr))
     assert "1 device partition(s), 2 device nodes, 1 fallback nodes" in text
-    assert "fallback aten.cumsum.default x1: aten.cumsum.default:" in text  # op and reason
+    assert "fallback aten.logcumsumexp.default x1: aten.logcumsumexp.default:" in text  # op and reason
     assert "/fused_0: compiled in " in text and " instructions" in text
     assert "/fused_0: program cache hit (first lowered for inference_" in text
     assert "fused_0: aten.add.Tensor x1, aten.sin.default x1" in text          # DEBUG
-    assert "fallback node cumsum:" in text and "signature (float32[2, 8])" in text
+    assert "fallback node logcumsumexp:" in text and "signature (float32[2, 8])" in text
 
     files = list(trace_dir.iterdir())
     assert files, "TORCH_TRACE wrote no file"
@@ -77,7 +77,7 @@ def test_torch_logs_debug_and_torch_trace(tmp_path):
     i = next(i for i, ln in enumerate(lines) if '"neuron_compiler_graph"' in ln)
     payload = json.loads(lines[i + 1].strip())       # the payload follows, tab-indented
     assert payload["partitions"] == {"fused_0": {"aten.add.Tensor": 1, "aten.sin.default": 1}}
-    assert payload["fallbacks"][0]["op"] == "aten.cumsum.default"
+    assert payload["fallbacks"][0]["op"] == "aten.logcumsumexp.default"
     assert payload["fallback_nodes"] == 1 and payload["target"] == "trn2"
 
 

@@ -279,8 +279,8 @@ _COMPOSED_UNARY = {
     aten.log2.default: (mathfns.log2, "ScalarE log, divided by ln 2 on VectorE"),
     aten.log10.default: (mathfns.log10, "ScalarE log, divided by ln 10 on VectorE"),
     aten.exp2.default: (mathfns.exp2, "VectorE pow(2, x) (exact for integer x)"),
-    aten.atan.default: (mathfns.atan, "VectorE: cephes atanf (range reduction, odd degree-9 "
-                        "polynomial); the simulated ScalarE table has no arctan"),
+    aten.atan.default: (lambda x: atan_scalar(x), "ScalarE arctan (valid on [-pi/2, pi/2]) of "
+                        "min(|x|, 1/|x|), pi/2 - it above 1, sign put back on VectorE"),
     aten.tan.default: (mathfns.tan, "ScalarE sin / cos, divided on VectorE (no tan function)"),
     aten.asin.default: (mathfns.asin, "composed: atan(x / sqrt((1-x)(1+x))), ScalarE sqrt + VectorE"),
     aten.acos.default: (mathfns.acos, "composed: 2 atan(sqrt((1-x)/(1+x))), ScalarE sqrt + VectorE"),
@@ -292,6 +292,19 @@ _COMPOSED_UNARY = {
                          "beyond 2**60"),
     aten.atanh.default: (mathfns.atanh, "composed: log1p(2x/(1-x)) / 2"),
 }
+
+
+def atan_scalar(x: Expr) -> Expr:
+    """atan on ScalarE's arctan, whose valid input is [-pi/2, pi/2]: on a = |x|, t = a (a <= 1)
+    or 1 / clamp(a, 1, 2**42) (ScalarE reciprocal inside its valid [2**-42, 2**42]), so t is in
+    [0, 1]; atan(a) = arctan(t), or pi/2 - arctan(t) above 1; x's sign bit put back. inf ->
+    pi/2 (t = 2**-42), NaN propagates."""
+    from lowering.ops.mathfns import HALF_PI, copysign, e, where
+    a = e(EOp.ABS, x)
+    big = e(EOp.GT, a, 1.0)
+    inv = e(EOp.RECIPROCAL, e(EOp.MIN, e(EOp.MAX, a, 1.0), 2.0 ** 42))
+    r = e(EOp.ATAN, where(big, inv, a))
+    return copysign(where(big, e(EOp.SUB, HALF_PI, r), r), x)
 
 
 def _composed_unary(fn):

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, amax, amin, any, all over any dims (keepdim or not).
+"""Reductions: sum, mean, prod, amax, amin, any, all over any dims (keepdim or not).
 
 Engines: VectorE ``tensor_reduce`` along the free axis with the kept elements on partitions; a sum
 over leading (row) dims of a row-major tensor uses TensorE instead (ones-vector matmul reduces over
@@ -80,6 +80,29 @@ def _mean_all(ctx, node, x, *, dtype=None):
     return emit_reduce(ctx, x, ReduceOp.SUM, None, False, mean=True)
 
 
+def _float_only(node: fx.Node) -> str | None:
+    """Float inputs only: an integer product (int64 in eager) leaves fp32's exact range."""
+    v = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"input dtype {v.dtype} (integer products fall back; float inputs only)"
+    dt = node.kwargs.get("dtype")
+    if dt is not None and dt != v.dtype:
+        return f"dtype={dt} differs from the input's {v.dtype} (not lowered)"
+    return None
+
+
+@register(aten.prod.dim_int, check=_float_only)
+def _prod(ctx, node, x, dim, keepdim=False, *, dtype=None):
+    """prod over one dim: VectorE ``tensor_reduce`` multiply per chunk, partials multiplied in
+    fp32 (the product's rounding order is the chunking's, not eager's)."""
+    return emit_reduce(ctx, x, ReduceOp.PROD, dim, keepdim)
+
+
+@register(aten.prod.default, check=_float_only)
+def _prod_all(ctx, node, x, *, dtype=None):
+    return emit_reduce(ctx, x, ReduceOp.PROD, None, False)
+
+
 @register(aten.amax.default)
 def _amax(ctx, node, x, dim=(), keepdim=False):
     return emit_reduce(ctx, x, ReduceOp.MAX, dim, keepdim)
@@ -102,9 +125,10 @@ def _var(ctx, node, x, dim=None, *, correction=None, keepdim=False):
     return _var_and_mean(ctx, x, dim, correction, keepdim, var_only=True)
 
 
-def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False):
-    from lowering.kir import EOp, Expr, PointwiseAttrs, load
-    vals = ctx.out_val if not var_only else (ctx.out_val, ctx.out_val)
+def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False, out_vals=None):
+    """``out_vals``: (var, mean) values giving the outputs' shapes and dtypes (default: the
+    node's)."""
+    vals = out_vals if out_vals is not None else (ctx.out_val if not var_only else (ctx.out_val, ctx.out_val))
     rd = _norm_dims(dim, x.rank)
     n = 1
     for d in rd:

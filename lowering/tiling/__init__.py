@@ -6,10 +6,14 @@ from lowering.tiling.attention import tile_attention
 from lowering.tiling.conv import tile_conv
 from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
+from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
+from lowering.tiling.rand import tile_rand
 from lowering.tiling.reduce import tile_reduce
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
+from lowering.tiling.scan import tile_scan
 from lowering.tiling.scatter import tile_scatter
+from lowering.tiling.select import tile_select
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TProgram
 from runtime_sim.targets import Target
@@ -24,6 +28,10 @@ TILERS = {
     KKind.GATHER: tile_gather,
     KKind.CONV: tile_conv,
     KKind.SCATTER: tile_scatter,
+    KKind.SCAN: tile_scan,
+    KKind.SELECT: tile_select,
+    KKind.LAYER_NORM_BWD: tile_layer_norm_bwd,
+    KKind.RAND: tile_rand,
 }
 
 

@@ -31,7 +31,7 @@ ACT_OF: dict[EOp, ActFunc] = {
     EOp.RECIPROCAL: ActFunc.RECIPROCAL, EOp.TANH: ActFunc.TANH, EOp.SIGMOID: ActFunc.SIGMOID,
     EOp.RELU: ActFunc.RELU, EOp.GELU: ActFunc.GELU, EOp.GELU_TANH: ActFunc.GELU_TANH,
     EOp.SILU: ActFunc.SILU, EOp.ERF: ActFunc.ERF, EOp.SIN: ActFunc.SIN, EOp.COS: ActFunc.COS,
-    EOp.SIGN: ActFunc.SIGN, EOp.ABS: ActFunc.ABS,
+    EOp.SIGN: ActFunc.SIGN, EOp.ABS: ActFunc.ABS, EOp.ATAN: ActFunc.ARCTAN,
 }
 ALU_OF: dict[EOp, AluOp] = {
     EOp.ADD: AluOp.ADD, EOp.SUB: AluOp.SUBTRACT, EOp.MUL: AluOp.MULTIPLY, EOp.DIV: AluOp.DIVIDE,

@@ -2,7 +2,7 @@
 
 Two strategies, chosen from the layout:
 - free-axis: kept elements on partitions (128 rows per tile), the reduced axes along the free
-  dim in chunks; VectorE ``tensor_reduce`` per chunk into a partial, combined into the row tile's
+  dim in chunks; VectorE ``tensor_reduce`` (add / max / min / multiply) per chunk into a partial, combined into the row tile's
   accumulator (``memset`` to the op's identity) with ``tensor_tensor``. Loops: outer kept axes,
   row tiles, outer reduced axes, chunks.
 - partition (sum only): when the innermost contiguous axis is kept and the reduced axes are
@@ -22,9 +22,11 @@ from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import AluOp, DType, Memory
 
-ALU = {ReduceOp.SUM: AluOp.ADD, ReduceOp.MAX: AluOp.MAX, ReduceOp.MIN: AluOp.MIN}
+ALU = {ReduceOp.SUM: AluOp.ADD, ReduceOp.MAX: AluOp.MAX, ReduceOp.MIN: AluOp.MIN,
+       ReduceOp.PROD: AluOp.MULTIPLY}
 # the accumulator starts at the identity of its op (-0.0: adding it keeps a sum of -0.0 negative)
-IDENTITY = {ReduceOp.SUM: -0.0, ReduceOp.MAX: float("-inf"), ReduceOp.MIN: float("inf")}
+IDENTITY = {ReduceOp.SUM: -0.0, ReduceOp.MAX: float("-inf"), ReduceOp.MIN: float("inf"),
+            ReduceOp.PROD: 1.0}
 FREE_MAX = 2048
 F32 = DType.FP32
 

@@ -141,6 +141,7 @@ def _ref_act(f: ActFunc, z: np.ndarray) -> np.ndarray:
         ActFunc.SILU: z * sig, ActFunc.SQRT: np.sqrt(np.abs(z) + 1), ActFunc.RSQRT: 1 / np.sqrt(np.abs(z) + 1),
         ActFunc.RECIPROCAL: 1 / z, ActFunc.SQUARE: z * z, ActFunc.ABS: np.abs(z), ActFunc.SIGN: np.sign(z),
         ActFunc.ERF: erf(z), ActFunc.SIN: np.sin(z), ActFunc.COS: np.cos(z), ActFunc.NEG: -z,
+        ActFunc.ARCTAN: np.where(np.abs(z) <= float(np.float32(math.pi / 2)), np.vectorize(math.atan)(z), np.nan),
     }[f]
 
 
@@ -154,6 +155,26 @@ def test_activation_functions(func):
         ref = _ref_act(func, x)
     y = run_compute(SCALAR, Op.ACTIVATION, ActivationAttrs(func), [(x, F32)], (8, 64, F32))
     np.testing.assert_allclose(y, ref.astype(np.float32), rtol=2e-7, atol=1e-30)
+
+
+def test_arctan_valid_range_and_invalid_outside():
+    """ScalarE arctan: exact (float64 atan rounded once) on its valid input [-pi/2, pi/2]
+    (nki.api.shared.rst "Valid Input Range"), NaN outside it (the hardware result is invalid
+    there), applied to the affine argument x * scale + bias."""
+    x = np.linspace(-math.pi / 2, math.pi / 2, 8 * 64).astype(np.float32).reshape(8, 64)
+    x[0, 0], x[0, 1] = np.float32(-math.pi / 2) / np.float32(1.0000001), -0.0
+    y = run_compute(SCALAR, Op.ACTIVATION, ActivationAttrs(ActFunc.ARCTAN), [(x, F32)], (8, 64, F32))
+    ref = np.vectorize(math.atan)(x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(y, ref)
+    assert np.signbit(y[0, 1])
+    x2 = np.array([[1.0, 1.6, -1.6, np.nan, np.inf, 0.5, -0.25, 1.5]], np.float32)
+    y2 = run_compute(SCALAR, Op.ACTIVATION, ActivationAttrs(ActFunc.ARCTAN, scale=1.0, bias=0.0),
+                     [(x2, F32)], (1, 8, F32))
+    assert np.isnan(y2[0, [1, 2, 3, 4]]).all()
+    np.testing.assert_array_equal(y2[0, [0, 5, 6, 7]], np.arctan(x2[0, [0, 5, 6, 7]].astype(np.float64)).astype(np.float32))
+    y3 = run_compute(SCALAR, Op.ACTIVATION, ActivationAttrs(ActFunc.ARCTAN, scale=2.0), [(x2[:, :1], F32)],
+                     (1, 1, F32))
+    assert np.isnan(y3[0, 0])                                  # 2 * 1.0 is outside the range
 
 
 def test_activation_scale_bias_from_src_and_reduce():

@@ -1,0 +1,60 @@
+"""Scans: cumsum and cumprod along one dim -> one SCAN kernel (``tiling/scan.py``).
+
+Engines: VectorE/GpSimdE ``tensor_tensor_scan`` (the running value stays in fp32 inside the
+engine; each output is rounded once to its dtype, as eager's fp32 accumulator for bf16/fp16).
+Tiling: rows on partitions, the scanned dim along the free axis in chunks that carry the last
+running value; any shape and strides.
+
+Invariants
+- Float inputs only (an integer scan is int64 in eager, beyond fp32's exact range).
+- ``dtype=`` narrower than the input rounds the input first (one POINTWISE cast), as eager does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from lowering.frontend import LowerCtx, machine_dtype
+from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, ScanKAttrs, ScanOp, TensorRef, load
+from lowering.ops.elementwise import _torch_dtype_of
+from lowering.ops.views import apply_view
+from lowering.registry import FLOAT_DTYPES, register
+
+aten = torch.ops.aten
+
+
+def _float_scan(node: fx.Node) -> str | None:
+    """Float inputs and outputs only (integer scans fall back)."""
+    x = node.args[0]
+    v = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"input dtype {v.dtype} (integer scans fall back; float inputs only)"
+    return None
+
+
+def emit_scan(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp) -> TensorRef:
+    v = ctx.out_val
+    odt = machine_dtype(v.dtype, ctx.op)
+    if x.rank == 0:
+        x = apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
+    if odt != x.dtype and odt.itemsize < x.dtype.itemsize:
+        c = ctx.new_tensor(x.shape, odt)
+        ctx.emit(KOp(KKind.POINTWISE, (c,), (x,), PointwiseAttrs(Expr(EOp.CAST, (load(0, x.dtype),), odt))))
+        x = c
+    out = ctx.new_tensor(tuple(v.shape), odt)
+    o = out if out.rank else apply_view(out, _torch_dtype_of(out), lambda t: t.view(1))
+    if x.numel:
+        ctx.emit(KOp(KKind.SCAN, (o,), (x,), ScanKAttrs(dim % x.rank, op)))
+    return out
+
+
+@register(aten.cumsum.default, dtypes=FLOAT_DTYPES, check=_float_scan)
+def _cumsum(ctx, node, x, dim, *, dtype=None):
+    """cumsum: VectorE/GpSimdE ``tensor_tensor_scan`` (add); any shape."""
+    return emit_scan(ctx, x, dim, ScanOp.SUM)
+
+
+@register(aten.cumprod.default, dtypes=FLOAT_DTYPES, check=_float_scan)
+def _cumprod(ctx, node, x, dim, *, dtype=None):
+    """cumprod: VectorE/GpSimdE ``tensor_tensor_scan`` (multiply); any shape."""
+    return emit_scan(ctx, x, dim, ScanOp.PROD)
