@@ -152,8 +152,11 @@ def decisions(texts: dict[str, str]) -> Decisions:
             if prod is None or prod is k or roles.get(buf) != "temp":
                 continue
             names = set(prod.origin) | set(k.origin)
+            # a line naming a tensor (``...: %buf: reason``) belongs to that tensor's boundary;
+            # one without (a refused attention fusion) to every boundary of the nodes it names
             why = tuple(n for n in d.why_no_fuse
-                        if names & set(re.findall(r"[\w.]+", n.split(":", 1)[0])))
+                        if (f": %{buf}:" in n if re.search(r": %[\w.]+:", n) else
+                            names & set(re.findall(r"[\w.]+", n.split(":", 1)[0]))))
             d.boundaries.append(Boundary(buf, prod, k, buf in d.resident, why))
     return d
 
@@ -177,8 +180,7 @@ def decisions_markdown(d: Decisions, title: str = "") -> str:
             out.append(f"- %{b.buffer}: {b.producer.short} -> {b.consumer.short}: {where}; "
                        f"why not fused: {why}")
         if any(not b.why for b in d.boundaries):
-            out += ["", "(\"not recorded\": the lowering writes a reason, a WhyNoFuse line, "
-                        "only when it refuses an attention fusion.)"]
+            out += ["", "(\"not recorded\": no WhyNoFuse line of the lowering names this pair.)"]
     else:
         out.append("Not fused: no tensor passes between kernels.")
     other = [n for n in d.why_no_fuse if not any(n in b.why for b in d.boundaries)]

@@ -134,33 +134,52 @@ def fuse_pointwise_chains(kp: KProgram) -> bool:
     changed = False
     pi = 0
     while pi < len(kp.kernels):
-        prod = kp.kernels[pi]
+        why, new = chain_plan(kp, pi, readers, writers, outputs)
         pi += 1
-        if prod.kind is not KKind.POINTWISE or len(prod.outs) != 1:
+        if why is not None:
             continue
-        X = prod.outs[0].buffer
-        if X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
-            continue
-        if not _is_whole(kp, prod.outs[0]):
-            continue
-        users = readers.get(X, [])
-        if not users or any(kp.kernels[u].kind is not KKind.POINTWISE for u in users):
-            continue
-        new = {}
-        for u in set(users):
-            fused = _inline(kp.kernels[u], _indices_of(kp.kernels[u].ins, X), prod)
-            if fused is None:
-                break
-            new[u] = fused
-        else:
-            for u, k in new.items():
-                kp.kernels[u] = _drop_unused_inputs(k)
-            pi -= 1
-            del kp.kernels[pi]
-            del kp.buffers[X]
-            readers, writers = _readers(kp), _writers(kp)
-            changed = True
+        X = kp.kernels[pi - 1].outs[0].buffer
+        for u, k in new.items():
+            kp.kernels[u] = _drop_unused_inputs(k)
+        pi -= 1
+        del kp.kernels[pi]
+        del kp.buffers[X]
+        readers, writers = _readers(kp), _writers(kp)
+        changed = True
     return changed
+
+
+def chain_plan(kp: KProgram, pi: int, readers, writers, outputs) -> tuple[str | None, dict]:
+    """(None, {reader index: fused reader}) when kernel ``pi`` inlines into all its readers
+    (rule 1), else (why not, {})."""
+    prod = kp.kernels[pi]
+    if prod.kind is not KKind.POINTWISE or len(prod.outs) != 1:
+        return "the producer is not a single-output pointwise kernel", {}
+    X = prod.outs[0].buffer
+    if X in outputs:
+        return f"%{X} is a graph output", {}
+    if kp.buffers[X].role is not Role.TEMP:
+        return f"%{X} is not a temporary", {}
+    if len(writers.get(X, [])) != 1:
+        return f"%{X} has {len(writers.get(X, []))} writers", {}
+    if not _is_whole(kp, prod.outs[0]):
+        return f"the producer writes a view of %{X}, not all of it", {}
+    users = readers.get(X, [])
+    if not users:
+        return f"nothing reads %{X}", {}
+    other = sorted({kp.kernels[u].kind.name.lower() for u in users} - {"pointwise"})
+    if other:
+        return (f"%{X} is read by a {'/'.join(other)} kernel (a pointwise producer is inlined "
+                f"only into pointwise readers, all of them)"), {}
+    new = {}
+    for u in set(users):
+        fused = _inline(kp.kernels[u], _indices_of(kp.kernels[u].ins, X), prod)
+        if fused is None:
+            return (f"{','.join(kp.kernels[u].origin)} reads %{X} through a view the producer "
+                    f"cannot be re-indexed to, or the fused expression would exceed {MAX_EXPR} "
+                    f"nodes"), {}
+        new[u] = fused
+    return None, new
 
 
 def _drop_unused_inputs(k: KOp) -> KOp:
@@ -182,53 +201,64 @@ def _drop_unused_inputs(k: KOp) -> KOp:
 def fuse_matmul_epilogues(kp: KProgram) -> bool:
     readers, writers = _readers(kp), _writers(kp)
     outputs = {r.buffer for r in kp.outputs}
-    for mi, mm in enumerate(kp.kernels):
-        if mm.kind is not KKind.MATMUL:
-            continue
-        X = mm.outs[0].buffer
-        if X in outputs or kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
-            continue
-        users = sorted(set(readers.get(X, [])))
-        if len(users) != 1:
-            continue
-        c = kp.kernels[users[0]]
-        js = _indices_of(c.ins, X)
-        if c.kind is not KKind.POINTWISE or users[0] < mi:
-            continue
-        cout = c.outs[0]
-        if not _is_whole(kp, cout) or cout.numel != mm.outs[0].numel:
-            continue
-        if any(c.ins[j].shape != cout.shape or not _is_whole(kp, c.ins[j]) for j in js):
-            continue
-        # matmul output is [B, M, N]; the consumer works on the same elements in its own shape
-        out3 = TensorRef(cout.buffer, cout.dtype, mm.outs[0].shape, mm.outs[0].strides, 0)
-        ins = list(mm.ins)
-        remap: dict[int, int] = {}
-        for ci, r in enumerate(c.ins):
-            if ci in js:
-                continue
-            if r.shape != cout.shape or any(w > mi for w in writers.get(r.buffer, ())):
-                break
-            r3 = _reshape_view(r, cout.shape, mm.outs[0].shape)
-            if r3 is None:
-                break
-            remap[ci] = len(ins)
-            ins.append(r3)
-        else:
-            mm_epi = mm.attrs.epilogue or Expr(EOp.ACC)
-            cexpr = _index_to_mm_axes(c.attrs.expr, cout.shape, mm.outs[0].shape)
-            if cexpr is None:
-                continue
-            expr = cexpr.map_loads(
-                lambda x: mm_epi if x.index in js else replace(x, index=remap[x.index]))
-            if expr.size() > MAX_EXPR:
-                continue
-            kp.kernels[mi] = KOp(KKind.MATMUL, (out3,), tuple(ins), MatmulKAttrs(expr),
-                                 mm.origin + c.origin)
-            del kp.kernels[users[0]]
+    for mi in range(len(kp.kernels)):
+        why, fused, ui = epilogue_plan(kp, mi, readers, writers, outputs)
+        if why is None:
+            X = kp.kernels[mi].outs[0].buffer
+            kp.kernels[mi] = fused
+            del kp.kernels[ui]
             del kp.buffers[X]
             return True
     return False
+
+
+def epilogue_plan(kp: KProgram, mi: int, readers, writers, outputs):
+    """(None, fused matmul, consumer index) when matmul ``mi`` takes its pointwise consumer as
+    its epilogue (rule 2), else (why not, None, None)."""
+    mm = kp.kernels[mi]
+    no = (None, None)
+    if mm.kind is not KKind.MATMUL:
+        return ("the producer is not a matmul",) + no
+    X = mm.outs[0].buffer
+    if X in outputs:
+        return (f"%{X} is a graph output",) + no
+    if kp.buffers[X].role is not Role.TEMP or len(writers.get(X, [])) != 1:
+        return (f"%{X} is not a temporary with one writer",) + no
+    users = sorted(set(readers.get(X, [])))
+    if len(users) != 1:
+        return (f"%{X} has {len(users)} readers (an epilogue takes the only one)",) + no
+    c = kp.kernels[users[0]]
+    js = _indices_of(c.ins, X)
+    if c.kind is not KKind.POINTWISE or users[0] < mi:
+        return (f"its reader is a {c.kind.name.lower()} kernel, not a pointwise one",) + no
+    cout = c.outs[0]
+    if not _is_whole(kp, cout) or cout.numel != mm.outs[0].numel:
+        return ("the reader's output is not one element per matmul output element",) + no
+    if any(c.ins[j].shape != cout.shape or not _is_whole(kp, c.ins[j]) for j in js):
+        return (f"the reader takes %{X} through a view (a broadcast, slice or transpose)",) + no
+    # matmul output is [B, M, N]; the consumer works on the same elements in its own shape
+    out3 = TensorRef(cout.buffer, cout.dtype, mm.outs[0].shape, mm.outs[0].strides, 0)
+    ins = list(mm.ins)
+    remap: dict[int, int] = {}
+    for ci, r in enumerate(c.ins):
+        if ci in js:
+            continue
+        if r.shape != cout.shape or any(w > mi for w in writers.get(r.buffer, ())):
+            return (f"the reader's other input %{r.buffer} is broadcast or written after the "
+                    f"matmul",) + no
+        r3 = _reshape_view(r, cout.shape, mm.outs[0].shape)
+        if r3 is None:
+            return (f"the reader's other input %{r.buffer} has no view over the matmul's axes",) + no
+        remap[ci] = len(ins)
+        ins.append(r3)
+    mm_epi = mm.attrs.epilogue or Expr(EOp.ACC)
+    cexpr = _index_to_mm_axes(c.attrs.expr, cout.shape, mm.outs[0].shape)
+    if cexpr is None:
+        return ("the reader indexes batch axes the matmul's epilogue does not have",) + no
+    expr = cexpr.map_loads(lambda x: mm_epi if x.index in js else replace(x, index=remap[x.index]))
+    if expr.size() > MAX_EXPR:
+        return (f"the epilogue would exceed {MAX_EXPR} expression nodes",) + no
+    return None, KOp(KKind.MATMUL, (out3,), tuple(ins), MatmulKAttrs(expr), mm.origin + c.origin), users[0]
 
 
 def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...]) -> Expr | None:
@@ -419,8 +449,9 @@ def read_through_copies(kp: KProgram) -> bool:
 
 
 def fuse(kp: KProgram) -> KProgram:
-    """Run the fusions to a fixed point (in place); return the program. Refused attention
-    fusions are recorded in ``kp.notes`` (WhyNoFuse lines)."""
+    """Run the fusions to a fixed point (in place); return the program. Every producer ->
+    consumer pair of kernels left through a temporary gets a ``WhyNoFuse`` line in
+    ``kp.notes`` (``fusion_why.explain``; refused attention fusions too)."""
     from lowering.passes.attention import drop_dead_kernels, fuse_attention
     from lowering.passes.patterns import recognise_activations
     passes = (drop_dead_kernels, fuse_pointwise_chains, recognise_activations, fuse_matmul_epilogues,
@@ -437,4 +468,6 @@ def fuse(kp: KProgram) -> KProgram:
             i = 0
         else:
             i += 1
+    from lowering.passes.fusion_why import explain
+    kp.notes.extend(n for n in explain(kp) if n not in kp.notes)
     return kp
