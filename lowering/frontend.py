@@ -96,8 +96,19 @@ def fake_values(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> dict[fx.No
                 raise LoweringError(f"unexpected {n.op} node {n.name} in a device partition")
             args = fx.node.map_arg(n.args, lambda a: vals[a])
             kwargs = fx.node.map_arg(n.kwargs, lambda a: vals[a])
-            vals[n] = n.target(*args, **kwargs)
+            try:
+                vals[n] = n.target(*args, **kwargs)
+            except (RuntimeError, ValueError):
+                # a view of an input whose traced strides made it viewable (a tangent laid out
+                # like its permuted forward output): the inputs here are contiguous, so take the
+                # same elements as a reshape (the lowering copies where a view cannot express it)
+                if n.target not in _VIEWS:
+                    raise
+                vals[n] = torch.ops.aten.reshape.default(*args, **kwargs)
     return vals
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
 def build_kir(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> KProgram:

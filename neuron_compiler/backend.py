@@ -48,7 +48,39 @@ def decomposition_table() -> dict:
     from torch._decomp import core_aten_decompositions, get_decompositions
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([getattr(torch.ops.aten, n) for n in EXTRA_DECOMPOSITIONS]))
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    table[op] = _flash_attention_for_cpu(table[op])
     return table
+
+
+def _flash_attention_for_cpu(inference_decomposition):
+    """torch's decomposition of ``_scaled_dot_product_flash_attention_for_cpu`` returns the
+    attention probabilities as its second output, where the op returns the row logsumexp that
+    its backward (``..._for_cpu_backward``) reads: in a training graph the gradients would be
+    silently wrong. This one returns the op's output (from torch's decomposition) and the true
+    logsumexp [N, H, L] (fp32, laid out as the op lays it out); with dropout it does not
+    decompose (the backward regenerates the op's own dropout mask)."""
+    import math
+    import torch
+
+    def decomp(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        if dropout_p:
+            return NotImplemented
+        out, _ = inference_decomposition(query, key, value, dropout_p, is_causal,
+                                         attn_mask=attn_mask, scale=scale)
+        s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * s
+        L, S = scores.shape[-2:]
+        if is_causal:
+            keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        if attn_mask is not None:
+            scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                      else scores + attn_mask.float())
+        lse = torch.logsumexp(scores, dim=-1)
+        return out, lse.transpose(1, 2).contiguous().transpose(1, 2)
+
+    return decomp
 
 
 def _warn_if_shadowed() -> None:
