@@ -229,6 +229,20 @@ def test_compare_can_fail():
     assert compare("o", x + 0.05, x, loose)["passed"]
 
 
+def test_cosine_is_not_judged_on_rounding_noise_around_zero():
+    """A gradient that is 0 in exact arithmetic (BERT's key bias) is rounding noise on both
+    sides: within atol everywhere, its direction is not judged; the same pattern above atol
+    is (a sign flip fails)."""
+    th = DEFAULT_THRESHOLDS
+    g = torch.Generator().manual_seed(1)
+    a, e = torch.randn(64, generator=g) * 1e-12, torch.randn(64, generator=g) * 1e-12
+    row = compare("o", a, e, th)
+    assert row["passed"] and row["cosine"] < 0.9, row
+    x = torch.randn(64, generator=g)
+    assert not compare("o", -x, x, th)["passed"]
+    assert not compare("o", a * 1e9, e * 1e9, th)["passed"]       # same directions, above atol
+
+
 def test_baseline_compare_is_pure_and_thresholded():
     def report(p50, hbm, fallbacks=(), passed=True):
         return {"targets": {"trn2": {"latency_us": {"p50": p50, "simulated_us": p50},
