@@ -27,6 +27,10 @@ def explain(kp: KProgram) -> list[str]:
     outputs = {r.buffer for r in kp.outputs}
     lines: list[str] = []
     for pi, prod in enumerate(kp.kernels):
+        # the producer's own refusal (one answer for all its readers)
+        chain = chain_plan(kp, pi, readers, writers, outputs)[0] if prod.kind is KKind.POINTWISE else None
+        epi = (epilogue_plan(kp, pi, readers, writers, outputs)[0]
+               if prod.kind is KKind.MATMUL else None)
         for o in prod.outs:
             X = o.buffer
             for ci in sorted(set(readers.get(X, []))):
@@ -35,9 +39,9 @@ def explain(kp: KProgram) -> list[str]:
                 cons = kp.kernels[ci]
                 pk, ck = prod.kind.name.lower(), cons.kind.name.lower()
                 if prod.kind is KKind.POINTWISE:
-                    why = chain_plan(kp, pi, readers, writers, outputs)[0]
+                    why = chain
                 elif prod.kind is KKind.MATMUL and cons.kind is KKind.POINTWISE:
-                    why = epilogue_plan(kp, pi, readers, writers, outputs)[0]
+                    why = epi
                 else:
                     why = NO_RULE.format(p=pk, c=ck)
                 if why is None:     # fusable now: only when a later pass produced the pair

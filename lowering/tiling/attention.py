@@ -47,7 +47,7 @@ from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
-MASK_SCALE = 2.0 ** 126 / -LOWEST   # the -3.4e38 mask scaled to -2^126, finite in bf16
+PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
 
 
 
@@ -79,14 +79,19 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     J = max(1, min(4, (t.psum_banks - tp_banks) // per_q, -(-Sq // QB)))
     b.note(f"attention {'x'.join(map(str, batch))} x [{Sq}x{D}] keys {Sk} values {Dv}: Q {sq.form}, "
            f"K {sk.form}; {J} query blocks per group, key blocks of {KB} software-pipelined")
-    masks = _causal_masks(b, k, Sq, Sk, J) if k.attrs.causal else None
     sk_seen = min(Sk, Sq + k.attrs.causal_offset) if k.attrs.causal else Sk
-    if batch and batch[-1] > 1 and Sq <= 2 * QB and sk_seen <= KB:
+    items = bool(batch) and batch[-1] > 1 and Sq <= 2 * QB and sk_seen <= KB
+    # short heads where every row sees a key: the mask is added on TensorE (see _items), in bf16
+    pe_mask = items and a.score is None and a.causal_offset >= 0
+    masks = (_causal_masks(b, k, Sq, Sk, J, *((DType.BF16, PE_MASK) if pe_mask else (F32, LOWEST)))
+             if k.attrs.causal else None)
+    if items:
         # one step per batch item: pipeline the items themselves (see _items)
         with ExitStack() as es:
             outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
             tps = 2 if PE_T in (sq.form, sk.form) or RES_T in (sq.form, sk.form) else 0
-            _items(b, k, sq, sk, outer, batch[-1], Sq, D, sk_seen, Dv, masks, t.psum_banks - tps)
+            _items(b, k, sq, sk, outer, batch[-1], Sq, D, sk_seen, Dv, masks, t.psum_banks - tps,
+                   pe_mask)
         return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
@@ -119,9 +124,10 @@ def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
     return k0 - q0 - off
 
 
-def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int) -> dict:
-    """One additive mask tile [128, KB] (0 visible, -3e38 hidden) per distinct diagonal offset
-    d, set once at the start of the kernel."""
+def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F32,
+                  hidden: float = LOWEST) -> dict:
+    """One additive mask tile [128, KB] of ``dt`` (0 visible, ``hidden`` hidden) per distinct
+    diagonal offset d, set once at the start of the kernel."""
     off = k.attrs.causal_offset
     ds = set()
     for g in range(-(-Sq // (J * QB))):
@@ -136,10 +142,10 @@ def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int) -> dict:
                     ds.add(d)
     out = {}
     for d in sorted(ds):
-        t = b.tile(f"mask{len(out)}", Memory.SBUF, QB, KB, F32)
+        t = b.tile(f"mask{len(out)}", Memory.SBUF, QB, KB, dt)
         b.iota(t.ap(), d, -1, (1,))                     # c - p + d
         b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0)
-        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -LOWEST)   # 0 or -3.4e38
+        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden)   # 0 or hidden
         out[d] = t
     return out
 
@@ -428,7 +434,7 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
 
 
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
-           Dv: int, masks: dict | None, psum_free: int) -> None:
+           Dv: int, masks: dict | None, psum_free: int, pe_mask: bool = False) -> None:
     """Batch items (the innermost batch axis) that are one step each (all queries in one group,
     all keys in one block), software-pipelined ``U`` items deep: item t's P^T transposes, then
     item t+U-1's early stage (loads, products, row max, exp), then item t's second products and
@@ -460,18 +466,13 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # a row with no visible key (its sum is 0) exists only under a score expression or a
     # causal offset that hides key 0 from the first queries
     clamp = a.safe and (a.score is not None or a.causal_offset < 0)
-    # every row sees a key: the mask goes into the scores on TensorE (S += I.T @ mask, exact:
-    # 0 or -2^126 in bf16), so the row max reads PSUM and no VectorE pass adds it
-    mm_mask = {}
-    if masks is not None and a.score is None and a.causal_offset >= 0 and any(d is not None for d in diag):
+    # ``pe_mask`` (every row sees a key): the bf16 mask goes into the scores on TensorE
+    # (S += I.T @ mask, exact: 0 or -2^126), so the row max reads PSUM and no VectorE pass adds it
+    pe_mask = pe_mask and any(m is not None for m in diag)
+    if pe_mask:
         ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0)
-        for j, m in enumerate(diag):
-            if m is not None and id(m) not in mm_mask:
-                t = b.tile(f"mmask{len(mm_mask)}", Memory.SBUF, QB, kw, DType.BF16)
-                b.tensor_scalar(t.ap(QB, dims=((1, kw),)), m.ap(QB, dims=((1, kw),)), AluOp.MULTIPLY, MASK_SCALE)
-                mm_mask[id(m)] = t
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
@@ -495,15 +496,15 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         kt = _load_k(b, sk, bidx, aff(0), kw, D, dt)
         _qk(b, qts, blocks, kt, S, kw, D)
         for j, (q0, qr) in enumerate(blocks):
-            if diag[j] is not None and mm_mask:
+            if diag[j] is not None and pe_mask:
                 b.matmul(S[j].ap(qr, dims=((1, kw),)), ident.ap(QB, dims=((1, qr),)),
-                         mm_mask[id(diag[j])].ap(QB, dims=((1, kw),)), start_when=(1,))
+                         diag[j].ap(QB, dims=((1, kw),)), start_when=(1,))
         for j, (q0, qr) in enumerate(blocks):
             src, act_scale = S[j].ap(qr, dims=((1, kw),)), a.scale
             if a.score is not None:
                 src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
                 act_scale = 1.0
-            if diag[j] is not None and not mm_mask:
+            if diag[j] is not None and not pe_mask:
                 sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
                 b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc

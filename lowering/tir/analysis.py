@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from lowering.tir.affine import Affine
 from lowering.tir.ir import Loop, Stmt, TBuf, TInstr, TProgram
+from runtime_sim.isa import Memory
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,19 @@ class Structure:
             else:
                 self.info[s.sid] = InstrInfo(s, loops, p, p[0])
 
+    @cached_property
+    def weight_loads(self) -> frozenset[int]:
+        """Loads into SBUF/PSUM of HBM data that no instruction of the program writes (weights,
+        graph inputs): what may prefetch (schedule) and stream ahead (plan)."""
+        tp = self.tp
+        written = {a.buf for inf in self.info.values() for a in inf.ins.writes
+                   if tp.buffer(a.buf).memory is Memory.HBM}
+        return frozenset(
+            sid for sid, inf in self.info.items()
+            if inf.ins.dst is not None and tp.buffer(inf.ins.dst.buf).memory is not Memory.HBM
+            and inf.ins.srcs and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written
+                                     for a in inf.ins.srcs))
+
     def flat(self, sid: int) -> Affine:
         f = self._flat.get(sid)
         if f is None:
@@ -95,6 +110,11 @@ class Structure:
             if lp.var == buf.scope:
                 return math.prod(x.count for x in loops[k + 1:])
         raise AssertionError(f"instruction {sid} uses {buf.name} outside its scope {buf.scope}")
+
+
+def kernel_key(ins: TInstr) -> str:
+    """The kernel an instruction belongs to: the ``k<i>`` prefix of its tag."""
+    return (ins.tag or "").split(":", 1)[0]
 
 
 def common_loops(a: InstrInfo, b: InstrInfo) -> int:

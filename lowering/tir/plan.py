@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from lowering.errors import Unsupported
 from lowering.memory import lower_bound
 from lowering.memory.packing import PackingError, pack_offsets
-from lowering.tir.analysis import Structure
+from lowering.tir.analysis import Structure, kernel_key
 from lowering.tir.ir import Loop, TBuf, TProgram
 from runtime_sim.isa import Memory
 from runtime_sim.targets import Target
@@ -119,8 +119,7 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
     for sid in sorted(st.info):
         inf = st.info[sid]
         if inf.top not in kern_of:
-            key = (inf.ins.tag or "").split(":", 1)[0]
-            kern_of[inf.top] = order.setdefault(key, len(order))
+            kern_of[inf.top] = order.setdefault(kernel_key(inf.ins), len(order))
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for top, kk in kern_of.items():
@@ -143,17 +142,12 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
 
 
 def weight_buffers(tp: TProgram, st: Structure) -> dict[str, tuple[int, set[str]]]:
-    """On-chip buffers filled by loads of HBM data that no instruction writes (weights, graph
-    inputs): each with its first such load and the HBM buffers those loads read."""
-    written = {a.buf for inf in st.info.values() for a in inf.ins.writes
-               if tp.buffer(a.buf).memory is Memory.HBM}
+    """On-chip buffers filled by weight loads (``Structure.weight_loads``): each with its first
+    such load and the HBM buffers those loads read."""
     out: dict[str, tuple[int, set[str]]] = {}
-    for sid in sorted(st.info):
+    for sid in sorted(st.weight_loads):
         ins = st.info[sid].ins
-        if (ins.dst is not None and tp.buffer(ins.dst.buf).memory is not Memory.HBM and ins.srcs
-                and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written
-                        for a in ins.srcs)):
-            out.setdefault(ins.dst.buf, (sid, set()))[1].update(a.buf for a in ins.srcs)
+        out.setdefault(ins.dst.buf, (sid, set()))[1].update(a.buf for a in ins.srcs)
     return out
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from lowering.tir.analysis import Structure
+from lowering.tir.analysis import Structure, kernel_key
 from lowering.tir.ir import TAP, TInstr, TProgram
 from runtime_sim.costs import clock_ghz, instr_cost
 from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
@@ -80,8 +80,6 @@ def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
 def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[int, Queue]:
     st = st or Structure(tp)
     lanes = tuple(dma_queues(target, i) for i in range(1 + PREFETCH_LANES))
-    written = {a.buf for inf in st.info.values() for a in inf.ins.writes
-               if tp.buffer(a.buf).memory is Memory.HBM}
     out: dict[int, Queue] = {}
     regions: dict[int, list[int]] = defaultdict(list)
     for sid in sorted(st.info):
@@ -93,17 +91,15 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
     lane_of: dict[str, int] = {}
     for sid in sorted(st.info):
         ins = st.info[sid].ins
-        if EngineKind.DMA in ins.engines and _prefetchable(tp, ins, written):
-            kern = (ins.tag or "").split(":", 1)[0]
-            lane_of.setdefault(kern, 1 + len(lane_of) % PREFETCH_LANES)
-    stream = _stream_loads(tp, st, target, written, lanes[1][0])
+        if EngineKind.DMA in ins.engines and sid in st.weight_loads:
+            lane_of.setdefault(kernel_key(ins), 1 + len(lane_of) % PREFETCH_LANES)
+    stream = _stream_loads(tp, st, target, lanes[1][0])
     for sids in regions.values():
-        _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of, stream)
+        _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream)
     return out
 
 
-def _stream_loads(tp: TProgram, st: Structure, target: Target, written: set[str],
-                  q: Queue) -> set[int]:
+def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[int]:
     """The weight loads that take the weight stream: per kernel, its weight loads whose data
     phase outlasts their descriptor generation (one queue issuing them back to back keeps the
     engines busy), unless the kernel refills more than one weight buffer (counting a buffer
@@ -114,10 +110,10 @@ def _stream_loads(tp: TProgram, st: Structure, target: Target, written: set[str]
     per: dict[str, list[int]] = defaultdict(list)
     for sid in sorted(st.info):
         ins = st.info[sid].ins
-        if EngineKind.DMA in ins.engines and _prefetchable(tp, ins, written):
+        if EngineKind.DMA in ins.engines and sid in st.weight_loads:
             c = instr_cost(probe_instr(tp, ins), q, target)
             if c.busy_ns >= c.issue_ns:
-                per[(ins.tag or "").split(":", 1)[0]].append(sid)
+                per[kernel_key(ins)].append(sid)
     out: set[int] = set()
     for sids in per.values():
         refilled = {tp.buffer(b).alias or b for b in (st.info[sid].ins.dst.buf for sid in sids
@@ -140,14 +136,7 @@ def _whole(tp: TProgram, ins: TInstr) -> bool:
     return d.slot_bytes * d.bufs * d.partitions >= sum(tp.buffer(a.buf).free[0] for a in ins.srcs)
 
 
-def _prefetchable(tp: TProgram, ins: TInstr, written: set[str]) -> bool:
-    """A load into SBUF of HBM data that no instruction of the program writes."""
-    return (ins.dst is not None and tp.buffer(ins.dst.buf).memory is not Memory.HBM
-            and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written for a in ins.srcs))
-
-
-def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, lane_of,
-                     stream) -> None:
+def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
@@ -168,8 +157,7 @@ def _schedule_region(tp, st, sids, target, lanes, written, out, dma_load, rr, la
         for p in producers:
             up |= upstream[p] | {out[p].engine}
         if EngineKind.DMA in ins.engines:
-            lane = (lane_of[(ins.tag or "").split(":", 1)[0]] if _prefetchable(tp, ins, written)
-                    else 0)
+            lane = lane_of[kernel_key(ins)] if sid in st.weight_loads else 0
             dmas = lanes[lane]
             if sid in stream:
                 dmas = lanes[1][:1]            # the weight stream: one queue, program order
