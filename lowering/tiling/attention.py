@@ -37,6 +37,7 @@ from contextlib import ExitStack
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
+from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Rows, _cols, _early,
                                              _finish, _late, _load_k, _load_v, _o_shares_bank,
                                              _pt_bytes, _qk, _score_tile, _store, _transpose_block,
@@ -95,7 +96,11 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
         return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
-        if masks is None:
+        if masks is None and rows_fits(k, Sq, Sk, Dv, t, tp_banks):
+            b.note(f"attention: whole score rows in PSUM ({-(-Sk // KB)} banks per query block), "
+                   "two-phase softmax, query blocks software-pipelined")
+            tile_rows(b, k, sq, sk, bidx, Sq, D, Sk, Dv)
+        elif masks is None:
             shared = _groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv)
             if shared is not None:
                 if Sq % (J * QB):                   # the partial group after the pipelined ones
