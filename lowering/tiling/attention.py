@@ -94,13 +94,16 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
             _items(b, k, sq, sk, outer, batch[-1], Sq, D, sk_seen, Dv, masks, t.psum_banks - tps,
                    pe_mask)
         return
+    if masks is None and rows_fits(k, Sq, Sk, Dv, t, tp_banks):
+        b.note(f"attention: whole score rows in PSUM ({-(-Sk // KB)} banks per query block), "
+               "two-phase softmax, query blocks software-pipelined across heads")
+        with ExitStack() as es:
+            outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
+            tile_rows(b, k, sq, sk, outer, batch[-1] if batch else 1, Sq, D, Sk, Dv)
+        return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
-        if masks is None and rows_fits(k, Sq, Sk, Dv, t, tp_banks):
-            b.note(f"attention: whole score rows in PSUM ({-(-Sk // KB)} banks per query block), "
-                   "two-phase softmax, query blocks software-pipelined")
-            tile_rows(b, k, sq, sk, bidx, Sq, D, Sk, Dv)
-        elif masks is None:
+        if masks is None:
             shared = _groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv)
             if shared is not None:
                 if Sq % (J * QB):                   # the partial group after the pipelined ones

@@ -52,9 +52,13 @@ def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
             and 2 * per + tp_banks <= t.psum_banks)
 
 
-def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx: tuple[Affine, ...], Sq: int,
-              D: int, Sk: int, Dv: int) -> None:
-    """One batch index (inside its loops ``bidx``): K/V loads, then every query block."""
+def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, ...], nh: int,
+              Sq: int, D: int, Sk: int, Dv: int) -> None:
+    """Every batch item of the innermost batch axis (``nh`` of them, inside the loops ``outer``;
+    none when the attention has no batch axes) as one pipeline of query blocks: K^T and V of
+    item h in set h % 2, loaded (with item h+1's first query block's products, max and exp)
+    while item h-1's last query block finishes, so no item boundary drains the engines. The
+    item loop is unrolled by two (the K/V sets alternate)."""
     a = k.attrs
     dt, pdt = sq.ref.dtype, a.p_dtype
     V = k.ins[2]
@@ -71,22 +75,52 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx: tuple[Affine, .
         O = (_Cols(S[-1], o_col, QB, Dv) if shares else b.tile(f"ro_{u}", Memory.PSUM, QB, Dv, F32, 1))
         P = [b.tile(f"rp{c}_{u}", Memory.SBUF, QB, KB, pdt, 1) for c in range(nk)]
         L = b.tile(f"rl_{u}", Memory.SBUF, QB, nk, F32, 1)
-        sets.append((S, O, P, L))
-    kts = [_load_k(b, sk, bidx, aff(k0), kw, D, dt) for k0, kw in kbs]
-    vts = [_load_v(b, V, bidx, aff(k0), kw, Dv) for k0, kw in kbs]
+        # per parity also the query block's Q^T, statistics, P^T and output staging: a tile per
+        # query block would leave the planner only short lifetimes to share bytes by, and every
+        # sharing is a wait on another block's instructions
+        tmp = {"qt": b.tile(f"rqt_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
+               "mb": b.tile(f"rmb_{u}", Memory.SBUF, QB, nk, F32, 1),
+               "m": b.tile(f"rm_{u}", Memory.SBUF, QB, 1, F32, 1),
+               "nm": b.tile(f"rnm_{u}", Memory.SBUF, QB, 1, F32, 1),
+               "den": b.tile(f"rden_{u}", Memory.SBUF, QB, 1, F32, 1),
+               "rl": b.tile(f"rrl_{u}", Memory.SBUF, QB, 1, F32, 1),
+               "pt": [b.tile(f"rpt{c}_{u}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
+                      for c, (_, kw) in enumerate(kbs)],
+               "w": b.tile(f"rw_{u}", Memory.SBUF, QB, Dv, k.outs[0].dtype, 1)}
+        sets.append((S, O, P, L, tmp))
+    kv = [([b.tile(f"rk{c}_{w}", Memory.SBUF, min(D, 128), nd * kw, dt, 1) for c, (_, kw) in enumerate(kbs)],
+           [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dv, V.dtype, 1)
+            for c, (_, kw) in enumerate(kbs)]) for w in range(2)]
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
+    T = len(blocks)
 
-    def early(t: int) -> None:
+    def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
+        bidx = outer + (h,) if nh > 1 or outer else ()
+        kts, vts = kv[w]
+        for c, (k0, kw) in enumerate(kbs if k else ()):
+            _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
+        for c, (k0, kw) in enumerate(kbs if v else ()):
+            _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
+
+    def load_q(h: Affine, t: int, u: int) -> None:
+        bidx = outer + (h,) if nh > 1 or outer else ()
         q0, qr = blocks[t]
-        S, O, P, L = sets[t % 2]
-        qt = b.tile("rqt", Memory.SBUF, min(D, 128), nd * qr, dt)
         for d0, dw in b.tiled(D, 128, "d"):
-            sq.load(b, qt, d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
+            sq.load(b, sets[u][4]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
+
+    def early(h: Affine, w: int, t: int, u: int, loaded: bool = False) -> None:
+        bidx = outer + (h,) if nh > 1 or outer else ()
+        kts = kv[w][0]
+        q0, qr = blocks[t]
+        S, O, P, L, tmp = sets[u]
+        qt = tmp["qt"]
+        if not loaded:
+            load_q(h, t, u)
         for c, (k0, kw) in enumerate(kbs):
             for d0, dw in b.tiled(D, 128, "dm"):
                 b.matmul(S[c].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
                          kts[c].ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
-        mb = b.tile("rmb", Memory.SBUF, qr, nk, F32).ap()
+        mb = tmp["mb"].ap(qr)
         srcs = []
         for c, (k0, kw) in enumerate(kbs):
             src, act_scale = S[c].ap(qr, dims=((1, kw),)), a.scale
@@ -98,9 +132,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx: tuple[Affine, .
             b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
         act_scale = srcs[0][1]
-        m = b.tile("rm", Memory.SBUF, qr, 1, F32).ap()
+        m = tmp["m"].ap(qr)
         b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
-        nm = b.tile("rnm", Memory.SBUF, qr, 1, F32).ap()
+        nm = tmp["nm"].ap(qr)
         if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
             b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
@@ -111,28 +145,49 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx: tuple[Affine, .
             b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
                          reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
 
-    def late(t: int) -> None:
+    def late(h: Affine, w: int, t: int, u: int) -> None:
+        bidx = outer + (h,) if nh > 1 or outer else ()
+        vts = kv[w][1]
         q0, qr = blocks[t]
-        S, O, P, L = sets[t % 2]
+        S, O, P, L, tmp = sets[u]
         # 1 / sum first, on GpSimdE (ScalarE's queue holds the next block's exps: a reciprocal
         # there would wait for them, and the last score bank for this block's output read)
-        den = b.tile("rden", Memory.SBUF, qr, 1, F32).ap()
+        den = tmp["den"].ap(qr)
         b.tensor_reduce(den, L.ap(qr), AluOp.ADD, engines=(EngineKind.GPSIMD,))
         if clamp:
             b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
-        rl = b.tile("rrl", Memory.SBUF, qr, 1, F32).ap()
+        rl = tmp["rl"].ap(qr)
         b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
-        pts = [_transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw, -(-kw // 128))
-               for c, (k0, kw) in enumerate(kbs)]
+        pts = [_transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw, -(-kw // 128),
+                                pt=tmp["pt"][c]) for c, (k0, kw) in enumerate(kbs)]
         for c, (k0, kw) in enumerate(kbs):
             for s0, sw in b.tiled(kw, 128, "pv"):
                 sub = s0 // 128
                 b.matmul(O.ap(qr), _cols(pts[c], sub * qr, qr, sw), _v_rows(vts[c], sub, s0, sw, Dv),
                          start_when=(s0 + k0,))
-        _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl)
+        _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl, tmp["w"])
 
-    early(0)
-    for t in range(len(blocks)):
-        if t + 1 < len(blocks):
-            early(t + 1)
-        late(t)
+    def item(h: Affine, hh: int, last: bool) -> None:
+        """Item h (its K/V in set hh): every query block's late stage, each after the next
+        block's early stage (the next item's first, with its K/V loads, unless ``last``)."""
+        for t in range(T):
+            u = (hh * T + t) % 2
+            if t + 1 < T:
+                early(h, hh, t + 1, (u + 1) % 2)
+            elif not last:
+                load_kv(h + 1, 1 - hh)
+                early(h + 1, 1 - hh, 0, (u + 1) % 2)
+            late(h, hh, t, u)
+
+    # the first products wait for the first Q^T and the K^T blocks only: those loads go first
+    load_q(aff(0), 0, 0)
+    load_kv(aff(0), 0, v=False)
+    early(aff(0), 0, 0, 0, loaded=True)
+    load_kv(aff(0), 0, k=False)
+    pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
+    if pairs:
+        with b.single_slot_loop(pairs, "h") as i:
+            item(2 * i, 0, False)
+            item(2 * i + 1, 1, False)
+    for h in range(2 * pairs, nh):   # the rest, unrolled (the last one starts no successor)
+        item(aff(h), h % 2, h == nh - 1)

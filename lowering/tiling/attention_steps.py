@@ -40,14 +40,17 @@ def _only_casts(e: Expr) -> bool:
     return e.op is EOp.ACC
 
 
-def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP) -> None:
-    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output (PSUM or SBUF)."""
+def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP,
+           w=None) -> None:
+    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output (PSUM or SBUF);
+    ``w``: the staging tile [qr, Dv] of the output dtype to use when the epilogue is casts."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
     target = b.resident_view(dst, qr)
     if _only_casts(a.epilogue):      # normalise and round in one instruction
-        w = target if target is not None else b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap()
+        w = target if target is not None else (w.ap(qr) if w is not None else
+                                               b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap())
         b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
         if target is None:
             b.dma(dst, w)
@@ -115,10 +118,10 @@ def _late(b: TirBuilder, k: KOp, pipe, u: int, vt, kw: int) -> None:
         _softmax_update(b, st[j], AL[u][j], u)    # l' = l * a + sum (off the next block's path)
 
 
-def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DType):
-    """K^T [D, kw] of one key block."""
+def _load_k(b: TirBuilder, sk: _Side, bidx, k0: Affine, kw: int, D: int, dt: DType, kt=None):
+    """K^T [D, kw] of one key block (into ``kt`` when given)."""
     nd = -(-D // 128)
-    kt = b.tile("kt", Memory.SBUF, min(D, 128), nd * kw, dt, 2)
+    kt = kt if kt is not None else b.tile("kt", Memory.SBUF, min(D, 128), nd * kw, dt, 2)
     # TensorE-transposed K: the block's rows in one DMA ([128 keys, D] per 128 keys), not one
     # [128, 128] transfer per transpose
     stage = sk.stage(b, sk.base(bidx), k0, kw, D, always=True)
@@ -132,11 +135,12 @@ def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
     return _cols(vt.ap(), sub * Dv, Dv, sw)
 
 
-def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int):
-    """V [kw keys on partitions in 128-row pieces, Dv] of one key block. (Reading a resident
-    V in place, as the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
+def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None):
+    """V [kw keys on partitions in 128-row pieces, Dv] of one key block (into ``vt`` when
+    given). (Reading a resident V in place, as the matmul operand, measured slower on GPT-2
+    than this copy: 1170 vs 1100 us.)"""
     nsub = -(-kw // 128)
-    vt = b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
+    vt = vt if vt is not None else b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
     for s0, sw in b.tiled(kw, 128, "vs"):
         b.dma(vt.ap(sw, elem_offset=s0 // 128 * Dv, dims=((1, Dv),)),
               hbm_ap(V.buffer, V.dtype, _boff(V, bidx) + (k0 + s0) * V.strides[-2], sw,
@@ -206,13 +210,14 @@ def _pt_bytes(nsub: int, pdt: DType) -> int:
 
 
 def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int,
-                     tdt: DType | None = None) -> TAP:
-    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF: the transposes
-    write ``tdt`` (default: P's dtype) into the bank, one copy takes them all out when every
-    piece has 128 keys."""
+                     tdt: DType | None = None, pt=None) -> TAP:
+    """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF (``pt`` when
+    given): the transposes write ``tdt`` (default: P's dtype) into the bank, one copy takes them
+    all out when every piece has 128 keys."""
     pdt = k.attrs.p_dtype
     tdt = tdt or pdt
-    pt = b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, pdt).ap()
+    pt = (pt.ap(min(kw, 128), dims=((1, nsub * qr),)) if pt is not None
+          else b.tile("pt", Memory.SBUF, min(kw, 128), nsub * qr, pdt).ap())
     bank = s.ap()
     whole = replace(bank, dims=((1, nsub * qr),), partitions=min(kw, 128), dtype=tdt)
     for s0, sw in b.tiled(kw, 128, "ts"):

@@ -155,14 +155,20 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
 
     for name, accs in by_buf.items():
         buf = tp.buffer(name)
+        # per access x and queue: its same-loop-nest partners, nearest preceding first
+        nearest: dict[tuple[int, Queue], list[_Access]] = defaultdict(list)
         for x, y in _candidate_pairs(accs):
             if x.sid == y.sid or not (x.write or y.write):
                 continue
             if queues[x.sid] == queues[y.sid]:
                 continue
+            if buf.scope is None:
+                nearest[(id(x), queues[y.sid])].append(y)
+                continue
             w = _same_buffer(st, buf, x, y)
             if w is not None:
                 found[x.sid][y.sid].append(w)
+        _nearest_waits(st, buf, accs, nearest, found)
 
     # members of one alias group: every write waits for the latest preceding access of the others
     groups: dict[str, list[str]] = defaultdict(list)
@@ -194,6 +200,40 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
         out.waits[xs] = tuple(ws)
         out.signalers.update(per_y)
     return out
+
+
+def _nearest_waits(st: Structure, buf: TBuf, accs: list[_Access],
+                   nearest: dict[tuple[int, Queue], list[_Access]],
+                   found: dict[int, dict[int, list[Wait]]]) -> None:
+    """Waits of ``x`` on the accesses of one other queue, for a buffer of one allocation. A
+    queue runs and completes in order, so a wait for the latest conflicting execution covers
+    every earlier one on that queue: among the partners that precede ``x`` within the current
+    iterations of the loops they share with it, only the last in program order (``y*``, the
+    first that conflicts) is kept; a partner reached through an earlier iteration of a shared
+    loop is dropped when ``y*`` lies inside that loop too (its execution is later), and kept
+    otherwise. (This keeps the pass near-linear in the accesses of a buffer that a long
+    unrolled body reuses, instead of quadratic.)"""
+    by_id = {id(a): a for a in accs}
+    for (xi, _), ys in nearest.items():
+        x = by_id[xi]
+        X = x.info
+        cur, prev = [], []
+        for y in ys:
+            c = common_loops(X, y.info)
+            (cur if precedes_in_body(y.info, X, c) else prev).append((c, y))
+        cur.sort(key=lambda cy: cy[1].info.path, reverse=True)
+        depth = -1
+        for c, y in cur:
+            w = _same_buffer(st, buf, x, y)
+            if w is not None:
+                found[x.sid][y.sid].append(w)
+                depth = c
+                break
+        for c, y in prev:
+            if c > depth:
+                w = _same_buffer(st, buf, x, y)
+                if w is not None:
+                    found[x.sid][y.sid].append(w)
 
 
 def _dominant(ws: list[Wait]) -> list[Wait]:
