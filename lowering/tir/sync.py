@@ -116,23 +116,20 @@ def _residues_meet(a: _Access, b: _Access, ga: int, gb: int) -> bool:
 
 
 def _candidate_pairs(accs: list[_Access]):
-    """Ordered pairs of accesses of one buffer that may touch a common byte, in the order the
-    exhaustive double loop yields them: byte extents that intersect (accesses elsewhere in a
-    slot never meet, in any slot) and offsets that agree modulo their loops' common period."""
+    """Ordered index pairs of accesses of one buffer that may touch a common byte (byte extents
+    that intersect: accesses elsewhere in a slot never meet, in any slot; offsets that agree
+    modulo their loops' common period), in no particular order (the waits found are sorted)."""
     ext = [_extent(x) for x in accs]
     per = [_period(x) for x in accs]
     order = sorted(range(len(accs)), key=lambda i: ext[i][0])
-    pairs: list[tuple[int, int]] = []
     for n, i in enumerate(order):
-        hi = ext[i][1]
+        lo, hi = ext[i]
         for j in order[n + 1:]:
             if ext[j][0] >= hi:
                 break
-            if ext[j][1] > ext[i][0] and _residues_meet(accs[i], accs[j], per[i], per[j]):
-                pairs.append((i, j))
-                pairs.append((j, i))
-    for i, j in sorted(pairs):
-        yield accs[i], accs[j]
+            if ext[j][1] > lo and _residues_meet(accs[i], accs[j], per[i], per[j]):
+                yield i, j
+                yield j, i
 
 
 def _y(v: str) -> str:
@@ -157,17 +154,19 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
         buf = tp.buffer(name)
         # per access x and queue: its same-loop-nest partners, nearest preceding first
         nearest: dict[tuple[int, Queue], list[_Access]] = defaultdict(list)
-        for x, y in _candidate_pairs(accs):
-            if x.sid == y.sid or not (x.write or y.write):
+        sids = [a.sid for a in accs]
+        qs = [queues[sid] for sid in sids]
+        wr = [a.write for a in accs]
+        one = buf.scope is None
+        for i, j in _candidate_pairs(accs):
+            if sids[i] == sids[j] or not (wr[i] or wr[j]) or qs[i] == qs[j]:
                 continue
-            if queues[x.sid] == queues[y.sid]:
+            if one:
+                nearest[(i, qs[j])].append(accs[j])
                 continue
-            if buf.scope is None:
-                nearest[(id(x), queues[y.sid])].append(y)
-                continue
-            w = _same_buffer(st, buf, x, y)
+            w = _same_buffer(st, buf, accs[i], accs[j])
             if w is not None:
-                found[x.sid][y.sid].append(w)
+                found[sids[i]][sids[j]].append(w)
         _nearest_waits(st, buf, accs, nearest, found)
 
     # members of one alias group: every write waits for the latest preceding access of the others
@@ -203,7 +202,7 @@ def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
 
 
 def _nearest_waits(st: Structure, buf: TBuf, accs: list[_Access],
-                   nearest: dict[tuple[int, Queue], list[_Access]],
+                   nearest: dict[tuple[int, Queue], list[_Access]],  # (index of x, queue)
                    found: dict[int, dict[int, list[Wait]]]) -> None:
     """Waits of ``x`` on the accesses of one other queue, for a buffer of one allocation. A
     queue runs and completes in order, so a wait for the latest conflicting execution covers
@@ -213,9 +212,8 @@ def _nearest_waits(st: Structure, buf: TBuf, accs: list[_Access],
     loop is dropped when ``y*`` lies inside that loop too (its execution is later), and kept
     otherwise. (This keeps the pass near-linear in the accesses of a buffer that a long
     unrolled body reuses, instead of quadratic.)"""
-    by_id = {id(a): a for a in accs}
     for (xi, _), ys in nearest.items():
-        x = by_id[xi]
+        x = accs[xi]
         X = x.info
         cur, prev = [], []
         for y in ys:
