@@ -297,7 +297,7 @@ def status(row: Row) -> str:
 def format_table(rep: Report) -> str:
     rows = rep.rows
     w = max(len(LABEL[r.fig.metric]) + 2 for r in rows)
-    head = (f"{'row':{w}s} {'target':12s} {'source':12s} {'published':>10s} {'simulated':>10s} "
+    head = (f"{'row':{w}s} {'target':13s} {'source':12s} {'published':>10s} {'simulated':>10s} "
             f"{'ratio/diff':>10s}  {'status':8s} fit")
     out = [head, "-" * (len(head) + 24)]
     last = None
@@ -307,9 +307,9 @@ def format_table(rep: Report) -> str:
             last = r.case
         f = r.fig
         tgt = f.target + ("" if f.dtype is None else " " + f.dtype.value)
-        pub = ("(read) " if f.bound else "") + ({">=": ">= ", "<=": "<= "}.get(f.bound, "")) + _fmt(f.metric, r.published)
-        out.append(f"  {LABEL[f.metric]:{w - 2}s} {tgt:12s} {f.source:12s} {pub:>10s} {_fmt(f.metric, r.simulated):>10s} "
-                   f"{_cmp(r):>10s}  {status(r):8s} {f.fits or '-'}")
+        pub = "(read) " * bool(f.bound) + {">=": ">= ", "<=": "<= "}.get(f.bound, "") + _fmt(f.metric, r.published)
+        out.append(f"  {LABEL[f.metric]:{w - 2}s} {tgt:13s} {f.source:12s} {pub:>10s} "
+                   f"{_fmt(f.metric, r.simulated):>10s} {_cmp(r):>10s}  {status(r):8s} {f.fits or '-'}")
         if f.quote:
             out.append(f"      reads: \"{f.quote}\"")
         if f.excluded:
@@ -343,5 +343,6 @@ def format_table(rep: Report) -> str:
             if r.sens:
                 out.append(f"  {r.case.name[:60]:60s} {LABEL[r.fig.metric]:20s} " +
                            "  ".join(f"{k} {v:+.2f}" for k, v in r.sens.items()))
-    out.append("sources: " + "; ".join(f"{k} = {v}" for k, v in DOCS.items()))
+    out.append("sources (document:lines):")
+    out.extend(f"  {k:4s} {v}" for k, v in DOCS.items())
     return "\n".join(out)

@@ -210,8 +210,8 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
         buf = sl.alloc(t)
         if t in ("delta", "u"):
             q = Q_BIG if fresh else Q_SPILL
-            b.emit(q, Op.DMA_COPY, whole(t), ((k.delta if t == "delta" else k.u).tile(bi * channels + c * P, P, 0, seq),),
-                   DmaAttrs())
+            src = (k.delta if t == "delta" else k.u).tile(bi * channels + c * P, P, 0, seq)
+            b.emit(q, Op.DMA_COPY, whole(t), (src,), DmaAttrs())
         elif t in ROWS:
             hbm = k.B if t == "B_i" else k.C
             b.emit(Q_SMALL, Op.DMA_COPY, tile(buf, F32, 1, seq), (hbm.tile(bi * state + s, 1, 0, seq),), DmaAttrs())

@@ -114,7 +114,8 @@ def _scaling() -> tuple[Case, ...]:
     v3 = ((1024, 3.3), (2048, 6.6), (3072, 10.1), (4096, 13.3), (5120, 17.3), (6144, 19.6), (7168, 24.2))
     return tuple(
         _mb(f"mamba_{v} channels=4096 seq={s} (scaling table)", prog, fn, dict(seq=s, channels=4096),
-            (Figure("latency_us", ms * 1000.0, "MB:863-926", "trn1", known_red="" if (v, s) == ("v2", 5120) else _MB_RED),),
+            (Figure("latency_us", ms * 1000.0, "MB:863-926", "trn1",
+                    known_red="" if (v, s) == ("v2", 5120) else _MB_RED),),
             1024)
         for v, prog, fn, table in (("v2", "MBK:97-168", mamba_spill.mamba_v2_long, v2),
                                    ("v3", "MBK:172-260", mamba.mamba_v3, v3))

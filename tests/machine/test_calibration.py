@@ -178,7 +178,8 @@ def test_reduced_calibration_rows_are_as_declared(reduced):
     text = format_table(reduced)
     bad = [(r.case.name, r.fig.metric, r.simulated, r.published) for r in reduced.rows
            if r.gating and r.ok() == bool(r.fig.known_red)]
-    assert not bad, "rows not as declared (update the model or the declaration):\n" + "\n".join(map(str, bad)) + "\n" + text
+    assert not bad, ("rows not as declared (update the model or the declaration):\n"
+                     + "\n".join(map(str, bad)) + "\n" + text)
     assert "NOT EXPLAINED" not in text and "mean absolute error" in text and "leave-one-out" in text
 
 
