@@ -93,11 +93,11 @@ def _mm(kind: str, label: str, prog: str, ko: str, ms: float, mm_line: int, hfu:
 
 _MB_RED = ("VectorE-bound as written: 8N VectorE cycles + 4 dependency penalties per (state, channel tile) by "
            "the documented costs, ~1.3x what the published runs spent (seq 512: 4,496 cycles against 3,509 "
-           "from 1.61 ms x 99.63%); no documented mechanism closes it (docs/simulator.md, 5.3)")
+           "from 1.61 ms x 99.63%); no documented mechanism closes it (docs/simulator.md, 5.4)")
 _V1_RED = ("as written, delta_i and u_i are loaded in every (state, channel tile) iteration (MBK:56, 63): "
            "DMA-bound (DMA ~98% active) where the published run was VectorE-bound; its profile reports delta/u "
            "reloaded 'around 7 times' (MB:590), not 16: the compiler reused loads by a rule no document gives "
-           "(docs/simulator.md, 5.3)")
+           "(docs/simulator.md, 5.4)")
 
 
 def _mb(name: str, prog: str, fn, kw: dict, figs: tuple[Figure, ...], small: int | None = None) -> Case:
