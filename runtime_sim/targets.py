@@ -67,10 +67,15 @@ class Target:
     host_link_bytes_per_ns: float
 
     # --- DMA efficiency model (defaulted; used by runtime_sim.costs) ------------------------
-    # Each contiguous chunk of a transfer costs as much engine time as this many extra bytes:
-    # 256 B chunks run at 50% of peak, 2 KiB at 89%, 4 KiB at 94% -- DMA guide: "< 256 B per
-    # partition is overhead-bound; >= 2 KiB approaches peak; >= 4 KiB saturates". FITTED to
-    # those three statements, not to a measurement.
+    # Each contiguous chunk of a transfer costs as much engine time as this many extra bytes.
+    # FITTED to a reading, not to a measurement (runtime_sim.calibration.fit, constant
+    # ``dma_chunk_overhead_bytes``: a 1-d root search on a [128, 256 B] stream probe): the DMA
+    # guide's "< 256 B per partition: severely overhead-bound" read as "a 256 B chunk costs as
+    # much engine time as its payload" (50% at 256 B). Then 2 KiB chunks run at 89% and 4 KiB at
+    # 94% ("approaches peak", "saturates": the suite's two bound rows). Unfitted (0), the one DMA
+    # measurement it touches, one trn2 engine moving 32 KiB in 1,416 ns (nki-dma-overview.rst),
+    # would be 1.006x instead of 1.04x; the trn1 matmul steps show no per-chunk dependence
+    # (docs/simulator.md, section 5: sensitivities and leave-one-out).
     dma_chunk_overhead_bytes: float = 256.0
     # SBUF->SBUF DMA transpose throughput / plain throughput (DMA: "SBUF->SBUF up to 50%").
     dma_transpose_sbuf_efficiency: float = 0.5
@@ -168,12 +173,15 @@ TRN1 = Target(
     dma_partitions_per_engine=8,                                         # DMA
     dma_transpose_efficiency=0.0,                                        # no DMA transpose on trn1
     host_link_bytes_per_ns=32.0,  # ASSUMED (not in hardware.md): PCIe Gen4 x16 ~32 GB/s
-    # FITTED: the NKI matmul tutorial (sdk@2.26 matrix_multiplication.rst, trn1, bf16) step
-    # "loads hoisted out of the inner loop" (42.96 ms) run by runtime_sim.calibrate. The other
-    # matmul steps and the Mamba kernels are the validation. Evidence (docs/simulator.md): the
-    # three DMA-bound steps move 5.4 / 4.4 / 2.2 GB in 51.8 / 43.0 / 22.1 ms, a nearly constant
-    # ~100 GB/s per core whether the contiguous runs are 256 B or 1 KiB, i.e. a per-byte ceiling
-    # at ~0.37 of the documented 16 x 17 GB/s, not a per-chunk or per-transfer overhead.
+    # FITTED on one row (runtime_sim.calibration.fit, constant ``trn1.dma_efficiency``: a 1-d
+    # root search over this value, everything else as stored): the NKI matmul tutorial's step
+    # "loads hoisted out of the inner loop" (sdk@2.26 matrix_multiplication.rst, trn1, bf16,
+    # 42.96 ms). Evidence for a per-byte factor (docs/simulator.md, section 5): the three
+    # DMA-bound steps move 5.4 / 4.4 / 2.2 GB in 51.8 / 43.0 / 22.1 ms, 105 / 103 / 103 GB/s per
+    # core (0.38-0.39 of the documented 16 x 17 GB/s) whether the contiguous runs are 256 B or
+    # 1 KiB; with the 256 B per-chunk overhead above charged on top, the data phases run at
+    # 0.478 of the documented per-engine rate. The tiled and blocked steps share the hoisted
+    # step's DMA bottleneck: they confirm this number, not independently of it.
     dma_efficiency=0.478,
     shared_ports=True,                                                   # ARCH1: NC-v2 port limits
 )

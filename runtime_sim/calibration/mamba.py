@@ -1,29 +1,41 @@
-"""The NKI fused Mamba tutorial's kernels as hand-written programs in our ISA (fp32).
+"""The NKI fused Mamba tutorial's kernels, instruction for instruction, in our ISA (fp32).
 
-Source: ``nki/guides/tutorials/fused_mamba.rst`` and ``mamba_v1`` / ``mamba_v2`` / ``mamba_v3`` in
-aws-neuron/nki-samples ``src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py``.
+Source (``NS`` below): aws-neuron/nki-samples @ 6905a68,
+``src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py``: ``mamba_v1`` lines 18-93,
+``mamba_v2`` lines 97-168, ``mamba_v3`` lines 172-260 (the version the tutorial's figures were
+measured with: v1 loops batch, state, channel tile; the newest aws-neuron-sdk copy of v1 has
+another loop order). Measurements: ``nki/guides/tutorials/fused_mamba.rst`` (aws-neuron-sdk).
 
 Inputs: delta, u [batch, channels, seq]; A [channels, state]; B, C [batch, state, seq]; output
 [batch, channels, seq] = sum over states of scan(exp(delta * A), delta * u * B) * C. Channels
-map to partitions (tiles of 128), seq to the free axis. Per (state, channel tile) the tutorial
-runs: ScalarE ``activation(exp, delta, scale=A_i)``; VectorE ``delta * u``; TensorE partition
-broadcasts of B_i and C_i (``broadcast_to`` is a matmul against a ones row into PSUM,
-trainium_inferentia2_arch.rst "Alternative Use Case"); VectorE ``deltaU * B_bcast``,
-``tensor_tensor_scan``, ``scan * C_bcast`` and the ``+=`` into the SBUF accumulator.
+map to partitions (tiles of 128), seq to the free axis. The body of every kernel, per (state,
+channel tile[, seq tile]), as the source writes it (NS lines 56-85 / 137-162 / 218-255):
 
-Decisions the tutorial does not spell out in code, each from the tutorial's own account of the
-measured run (docs/simulator.md):
-- ``v1`` keeps delta/u of ``resident`` channel tiles in SBUF across states and reloads the rest
-  per state: the profile of channels=4096 reports "we reload both the input u and delta tensors
-  around 7 times" (so 19 of 32 tiles stay resident: 1 + 15 x 13/32 ~ 7); with 256 channels
-  everything fits and nothing is reloaded.
-- ``v2``/``v3`` compute the loop-invariant ``delta * u`` once per channel tile, outside the state
-  loop (the compiler's hoisting: the measured VectorE time per state of v2, 1.61 ms x 99.63% /
-  512 = 3.13 us = 3,500 cycles at 1.12 GHz, fits four VectorE instructions, not five).
-- tiles declared in a loop body rotate through two buffers; PSUM broadcasts through four banks.
+1. ``A_i = nl.load(A[...])``                                   DMA (queue ``Q_SMALL``)
+2. ``deltaA = nisa.activation(op=nl.exp, data=delta_i, scale=A_i)``  ScalarE
+3. ``B_i = nl.load(B[i_batch, i_state:i_state+1, ...])``       DMA, one partition
+4. ``deltaU = nisa.tensor_tensor(delta_i, u_i, op=nl.multiply)`` VectorE, SBUF x SBUF: 2N
+5. ``B_i_bcast = B_i.broadcast_to((128, n))``                  TensorE: a K=1 matmul of a ones
+   row into PSUM (trainium_inferentia2_arch.rst, "Alternative Use Case"; fused_mamba.rst: a
+   partition broadcast "requires a separate instruction on TensorE")
+6. ``deltaBu = nisa.tensor_tensor(deltaU, B_i_bcast, ...)``    VectorE, one input in PSUM: N
+7. ``scan_res = nisa.tensor_tensor_scan(deltaA, deltaBu, ...)`` VectorE: 2N
+8. ``C_i = nl.load(...)``; ``C_i_bcast = C_i.broadcast_to(...)`` DMA; TensorE
+9. ``scanC = nisa.tensor_tensor(scan_res, C_i_bcast, ...)``    VectorE, PSUM input: N
+10. ``scanC_accum[...] += scanC``                              VectorE, SBUF x SBUF: 2N
 
-``mamba_v2`` at seq > 512 (broadcasts larger than a PSUM bank; at seq 8192 a working set larger
-than SBUF, hence a spill plan) is ``mamba_spill.mamba_v2_long``.
+Nothing is hoisted, fused or reused beyond what the source writes: ``deltaU`` is computed in
+every state (the source's step 3 is inside the state loop), and ``mamba_v1`` loads delta_i and
+u_i in every (state, channel tile) iteration (NS lines 56 and 63). What the NKI compiler decides
+and the source does not say is chosen here, never from a measured figure:
+- ``nl.load`` is a DMA on one queue per role (delta/u, the small A/B/C rows, the stores);
+- a tile declared inside a loop body rotates through two buffers (one when two do not fit
+  SBUF); the PSUM broadcasts rotate through four banks;
+- the seq 8192 ``scanC_accum``, ``delta_i`` and ``u_i`` of ``mamba_v3`` are single buffers (two
+  of each, 192 KiB, would fill trn1's SBUF).
+
+``mamba_v2`` at seq > 512 (broadcasts larger than a PSUM bank; at seq >= 7168 a working set
+larger than SBUF) is ``mamba_spill.mamba_v2_long``.
 """
 from __future__ import annotations
 
@@ -35,6 +47,7 @@ from .builder import KernelBuilder, tile
 F32 = DType.FP32
 P = 128
 Q_BIG, Q_SMALL, Q_OUT = dma_queue(0), dma_queue(16), dma_queue(32)
+SOURCE = "aws-neuron/nki-samples@6905a68 src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py"
 
 
 class _Mamba:
@@ -71,25 +84,24 @@ class _Mamba:
         cols = self.seq if cols is None else cols
         self.b.emit(Q_BIG, Op.DMA_COPY, tile(buf, F32, P, cols), (t.tile(row0, P, col0, cols),), DmaAttrs())
 
-    def step(self, bi: int, s: int, c: int, D, U, acc, col0: int = 0, deltaU=None, scan_init=None,
-             A_i=None, scanc_psum: bool = False) -> None:
-        """Steps 1-6 for one (batch, state, channel tile, seq tile): see the module docstring."""
+    def load_A(self, c: int, s: int, A_i) -> None:
+        self.b.emit(Q_SMALL, Op.DMA_COPY, tile(A_i, F32, P, 1), (self.A.column(c * P, P, s),), DmaAttrs())
+
+    def step(self, bi: int, s: int, c: int, D, U, acc, col0: int = 0, scan_init=None, A_i=None) -> None:
+        """Steps 1-10 of the module docstring for one (batch, state, channel tile, seq tile)."""
         b, ft, k = self.b, self.ft, self.n % 2
         self.n += 1
         if A_i is None:
             A_i = self.r_a[k]
-            b.emit(Q_SMALL, Op.DMA_COPY, tile(A_i, F32, P, 1), (self.A.column(c * P, P, s),), DmaAttrs())
+            self.load_A(c, s, A_i)
         dsl = tile(D, F32, P, ft, col0)
         da = tile(self.r_da[k], F32, P, ft)
         b.emit(SCALAR, Op.ACTIVATION, da, (dsl, tile(A_i, F32, P, 1)),
                ActivationAttrs(ActFunc.EXP, scale_from_src=True))
         Bi = self.r_bi[k]
         b.emit(Q_SMALL, Op.DMA_COPY, tile(Bi, F32, 1, ft), (self.B.tile(bi * self.st + s, 1, col0, ft),), DmaAttrs())
-        if deltaU is None:
-            du = tile(self.r_du[k], F32, P, ft)
-            b.emit(VECTOR, Op.TENSOR_TENSOR, du, (dsl, tile(U, F32, P, ft, col0)), TensorTensorAttrs(AluOp.MULTIPLY))
-        else:
-            du = tile(deltaU, F32, P, ft, col0)
+        du = tile(self.r_du[k], F32, P, ft)
+        b.emit(VECTOR, Op.TENSOR_TENSOR, du, (dsl, tile(U, F32, P, ft, col0)), TensorTensorAttrs(AluOp.MULTIPLY))
         pb = tile(self.ps[(2 * self.n) % 4], F32, P, ft)
         b.emit(TENSOR, Op.MATMUL, pb, (tile(self.ones, F32, 1, P), tile(Bi, F32, 1, ft)), MatmulAttrs())
         dbu = tile(self.r_dbu[k], F32, P, ft)
@@ -97,7 +109,7 @@ class _Mamba:
         sc = tile(self.r_scan[k], F32, P, ft)
         if scan_init is None:
             b.emit(VECTOR, Op.TENSOR_TENSOR_SCAN, sc, (da, dbu), TensorTensorScanAttrs())
-        else:
+        else:       # NS lines 243-245: initial=scan_init; scan_init[...] = scan_res[:, last]
             b.emit(VECTOR, Op.TENSOR_TENSOR_SCAN, sc, (da, dbu, tile(scan_init, F32, P, 1)),
                    TensorTensorScanAttrs(initial_from_src=True))
             b.emit(VECTOR, Op.TENSOR_COPY, tile(scan_init, F32, P, 1), (tile(self.r_scan[k], F32, P, 1, ft - 1),),
@@ -106,8 +118,7 @@ class _Mamba:
         b.emit(Q_SMALL, Op.DMA_COPY, tile(Ci, F32, 1, ft), (self.C.tile(bi * self.st + s, 1, col0, ft),), DmaAttrs())
         pc = tile(self.ps[(2 * self.n + 1) % 4], F32, P, ft)
         b.emit(TENSOR, Op.MATMUL, pc, (tile(self.ones, F32, 1, P), tile(Ci, F32, 1, ft)), MatmulAttrs())
-        # v3 writes scanC to PSUM ("Use PSUM buffer to reduce accumulation latency")
-        scc = pb if scanc_psum else tile(self.r_sc[k], F32, P, ft)
+        scc = tile(self.r_sc[k], F32, P, ft)
         b.emit(VECTOR, Op.TENSOR_TENSOR, scc, (sc, pc), TensorTensorAttrs(AluOp.MULTIPLY))
         a = tile(acc, F32, P, ft, col0)
         b.emit(VECTOR, Op.TENSOR_TENSOR, a, (a, scc), TensorTensorAttrs(AluOp.ADD))
@@ -120,14 +131,13 @@ class _Mamba:
         self.b.emit(VECTOR, Op.MEMSET, tile(buf, F32, P, free), (), MemsetAttrs(0.0))
 
 
-def mamba_v1(target, batch: int = 1, seq: int = 512, channels: int = 256, state: int = 16,
-             resident: int | None = None):
-    """``mamba_v1``: for batch, for state, for channel tile: steps 1-6 (loads inside)."""
+def mamba_v1(target, batch: int = 1, seq: int = 512, channels: int = 256, state: int = 16):
+    """``mamba_v1`` (NS lines 18-93): for batch: zero ``scanC_accum`` [n_channel_tile, 128, seq]
+    (line 46); for state, for channel tile: load delta_i, A_i, u_i, B_i, C_i (lines 56, 57, 63,
+    64, 76) and steps 2-10; then store every channel tile's accumulator (lines 88-91)."""
     k = _Mamba(target, batch, seq, channels, state, seq)
     nt = channels // P
-    resident = nt if resident is None else resident
     accs = [k.b.sbuf(f"scanC_accum{c}", seq * 4) for c in range(nt)]
-    res = [(k.b.sbuf(f"delta_r{c}", seq * 4), k.b.sbuf(f"u_r{c}", seq * 4)) for c in range(resident)]
     ring = [(k.b.sbuf(f"delta{d}", seq * 4), k.b.sbuf(f"u{d}", seq * 4)) for d in range(2)]
     k.setup_step_buffers()
     j = 0
@@ -136,16 +146,10 @@ def mamba_v1(target, batch: int = 1, seq: int = 512, channels: int = 256, state:
             k.zero(accs[c], seq)
         for s in range(state):
             for c in range(nt):
-                if c < resident:
-                    D, U = res[c]
-                    fresh = s == 0
-                else:
-                    D, U = ring[j % 2]
-                    j += 1
-                    fresh = True
-                if fresh:
-                    k.load_rows(k.delta, bi * channels + c * P, D)
-                    k.load_rows(k.u, bi * channels + c * P, U)
+                D, U = ring[j % 2]
+                j += 1
+                k.load_rows(k.delta, bi * channels + c * P, D)
+                k.load_rows(k.u, bi * channels + c * P, U)
                 k.step(bi, s, c, D, U, accs[c])
         for c in range(nt):
             k.store(bi, c, accs[c])
@@ -153,36 +157,37 @@ def mamba_v1(target, batch: int = 1, seq: int = 512, channels: int = 256, state:
 
 
 def mamba_v2(target, batch: int = 1, seq: int = 512, channels: int = 4096, state: int = 16):
-    """``mamba_v2``: loops reordered to batch, channel tile, state; delta/u loaded once per channel
-    tile (and delta * u computed once, see the module docstring)."""
+    """``mamba_v2`` (NS lines 97-168): loops reordered to batch, channel tile, state; per channel
+    tile zero ``scanC_accum`` (line 128), load delta_i and u_i once (lines 131-132); per state
+    load A_i, B_i, C_i and steps 2-10 (deltaU inside the state loop, line 146); store (165)."""
     k = _Mamba(target, batch, seq, channels, state, seq)
     nt = channels // P
-    ring = [(k.b.sbuf(f"delta{d}", seq * 4), k.b.sbuf(f"u{d}", seq * 4), k.b.sbuf(f"dU{d}", seq * 4),
+    ring = [(k.b.sbuf(f"delta{d}", seq * 4), k.b.sbuf(f"u{d}", seq * 4),
              k.b.sbuf(f"scanC_accum{d}", seq * 4)) for d in range(2)]
     k.setup_step_buffers()
     j = 0
     for bi in range(batch):
         for c in range(nt):
-            D, U, DU, acc = ring[j % 2]
+            D, U, acc = ring[j % 2]
             j += 1
             k.zero(acc, seq)
             k.load_rows(k.delta, bi * channels + c * P, D)
             k.load_rows(k.u, bi * channels + c * P, U)
-            k.b.emit(VECTOR, Op.TENSOR_TENSOR, tile(DU, F32, P, seq), (tile(D, F32, P, seq), tile(U, F32, P, seq)),
-                     TensorTensorAttrs(AluOp.MULTIPLY))
             for s in range(state):
-                k.step(bi, s, c, D, U, acc, deltaU=DU)
+                k.step(bi, s, c, D, U, acc)
             k.store(bi, c, acc)
     return k.b.program()
 
 
 def mamba_v3(target, batch: int = 1, seq: int = 8192, channels: int = 4096, state: int = 16,
              seq_tile: int = 512):
-    """``mamba_v3``: v2 with the seq axis tiled at 512 inside the state loop; the scan carries
-    its last column to the next seq tile (``initial``); scanC goes through PSUM."""
+    """``mamba_v3`` (NS lines 172-260): v2 with the seq axis tiled at ``seq_len_fsize`` = 512
+    (line 194) inside the state loop: per state load A_i and zero ``scan_init`` (lines 218-221);
+    per seq tile steps 2-10 on 512-column slices, the scan starting from ``scan_init`` and
+    copying its last column back (lines 243-245), scanC into an SBUF tile (line 252)."""
     k = _Mamba(target, batch, seq, channels, state, seq_tile)
     nt = channels // P
-    D, U, DU, acc = (k.b.sbuf(n, seq * 4) for n in ("delta_sb", "u_sb", "dU", "scanC_accum"))
+    D, U, acc = (k.b.sbuf(n, seq * 4) for n in ("delta_sb", "u_sb", "scanC_accum"))
     init = k.b.sbuf("scan_init", 4)
     k.setup_step_buffers()
     for bi in range(batch):
@@ -190,15 +195,12 @@ def mamba_v3(target, batch: int = 1, seq: int = 8192, channels: int = 4096, stat
             k.zero(acc, seq)
             k.load_rows(k.delta, bi * channels + c * P, D)
             k.load_rows(k.u, bi * channels + c * P, U)
-            k.b.emit(VECTOR, Op.TENSOR_TENSOR, tile(DU, F32, P, seq), (tile(D, F32, P, seq), tile(U, F32, P, seq)),
-                     TensorTensorAttrs(AluOp.MULTIPLY))
             for s in range(state):
                 A_i = k.r_a[s % 2]
-                k.b.emit(Q_SMALL, Op.DMA_COPY, tile(A_i, F32, P, 1), (k.A.column(c * P, P, s),), DmaAttrs())
+                k.load_A(c, s, A_i)
                 k.zero(init, 1)
                 for t in range(seq // seq_tile):
-                    k.step(bi, s, c, D, U, acc, col0=t * seq_tile, deltaU=DU, scan_init=init, A_i=A_i,
-                           scanc_psum=True)
+                    k.step(bi, s, c, D, U, acc, col0=t * seq_tile, scan_init=init, A_i=A_i)
             k.store(bi, c, acc)
     return k.b.program()
 

@@ -1,54 +1,37 @@
-"""``mamba_v2`` at a sequence length beyond one PSUM bank, and the spill plan SBUF capacity forces
-on it: the tutorial's seq 8192 run (53.33 ms, VectorE 58.93%, DMA rows "qSyncSpillReload0" and
-"qVectorSpillReload0"; ``nki/guides/tutorials/fused_mamba.rst``, "Increasing input seq_len size").
+"""``mamba_v2`` at a sequence length beyond one PSUM bank, and the evictions SBUF capacity forces
+on it at seq >= 7168 (the tutorial's seq 8192 run: 53.33 ms, VectorE 58.93%, DMA rows
+"qSyncSpillReload0" and "qVectorSpillReload0"; ``nki/guides/tutorials/fused_mamba.rst`` lines
+741-769, and its scaling table, lines 863-926).
 
-Program: the instruction sequence of ``mamba.mamba_v2`` (loops batch, channel tile, state; delta
-and u loaded once per channel tile; deltaU hoisted out of the state loop, as in the seq 512 model
-that reproduced the tutorial's 1.61 ms; per state one ScalarE exp, the TensorE broadcasts of B_i
-and C_i, four VectorE instructions), with only the changes the sequence length forces:
+Program: ``mamba_v2`` as the source writes it (aws-neuron/nki-samples@6905a68
+``src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py`` lines 97-168, the per-state body
+of ``mamba.py``, deltaU computed in every state), with only what the sequence length forces:
 
 - Broadcasts are SBUF tiles. ``B_i.broadcast_to((128, seq))`` returns "a new tile ... in SBUF,
   but can be also assigned to a PSUM tensor" (sdk@2.26 ``nki.language.broadcast_to``), and a PSUM
-  tile holds at most ``nl.tile_size.psum_fmax`` = 512 fp32 per partition (one 2 KiB bank). At seq
-  512 the broadcast fits one PSUM tile and the multiply reads it there (mamba.py, which reproduces
-  1.61 ms); a [128, seq > 512] tile cannot be a PSUM tile, so it lives in SBUF: each 512-column
-  piece is a matmul into one of four rotating banks (the largest matmul output) copied to the
-  SBUF tile (``tensor_copy`` on VectorE, as the matmul kernels' ``nl.copy``; ``bcast_copy``), and
-  the multiply is one VectorE ``tensor_tensor`` with both fp32 inputs in SBUF, 2N cycles instead
-  of N ("max(MIN_II, N) if one input in PSUM ... else 2N"). ``bcast_home="psum"`` keeps the old
-  reading of the pieces in PSUM, for comparison (0.67-0.74x of the scaling table).
-- SBUF placement by liveness. Every [128, seq] tensor, and each [1, seq] row B_i, C_i (the same
-  ``4 seq`` B on partition 0, which every full tile also uses), holds one slot of ``4 seq`` B
-  per partition from its production to its last use; freed slots are reused oldest first. The
-  slots are the SBUF left after the small buffers (ones row, A_i columns), at most two per live
-  tensor (the double buffering of mamba.py's rings when it fits).
+  tile holds at most ``nl.tile_size.psum_fmax`` = 512 fp32 per partition (one 2 KiB bank). A
+  [128, seq > 512] tile cannot be a PSUM tile, so it lives in SBUF: each 512-column piece is a
+  matmul into one of four rotating banks copied to the SBUF tile (``tensor_copy`` on VectorE, as
+  the matmul kernels' ``nl.copy``), and the multiplies become VectorE ``tensor_tensor`` with both
+  fp32 inputs in SBUF: 2N ("max(MIN_II, N) if one input in PSUM ... else 2N").
+- SBUF placement by liveness. Every [128, seq] tensor, and each [1, seq] row B_i, C_i (4 seq
+  bytes of every partition's address range, as every tile), holds one slot of 4 seq bytes per
+  partition from its production to its last use; freed slots are reused oldest first. The slots
+  are the SBUF left after the small buffers, at most two per live tensor (double buffering).
 
-Working set (``live_sets``; "F" = one [128, seq] fp32 tensor): delta, deltaU and scanC_accum are
-live across the whole state loop (u dies once deltaU is computed). Per state, at the broadcast
-of B {delta, dU, acc, dA, B_i, Bb}, at the deltaBu step {delta, dU, acc, dA, Bb, dBu}, at the
-scan {delta, dU, acc, dA, dBu, scan} and at the broadcast of C and the scanC step {delta, dU,
-acc, scan, C_i or scC, Cb} are live: 6 F (the SBUF broadcast replaces its row once copied), which at seq 8192 is 196,608 B per
-partition = all of trn1's SBUF (192 KiB), with the ones row and A_i still to place. Five slots
-fit. So one 32 KiB tensor must be out of SBUF at those three steps, in every state.
+Working set (``live_sets``): delta, u and scanC_accum are live across the state loop; with the
+per-state temporaries the largest live set is 7 slots (at the broadcast of B and at deltaBu:
+{delta, u, acc, dA, dU, B_i or dBu, Bb}). Seven 24 KiB slots fit trn1's 192 KiB at seq 6144;
+at 7168 six fit, at 8192 five.
 
-Spill plan (``spill_plan``), derived, not chosen: a tensor can relieve those steps only if it is
-live across them without being one of their operands: delta (read by the exp step only) or
-scanC_accum (read and written by the accumulate step only). deltaU is an operand of the deltaBu
-step, and the per-state temporaries are operands where they are live. Of the two, delta moves
-less: it is never written in the loop, so it is stored once per channel tile after its load and
-reloaded before each state's exp (15 x 4 MiB per channel tile); scanC_accum would need a store
-and a reload per state (2 x 4 MiB). The plan therefore spills delta, and only delta: the store
-right after the load (queue ``Q_SPILL``), the reload as early as a slot is free, i.e. after the
-scanC step of the previous state (the last step at which the live set without delta fills all
-slots). The spilled tensor is stored after its production and reloaded before each use; since
-delta is also an input already in HBM, a compiler could skip the store (``remat=True``: reload
-from the input).
-
-The rest follows from five slots too: nothing is double-buffered, so the reload waits for the
-scanC step to free a slot, the next exp waits for the reload, the deltaBu pieces for the slot
-the exp frees, the C_i load for the slots the scan frees. Not modelled: the measured profile's
-"SBUF usage peaking at merely 50%" (this plan uses 5 x 32 KiB + 640 B = 84%); the compiler's
-allocation was not this one (docs/simulator.md, section 5).
+Evictions (``spill_plan``), derived by one rule, not chosen against any figure: walking the
+state's steps in order, wherever more tensors are live than slots, evict tensors that are live
+there but not operands of that step, least traffic first (a tensor with a copy in HBM -- delta,
+u, B_i, C_i -- costs one reload; any other a store and a reload), then the one used farthest
+ahead; an evicted tensor is out of SBUF from its last use (or production) to its next use, and
+is reloaded as early as a slot stays free until that use. An input evicted right after its load
+is simply loaded later. Not modelled: the profile's "SBUF usage peaking at merely 50%"
+(fused_mamba.rst line 768): the compiler's allocation was not a capacity-bound one.
 """
 from __future__ import annotations
 
@@ -57,15 +40,17 @@ from dataclasses import dataclass
 from ..isa import SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp, DmaAttrs, MatmulAttrs, Op, \
     TensorCopyAttrs, TensorTensorAttrs, TensorTensorScanAttrs, dma_queue
 from .builder import tile
-from .mamba import F32, P, Q_SMALL, _Mamba
+from .mamba import F32, P, Q_BIG, Q_SMALL, _Mamba
 
 Q_SPILL = dma_queue(48)
 
-# (step, tensors read, tensor written) per state, in the tutorial's order; the loop-carried
-# tensors are produced before the state loop (delta: load; dU = delta * u; acc: memset).
+# (step, tensors read, tensor written) per state, in the source's order (lines 137-162; the A_i
+# load is a [128, 1] column, not a slot). The loop-carried tensors are produced before the state
+# loop (delta, u: loads, lines 131-132; acc: nl.zeros, line 128).
 STATE_STEPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("exp", ("delta",), "dA"),
     ("load B", (), "B_i"),
+    ("deltaU", ("delta", "u"), "dU"),
     ("bcast B", ("B_i",), "Bb"),
     ("deltaBu", ("dU", "Bb"), "dBu"),
     ("scan", ("dA", "dBu"), "scan"),
@@ -74,83 +59,109 @@ STATE_STEPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("scanC", ("scan", "Cb"), "scC"),
     ("accumulate", ("acc", "scC"), "acc"),
 )
-CARRIED = ("delta", "dU", "acc")
-# The same state with the broadcasts read straight from PSUM (``bcast_home="psum"``: what a
-# [128, seq] tile cannot do beyond one PSUM tile, kept to compare): no SBUF slot for them.
-STATE_STEPS_PSUM_BCAST: tuple[tuple[str, tuple[str, ...], str], ...] = tuple(
-    (n, tuple({"Bb": "B_i", "Cb": "C_i"}.get(t, t) for t in r), w) for n, r, w in STATE_STEPS
-    if not n.startswith("bcast"))
+CARRIED = ("delta", "u", "acc")
+FROM_HBM = ("delta", "u", "B_i", "C_i")     # HBM holds a copy: a reload needs no store
+ROWS = ("B_i", "C_i")                        # [1, seq]: 1/128 of a tile's bytes
 
 
-def state_steps(bcast_home: str = "sbuf") -> tuple[tuple[str, tuple[str, ...], str], ...]:
-    return STATE_STEPS if bcast_home == "sbuf" else STATE_STEPS_PSUM_BCAST
+def _uses(t: str, steps=STATE_STEPS) -> list[int]:
+    return [i for i, (_, r, w) in enumerate(steps) if t in r or t == w]
 
 
-def live_sets(spilled: tuple[str, ...] = (), steps=STATE_STEPS) -> list[tuple[str, frozenset[str]]]:
-    """The [seq]-long tensors in SBUF at each step of a state (operands included): carried ones
-    throughout unless spilled (then only where they are operands), temporaries from their
-    production to their last use."""
+def live_sets(steps=STATE_STEPS) -> list[tuple[str, frozenset[str]]]:
+    """The slot tensors in SBUF at each step of a state without evictions (operands included):
+    carried ones throughout, temporaries from their production to their last use."""
     out = []
-    for i, (name, reads, wr) in enumerate(steps):
-        live = {t for t in CARRIED if t not in spilled or t in reads or t == wr}
-        for j, (_, _, t) in enumerate(steps):
-            if t in CARRIED:
-                continue
-            last = max((k for k, (_, r, _) in enumerate(steps) if t in r), default=j)
-            if j <= i <= last:
-                live.add(t)
+    for i, (name, _, _) in enumerate(steps):
+        live = set(CARRIED)
+        for _, _, t in steps:
+            if t not in CARRIED:
+                u = _uses(t, steps)
+                if u[0] <= i <= u[-1]:
+                    live.add(t)
         out.append((name, frozenset(live)))
     return out
 
 
-def _traffic(t: str, steps=STATE_STEPS) -> int:
-    """Transfers per state if ``t`` is spilled: a reload per state, plus a store if the state loop writes it."""
-    return 1 + any(w == t for _, _, w in steps)
+@dataclass(frozen=True)
+class Absence:
+    """``tensor`` is out of SBUF after step ``after`` (its last use or production) until step
+    ``until`` (in the next state when ``until <= after``), reloaded right after step ``reload``
+    (counted from ``after`` onwards, may pass the end of the state: ``reload >= len(steps)``);
+    stored after ``after`` first unless HBM holds a copy."""
+
+    tensor: str
+    after: int
+    until: int
+    reload: int
+    store: bool
 
 
 @dataclass(frozen=True)
 class SpillPlan:
-    slots: int                          # [128, seq] slots that fit SBUF beside the small buffers
-    peak: int                           # most tensors live at one step without spilling
-    over: tuple[str, ...]               # the steps where the live set exceeds the slots
-    spilled: tuple[str, ...]            # the tensors stored to HBM and reloaded before each use
-    reload_after: str | None            # the step after which a spilled tensor is reloaded
+    slots: int                          # slots that fit SBUF beside the small buffers
+    peak: int                           # most tensors live at one step without evictions
+    over: tuple[str, ...]               # the steps where that live set exceeds the slots
+    absences: tuple[Absence, ...]
+
+    @property
+    def spilled(self) -> tuple[str, ...]:
+        return tuple(sorted({a.tensor for a in self.absences}))
 
 
-def spill_plan(slots: int, steps=STATE_STEPS) -> SpillPlan:
-    """The least-traffic set of loop-carried tensors whose eviction brings every step within
-    ``slots``, and where their reloads go; raises if no such set exists."""
-    live = live_sets(steps=steps)
-    peak = max(len(s) for _, s in live)
-    over = tuple(n for n, s in live if len(s) > slots)
-    if not over:
-        return SpillPlan(slots, peak, (), (), None)
-    operands = {t for n, r, w in steps if n in over for t in (*r, w)}
-    cands = sorted((t for t in CARRIED if t not in operands), key=lambda t: (_traffic(t, steps), t))
-    spilled = tuple(cands[:peak - slots])
-    if any(len(s) > slots for _, s in live_sets(spilled, steps)):
-        raise ValueError(f"no spill of loop-carried tensors fits {slots} slots (live: {live})")
-    # a reload occupies a slot from the end of the last step that has none to spare
-    full = [n for n, s in live_sets(spilled, steps) if len(s) + 1 > slots]
-    return SpillPlan(slots, peak, over, spilled, full[-1] if full else None)
+def _traffic(t: str, seq: int) -> int:
+    nbytes = seq * 4 * (1 if t in ROWS else P)
+    return nbytes * (1 if t in FROM_HBM else 2)
 
 
-def _plan(b, seq: int, spill: bool, max_slots: int | None, steps=STATE_STEPS) -> tuple[int, SpillPlan]:
-    """Slots to allocate and the spill plan, from the SBUF the builder has left (its real buffer sizes)."""
-    peak = max(len(s) for _, s in live_sets(steps=steps))
-    fit = b.sbuf_free() // (seq * 4)
-    slots = min(fit, 2 * peak, max_slots or fit)
-    plan = spill_plan(slots, steps) if spill else SpillPlan(slots, peak, (), (), None)
-    if set(plan.spilled) - {"delta"}:
-        raise NotImplementedError(f"spill plan {plan.spilled}: only a spilled delta is emitted")
-    return (slots if plan.spilled else max(slots, peak)), plan   # no spill: what the working set needs
+def spill_plan(slots: int, seq: int = 8192, steps=STATE_STEPS) -> SpillPlan:
+    """The evictions of the module docstring; raises if a step's operands alone exceed ``slots``."""
+    n = len(steps)
+    base = [set(s) for _, s in live_sets(steps)]
+    peak = max(len(s) for s in base)
+    over = tuple(steps[i][0] for i in range(n) if len(base[i]) > slots)
+    live = [set(s) for s in base]
+    absences: list[Absence] = []
+    for i in range(n):
+        ops = set(steps[i][1]) | {steps[i][2]}
+        while len(live[i]) > slots:
+            cands = []
+            for t in live[i] - ops:
+                us = _uses(t, steps)
+                nxt = min((u for u in us if u > i), default=us[0] + n)       # next use (next state: + n)
+                prv = max((u for u in us if u < i), default=us[-1] - n)      # previous use or production
+                cands.append((_traffic(t, seq), -(nxt - i), t, prv, nxt))
+            if not cands:
+                raise ValueError(f"step {steps[i][0]!r} needs {len(live[i])} slots of {slots}: {sorted(live[i])}")
+            _, _, t, prv, nxt = min(cands)
+            for j in range(prv + 1, nxt):
+                live[j % n].discard(t)
+            absences.append(Absence(t, prv % n, nxt % n, prv, t not in FROM_HBM))
+    placed = []
+    for a in sorted(absences, key=lambda a: (a.after, a.tensor)):
+        nxt = a.until + (n if a.until <= a.after else 0)
+        r = nxt - 1                                       # latest possible: right before the use
+        while r - 1 >= a.after and all(len(live[j % n]) < slots for j in range(r, nxt)):
+            r -= 1
+        for j in range(r + 1, nxt):
+            live[j % n].add(a.tensor)
+        if r > a.after:                                   # else a later eviction made room: none needed
+            placed.append(Absence(a.tensor, a.after, a.until, r, a.store))
+    assert all(len(s) <= slots for s in live), live
+    return SpillPlan(slots, peak, over, tuple(placed))
 
 
-def plan_for(target, seq: int, max_slots: int | None = None, bcast_home: str = "sbuf") -> SpillPlan:
-    """The spill plan ``mamba_v2_long`` derives for ``seq`` on ``target``."""
+def _slots(b, seq: int) -> int:
+    peak = max(len(s) for _, s in live_sets())
+    return min(b.sbuf_free() // (seq * 4), 2 * peak)
+
+
+def plan_for(target, seq: int, max_slots: int | None = None) -> SpillPlan:
+    """The eviction plan ``mamba_v2_long`` derives for ``seq`` on ``target``."""
     k = _Mamba(target, 1, seq, P, 1, seq)
     k.ring("A_i", 1)
-    return _plan(k.b, seq, True, max_slots, state_steps(bcast_home))[1]
+    s = _slots(k.b, seq)
+    return spill_plan(min(s, max_slots or s), seq)
 
 
 class _Slots:
@@ -172,101 +183,115 @@ class _Slots:
 
 
 def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096, state: int = 16, *,
-                  spill: bool = True, max_slots: int | None = None, remat: bool = False, piece: int = 512,
-                  bcast_home: str = "sbuf", bcast_copy=VECTOR):
-    """``mamba_v2`` for ``seq`` > 512 (see the module docstring). ``spill=False`` builds the
-    program without spilling (its slots may exceed SBUF: ``program()`` then raises);
-    ``max_slots`` caps the slots (small functional tests of the seq 8192 structure)."""
+                  max_slots: int | None = None, piece: int = 512):
+    """``mamba_v2`` for ``seq`` > 512 (see the module docstring). ``max_slots`` caps the slots
+    (small functional tests of the seq 8192 eviction structure)."""
     k = _Mamba(target, batch, seq, channels, state, piece)
-    b, nt = k.b, channels // P
+    b, nt, n = k.b, channels // P, len(STATE_STEPS)
     r_a = k.ring("A_i", 1)
     ps = b.psum_banks("bcast", 4)
-    steps = state_steps(bcast_home)
-    slots, plan = _plan(b, seq, spill, max_slots, steps)
-    sl = _Slots(k, slots, seq)
-    spill_hbm = b.hbm("spill_delta", P, seq, F32, role="scratch") if plan.spilled and not remat else None
-    last = {w: max(i for i, (_, r, _) in enumerate(steps) if w in r) for _, _, w in steps if w != "acc"}
+    nslots = _slots(b, seq)
+    plan = spill_plan(min(nslots, max_slots or nslots), seq)
+    sl = _Slots(k, plan.slots, seq)
+    scratch = {t: b.hbm(f"spill_{t}", P, seq, F32, role="scratch") for t in plan.spilled if t not in FROM_HBM}
+    last = {w: _uses(w)[-1] for _, _, w in STATE_STEPS if w not in CARRIED}
+    away_at_start = {a.tensor for a in plan.absences if a.reload >= n}   # absent across the state boundary
     nb = [0]
 
     def bank():
         nb[0] += 1
         return ps[nb[0] % 4]
 
-    def bcast_mul(dst, src, row) -> None:           # dst = src * broadcast(row), piece by piece
-        for c0 in range(0, seq, piece):
-            pb = tile(bank(), F32, P, piece)
-            b.emit(TENSOR, Op.MATMUL, pb, (tile(k.ones, F32, 1, P), tile(row, F32, 1, piece, c0)), MatmulAttrs())
-            b.emit(VECTOR, Op.TENSOR_TENSOR, tile(dst, F32, P, piece, c0), (tile(src, F32, P, piece, c0), pb),
-                   TensorTensorAttrs(AluOp.MULTIPLY))
-
-    def bcast_to_sbuf(dst, row) -> None:            # dst[128, seq] = broadcast(row): matmul + evacuation per piece
-        for c0 in range(0, seq, piece):
-            pb = tile(bank(), F32, P, piece)
-            b.emit(TENSOR, Op.MATMUL, pb, (tile(k.ones, F32, 1, P), tile(row, F32, 1, piece, c0)), MatmulAttrs())
-            d = tile(dst, F32, P, piece, c0)
-            if bcast_copy is SCALAR:
-                b.emit(SCALAR, Op.ACTIVATION, d, (pb,), ActivationAttrs(ActFunc.COPY))
-            else:
-                b.emit(bcast_copy, Op.TENSOR_COPY, d, (pb,), TensorCopyAttrs())
-
-    def whole(t: str):                              # the [128, seq] tile of tensor t's slot
+    def whole(t: str):
         return tile(sl.of[t], F32, P, seq)
 
-    def reload_delta(bi: int, c: int) -> None:
-        src = k.delta.tile(bi * channels + c * P, P, 0, seq) if remat else spill_hbm.tile(0, P, 0, seq)
-        sl.alloc("delta")
-        b.emit(Q_SPILL, Op.DMA_COPY, whole("delta"), (src,), DmaAttrs())
+    def produce(t: str, bi: int, c: int, s: int, fresh: bool) -> None:
+        """Bring t into a slot: a (re)load from HBM, the spill copy, or (acc, first time) zeros."""
+        buf = sl.alloc(t)
+        if t in ("delta", "u"):
+            q = Q_BIG if fresh else Q_SPILL
+            src = (k.delta if t == "delta" else k.u).tile(bi * channels + c * P, P, 0, seq)
+            b.emit(q, Op.DMA_COPY, whole(t), (src,), DmaAttrs())
+        elif t in ROWS:
+            hbm = k.B if t == "B_i" else k.C
+            b.emit(Q_SMALL, Op.DMA_COPY, tile(buf, F32, 1, seq), (hbm.tile(bi * state + s, 1, 0, seq),), DmaAttrs())
+        elif fresh:
+            k.zero(buf, seq)
+        else:
+            b.emit(Q_SPILL, Op.DMA_COPY, whole(t), (scratch[t].tile(0, P, 0, seq),), DmaAttrs())
+
+    def bcast_to_sbuf(dst, row) -> None:            # dst[128, seq] = broadcast(row): matmul + copy per piece
+        for c0 in range(0, seq, piece):
+            pb = tile(bank(), F32, P, piece)
+            b.emit(TENSOR, Op.MATMUL, pb, (tile(k.ones, F32, 1, P), tile(row, F32, 1, piece, c0)), MatmulAttrs())
+            b.emit(VECTOR, Op.TENSOR_COPY, tile(dst, F32, P, piece, c0), (pb,), TensorCopyAttrs())
+
+    def multiply(dst: str, x: str, y: str, op=AluOp.MULTIPLY) -> None:
+        b.emit(VECTOR, Op.TENSOR_TENSOR, whole(dst), (whole(x), whole(y)), TensorTensorAttrs(op))
 
     for bi in range(batch):
         for c in range(nt):
-            acc = sl.alloc("acc")
-            k.zero(acc, seq)
-            k.load_rows(k.delta, bi * channels + c * P, sl.alloc("delta"))
-            if "delta" in plan.spilled and not remat:
-                b.emit(Q_SPILL, Op.DMA_COPY, spill_hbm.tile(0, P, 0, seq), (whole("delta"),), DmaAttrs())
-            k.load_rows(k.u, bi * channels + c * P, sl.alloc("u"))
-            sl.alloc("dU")
-            b.emit(VECTOR, Op.TENSOR_TENSOR, whole("dU"), (whole("delta"), whole("u")),
-                   TensorTensorAttrs(AluOp.MULTIPLY))
-            sl.free("u")
+            for t in CARRIED:                       # lines 128-132 (deferred when evicted at the start)
+                if t not in away_at_start:
+                    produce(t, bi, c, 0, True)
             for s in range(state):
-                final = s == state - 1
-                for i, (name, reads, wr) in enumerate(steps):
-                    if wr != "acc":
+                first, final = s == 0, s == state - 1
+                for i, (name, reads, wr) in enumerate(STATE_STEPS):
+                    deferred = any(a.tensor == wr and a.after == i and a.tensor in FROM_HBM for a in plan.absences)
+                    if wr not in CARRIED and not deferred and name not in ("load B", "load C"):
                         sl.alloc(wr)
                     if name == "exp":
                         A_i = tile(r_a[s % 2], F32, P, 1)
-                        b.emit(Q_SMALL, Op.DMA_COPY, A_i, (k.A.column(c * P, P, s),), DmaAttrs())
+                        k.load_A(c, s, r_a[s % 2])
                         b.emit(SCALAR, Op.ACTIVATION, whole("dA"), (whole("delta"), A_i),
                                ActivationAttrs(ActFunc.EXP, scale_from_src=True))
                     elif name in ("load B", "load C"):
-                        hbm = k.B if name == "load B" else k.C
-                        b.emit(Q_SMALL, Op.DMA_COPY, tile(sl.of[wr], F32, 1, seq),
-                               (hbm.tile(bi * state + s, 1, 0, seq),), DmaAttrs())
+                        if not deferred:
+                            produce(wr, bi, c, s, True)
+                    elif name == "deltaU":
+                        multiply("dU", "delta", "u")
                     elif name in ("bcast B", "bcast C"):
                         bcast_to_sbuf(sl.of[wr], sl.of[reads[0]])
-                    elif name == "deltaBu" and bcast_home == "sbuf":
-                        b.emit(VECTOR, Op.TENSOR_TENSOR, whole("dBu"), (whole("dU"), whole("Bb")),
-                               TensorTensorAttrs(AluOp.MULTIPLY))
-                    elif name == "scanC" and bcast_home == "sbuf":
-                        b.emit(VECTOR, Op.TENSOR_TENSOR, whole("scC"), (whole("scan"), whole("Cb")),
-                               TensorTensorAttrs(AluOp.MULTIPLY))
                     elif name == "deltaBu":
-                        bcast_mul(sl.of["dBu"], sl.of["dU"], sl.of["B_i"])
+                        multiply("dBu", "dU", "Bb")
                     elif name == "scan":
                         b.emit(VECTOR, Op.TENSOR_TENSOR_SCAN, whole("scan"), (whole("dA"), whole("dBu")),
                                TensorTensorScanAttrs())
                     elif name == "scanC":
-                        bcast_mul(sl.of["scC"], sl.of["scan"], sl.of["C_i"])
+                        multiply("scC", "scan", "Cb")
                     else:
-                        b.emit(VECTOR, Op.TENSOR_TENSOR, whole("acc"), (whole("acc"), whole("scC")),
-                               TensorTensorAttrs(AluOp.ADD))
-                    for t in reads:                       # free each tensor after its last use
-                        carried_done = final or t in plan.spilled
-                        if (t in last and last[t] == i) or (t in ("delta", "dU") and carried_done):
+                        multiply("acc", "acc", "scC", AluOp.ADD)
+                    for t in reads:                 # free each temporary after its last use
+                        if t in last and last[t] == i:
                             sl.free(t)
-                    if name == plan.reload_after and "delta" in plan.spilled and not final:
-                        reload_delta(bi, c)
-            k.store(bi, c, acc)
-            sl.free("acc")
+                    for a in plan.absences:         # evictions after this step
+                        if a.after != i or a.tensor not in sl.of:
+                            continue
+                        keep = a.tensor in CARRIED and final and a.until <= a.after
+                        if a.tensor == "acc" and keep:
+                            continue                # the last state's accumulator is the output
+                        if a.store and not keep:
+                            b.emit(Q_SPILL, Op.DMA_COPY, scratch[a.tensor].tile(0, P, 0, seq), (whole(a.tensor),),
+                                   DmaAttrs())
+                        sl.free(a.tensor)
+                    if final:                       # carried inputs end with their last use
+                        for t in ("delta", "u"):
+                            if t in sl.of and _uses(t)[-1] == i:
+                                sl.free(t)
+                    for a in plan.absences:         # reloads after this step
+                        if a.reload % n != i:
+                            continue
+                        nxt_state = a.reload >= n or a.until <= a.after
+                        if a.reload >= n and first and a.tensor in CARRIED and a.tensor in away_at_start \
+                                and not sl.of.get(a.tensor):
+                            produce(a.tensor, bi, c, s, True)      # the first production, deferred
+                        elif a.reload < n and nxt_state and final:
+                            continue                # no next state
+                        elif a.reload >= n and first:
+                            continue                # serves a use of the previous state
+                        elif a.tensor not in sl.of:
+                            produce(a.tensor, bi, c, s, False)
+            k.store(bi, c, sl.of["acc"])
+            for t in list(sl.of):
+                sl.free(t)
     return b.program()

@@ -1,22 +1,27 @@
 """The NKI matrix-multiplication tutorial's four kernels as hand-written programs in our ISA.
 
-Sources: ``sdk@2.26:general/nki/tutorials/matrix_multiplication.rst`` and its kernels
-(``nki_matmul_tiled_``, ``nki_matmul_hoist_load_``, ``nki_matmul_block_free_dimension_``,
-``nki_matmul_fully_optimized_`` in aws-neuron/nki-samples
-``src/nki_samples/tutorials/matrix_multiplication/matrix_multiplication_nki_kernels.py``), and
-the trn2 walk-through of the same four steps in ``nki/how-to-guides/kernel-optimization.rst``.
+Sources (``MMK``): aws-neuron-sdk@v2.26.0
+``general/nki/examples/matrix_multiplication/matrix_multiplication_nki_kernels.py`` --
+``nki_matmul_tiled_`` lines 65-116, ``nki_matmul_hoist_load_`` 119-186,
+``nki_matmul_block_free_dimension_`` 189-273, ``nki_matmul_fully_optimized_`` 276-396 (the trn1
+measurements: ``general/nki/tutorials/matrix_multiplication.rst`` lines 338-356); the trn2
+walk-through of the same four steps, ``nki/guides/tutorials/kernel-optimization.rst`` (aws-neuron-sdk
+@81ce03a) code at lines 203-288, 360-458, 486-608, 634-798, the same loop nests and loads (its
+driver feeds fp32, lines 298-299).
 
 ``result[M, N] = lhsT[K, M].T @ rhs[K, N]``; tiles are TILE_K = 128 (partitions, contraction),
 TILE_M = 128 (stationary free size), TILE_N = 512 (moving free size, one PSUM bank of fp32).
 Each builder follows its tutorial kernel's loop nest and load placement; what the NKI compiler
-decides and the tutorial does not say is chosen here and stated:
-- tiles declared inside a loop body rotate through ``depth`` buffers (the tile framework's
-  buffer allocation) when SBUF allows, one buffer per tile so dependencies are per tile;
+decides and the tutorial does not say is chosen here and stated (never from a published figure):
+- tiles declared inside a loop body rotate through buffers (the tile framework's allocation):
+  ``depth`` = 4 in ``tiled`` (the trn2 activity rows depend on it up to 4 and not beyond: depth
+  2 gives TensorE 59.5% / DMA 45.7%, 3 gives 67.5 / 82.5, 4 and 8 give 80.1 / 99.9 at M=1024; a
+  ring allocation, NKI's ``AllocationMode.RING``, "a fresh address for each tile", gives >= 4),
+  two elsewhere when SBUF allows, one when it does not;
 - ``nl.load`` / ``nl.store`` are DMAs on one queue per tensor (lhsT, rhs, result); PSUM -> SBUF
   copies and the SBUF accumulation of the last kernel run on VectorE;
 - when a tutorial block does not fit SBUF (the blocked kernel's rhs block in fp32: 256 KiB per
-  partition on trn2's 224 KiB) the tiles are reloaded for every use, as the compiler's
-  spill/reload does (kernel-optimization.rst reports DMA active 95.70% for that step).
+  partition on trn2's 224 KiB) its tiles are reloaded for every use (a compiler's spill/reload).
 The dtype is a parameter: the trn1 tutorial ran bf16; the trn2 walk-through's driver feeds fp32.
 """
 from __future__ import annotations
@@ -53,7 +58,8 @@ def _evacuate(b: KernelBuilder, ps, out_buf, res, m0: int, n0: int, dtype: DType
 
 
 def tiled(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = DType.BF16, depth: int = 4):
-    """``nki_matmul_tiled_``: for m, for n, for k: load lhsT[k, m] and rhs[k, n], matmul."""
+    """``nki_matmul_tiled_`` (MMK lines 65-116): for m, for n, for k: load lhsT[k, m] and rhs[k, n],
+    matmul into PSUM; copy to SBUF, store."""
     b, lhsT, rhs, res = _setup(target, M, K, N, dtype)
     lt = b.sbuf_tiles("lhsT_tile", depth, TM, dtype)
     rt = b.sbuf_tiles("rhs_tile", depth, TN, dtype)
@@ -75,8 +81,8 @@ def tiled(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = DT
 
 
 def hoisted(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = DType.BF16):
-    """``nki_matmul_hoist_load_``: for m: load the K column of lhsT tiles; for n: load the K
-    column of rhs tiles, then K matmuls."""
+    """``nki_matmul_hoist_load_`` (MMK lines 119-186): for m: load the K column of lhsT tiles; for n:
+    load the K column of rhs tiles, then K matmuls."""
     b, lhsT, rhs, res = _setup(target, M, K, N, dtype)
     nk = K // TK
     lhs_set = TM * dtype.itemsize * nk
@@ -106,8 +112,9 @@ def hoisted(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = 
 
 def blocked_mn(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = DType.BF16,
                tiles_m: int = 2, tiles_n: int = 2):
-    """``nki_matmul_block_free_dimension_``: for each [BLOCK_M = 256] block of lhsT columns and
-    each [BLOCK_N = 1024] block of rhs columns, load the blocks, then for bm, bn: K matmuls."""
+    """``nki_matmul_block_free_dimension_`` (MMK lines 189-273): for each [BLOCK_M = 256] block of
+    lhsT columns and each [BLOCK_N = 1024] block of rhs columns, load the blocks, then for bm, bn:
+    K matmuls."""
     b, lhsT, rhs, res = _setup(target, M, K, N, dtype)
     nk = K // TK
     isz = dtype.itemsize
@@ -142,8 +149,8 @@ def blocked_mn(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType
 
 def fully_optimized(target, M: int = 4096, K: int = 8192, N: int = 8192, dtype: DType = DType.BF16,
                     tiles_m: int = 16, tiles_n: int = 2, tiles_k: int = 8, psum_banks: int = 4):
-    """``nki_matmul_fully_optimized_`` (blocks of 2048 x 1024 x 1024 by default): for each N
-    block, zero the SBUF result tiles; for each K block (sequential), load the rhs block as
+    """``nki_matmul_fully_optimized_`` (MMK lines 276-396; blocks of 2048 x 1024 x 1024 by default):
+    for each N block, zero the SBUF result tiles; for each K block (sequential), load the rhs block as
     TILES_IN_BLOCK_K [128, BLOCK_N] tiles, and for each M block load lhsT as TILES_IN_BLOCK_K
     [128, BLOCK_M] tiles, run the bn, bm, bk matmuls into PSUM and add each PSUM tile into its SBUF
     result tile (VectorE); finally pack each row of result tiles into [128, BLOCK_N] and store it."""

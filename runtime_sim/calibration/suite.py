@@ -1,202 +1,189 @@
-"""The calibration suite: published measurements, the programs that reproduce them, the table.
+"""The calibration suite: the published figures, the programs that reproduce them, their roles.
 
-Every case runs one hand-written program (calibration/matmul.py, mamba.py, mamba_spill.py) on one
-target description in timing mode and compares with a published number. There are no per-kernel
-constants: each generation has one ``Target``; its FITTED constants say what they were fitted on
-(targets.py), and every other row is validation. Tolerances (issue 3): latency within 25%,
-active percentages within 10 points.
+Every ``Case`` is one hand-written program (matmul.py, mamba.py, mamba_spill.py, layernorm.py,
+probes.py) that follows a tutorial's source instruction for instruction (``Case.program`` names
+the file and lines); every ``Figure`` is one published number, quotable from ``Figure.source``
+(``DOCS`` key and line numbers). A figure is
+- a FIT row (``fits``): used by ``fit.FITTED`` to fit that constant (a 1-d root search, fit.py);
+- a GATING row: validation, within tolerance (latency-like ratios +-25%, activity +-10 points,
+  a bound reading holds) or shown red; ``known_red`` says why it is outside when it is;
+- or EXCLUDED (``excluded``: the reason), printed with its simulated value, never gating.
+No parameter of any program is set from a published figure. Readings: a qualitative statement
+("< 256 B per partition: severely overhead-bound") becomes a number only as the project's
+reading, marked ``bound`` (``">="``, ``"<="`` or ``"="``) with the quoted statement.
 
-Definitions of the simulated percentages:
-- "TensorE FLOP util" (trn1 tutorial's "Hardware FLOPs Utilization"): matmul FLOPs / (bf16 peak
-  x latency).
-- "TensorE active", "VectorE active": the engine's busy time / latency (``SimStats.busy_fraction``).
-- "DMA active": time at least one DMA engine is transferring / latency.
+Definitions of the simulated values:
+- latency: the program's simulated time; the reduced suite scales the published figure by the
+  program's share of the full work (``Case.reduced``: the trip count of a loop the time is
+  proportional to).
+- "TensorE FLOP util" (the trn1 tutorial's HFU): matmul FLOPs / (bf16 peak x latency).
+- "TensorE / VectorE / DMA active": the engine's busy time / latency (``SimStats.busy_fraction``;
+  DMA: time at least one DMA engine transfers).
+- DMA engine time: the DMA engines' busy time (data phases) of a one-transfer probe.
+- DMA efficiency: bytes / (DMA busy time x documented bytes per ns of all engines).
+- roofline knee: TensorE bf16 peak FLOP/ns / the sustained HBM -> SBUF bytes per ns.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ..isa import DType, Program
-from ..simulator import simulate
-from ..targets import get_target
-from . import mamba, mamba_spill, matmul
+from . import layernorm, mamba, mamba_spill, matmul, probes
 
-MM_TUTORIAL = "sdk@2.26:general/nki/tutorials/matrix_multiplication.rst (trn1, bf16, [4096,8192]@[8192,8192])"
-MM_TRN2 = "nki/how-to-guides/kernel-optimization.rst (trn2; its driver feeds fp32)"
-MAMBA = "nki/guides/tutorials/fused_mamba.rst (NC-v2, fp32, batch 1, state 16)"
-LATENCY_TOL = 0.25
-ACTIVE_TOL = 10.0
+DOCS: dict[str, str] = {
+    "MM": "aws-neuron-sdk@v2.26.0 general/nki/tutorials/matrix_multiplication.rst",
+    "MMK": "aws-neuron-sdk@v2.26.0 general/nki/examples/matrix_multiplication/matrix_multiplication_nki_kernels.py",
+    "KO": "aws-neuron-sdk@81ce03a nki/guides/tutorials/kernel-optimization.rst",
+    "MB": "aws-neuron-sdk@81ce03a nki/guides/tutorials/fused_mamba.rst",
+    "MBK": mamba.SOURCE,
+    "DO": "aws-neuron-sdk@81ce03a nki/get-started/about/nki-dma-overview.rst",
+    "DG": "aws-neuron-sdk@81ce03a nki/deep-dives/nki-dma-bandwidth-guide.rst",
+    "LN": "aws-neuron-sdk@v2.26.0 general/nki/tutorials/layernorm.rst",
+    "LNK": layernorm.SOURCE,
+}
+# The documents are also published at https://awsdocs-neuron.readthedocs-hosted.com (v2.26.0 for
+# the sdk@v2.26.0 paths) and https://github.com/aws-neuron/nki-samples.
+
+RATIO_METRICS = ("latency_us", "dma_engine_ns", "knee")      # compared as simulated / published
+POINT_METRICS = ("pe_flops", "pe", "dve", "dma", "dma_eff")  # percentages, compared in points
+LABEL = {"latency_us": "latency", "pe_flops": "TensorE FLOP util %", "pe": "TensorE active %",
+         "dve": "VectorE active %", "dma": "DMA active %", "dma_engine_ns": "DMA engine time ns",
+         "dma_eff": "DMA efficiency %", "knee": "roofline knee FLOP/B"}
 
 
 @dataclass(frozen=True)
-class Active:
-    """One published activity percentage: ``metric`` is "pe_flops", "pe", "dve" or "dma"."""
-
+class Figure:
     metric: str
-    target: str
     published: float
-    dtype: DType | None = None      # the dtype of the run it comes from, when it differs
+    source: str                 # "<DOCS key>:<lines>"
+    target: str
+    dtype: DType | None = None  # the dtype of the run it comes from (programs with a dtype parameter)
+    fits: str = ""              # the FITTED constant this figure is used to fit
+    bound: str = ""             # a reading of a qualitative statement: ">=", "<=" or "="
+    quote: str = ""             # the statement a reading reads
+    excluded: str = ""          # why the row does not gate
+    known_red: str = ""         # why a gating row is outside its tolerance
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    source: str
-    build: Callable[..., Program]          # build(target, dtype=...) or build(target)
-    target: str
-    published_us: float | None
-    actives: tuple[Active, ...] = ()
-    dtype: DType | None = None
-    note: str = ""
-    gating: bool = True      # False: a validation row, printed with its ratio but not in the exit status
+    program: str                                   # "<DOCS key>:<lines>" of the source it follows
+    build: Callable[[str, DType | None], Program]
+    figures: tuple[Figure, ...]
+    reduced: tuple[Callable[[str, DType | None], Program], float] | None = None  # (build, work share)
 
 
-@dataclass
-class Row:
-    case: Case
-    simulated_us: float | None
-    actives: list[tuple[Active, float]] = field(default_factory=list)
-    instructions: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ratio(self) -> float | None:
-        if self.simulated_us is None or not self.case.published_us:
-            return None
-        return self.simulated_us / self.case.published_us
-
-    def ok(self) -> bool:
-        r = self.ratio
-        good = r is None or abs(r - 1.0) <= LATENCY_TOL
-        return good and all(abs(s - a.published) <= ACTIVE_TOL for a, s in self.actives)
-
-    def to_dict(self) -> dict:
-        c = self.case
-        d: dict = {"name": c.name, "source": c.source, "target": c.target,
-                   "published_us": c.published_us, "simulated_us": self.simulated_us, "ratio": self.ratio}
-        if self.actives:
-            d["active_percent"] = [{"metric": a.metric, "target": a.target,
-                                    "dtype": (a.dtype or c.dtype).value if (a.dtype or c.dtype) else None,
-                                    "published": a.published, "simulated": round(s, 2)} for a, s in self.actives]
-        if c.note:
-            d["note"] = c.note
-        d["gating"] = c.gating
-        d["within_tolerance"] = self.ok()
-        return d
-
-
-def _mm(kind: str, label: str, pub_ms: float, hfu: float, pe2: float, dma2: float) -> Case:
+def _mm(kind: str, label: str, prog: str, ko: str, ms: float, mm_line: int, hfu: float,
+        pe2: float, dma2: float, ko_line: int, dve2: float | None = None, fits: str = "") -> Case:
     f = matmul.KERNELS[kind]
-    return Case(f"matmul {kind} ({label})", MM_TUTORIAL + "; " + MM_TRN2, f, "trn1", pub_ms * 1000.0,
-                (Active("pe_flops", "trn1", hfu), Active("pe", "trn2", pe2, DType.FP32),
-                 Active("dma", "trn2", dma2, DType.FP32)), DType.BF16)
+    bf, f32 = DType.BF16, DType.FP32
+    derived = "derived: FLOPs / (peak x the latency above), not an independent point"
+    figs = [Figure("latency_us", ms * 1000.0, f"MM:{mm_line}", "trn1", bf, fits=fits),
+            Figure("pe_flops", hfu, f"MM:{mm_line}", "trn1", bf, excluded=derived),
+            Figure("pe", pe2, f"KO:{ko_line}", "trn2", f32),
+            Figure("dma", dma2, f"KO:{ko_line}", "trn2", f32)]
+    if dve2 is not None:
+        figs.append(Figure("dve", dve2, f"KO:{ko_line}", "trn2", f32))
+    small = dict(N=1024) if kind == "fully_optimized" else dict(M=512)
+    return Case(f"matmul {kind} ({label})", f"MMK:{prog}; KO:{ko}",
+                lambda t, d: f(t, dtype=d), tuple(figs), (lambda t, d: f(t, dtype=d, **small), 1 / 8))
 
+
+_MB_RED = ("VectorE-bound as written: 8N VectorE cycles + 4 dependency penalties per (state, channel tile) by "
+           "the documented costs, ~1.3x what the published runs spent (seq 512: 4,496 cycles against 3,509 "
+           "from 1.61 ms x 99.63%); no documented mechanism closes it (docs/simulator.md, 5.4)")
+_V1_RED = ("as written, delta_i and u_i are loaded in every (state, channel tile) iteration (MBK:56, 63): "
+           "DMA-bound (DMA ~98% active) where the published run was VectorE-bound; its profile reports delta/u "
+           "reloaded 'around 7 times' (MB:590), not 16: the compiler reused loads by a rule no document gives "
+           "(docs/simulator.md, 5.4)")
+
+
+def _mb(name: str, prog: str, fn, kw: dict, figs: tuple[Figure, ...], small: int | None = None) -> Case:
+    """A Mamba case: ``fn(target, **kw)``; reduced: the same with ``small`` channels (the time is
+    proportional to the channel tiles), or the full program when ``small`` is None."""
+    red = None if small is None else ((lambda t, d: fn(t, **{**kw, "channels": small})), small / kw["channels"])
+    return Case(name, prog, lambda t, d: fn(t, **kw), figs, red)
+
+
+def _scaling() -> tuple[Case, ...]:
+    """The scaling table (MB:863-926): v2 and v3 at seq 1024-7168 (its 512 and 8192 rows repeat the
+    text's 1.61 / 27.8 ms; its 52.2 ms for v2 at 8192 differs from the text's 53.33 ms, MB:752)."""
+    v2 = ((1024, 4.4), (2048, 8.9), (3072, 13.1), (4096, 17.6), (5120, 23.7), (6144, 27.5), (7168, 41.3))
+    v3 = ((1024, 3.3), (2048, 6.6), (3072, 10.1), (4096, 13.3), (5120, 17.3), (6144, 19.6), (7168, 24.2))
+    return tuple(
+        _mb(f"mamba_{v} channels=4096 seq={s} (scaling table)", prog, fn, dict(seq=s, channels=4096),
+            (Figure("latency_us", ms * 1000.0, "MB:863-926", "trn1",
+                    known_red="" if (v, s) == ("v2", 5120) else _MB_RED),),
+            1024)
+        for v, prog, fn, table in (("v2", "MBK:97-168", mamba_spill.mamba_v2_long, v2),
+                                   ("v3", "MBK:172-260", mamba.mamba_v3, v3))
+        for s, ms in table)
+
+
+_LN_SHAPE = ("shape inferred: the text says (300, 1000) (LN:111); the perf command it gives (LN:163-170) "
+             "runs the script's defaults, 4096 x 8192 (LNK:147-154)")
+_LN_LAUNCH = ("a (300, 1000) kernel is tens of us of work; the published p50 would need a per-launch cost "
+              "no source gives (rows at 4096 x 8192 below)")
 
 CASES: tuple[Case, ...] = (
-    _mm("tiled", "load per tile", 51.80, 10.98, 87.28, 99.93),
-    _mm("hoisted", "loads out of the inner loop", 42.96, 13.24, 99.85, 99.73),
-    _mm("blocked_mn", "blocked over M, N", 22.07, 26.51, 99.52, 95.70),
-    _mm("fully_optimized", "blocked M, N, K 2048x1024x1024", 6.97, 85.24, 99.50, 21.54),
-    Case("mamba_v1 channels=256 seq=512", MAMBA, lambda t: mamba.mamba_v1(t, channels=256, seq=512), "trn1",
-         172.93, (Active("dve", "trn1", 98.71),)),
-    Case("mamba_v1 channels=4096 seq=512", MAMBA, lambda t: mamba.mamba_v1(t, channels=4096, seq=512, resident=19),
-         "trn1", 2340.0, (Active("dve", "trn1", 92.16),)),
-    Case("mamba_v2 channels=4096 seq=512 (loops reordered)", MAMBA,
-         lambda t: mamba.mamba_v2(t, channels=4096, seq=512), "trn1", 1610.0, (Active("dve", "trn1", 99.63),)),
-    Case("mamba_v3 channels=4096 seq=8192 (seq tiled at 512)", MAMBA,
-         lambda t: mamba.mamba_v3(t, channels=4096, seq=8192), "trn1", 27800.0, (Active("dve", "trn1", 94.85),)),
-    Case("mamba_v2 channels=4096 seq=8192 (forced spill: delta)", MAMBA + "; spill plan: mamba_spill.py",
-         lambda t: mamba_spill.mamba_v2_long(t, channels=4096, seq=8192), "trn1", 53330.0,
-         (Active("dve", "trn1", 58.93),),
-         note="the same program (broadcasts in SBUF) gives the v2 scaling rows below; its SBUF use (84%) is "
-              "not the profile's 50% (docs/simulator.md)"),
-) + tuple(
-    Case(f"mamba_v2 channels=4096 seq={s} (scaling table)", MAMBA + " scaling table",
-         (lambda s: lambda t: mamba_spill.mamba_v2_long(t, channels=4096, seq=s))(s), "trn1", ms * 1000.0,
-         gating=False)
-    for s, ms in ((1024, 4.4), (2048, 8.9), (3072, 13.1), (4096, 17.6), (5120, 23.7), (6144, 27.5), (7168, 41.3))
-) + tuple(
-    Case(f"mamba_v3 channels=4096 seq={s} (scaling table)", MAMBA + " scaling table",
-         (lambda s: lambda t: mamba.mamba_v3(t, channels=4096, seq=s))(s), "trn1", ms * 1000.0, gating=False)
-    for s, ms in ((1024, 3.3), (2048, 6.6), (3072, 10.1), (4096, 13.3), (5120, 17.3), (6144, 19.6), (7168, 24.2))
+    _mm("tiled", "load per tile", "65-116", "203-288", 51.80, 341, 10.98, 87.28, 99.93, 341),
+    _mm("hoisted", "loads out of the inner loop", "119-186", "360-458", 42.96, 343, 13.24, 99.85, 99.73, 468,
+        fits="trn1.dma_efficiency"),
+    _mm("blocked_mn", "blocked over M, N", "189-273", "486-608", 22.07, 345, 26.51, 99.52, 95.70, 618),
+    _mm("fully_optimized", "blocked M, N, K 2048x1024x1024", "276-396", "634-798", 6.97, 347, 85.24, 99.50,
+        21.54, 808, dve2=10.55),
+    _mb("mamba_v1 channels=256 seq=512", "MBK:18-93", mamba.mamba_v1, dict(channels=256, seq=512),
+        (Figure("latency_us", 172.93, "MB:514", "trn1"), Figure("dve", 98.71, "MB:531", "trn1", known_red=_V1_RED))),
+    _mb("mamba_v1 channels=4096 seq=512", "MBK:18-93", mamba.mamba_v1, dict(channels=4096, seq=512),
+        (Figure("latency_us", 2340.0, "MB:548", "trn1"),
+         Figure("dve", 92.16, "MB:548-549", "trn1", known_red=_V1_RED)), 1024),
+    _mb("mamba_v2 channels=4096 seq=512 (loops reordered)", "MBK:97-168", mamba.mamba_v2, dict(channels=4096, seq=512),
+        (Figure("latency_us", 1610.0, "MB:731", "trn1", known_red=_MB_RED), Figure("dve", 99.63, "MB:732", "trn1")),
+        1024),
+    _mb("mamba_v3 channels=4096 seq=8192 (seq tiled at 512)", "MBK:172-260", mamba.mamba_v3,
+        dict(channels=4096, seq=8192),
+        (Figure("latency_us", 27800.0, "MB:853", "trn1", known_red=_MB_RED), Figure("dve", 94.85, "MB:854", "trn1")),
+        256),
+    _mb("mamba_v2 channels=4096 seq=8192 (evictions forced by SBUF)", "MBK:97-168", mamba_spill.mamba_v2_long,
+        dict(channels=4096, seq=8192),
+        (Figure("latency_us", 53330.0, "MB:752", "trn1", known_red=_MB_RED),
+         Figure("dve", 58.93, "MB:752-753", "trn1")), 256),
+) + _scaling() + (
+    Case("DMA Example 1: bf16 A[4, 4096] HBM -> SBUF, one engine", "DO:88-140", lambda t, d: probes.dma_example1(t),
+         (Figure("dma_engine_ns", 1416.0, "DO:153", "trn2"),)),
+    Case("DMA stream [128, 256 B] fp32", "DG:71-85", lambda t, d: probes.dma_stream(t, 256),
+         (Figure("dma_eff", 50.0, "DG:77-78", "trn2", fits="dma_chunk_overhead_bytes", bound="=",
+                 quote="< 256 B per partition: Severely overhead-bound. Achieved bandwidth is a small fraction "
+                       "of peak (read: a 256 B payload costs as much as its per-packet overhead)"),)),
+    Case("DMA stream [128, 2 KiB] fp32", "DG:71-85", lambda t, d: probes.dma_stream(t, 2048),
+         (Figure("dma_eff", 80.0, "DG:81-83", "trn2", bound=">=",
+                 quote=">= 2 KiB per partition (minimum recommended): Approaches peak bandwidth (read: >= 80%)"),)),
+    Case("DMA stream [128, 4 KiB] fp32", "DG:71-85", lambda t, d: probes.dma_stream(t, 4096),
+         (Figure("dma_eff", 90.0, "DG:84-85", "trn2", bound=">=",
+                 quote=">= 4 KiB per partition: Fully amortizes per-packet overhead and saturates the DMA "
+                       "engines (read: >= 90%)"),)),
+    Case("roofline knee: bf16 [128, 4 KiB] HBM -> SBUF stream", "MM:169-173",
+         lambda t, d: probes.dma_stream(t, 4096, count=32, dtype=DType.BF16),
+         (Figure("knee", 222.0, "MM:169-173", "trn1",
+                 excluded="a datasheet quotient (TensorE peak / HBM bandwidth), not a measurement; the same "
+                          "tutorial's measured HFU contradicts it (tiled: arithmetic intensity 102, MM:175-176, "
+                          "at 10.98% HFU, where a 222 knee allows 46%)"),)),
+    Case("layernorm v1 (300, 1000) fp32", "LNK:18-68", lambda t, d: layernorm.layernorm(t, 1, 300, 1000),
+         (Figure("latency_us", 2311.0, "LN:122", "trn1", excluded=_LN_LAUNCH),)),
+    Case("layernorm v2 (300, 1000) fp32", "LNK:71-140", lambda t, d: layernorm.layernorm(t, 2, 300, 1000),
+         (Figure("latency_us", 1969.0, "LN:134", "trn1", excluded=_LN_LAUNCH),)),
+    Case("layernorm v1 (4096, 8192) fp32, results in place", "LNK:18-68",
+         lambda t, d: layernorm.layernorm(t, 1, in_place=True),
+         (Figure("latency_us", 2311.0, "LN:122", "trn1", excluded=_LN_SHAPE),),
+         (lambda t, d: layernorm.layernorm(t, 1, rows=1024, in_place=True), 1 / 4)),
+    Case("layernorm v2 (4096, 8192) fp32, results in place", "LNK:71-140",
+         lambda t, d: layernorm.layernorm(t, 2, in_place=True),
+         (Figure("latency_us", 1969.0, "LN:134", "trn1", excluded=_LN_SHAPE),),
+         (lambda t, d: layernorm.layernorm(t, 2, rows=1024, in_place=True), 1 / 4)),
+    Case("layernorm v2 (4096, 8192) fp32, a fresh slot per result", "LNK:71-140",
+         lambda t, d: layernorm.layernorm(t, 2),
+         (Figure("latency_us", 1969.0, "LN:134", "trn1", excluded=_LN_SHAPE),),
+         (lambda t, d: layernorm.layernorm(t, 2, rows=1024), 1 / 4)),
 )
-
-
-def _build(case: Case, target: str, dtype: DType | None) -> Program:
-    if dtype is None:
-        return case.build(target)
-    return case.build(target, dtype=dtype)
-
-
-def _metric(stats, metric: str, target: str) -> float:
-    if metric == "pe_flops":
-        return 100.0 * stats.tensor_flop_utilisation(get_target(target).tensor_peak_flops_per_ns)
-    return 100.0 * stats.busy_fraction().get(metric, 0.0)
-
-
-def run_case(case: Case, log: Callable[[str], None] = lambda s: None) -> Row:
-    """Simulate a case on its target (latency and that target's percentages) and, when it has
-    percentages published on another target, on that target with the published run's dtype."""
-    row = Row(case, None)
-    if case.note.startswith("not reproduced"):
-        return row
-    runs: dict[tuple[str, DType | None], object] = {}
-    wanted = [(case.target, case.dtype)] + [(a.target, a.dtype or case.dtype) for a in case.actives]
-    for tgt, dt in dict.fromkeys(wanted):
-        t0 = time.perf_counter()
-        prog = _build(case, tgt, dt)
-        res = simulate(prog, mode="timing", checks="static")
-        row.seconds += time.perf_counter() - t0
-        row.instructions += prog.num_instructions
-        runs[(tgt, dt)] = res.stats
-        log(f"  {case.name} on {tgt}{'' if dt is None else ' ' + dt.value}: {prog.num_instructions} instructions, "
-            f"{res.stats.total_ns / 1e3:,.1f} us simulated")
-    row.simulated_us = runs[(case.target, case.dtype)].total_ns / 1e3  # type: ignore[attr-defined]
-    for a in case.actives:
-        row.actives.append((a, _metric(runs[(a.target, a.dtype or case.dtype)], a.metric, a.target)))
-    return row
-
-
-_LABEL = {"pe_flops": "TensorE FLOP util", "pe": "TensorE active", "dve": "VectorE active", "dma": "DMA active"}
-
-
-def _us(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.2f} us"
-
-
-def format_table(rows: list[Row]) -> str:
-    w = max(len(r.case.name) for r in rows)
-    head = f"{'kernel':{w}s}  {'target':6s}  {'published':>10s}  {'simulated':>10s}  {'ratio':>5s}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        mark = "" if r.case.gating else ("  validation" if r.ok() or r.simulated_us is None
-                                         else "  validation (not gating): OUTSIDE tolerance")
-        lines.append(f"{r.case.name:{w}s}  {r.case.target:6s}  {_us(r.case.published_us):>10s}  "
-                     f"{_us(r.simulated_us):>10s}  {ratio:>5s}{mark}")
-        sims = dict((id(a), s) for a, s in r.actives)
-        for a in r.case.actives:
-            dt = a.dtype or r.case.dtype
-            where = f"{a.target}{'' if dt is None else ' ' + dt.value}"
-            s = sims.get(id(a))
-            lines.append(f"    {_LABEL[a.metric] + ' %':20s} {where:16s} published {a.published:6.2f}"
-                         f"   simulated {'-' if s is None else f'{s:6.2f}'}")
-        if r.case.note:
-            lines.append(f"    note: {r.case.note}")
-    gate = [r for r in rows if r.case.gating]
-    done = [r for r in gate if r.simulated_us is not None]
-    bad = [r.case.name for r in done if not r.ok()]
-    lines.append("-" * len(head))
-    lines.append(f"{len(done)} reproduced, {len(gate) - len(done)} not reproduced; "
-                 f"{'all within' if not bad else 'OUTSIDE'} tolerance (latency +-{LATENCY_TOL:.0%}, "
-                 f"active +-{ACTIVE_TOL:.0f} points){'' if not bad else ': ' + ', '.join(bad)}")
-    val = [r for r in rows if not r.case.gating and r.simulated_us is not None]
-    if val:
-        vbad = [r.case.name for r in val if not r.ok()]
-        lines.append(f"validation rows (not gating): {len(val) - len(vbad)} of {len(val)} within tolerance"
-                     f"{'' if not vbad else '; OUTSIDE: ' + ', '.join(vbad)}")
-    return "\n".join(lines)
