@@ -62,6 +62,7 @@ class Structure:
         self.top_count = len(tp.body)
         self._walk(tp.body, (), ())
         self._flat: dict[int, Affine] = {}
+        self._gens: dict[tuple[int, str], Affine] = {}   # (sid, scope var) -> allocation number
 
     def _walk(self, body: tuple[Stmt, ...], loops: tuple[Loop, ...], path: tuple[int, ...]) -> None:
         for i, s in enumerate(body):
@@ -95,10 +96,15 @@ class Structure:
         """Allocation number of ``buf`` seen by instruction ``sid`` (0 for an unscoped buffer)."""
         if buf.scope is None:
             return Affine(0)
+        key = (sid, buf.scope)
+        g = self._gens.get(key)
+        if g is not None:
+            return g
         loops = self.info[sid].loops
         for k, lp in enumerate(loops):
             if lp.var == buf.scope:
-                return flat_of(loops[:k + 1])
+                g = self._gens[key] = flat_of(loops[:k + 1])
+                return g
         raise AssertionError(f"instruction {sid} uses {buf.name} outside its scope {buf.scope}")
 
     def gen_stride(self, buf: TBuf, sid: int) -> int:

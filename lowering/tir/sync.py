@@ -410,6 +410,20 @@ def _same_buffer(st: Structure, buf: TBuf | None, x: _Access, y: _Access) -> Wai
     return None
 
 
+def _final_per_queue(names: list[str], by_buf: dict[str, list[_Access]],
+                     queues: dict[int, Queue]) -> dict[Queue, tuple[int, int]]:
+    """Per queue, the (sid, executions) of the statically last instruction touching any of
+    ``names``: its last execution is the queue's last access to them (a queue completes in
+    order, so waiting for all of its executions covers every earlier one there)."""
+    out: dict[Queue, tuple[int, int]] = {}
+    for m in names:
+        for y in by_buf[m]:
+            q = queues[y.sid]
+            if q not in out or out[q][0] < y.sid:
+                out[q] = (y.sid, y.info.count)
+    return out
+
+
 def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, list[_Access]],
                   queues: dict[int, Queue], found) -> None:
     """Buffers that share SBUF/PSUM bytes. Inside one loop nest (a top-level statement both
@@ -443,18 +457,20 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
                         _pairwise(members, by_buf, queues, found, st, an, bn)
                         _pairwise(members, by_buf, queues, found, st, bn, an)
         owners: list[tuple[int, int, str]] = []
+        finals: dict[str, dict[Queue, tuple[int, int]]] = {}
         for b in bufs:
             lo, hi = span[b.name]
             preds = {o for (l, h, o) in owners if l < hi and lo < h and not (tops[o] & tops[b.name])}
             if preds:
                 writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
                 for pname in sorted(preds):
-                    last = {y.sid: y.info.count for m in members[pname] for y in by_buf[m]}
+                    if pname not in finals:
+                        finals[pname] = _final_per_queue(members[pname], by_buf, queues)
                     for x in writers:
                         xb = tp.buffer(x.tap.buf)
                         guard = (st.gen(xb, x.sid), xb.bufs) if xb.scope is not None else None
-                        for ys, n in last.items():
-                            if queues[ys] != queues[x.sid]:
+                        for q, (ys, n) in finals[pname].items():
+                            if q != queues[x.sid]:
                                 found[x.sid][ys].append(Wait(ys, Affine(n), guard))
             kept: list[tuple[int, int, str]] = []
             for (l, h, o) in owners:
