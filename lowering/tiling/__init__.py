@@ -10,6 +10,8 @@ from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.rand import tile_rand
 from lowering.tiling.reduce import tile_reduce
+from lowering.tiling.resample import tile_resample
+from lowering.tiling.pool import tile_maxpool_bwd
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
 from lowering.tiling.scan import tile_scan
 from lowering.tiling.scatter import tile_scatter
@@ -32,6 +34,8 @@ TILERS = {
     KKind.SELECT: tile_select,
     KKind.LAYER_NORM_BWD: tile_layer_norm_bwd,
     KKind.RAND: tile_rand,
+    KKind.RESAMPLE: tile_resample,
+    KKind.MAXPOOL_BWD: tile_maxpool_bwd,
 }
 
 
