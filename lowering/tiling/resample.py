@@ -76,6 +76,8 @@ def arith_runs(items: list[tuple[int, int, float]]) -> list[Run]:
     the longest run."""
     items = sorted(items)
     by_o = {o: (i, w) for o, i, w in items}
+    if len(by_o) != len(items):
+        raise LoweringError(f"strided runs need distinct outputs, got {items}")
     order = [o for o, _, _ in items]
     done: set[int] = set()
     out: list[Run] = []
@@ -119,15 +121,17 @@ def plan_axis(m: AxisMap, lo: int, hi: int, ilo: int, n_in: int, is_max: bool, o
         if lo <= o < hi:
             per_o[o - lo].append((c, i - ilo, w))
     writes: dict[int, list] = defaultdict(list)
-    upd: dict[int, list] = defaultdict(list)
+    upd: dict[tuple[int, int], list] = defaultdict(list)
     for o, es in per_o.items():
         es.sort()
         if is_max and any(b[1] <= a[1] for a, b in zip(es, es[1:])):
             raise LoweringError(f"{op}: max map visits output {o + lo} out of input order: {es}")
         c, i, w = es[0]
         writes[c].append((o, i, w))
+        rep: dict[int, int] = defaultdict(int)      # several entries of one class: one layer each
         for c, i, w in es[1:]:
-            upd[c].append((o, i, w))
+            upd[(c, rep[c])].append((o, i, w))
+            rep[c] += 1
     wr = tuple(r for c in sorted(writes) for r in arith_runs(writes[c]))
     up = tuple(tuple(arith_runs(upd[c])) for c in sorted(upd))
     return AxisPlan(hi - lo, n_in, wr, up, len(per_o) < hi - lo)
