@@ -40,7 +40,8 @@ Invariants
 - A RAND kernel writes random numbers into ``outs[0]`` from the seed words ``ins[0]``
   (``RandKAttrs``); the seed is an INPUT buffer named ``rng_seed*`` that ``CompiledGraph.run``
   fills on every call from torch's default generator.
-- A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
+- A CONV kernel is a forward (or data-gradient) convolution over 3-d views ``[N, C, spatial]``
+  (``ConvKAttrs``). A CONV_WGRAD kernel is a convolution's weight gradient (``ConvWgradKAttrs``).
 - A RESAMPLE kernel maps the trailing ``len(attrs.maps)`` (spatial) axes of ``ins[0]`` through
   one sparse 1-d map per axis, applied separably (``ResampleKAttrs``): pools, pads, upsampling
   and their backward. ``outs`` = (y,) or (y, indices) with the leading axes of ``ins[0]``.
@@ -249,6 +250,7 @@ class KKind(enum.Enum):
     SELECT = "select"
     LAYER_NORM_BWD = "layer_norm_bwd"
     RAND = "rand"
+    CONV_WGRAD = "conv_wgrad"
     RESAMPLE = "resample"
     MAXPOOL_BWD = "maxpool_bwd"
 
@@ -392,8 +394,14 @@ class AttentionKAttrs:
 class ConvKAttrs:
     """Forward convolution (``tiling/conv.py``): ``ins = (x [N, Ci, H*W], w [Co, Ci/groups, Kh,
     Kw], bias [Co]?)``, ``outs = (y [N, Co, Ho*Wo],)``; ``x``'s last axis walks ``in_hw`` row-major
-    (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw``. Zero padding;
-    ``Ho = (H + 2*ph - dh*(Kh-1) - 1) // sh + 1`` (likewise ``Wo``)."""
+    (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw`` (or ``y`` is
+    a 4-d strided view ``[N, Co, Ho, Wo]``). Zero padding, possibly negative (a shifted window)
+    and read past the bottom/right edge as zeros: ``out_hw`` is given, not derived.
+
+    ``dgrad``: a data-gradient (transposed) convolution: ``ins[1]`` is the *forward* weight
+    ``[Co', Ci'/groups, Kh', Kw']`` and this kernel's tap ``(j, l)`` is the forward tap
+    ``(dgrad[0][j], dgrad[1][l])`` with the channel roles swapped per group (``x`` has the
+    forward's ``Co'`` channels, ``y`` its ``Ci'``)."""
 
     in_hw: tuple[int, int]
     out_hw: tuple[int, int]
@@ -403,6 +411,23 @@ class ConvKAttrs:
     dilation: tuple[int, int]
     groups: int
     has_bias: bool
+    dgrad: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class ConvWgradKAttrs:
+    """``gw[co, ci, kh, kw] = sum_{n, oh, ow} g[n, co, oh, ow] * xpad[n, grp(co)*Cig + ci,
+    oh*sh + kh*dh, ow*sw + kw*dw]`` (``tiling/conv_backward.py``): ``ins = (x [N, Ci, H*W],
+    g [N, Co, Ho*Wo])``, ``outs = (gw [Co, Ci/groups, Kh, Kw],)`` contiguous; the geometry of
+    the forward convolution (``ConvKAttrs``)."""
+
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
 
 
 @dataclass(frozen=True)
@@ -466,7 +491,8 @@ class MaxPoolBwdKAttrs:
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
           | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs
-          | LayerNormBwdKAttrs | RandKAttrs | ResampleKAttrs | MaxPoolBwdKAttrs)
+          | LayerNormBwdKAttrs | RandKAttrs | ResampleKAttrs | MaxPoolBwdKAttrs
+          | ConvWgradKAttrs)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from lowering.kir import KKind, KProgram, Role
 from lowering.tiling.attention import tile_attention
 from lowering.tiling.conv import tile_conv
+from lowering.tiling.conv_backward import tile_conv_wgrad
 from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.norm_backward import tile_layer_norm_bwd
@@ -29,6 +30,7 @@ TILERS = {
     KKind.ATTENTION: tile_attention,
     KKind.GATHER: tile_gather,
     KKind.CONV: tile_conv,
+    KKind.CONV_WGRAD: tile_conv_wgrad,
     KKind.SCATTER: tile_scatter,
     KKind.SCAN: tile_scan,
     KKind.SELECT: tile_select,
