@@ -27,8 +27,6 @@ Invariants
 """
 from __future__ import annotations
 
-import math
-
 from lowering.errors import Unsupported
 from lowering.kir import KOp, MaxPoolBwdKAttrs
 from lowering.tir.affine import Affine
@@ -104,22 +102,42 @@ def tile_maxpool_bwd(b: TirBuilder, k: KOp) -> None:
         blk = max(1, blk // 2)
     b.note(f"max-pool backward {H}x{W} <- {a.out_hw[0]}x{Wo}, kernel {a.kernel} stride {a.stride}: "
            f"{len(spans)} row block(s), tile width {Wt}, {a.kernel[0] * a.kernel[1]} taps")
+    groups = _group(a, spans)
     for p0, p in b.tiled(R, P, "pl"):
-        for r0, r1 in spans:
-            _block(b, k, p0, p, r0, r1, c0, Wt)
+        for (r0, lo, key, count, dr, dlo) in groups:
+            with b.loop(count, "rb") as v:
+                _block(b, k, p0, p, r0 + v * dr, lo + v * dlo, key, c0, Wt)
 
 
-def _block(b: TirBuilder, k: KOp, p0: Affine, p: int, r0: int, r1: int, c0: int, Wt: int) -> None:
+def _group(a: MaxPoolBwdKAttrs, spans):
+    """Consecutive row blocks of one structure ``key`` = (rows, output rows, tile rows, first
+    window row in the tile, first stored row in the tile) whose rows advance by constant steps:
+    (r0, lo, key, count, r0 step, lo step) per loop."""
+    out: list = []
+    for r0, r1 in spans:
+        lo, hi, t0, t1 = _rows_of(a, r0, r1)
+        key = (r1 - r0, hi - lo, t1 - t0, lo * a.stride[0] - t0, r0 - t0)
+        if out and out[-1][2] == key:
+            q0, l0, _, cnt, dr, dl = out[-1]
+            if cnt == 1 or (r0 - q0 == cnt * dr and lo - l0 == cnt * dl):
+                out[-1] = (q0, l0, key, cnt + 1, r0 - q0 if cnt == 1 else dr, lo - l0 if cnt == 1 else dl)
+                continue
+        out.append((r0, lo, key, 1, 0, 0))
+    return out
+
+
+def _block(b: TirBuilder, k: KOp, p0: Affine, p: int, r0: Affine, lo: Affine, key, c0: int,
+           Wt: int) -> None:
     a = k.attrs
     g, idx = k.ins
     out = k.outs[0]
-    H, W = a.in_hw
+    W = a.in_hw[1]
     Wo = a.out_hw[1]
     (Kh, Kw), (sh, sw), (ph, pw), (dh, dw) = a.kernel, a.stride, a.padding, a.dilation
-    lo, hi, t0, t1 = _rows_of(a, r0, r1)
-    acc = b.tile("mpb_acc", Memory.SBUF, p, (t1 - t0) * Wt, F32, BUFS)
+    nr, nlo, nt, win0, st0 = key          # rows, output rows, tile rows, lo*sh - t0, r0 - t0
+    acc = b.tile("mpb_acc", Memory.SBUF, p, nt * Wt, F32, BUFS)
     b.memset(acc.ap(), 0.0)
-    n = (hi - lo) * Wo
+    n = nlo * Wo
     if n:
         gt = b.tile("mpb_g", Memory.SBUF, p, n, g.dtype, BUFS)
         b.dma(gt.ap(), hbm_ap(g.buffer, g.dtype, g.offset + p0 * g.strides[0] + lo * Wo * g.strides[1],
@@ -138,8 +156,8 @@ def _block(b: TirBuilder, k: KOp, p0: Affine, p: int, r0: int, r1: int, c0: int,
             b.tensor_tensor(r.ap(), r.ap(), m.ap(), AluOp.ADD)
             q = r.ap()
         q0 = b.tile("mpb_q0", Memory.SBUF, p, n, F32, BUFS)
-        odims = tuple(d for d in ((Wo, hi - lo), (1, Wo)) if d[1] > 1) or ((1, 1),)
-        steps = tuple(st for st, (_, sz) in zip((sh * Wt, sw), ((Wo, hi - lo), (1, Wo))) if sz > 1) or (0,)
+        odims = tuple(d for d in ((Wo, nlo), (1, Wo)) if d[1] > 1) or ((1, 1),)
+        steps = tuple(st for st, (_, sz) in zip((sh * Wt, sw), ((Wo, nlo), (1, Wo))) if sz > 1) or (0,)
         b.iota(q0.ap(dims=odims), (lo * sh - ph) * Wt - pw, 0, steps)
         d = b.tile("mpb_d", Memory.SBUF, p, n, F32, BUFS)
         b.tensor_tensor(d.ap(), q, q0.ap(), AluOp.SUBTRACT)
@@ -147,19 +165,19 @@ def _block(b: TirBuilder, k: KOp, p0: Affine, p: int, r0: int, r1: int, c0: int,
         b.memset(zero.ap(), 0.0)
         mk = b.tile("mpb_mask", Memory.SBUF, p, n, F32, BUFS)
         c = b.tile("mpb_c", Memory.SBUF, p, n, F32, BUFS)
-        wdims = tuple(dd for dd in ((sh * Wt, hi - lo), (sw, Wo)) if dd[1] > 1) or ((1, 1),)
+        wdims = tuple(dd for dd in ((sh * Wt, nlo), (sw, Wo)) if dd[1] > 1) or ((1, 1),)
         for kh in range(Kh):
             for kw in range(Kw):
                 b.tensor_scalar(mk.ap(), d.ap(), AluOp.IS_EQUAL, float(kh * dh * Wt + kw * dw))
                 b.select(c.ap(), mk.ap(), gt.ap(), zero.ap())
-                win = acc.ap(p, elem_offset=(lo * sh - ph + kh * dh - t0) * Wt + (kw * dw - pw - c0),
+                win = acc.ap(p, elem_offset=(win0 - ph + kh * dh) * Wt + (kw * dw - pw - c0),
                              dims=wdims)
                 b.tensor_tensor(win, win, c.ap(), AluOp.ADD)
-    src = acc.ap(p, elem_offset=(r0 - t0) * Wt - c0,
-                 dims=tuple(dd for dd in ((Wt, r1 - r0), (1, W)) if dd[1] > 1) or ((1, 1),))
+    src = acc.ap(p, elem_offset=st0 * Wt - c0,
+                 dims=tuple(dd for dd in ((Wt, nr), (1, W)) if dd[1] > 1) or ((1, 1),))
     if out.dtype is not F32:
-        res = b.tile("mpb_out", Memory.SBUF, p, (r1 - r0) * W, out.dtype, BUFS)
+        res = b.tile("mpb_out", Memory.SBUF, p, nr * W, out.dtype, BUFS)
         b.tensor_copy(res.ap(), src)
         src = res.ap()
     b.dma(hbm_ap(out.buffer, out.dtype, out.offset + p0 * out.strides[0] + r0 * W * out.strides[1],
-                 p, out.strides[0], (((r1 - r0) * W, out.strides[1]),)), src)
+                 p, out.strides[0], ((nr * W, out.strides[1]),)), src)

@@ -279,10 +279,56 @@ def tile_resample(b: TirBuilder, k: KOp) -> None:
     blocks = _blocks(b, kern)
     b.note(f"resample {list(sin)} -> {list(sout)} over {rows} planes ({a.reduce.value}"
            f"{', indices' if a.indices else ''}): passes along axes {list(mapped)}, "
-           f"{len(blocks)} block(s) of {blocks[0][1] - blocks[0][0]} rows, tiles {kern.vdt.value}")
+           f"{len(blocks)} block(s) of {blocks[0][1] - blocks[0][0]} rows "
+           f"({len(_group_blocks(kern, blocks))} loop(s)), tiles {kern.vdt.value}")
+    groups = _group_blocks(kern, blocks)
     for r0, p in b.tiled(rows, P, "pl"):
-        for lo, hi in blocks:
-            _block(b, kern, r0, p, lo, hi, rx[1], ry[1])
+        for gb in groups:
+            with b.loop(gb.count, "rb") as v:
+                _block(b, kern, r0, p, gb, gb.lo + v * gb.dlo, gb.ilo + v * gb.dilo, rx[1], ry[1])
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """``count`` blocks of output rows along axis 0 with one structure: block ``v`` covers
+    outputs ``lo + v*dlo`` (``size`` of them) and reads inputs ``ilo + v*dilo`` (``isize``)."""
+
+    lo: int
+    size: int
+    ilo: int
+    isize: int
+    count: int
+    dlo: int
+    dilo: int
+    plan0: AxisPlan | None        # axis 0's runs, rebased to the block
+
+
+def _block_key(kern: _Kernel, lo: int, hi: int):
+    ilo, ihi = _in_range(kern, lo, hi)
+    a = kern.a
+    plan0 = (plan_axis(kern.maps[0], lo, hi, ilo, ihi - ilo, a.reduce is ReduceOp.MAX, kern.op)
+             if 0 in kern.mapped else None)
+    pre = a.pre.per_axis[0][ilo:ihi] if a.pre is not None and a.pre.per_axis[0] else None
+    post = a.post.per_axis[0][lo:hi] if a.post is not None and a.post.per_axis[0] else None
+    return (hi - lo, ihi - ilo, plan0, pre, post), lo, ilo
+
+
+def _group_blocks(kern: _Kernel, blocks: list[tuple[int, int]]) -> list[BlockGroup]:
+    """Consecutive blocks of equal structure whose rows advance by constant steps: one loop."""
+    out: list[BlockGroup] = []
+    last = None
+    for lo, hi in blocks:
+        key, lo_, ilo = _block_key(kern, lo, hi)
+        g = out[-1] if out else None
+        if g is not None and key == last and (g.count == 1 or (lo - g.lo == g.count * g.dlo
+                                                               and ilo - g.ilo == g.count * g.dilo)):
+            dlo = g.dlo if g.count > 1 else lo - g.lo
+            dilo = g.dilo if g.count > 1 else ilo - g.ilo
+            out[-1] = BlockGroup(g.lo, g.size, g.ilo, g.isize, g.count + 1, dlo, dilo, g.plan0)
+        else:
+            out.append(BlockGroup(lo, key[0], ilo, key[1], 1, 0, 0, key[2]))
+        last = key
+    return out
 
 
 def _in_range(kern: _Kernel, lo: int, hi: int) -> tuple[int, int]:
@@ -334,27 +380,28 @@ def _blocks(b: TirBuilder, kern: _Kernel) -> list[tuple[int, int]]:
         blk = max(1, blk // 2)
 
 
-def _block(b: TirBuilder, kern: _Kernel, r0: Affine, p: int, lo: int, hi: int, rsx: int, rsy: int) -> None:
+def _block(b: TirBuilder, kern: _Kernel, r0: Affine, p: int, gb: BlockGroup, lo: Affine,
+           ilo: Affine, rsx: int, rsy: int) -> None:
+    """One block of output rows (``gb.size`` from ``lo``), reading inputs from ``ilo``."""
     a, op, x, y = kern.a, kern.op, kern.x, kern.y
-    ilo, ihi = _in_range(kern, lo, hi)
-    out_shape = (hi - lo,) + kern.sout[1:]
+    out_shape = (gb.size,) + kern.sout[1:]
     out_n = math.prod(out_shape)
     ysts = y.strides[-kern.ns:]
     yoff = y.offset + r0 * rsy + lo * ysts[0]
     yfree = tuple(zip(out_shape, ysts))
-    if ihi == ilo:                                   # nothing reads: zeros
+    if gb.isize == 0:                                # nothing reads: zeros
         z = b.tile("rs_zero", Memory.SBUF, p, out_n, y.dtype, BUFS)
         b.memset(z.ap(), 0.0)
         b.dma(hbm_ap(y.buffer, y.dtype, yoff, p, rsy, yfree), z.ap())
         return
-    shape = (ihi - ilo,) + kern.sin[1:]
+    shape = (gb.isize,) + kern.sin[1:]
     xsts = x.strides[-kern.ns:]
     cur = b.tile("rs_in", Memory.SBUF, p, math.prod(shape), x.dtype, BUFS)
     b.dma(cur.ap(), hbm_ap(x.buffer, x.dtype, x.offset + r0 * rsx + ilo * xsts[0], p, rsx,
                            tuple(zip(shape, xsts))))
     if a.pre is not None:
         t = b.tile("rs_pre", Memory.SBUF, p, math.prod(shape), F32, BUFS)
-        _divide(b, t, cur, shape, p, a.pre, ilo, op)
+        _divide(b, t, cur, shape, p, a.pre, gb.ilo, op)
         cur = t
     idx = None
     if a.indices:
@@ -366,7 +413,7 @@ def _block(b: TirBuilder, kern: _Kernel, r0: Affine, p: int, lo: int, hi: int, r
                tuple(flat[j] for j in keep))
     for ax in kern.mapped:
         m = kern.maps[ax]
-        plan = (plan_axis(m, lo, hi, ilo, shape[0], a.reduce is ReduceOp.MAX, op) if ax == 0
+        plan = (gb.plan0 if ax == 0
                 else plan_axis(m, 0, m.n_out, 0, m.n_in, a.reduce is ReduceOp.MAX, op))
         dshape = shape[:ax] + (plan.n_out,) + shape[ax + 1:]
         cur, idx = _pass(b, kern, cur, idx, shape, dshape, ax, plan, p)
@@ -374,7 +421,7 @@ def _block(b: TirBuilder, kern: _Kernel, r0: Affine, p: int, lo: int, hi: int, r
     res = cur
     if a.post is not None:
         res = b.tile("rs_out", Memory.SBUF, p, out_n, y.dtype, BUFS)
-        _divide(b, res, cur, shape, p, a.post, lo, op)
+        _divide(b, res, cur, shape, p, a.post, gb.lo, op)
     elif cur.dtype is not y.dtype:
         res = b.tile("rs_out", Memory.SBUF, p, out_n, y.dtype, BUFS)
         b.tensor_copy(res.ap(), cur.ap())
