@@ -25,9 +25,10 @@ import torch.fx as fx
 
 from lowering.errors import Unsupported
 from lowering.frontend import LowerCtx
-from lowering.kir import (ConvKAttrs, ConvWgradKAttrs, EOp, Expr, KKind, KOp, PointwiseAttrs,
-                          ReduceOp, TensorRef, const, view_as)
+from lowering.kir import (AxisMap, ConvKAttrs, ConvWgradKAttrs, EOp, Expr, KKind, KOp,
+                          PointwiseAttrs, ReduceOp, ResampleKAttrs, TensorRef, const, view_as)
 from lowering.ops.convolution import _pairs, _val
+from lowering.ops.pooling import emit_resample
 from lowering.ops.reduction import emit_reduce
 from lowering.ops.views import materialize
 from lowering.registry import FLOAT_DTYPES, register
@@ -69,6 +70,62 @@ def phase_taps(r: int, p: int, k: int, s: int, d: int) -> list[int]:
     return sorted((kh for kh in range(k) if (r + p - kh * d) % s == 0), reverse=True)
 
 
+def _zero(ctx: LowerCtx, view: TensorRef) -> None:
+    if view.numel:
+        ctx.emit(KOp(KKind.POINTWISE, (view,), (), PointwiseAttrs(Expr(EOp.CAST, (const(0.0),), view.dtype))))
+
+
+def _grad_input(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, pd, dl, G: int):
+    """The phase convolutions. One phase (stride 1) writes grad_input directly; with strides each
+    phase writes its rows contiguously into a phase-major tensor ``[N, Ci, sh, Mh, sw, Mw]``
+    (a strided store of single elements would cost one DMA descriptor chunk per element), and
+    one RESAMPLE kernel of strided copies interleaves the phases into grad_input."""
+    N, Ci, H, W = xshape
+    sh, sw = st
+    Mh, Mw = -(-H // sh), -(-W // sw)
+    phased = sh * sw > 1
+    if phased:
+        pt = ctx.new_tensor((N, Ci, sh, Mh, sw, Mw), v.dtype, hint="phases")
+        pst = (Ci * sh * Mh * sw * Mw, sh * Mh * sw * Mw, sw * Mw, 1)
+    else:
+        gi = ctx.new_tensor(tuple(v.shape), v.dtype, hint="dgrad")
+    for rh in range(sh):
+        for rw in range(sw):
+            mh, mw = len(range(rh, H, sh)), len(range(rw, W, sw))
+            if phased:
+                base = rh * Mh * sw * Mw + rw * Mw
+                view = TensorRef(pt.buffer, pt.dtype, (N, Ci, mh, mw), pst, base)
+                if mh < Mh:          # the phase's unused last row / column: never left unwritten
+                    _zero(ctx, TensorRef(pt.buffer, pt.dtype, (N, Ci, Mh - mh, Mw), pst,
+                                         base + mh * pst[2]))
+                if mw < Mw:
+                    _zero(ctx, TensorRef(pt.buffer, pt.dtype, (N, Ci, mh, Mw - mw), pst, base + mw))
+            else:
+                view = TensorRef(gi.buffer, gi.dtype, (N, Ci, H, W), (Ci * H * W, H * W, W, 1))
+            if not (mh and mw):
+                continue
+            khs = phase_taps(rh, pd[0], w.shape[2], sh, dl[0])
+            kws = phase_taps(rw, pd[1], w.shape[3], sw, dl[1])
+            if not (khs and kws):
+                _zero(ctx, view)
+                continue
+            eh = [(rh + pd[0] - kh * dl[0]) // sh for kh in khs]
+            ew = [(rw + pd[1] - kw * dl[1]) // sw for kw in kws]
+            attrs = ConvKAttrs(ohw, (mh, mw), (len(khs), len(kws)), (1, 1), (-eh[0], -ew[0]),
+                               (eh[1] - eh[0] if len(eh) > 1 else 1, ew[1] - ew[0] if len(ew) > 1 else 1),
+                               G, False, dgrad=(tuple(khs), tuple(kws)))
+            ctx.emit(KOp(KKind.CONV, (view,), (g3, w), attrs))
+    if not phased:
+        return gi
+    maps = (AxisMap(sh * Mh, H, tuple((i, (i % sh) * Mh + i // sh, 1.0, i % sh) for i in range(H))),
+            AxisMap(sw * Mw, W, tuple((i, (i % sw) * Mw + i // sw, 1.0, i % sw) for i in range(W))))
+    src = TensorRef(pt.buffer, pt.dtype, (N * Ci, sh * Mh, sw * Mw), (sh * Mh * sw * Mw, sw * Mw, 1))
+    gi = emit_resample(ctx, src, 2, (N, Ci, H, W), v.dtype,
+                       ResampleKAttrs(tuple(m if sz > 1 else None for m, sz in zip(maps, st)),
+                                      ReduceOp.SUM))[0]
+    return view_as(gi, tuple(v.shape))
+
+
 @register(aten.convolution_backward.default, dtypes=FLOAT_DTYPES, check=_check)
 def convolution_backward(ctx: LowerCtx, node: fx.Node, g: TensorRef, x: TensorRef, w: TensorRef,
                          bias_sizes, stride, padding, dilation, transposed: bool, output_padding,
@@ -88,30 +145,7 @@ def convolution_backward(ctx: LowerCtx, node: fx.Node, g: TensorRef, x: TensorRe
     outs: list[TensorRef | None] = [None, None, None]
     g3 = _flat(ctx, g) if (output_mask[0] or output_mask[1]) else None
     if output_mask[0]:
-        v = vals[0]
-        gi = ctx.new_tensor(tuple(v.shape), v.dtype, hint="dgrad")
-        for rh in range(st[0]):
-            for rw in range(st[1]):
-                mh, mw = len(range(rh, H, st[0])), len(range(rw, W, st[1]))
-                if not (mh and mw):
-                    continue
-                view = TensorRef(gi.buffer, gi.dtype, (N, Ci, mh, mw),
-                                 (Ci * H * W, H * W, st[0] * W, st[1]), rh * W + rw)
-                khs = phase_taps(rh, pd[0], Kh, st[0], dl[0])
-                kws = phase_taps(rw, pd[1], Kw, st[1], dl[1])
-                if not (khs and kws):
-                    fill = Expr(EOp.CAST, (const(0.0),), gi.dtype)
-                    ctx.emit(KOp(KKind.POINTWISE, (view,), (), PointwiseAttrs(fill)))
-                    continue
-                eh = [(rh + pd[0] - kh * dl[0]) // st[0] for kh in khs]
-                ew = [(rw + pd[1] - kw * dl[1]) // st[1] for kw in kws]
-                ddh = eh[1] - eh[0] if len(eh) > 1 else 1
-                ddw = ew[1] - ew[0] if len(ew) > 1 else 1
-                attrs = ConvKAttrs((Ho, Wo), (mh, mw), (len(khs), len(kws)), (1, 1),
-                                   (-eh[0], -ew[0]), (ddh, ddw), G, False,
-                                   dgrad=(tuple(khs), tuple(kws)))
-                ctx.emit(KOp(KKind.CONV, (view,), (g3, w), attrs))
-        outs[0] = gi
+        outs[0] = _grad_input(ctx, g3, w, vals[0], (N, Ci, H, W), (Ho, Wo), st, pd, dl, G)
     if output_mask[1]:
         v = vals[1]
         gw = ctx.new_tensor(tuple(v.shape), v.dtype, hint="wgrad")

@@ -12,7 +12,8 @@ TensorE (any groups; per group, per 128 output x 128 input channels, per group o
 fits ``ACC_BANKS`` PSUM banks):
     for n, for each pixel block:
         gT [pix, co] = transpose(g block [co, pix])             TensorE, copied to SBUF
-        per tap: xT[pix, (tap, ci)] = transpose(window_tap [ci, pix])   TensorE + copy
+        per tap: xT[pix, (tap, ci)] = transpose(window_tap [ci, pix])   TensorE, a PSUM bank of
+                                                                         taps per copy to SBUF
         per bank: acc[co, (taps, ci)] += gT.T @ xT                       one PSUM group per bank,
                                                                          open over every block
     evacuate acc into [co, ci * taps] (tap-major -> ci-major with a strided copy), cast, store
@@ -203,12 +204,14 @@ def _tensor(b: TirBuilder, k: KOp, rruns, cruns, R: int, Cw: int) -> None:
                         b.tensor_copy(gT.ap(), gps.ap(pix, dims=((1, oc),)))
                         xt = _x_tile(b, k, n, grp * Cig + c0, ci, 1, rr, cr, vr, vc, R, Cw)
                         xT = b.tile("wg_xT", Memory.SBUF, pix, len(tg) * ci, dt, 2)
-                        for j, t in enumerate(tg):
-                            xps = b.tile("wg_xps", Memory.PSUM, pix, P, F32, 2)
-                            b.transpose(xps.ap(pix, dims=((1, ci),)),
-                                        _window(xt, ci, rr, cr, t // Kw, t % Kw, a))
-                            b.tensor_copy(xT.ap(pix, elem_offset=j * ci, dims=((1, ci),)),
-                                          xps.ap(pix, dims=((1, ci),)))
+                        for j, bank in enumerate(banks):   # one bank of transposes, one copy
+                            xps = b.tile("wg_xps", Memory.PSUM, pix, BANK, F32, 2)
+                            for u, t in enumerate(bank):
+                                b.transpose(xps.ap(pix, elem_offset=u * ci, dims=((1, ci),)),
+                                            _window(xt, ci, rr, cr, t // Kw, t % Kw, a))
+                            b.tensor_copy(xT.ap(pix, elem_offset=j * per_bank * ci,
+                                                dims=((1, len(bank) * ci),)),
+                                          xps.ap(pix, dims=((1, len(bank) * ci),)))
                         for j, (bank, acc) in enumerate(zip(banks, accs)):
                             nn = len(bank) * ci
                             b.matmul(acc.ap(oc, dims=((1, nn),)), gT.ap(),

@@ -4,7 +4,7 @@ grad_input runs as ``stride_h * stride_w`` phase convolutions (CONV kernels with
 ``ConvKAttrs.dgrad``), grad_weight as a CONV_WGRAD kernel (TensorE, or VectorE for depthwise),
 grad_bias as a REDUCE. Shapes cross the edges that matter: channels 129/130 (two contraction
 chunks, two output-channel blocks), more than 128 output pixels (several pixel blocks in one
-PSUM accumulation group), 7x7 taps over 130 channels (more taps than four PSUM banks hold, so
+PSUM accumulation group), 5x5 taps over 130 channels (more taps than four PSUM banks hold, so
 several tap passes), strides larger than the kernel (phases no tap reaches: a fill), dilation,
 groups, depthwise with a channel multiplier, 1-d. Every case runs through
 ``lowering_helpers.check``: it fails unless every ATen node is lowered and instructions ran.
@@ -82,9 +82,9 @@ def test_depthwise_backward(c, mult, kw, dtype):
 
 
 def test_many_pixels_and_taps():
-    """300 output pixels (3 blocks of one accumulation group) and 49 taps x 130 channels (tap
-    passes of 4 PSUM banks), 130 output channels (two blocks)."""
-    run((1, 130, 15, 20), (130, 130, 7, 7), dict(padding=3))
+    """132 output pixels (2 blocks of one accumulation group) and 25 taps x 130 channels (two
+    tap passes of 4 PSUM banks: 16 taps of 128 channels each), 130 output channels (2 blocks)."""
+    run((1, 130, 12, 11), (130, 130, 5, 5), dict(padding=2))
 
 
 @pytest.mark.parametrize("mask", [(True, False, False), (False, True, False), (False, False, True),
