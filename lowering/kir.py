@@ -391,7 +391,20 @@ class AttentionKAttrs:
 
 
 @dataclass(frozen=True)
-class ConvKAttrs:
+class WindowGeometry:
+    """The spatial geometry of a sliding window (a convolution's or a pool's): input and output
+    (H, W), kernel, stride, padding, dilation."""
+
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ConvKAttrs(WindowGeometry):
     """Forward convolution (``tiling/conv.py``): ``ins = (x [N, Ci, H*W], w [Co, Ci/groups, Kh,
     Kw], bias [Co]?)``, ``outs = (y [N, Co, Ho*Wo],)``; ``x``'s last axis walks ``in_hw`` row-major
     (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw`` (or ``y`` is
@@ -403,30 +416,18 @@ class ConvKAttrs:
     ``(dgrad[0][j], dgrad[1][l])`` with the channel roles swapped per group (``x`` has the
     forward's ``Co'`` channels, ``y`` its ``Ci'``)."""
 
-    in_hw: tuple[int, int]
-    out_hw: tuple[int, int]
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
     groups: int
     has_bias: bool
     dgrad: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
-class ConvWgradKAttrs:
+class ConvWgradKAttrs(WindowGeometry):
     """``gw[co, ci, kh, kw] = sum_{n, oh, ow} g[n, co, oh, ow] * xpad[n, grp(co)*Cig + ci,
     oh*sh + kh*dh, ow*sw + kw*dw]`` (``tiling/conv_backward.py``): ``ins = (x [N, Ci, H*W],
     g [N, Co, Ho*Wo])``, ``outs = (gw [Co, Ci/groups, Kh, Kw],)`` contiguous; the geometry of
-    the forward convolution (``ConvKAttrs``)."""
+    the forward convolution."""
 
-    in_hw: tuple[int, int]
-    out_hw: tuple[int, int]
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
     groups: int
 
 
@@ -475,18 +476,11 @@ class ResampleKAttrs:
 
 
 @dataclass(frozen=True)
-class MaxPoolBwdKAttrs:
+class MaxPoolBwdKAttrs(WindowGeometry):
     """``grad_in[r, q] = sum over outputs o with ins[1][r, o] == q of ins[0][r, o]`` over planes
     ``r``: ``ins = (grad_out [R, Ho*Wo], indices [R, Ho*Wo] int64)``, ``outs = (grad_in [R,
-    H*W],)``; each index lies in the window of its output (kernel, stride, padding, dilation of
-    the forward pool), which is what the tiler exploits."""
-
-    in_hw: tuple[int, int]
-    out_hw: tuple[int, int]
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
+    H*W],)``; each index lies in the window of its output (the forward pool's geometry), which
+    is what the tiler exploits."""
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs

@@ -136,23 +136,18 @@ def _assert_matches(loss, ref_loss, grads, ref_grads, models, rtol=1e-4, atol=1e
         torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=lambda m: f"buffer {n}: {m}")
 
 
-def test_resnet_style_training_step_on_device():
+@pytest.mark.parametrize("make,labels,must_run", [
+    (ResNetish, [1, 7], {"aten.convolution.default", "aten.convolution_backward",
+                         "aten.max_pool2d_with_indices.default",
+                         "aten.max_pool2d_with_indices_backward", "aten.mm", "aten.mean"}),
+    (MobileNetish, [3, 0], {"aten.convolution.default", "aten.convolution_backward",
+                            "aten.reflection_pad2d.default", "aten.reflection_pad2d_backward",
+                            "aten.replication_pad2d.default", "aten._adaptive_avg_pool2d.default",
+                            "aten._adaptive_avg_pool2d_backward"}),
+], ids=["resnet_style", "mobilenet_style"])
+def test_cnn_training_step_on_device(make, labels, must_run):
     torch.manual_seed(0)
-    x, labels = torch.randn(2, 3, 12, 12), torch.tensor([1, 7])
-    out = _train_step(ResNetish(), x, labels)
+    x = torch.randn(2, 3, 12, 12)
+    out = _train_step(make(), x, torch.tensor(labels))
     _assert_matches(*out[:4], out[5])
-    _assert_flops_on_device(out[4], {"aten.convolution.default", "aten.convolution_backward",
-                                     "aten.max_pool2d_with_indices.default",
-                                     "aten.max_pool2d_with_indices_backward", "aten.mm", "aten.mean"})
-
-
-def test_mobilenet_style_training_step_on_device():
-    torch.manual_seed(0)
-    x, labels = torch.randn(2, 3, 12, 12), torch.tensor([3, 0])
-    out = _train_step(MobileNetish(), x, labels)
-    _assert_matches(*out[:4], out[5])
-    _assert_flops_on_device(out[4], {"aten.convolution.default", "aten.convolution_backward",
-                                     "aten.reflection_pad2d.default",
-                                     "aten.reflection_pad2d_backward", "aten.replication_pad2d.default",
-                                     "aten._adaptive_avg_pool2d.default",
-                                     "aten._adaptive_avg_pool2d_backward"})
+    _assert_flops_on_device(out[4], must_run)

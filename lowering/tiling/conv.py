@@ -231,6 +231,14 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
                             _block(b, k, g, wT, bt, n, sg, vr, vc, rr, cr)
 
 
+def _stationaries(b: TirBuilder, g: _Geo, dt):
+    """The [contraction, (chunk, unit, out)] weight tile, zeroed where stacked copies leave gaps."""
+    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * len(g.units) * g.cout, dt, 2)
+    if g.gaps:
+        b.memset(wT.ap(), 0.0)
+    return wT
+
+
 def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
     """wT[s*pitch + ci, (chunk * units + u) * cout + co] = w[sg*cout + co, ci - grp(co)*Cig,
     kh0(u) + s, kw(u)] inside the block diagonal (0 elsewhere, and between stacked copies): one
@@ -239,9 +247,7 @@ def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
     s0, s1, s2, s3 = w.strides
     Co, Cig, Kh, Kw = w.shape
     taps, nu, cin, cout = Kh * Kw, len(g.units), g.cin, g.cout
-    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * nu * cout, dt, 2)
-    if g.gaps:
-        b.memset(wT.ap(), 0.0)
+    wT = _stationaries(b, g, dt)
     for o0, ow in b.tiled(cout, P, "wo"):
         src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
                      ((Cig, s1), (Kh, s2), (Kw, s3)))
@@ -303,9 +309,7 @@ def _weights_dgrad(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cg: int, tap
     s0, s1, s2, s3 = w.strides
     _, ci_g, kh_f, kw_f = w.shape
     taps, nu, cin, cout = kh_f * kw_f, len(g.units), g.cin, g.cout
-    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * nu * cout, dt, 2)
-    if g.gaps:
-        b.memset(wT.ap(), 0.0)
+    wT = _stationaries(b, g, dt)
     for c0, cc in b.tiled(cin, P, "wc"):
         rows = b.tile("wrows", Memory.SBUF, g.parts, cout * taps, dt, 2)   # [c, o*taps + tap]
         src = hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0, cc, s0,
