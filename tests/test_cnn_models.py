@@ -130,10 +130,10 @@ def _assert_flops_on_device(d: dict, must_run: set[str]) -> None:
 def _assert_matches(loss, ref_loss, grads, ref_grads, models, rtol=1e-4, atol=1e-4) -> None:
     torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=atol)
     for n in grads:
-        torch.testing.assert_close(grads[n], ref_grads[n], rtol=rtol, atol=atol, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=rtol, atol=atol, msg=lambda m, n=n: f"{n}: {m}")
     model, ref = models
     for (n, b), (_, rb) in zip(model.named_buffers(), ref.named_buffers()):
-        torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=lambda m: f"buffer {n}: {m}")
+        torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=lambda m, n=n: f"buffer {n}: {m}")
 
 
 @pytest.mark.parametrize("make,labels,must_run", [

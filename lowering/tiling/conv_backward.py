@@ -50,7 +50,7 @@ X_BUFS = 3
 def tile_conv_wgrad(b: TirBuilder, k: KOp) -> None:
     a = k.attrs
     assert isinstance(a, ConvWgradKAttrs)
-    x, g = k.ins
+    x = k.ins[0]
     gw = k.outs[0]
     op = ",".join(k.origin) or "convolution_backward"
     Co, Cig, Kh, Kw = gw.shape
@@ -101,7 +101,7 @@ def _x_tile(b: TirBuilder, k: KOp, n: Affine, c0, cc: int, mult: int, rr: Run, c
     (with ``mult`` > 1: partition ``q`` reads input channel ``(c0 + q) // mult``)."""
     a = k.attrs
     x = k.ins[0]
-    H, W = a.in_hw
+    W = a.in_hw[1]
     (sh, sw), (ph, pw) = a.stride, a.padding
     area = rr.extent * cr.extent
     xt = b.tile("wg_x", Memory.SBUF, cc, area, x.dtype, X_BUFS)
@@ -146,7 +146,7 @@ def _window(xt, cc: int, rr: Run, cr: Run, kh: int, kw: int, a: ConvWgradKAttrs)
 
 def _depthwise(b: TirBuilder, k: KOp, mult: int, rruns, cruns, R: int, Cw: int) -> None:
     a = k.attrs
-    x, g = k.ins
+    x = k.ins[0]
     gw = k.outs[0]
     Co, _, Kh, Kw = gw.shape
     taps = Kh * Kw
@@ -155,7 +155,7 @@ def _depthwise(b: TirBuilder, k: KOp, mult: int, rruns, cruns, R: int, Cw: int) 
         acc = b.tile("wg_acc", Memory.SBUF, cc, taps, F32, 1)
         b.memset(acc.ap(), 0.0)
 
-        def body(n, rr, vr, cr, vc, first):
+        def body(n, rr, vr, cr, vc, first, c0=c0, cc=cc, acc=acc):
             pix = rr.size * cr.size
             gt = _g_tile(b, k, n, c0, cc, rr, cr, vr, vc, R, Cw)
             xt = _x_tile(b, k, n, c0, cc, mult, rr, cr, vr, vc, R, Cw)
@@ -177,7 +177,7 @@ def _depthwise(b: TirBuilder, k: KOp, mult: int, rruns, cruns, R: int, Cw: int) 
 
 def _tensor(b: TirBuilder, k: KOp, rruns, cruns, R: int, Cw: int) -> None:
     a = k.attrs
-    x, g = k.ins
+    x = k.ins[0]
     gw = k.outs[0]
     Co, Cig, Kh, Kw = gw.shape
     G = a.groups
@@ -195,7 +195,8 @@ def _tensor(b: TirBuilder, k: KOp, rruns, cruns, R: int, Cw: int) -> None:
                     banks = [tg[j:j + per_bank] for j in range(0, len(tg), per_bank)]
                     accs = [b.tile(f"wg_acc{j}", Memory.PSUM, oc, BANK, F32, 1) for j in range(len(banks))]
 
-                    def body(n, rr, vr, cr, vc, first, tg=tg, banks=banks, accs=accs):
+                    def body(n, rr, vr, cr, vc, first, tg=tg, banks=banks, accs=accs, o0=o0,
+                             oc=oc, c0=c0, ci=ci, per_bank=per_bank):
                         pix = rr.size * cr.size
                         gt = _g_tile(b, k, n, grp * Cog + o0, oc, rr, cr, vr, vc, R, Cw)
                         gps = b.tile("wg_gps", Memory.PSUM, pix, P, F32, 2)
@@ -219,7 +220,7 @@ def _tensor(b: TirBuilder, k: KOp, rruns, cruns, R: int, Cw: int) -> None:
                                      start_when=(n, vr, vc) if first else (1,))
 
                     _blocks_of(b, x.shape[0], rruns, cruns, body)
-                    for j, (bank, acc) in enumerate(zip(banks, accs)):
+                    for bank, acc in zip(banks, accs):
                         # acc[co, (t, c)] -> res[co, c * taps + t]
                         b.tensor_copy(res.ap(oc, elem_offset=bank[0],
                                              dims=_dims((1, len(bank)), (taps, ci))),

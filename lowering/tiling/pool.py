@@ -72,7 +72,7 @@ def tile_maxpool_bwd(b: TirBuilder, k: KOp) -> None:
     a = k.attrs
     assert isinstance(a, MaxPoolBwdKAttrs)
     op = ",".join(k.origin) or "max_pool2d_with_indices_backward"
-    g, idx = k.ins
+    g = k.ins[0]
     out = k.outs[0]
     R = out.shape[0]
     H, W = a.in_hw

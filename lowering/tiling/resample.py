@@ -318,7 +318,7 @@ def _group_blocks(kern: _Kernel, blocks: list[tuple[int, int]]) -> list[BlockGro
     out: list[BlockGroup] = []
     last = None
     for lo, hi in blocks:
-        key, lo_, ilo = _block_key(kern, lo, hi)
+        key, _, ilo = _block_key(kern, lo, hi)
         g = out[-1] if out else None
         if g is not None and key == last and (g.count == 1 or (lo - g.lo == g.count * g.dlo
                                                                and ilo - g.ilo == g.count * g.dilo)):
@@ -448,10 +448,9 @@ def _pass(b: TirBuilder, kern: _Kernel, src: Tile, sidx: Tile | None, sshape, ds
             raise LoweringError(f"{op}: a max map leaves outputs of axis {ax} without an entry")
         b.memset(dst.ap(), 0.0)
 
-    def aps(r: Run, t: Tile, it: Tile | None = None):
-        d = axis_ap(dst, dshape, p, ax, r.o0, r.so, r.n, op)
-        s = axis_ap(t, sshape, p, ax, r.i0, r.si, r.n, op)
-        return d, s
+    def aps(r: Run, t: Tile):
+        return (axis_ap(dst, dshape, p, ax, r.o0, r.so, r.n, op),
+                axis_ap(t, sshape, p, ax, r.i0, r.si, r.n, op))
 
     for r in plan.writes:
         d, s = aps(r, src)
@@ -460,8 +459,8 @@ def _pass(b: TirBuilder, kern: _Kernel, src: Tile, sidx: Tile | None, sshape, ds
         else:
             b.tensor_scalar(d, s, AluOp.MULTIPLY, r.w)
         if didx is not None:
-            di, si = aps(r, sidx)
-            b.tensor_copy(axis_ap(didx, dshape, p, ax, r.o0, r.so, r.n, op), si)
+            b.tensor_copy(axis_ap(didx, dshape, p, ax, r.o0, r.so, r.n, op),
+                          axis_ap(sidx, sshape, p, ax, r.i0, r.si, r.n, op))
     for cls in plan.updates:
         for r in cls:
             d, s = aps(r, src)

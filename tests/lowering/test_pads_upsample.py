@@ -95,7 +95,7 @@ def test_pads_whole_under_torch_compile():
     x = rand(2, 3, 6, 7).requires_grad_()
     fn = lambda x: (F.pad(x, (1, 2, 2, 1), mode="reflect") * 2 + F.pad(x, (1, 2, 2, 1), mode="replicate"))  # noqa: E731
     compiled = compile_for_neuron(fn)
-    out, prof = run_on_device(lambda x: compiled(x).square().sum().backward(), x)
+    _, prof = run_on_device(lambda x: compiled(x).square().sum().backward(), x)
     d = assert_ran_on_device(prof)
     ops = {op for p in d["partitions"] for op in p["ops"]}
     assert {"aten.reflection_pad2d.default", "aten.reflection_pad2d_backward.default",
