@@ -40,7 +40,14 @@ Invariants
 - A RAND kernel writes random numbers into ``outs[0]`` from the seed words ``ins[0]``
   (``RandKAttrs``); the seed is an INPUT buffer named ``rng_seed*`` that ``CompiledGraph.run``
   fills on every call from torch's default generator.
-- A CONV kernel is a forward convolution over 3-d views ``[N, C, spatial]`` (``ConvKAttrs``).
+- A CONV kernel is a forward (or data-gradient) convolution over 3-d views ``[N, C, spatial]``
+  (``ConvKAttrs``). A CONV_WGRAD kernel is a convolution's weight gradient (``ConvWgradKAttrs``).
+- A RESAMPLE kernel maps the trailing ``len(attrs.maps)`` (spatial) axes of ``ins[0]`` through
+  one sparse 1-d map per axis, applied separably (``ResampleKAttrs``): pools, pads, upsampling
+  and their backward. ``outs`` = (y,) or (y, indices) with the leading axes of ``ins[0]``.
+- A MAXPOOL_BWD kernel scatters ``ins[0]`` (the gradient of a 2-d max pool's output) to the
+  input positions its ``ins[1]`` (int64 flat indices into each input plane) name, summing
+  duplicates (``MaxPoolBwdKAttrs``).
 - A kernel never reads a buffer that a later kernel writes (program order is execution order).
 - Every ``Expr`` node carries the dtype its value is rounded to (the dtype the ATen op would
   produce in eager), so fusion does not change rounding.
@@ -243,6 +250,9 @@ class KKind(enum.Enum):
     SELECT = "select"
     LAYER_NORM_BWD = "layer_norm_bwd"
     RAND = "rand"
+    CONV_WGRAD = "conv_wgrad"
+    RESAMPLE = "resample"
+    MAXPOOL_BWD = "maxpool_bwd"
 
 
 class ReduceOp(enum.Enum):
@@ -381,11 +391,9 @@ class AttentionKAttrs:
 
 
 @dataclass(frozen=True)
-class ConvKAttrs:
-    """Forward convolution (``tiling/conv.py``): ``ins = (x [N, Ci, H*W], w [Co, Ci/groups, Kh,
-    Kw], bias [Co]?)``, ``outs = (y [N, Co, Ho*Wo],)``; ``x``'s last axis walks ``in_hw`` row-major
-    (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw``. Zero padding;
-    ``Ho = (H + 2*ph - dh*(Kh-1) - 1) // sh + 1`` (likewise ``Wo``)."""
+class WindowGeometry:
+    """The spatial geometry of a sliding window (a convolution's or a pool's): input and output
+    (H, W), kernel, stride, padding, dilation."""
 
     in_hw: tuple[int, int]
     out_hw: tuple[int, int]
@@ -393,13 +401,92 @@ class ConvKAttrs:
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ConvKAttrs(WindowGeometry):
+    """Forward convolution (``tiling/conv.py``): ``ins = (x [N, Ci, H*W], w [Co, Ci/groups, Kh,
+    Kw], bias [Co]?)``, ``outs = (y [N, Co, Ho*Wo],)``; ``x``'s last axis walks ``in_hw`` row-major
+    (element ``(h, w)`` at ``(h * W + w) * x.strides[2]``), ``y``'s walks ``out_hw`` (or ``y`` is
+    a 4-d strided view ``[N, Co, Ho, Wo]``). Zero padding, possibly negative (a shifted window)
+    and read past the bottom/right edge as zeros: ``out_hw`` is given, not derived.
+
+    ``dgrad``: a data-gradient (transposed) convolution: ``ins[1]`` is the *forward* weight
+    ``[Co', Ci'/groups, Kh', Kw']`` and this kernel's tap ``(j, l)`` is the forward tap
+    ``(dgrad[0][j], dgrad[1][l])`` with the channel roles swapped per group (``x`` has the
+    forward's ``Co'`` channels, ``y`` its ``Ci'``)."""
+
     groups: int
     has_bias: bool
+    dgrad: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class ConvWgradKAttrs(WindowGeometry):
+    """``gw[co, ci, kh, kw] = sum_{n, oh, ow} g[n, co, oh, ow] * xpad[n, grp(co)*Cig + ci,
+    oh*sh + kh*dh, ow*sw + kw*dw]`` (``tiling/conv_backward.py``): ``ins = (x [N, Ci, H*W],
+    g [N, Co, Ho*Wo])``, ``outs = (gw [Co, Ci/groups, Kh, Kw],)`` contiguous; the geometry of
+    the forward convolution."""
+
+    groups: int
+
+
+@dataclass(frozen=True)
+class AxisMap:
+    """One spatial axis of a RESAMPLE kernel, a sparse ``n_out x n_in`` matrix: output position
+    ``o`` is the sum (or the max) over the entries ``(o, i, w, cls)`` of ``w * x[i]``; an output
+    with no entry is 0 (sum). ``cls`` groups entries the tiler may turn into one strided run
+    (a pool's kernel tap, a pad's region, a bilinear tap), in the order a max visits them:
+    within one output, entries of a smaller class have a smaller ``i``."""
+
+    n_in: int
+    n_out: int
+    entries: tuple[tuple[int, int, float, int], ...]
+
+    def __repr__(self) -> str:        # the dump's kernel line: a summary, not every entry
+        ws = sorted({w for _, _, w, _ in self.entries})
+        wtxt = ",".join(f"{w:g}" for w in ws[:4]) + (",..." if len(ws) > 4 else "")
+        return f"map({self.n_in}->{self.n_out}, {len(self.entries)} entries, w={wtxt})"
+
+
+@dataclass(frozen=True)
+class Divisors:
+    """Per spatial axis, the divisor of each position (None: 1 everywhere). ``each``: divide by
+    every axis's divisor in turn (``sum / kh / kw``, adaptive pools) instead of once by their
+    product (``sum / (kh * kw)``, ``avg_pool2d``)."""
+
+    per_axis: tuple[tuple[float, ...] | None, ...]
+    each: bool = False
+
+
+@dataclass(frozen=True)
+class ResampleKAttrs:
+    """``y = M_0 (x) ... (x) M_k`` applied to each plane of ``ins[0]`` (see ``AxisMap``; None
+    is the identity), innermost axis first. ``reduce``: SUM (linear) or MAX (a max over the
+    entries; weights are 1; ``indices`` adds the int64 output ``outs[1]``: the flat index into
+    the input plane of the first maximum in row-major order, as ``max_pool2d_with_indices``).
+    ``pre``: divide the input by these per-position divisors first; ``post``: divide the result.
+    """
+
+    maps: tuple[AxisMap | None, ...]
+    reduce: ReduceOp
+    indices: bool = False
+    pre: Divisors | None = None
+    post: Divisors | None = None
+
+
+@dataclass(frozen=True)
+class MaxPoolBwdKAttrs(WindowGeometry):
+    """``grad_in[r, q] = sum over outputs o with ins[1][r, o] == q of ins[0][r, o]`` over planes
+    ``r``: ``ins = (grad_out [R, Ho*Wo], indices [R, Ho*Wo] int64)``, ``outs = (grad_in [R,
+    H*W],)``; each index lies in the window of its output (the forward pool's geometry), which
+    is what the tiler exploits."""
 
 
 KAttrs = (PointwiseAttrs | MatmulKAttrs | ReduceKAttrs | SoftmaxKAttrs | LayerNormKAttrs | GatherKAttrs
           | AttentionKAttrs | ConvKAttrs | ScatterKAttrs | ScanKAttrs | SelectKAttrs
-          | LayerNormBwdKAttrs | RandKAttrs)
+          | LayerNormBwdKAttrs | RandKAttrs | ResampleKAttrs | MaxPoolBwdKAttrs
+          | ConvWgradKAttrs)
 
 
 @dataclass(frozen=True)

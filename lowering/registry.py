@@ -124,6 +124,12 @@ FAMILY_ENGINES = {
     "shape": "DMA / engine copies; POINTWISE",
     "constants": "VectorE/GpSimdE memset, GpSimdE iota; POINTWISE",
     "convolution": "TensorE implicit GEMM, ScalarE bias on evacuation; CONV (pads: memset + DMA; POINTWISE)",
+    "conv_backward": "TensorE: phase convolutions (CONV) for grad_input, transposes + PSUM accumulation "
+                     "for grad_weight (CONV_WGRAD; VectorE when depthwise); REDUCE for grad_bias",
+    "pooling": "VectorE/GpSimdE strided max/add per kernel tap, GpSimdE iota for indices; RESAMPLE "
+               "(max-pool backward: VectorE index-equality masks; MAXPOOL_BWD)",
+    "padding": "VectorE/GpSimdE/ScalarE strided copies (reflection: negative strides); RESAMPLE",
+    "upsample": "VectorE/GpSimdE/ScalarE strided copies (nearest), multiply + add (bilinear); RESAMPLE",
     "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
     "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
     "random": "GpSimdE rand_philox (Philox4x32-10), ScalarE Box-Muller; RAND (+ POINTWISE)",

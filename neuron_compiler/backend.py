@@ -41,13 +41,21 @@ EXTRA_DECOMPOSITIONS = (
 )
 
 
+# Ops that core ATen decomposes (into index gathers and where chains) but that the lowering
+# registry lowers whole, as one kernel (lowering/ops/padding.py): kept out of the table.
+KEEP_WHOLE = tuple(f"{kind}_pad{n}d{bw}" for kind in ("reflection", "replication")
+                   for n in (1, 2, 3) for bw in ("", "_backward"))
+
+
 def decomposition_table() -> dict:
     """Core-ATen decompositions (what the lowering registry is keyed on) plus
-    ``EXTRA_DECOMPOSITIONS``."""
+    ``EXTRA_DECOMPOSITIONS``, minus ``KEEP_WHOLE``."""
     import torch
     from torch._decomp import core_aten_decompositions, get_decompositions
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([getattr(torch.ops.aten, n) for n in EXTRA_DECOMPOSITIONS]))
+    for n in KEEP_WHOLE:
+        table.pop(getattr(torch.ops.aten, n).default, None)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     table[op] = _flash_attention_for_cpu(table[op])
     return table

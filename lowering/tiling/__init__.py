@@ -4,12 +4,15 @@ from __future__ import annotations
 from lowering.kir import KKind, KProgram, Role
 from lowering.tiling.attention import tile_attention
 from lowering.tiling.conv import tile_conv
+from lowering.tiling.conv_backward import tile_conv_wgrad
 from lowering.tiling.gather import tile_gather
 from lowering.tiling.matmul import tile_matmul
 from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.rand import tile_rand
 from lowering.tiling.reduce import tile_reduce
+from lowering.tiling.resample import tile_resample
+from lowering.tiling.pool import tile_maxpool_bwd
 from lowering.tiling.rowwise import tile_layer_norm, tile_softmax
 from lowering.tiling.scan import tile_scan
 from lowering.tiling.scatter import tile_scatter
@@ -27,11 +30,14 @@ TILERS = {
     KKind.ATTENTION: tile_attention,
     KKind.GATHER: tile_gather,
     KKind.CONV: tile_conv,
+    KKind.CONV_WGRAD: tile_conv_wgrad,
     KKind.SCATTER: tile_scatter,
     KKind.SCAN: tile_scan,
     KKind.SELECT: tile_select,
     KKind.LAYER_NORM_BWD: tile_layer_norm_bwd,
     KKind.RAND: tile_rand,
+    KKind.RESAMPLE: tile_resample,
+    KKind.MAXPOOL_BWD: tile_maxpool_bwd,
 }
 
 

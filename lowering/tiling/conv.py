@@ -175,7 +175,10 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
     x, w = k.ins[0], k.ins[1]
     bias = k.ins[2] if a.has_bias else None
     N = x.shape[0]
-    Co, Cig, Kh, Kw = w.shape
+    if a.dgrad is None:
+        Co, Cig, Kh, Kw = w.shape
+    else:                                # w is the forward weight [Co', Ci'/G, Kh', Kw']
+        Co, Cig, Kh, Kw = w.shape[1] * a.groups, w.shape[0] // a.groups, len(a.dgrad[0]), len(a.dgrad[1])
     Ho, Wo = a.out_hw
     (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
     G = a.groups
@@ -217,7 +220,8 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
            f"output blocks {R}x{Cw}, {len(rruns)}x{len(cruns)} runs, {nci * len(units)} "
            f"products per block and 128 output channels")
     with b.loop(SG, "sg") as sg:
-        wT = _weights(b, w, sg, g, gpb, Cog)
+        wT = (_weights(b, w, sg, g, gpb, Cog) if a.dgrad is None
+              else _weights_dgrad(b, w, sg, g, gpb, Cig, a.dgrad))
         bt = _bias(b, bias, sg, cout) if bias is not None else None
         with b.loop(N, "n") as n:
             for rr in rruns:
@@ -225,6 +229,14 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
                     for cr in cruns:
                         with b.loop(cr.count, "cb") as vc:
                             _block(b, k, g, wT, bt, n, sg, vr, vc, rr, cr)
+
+
+def _stationaries(b: TirBuilder, g: _Geo, dt):
+    """The [contraction, (chunk, unit, out)] weight tile, zeroed where stacked copies leave gaps."""
+    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * len(g.units) * g.cout, dt, 2)
+    if g.gaps:
+        b.memset(wT.ap(), 0.0)
+    return wT
 
 
 def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
@@ -235,9 +247,7 @@ def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
     s0, s1, s2, s3 = w.strides
     Co, Cig, Kh, Kw = w.shape
     taps, nu, cin, cout = Kh * Kw, len(g.units), g.cin, g.cout
-    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * nu * cout, dt, 2)
-    if g.gaps:
-        b.memset(wT.ap(), 0.0)
+    wT = _stationaries(b, g, dt)
     for o0, ow in b.tiled(cout, P, "wo"):
         src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
                      ((Cig, s1), (Kh, s2), (Kw, s3)))
@@ -247,17 +257,7 @@ def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
         else:                            # spread over the block diagonal: rows * mask[co, g]
             plain = b.tile("wplain", Memory.SBUF, ow, Cig * taps, dt, 1)
             b.dma(plain.ap(), src)
-            iv = b.tile("wmask_i", Memory.SBUF, ow, gpb, F32, 1)
-            b.iota(iv.ap(), 0, 1, (-Cog,))                  # p - Cog*g: in [0, Cog) on the diagonal
-            ge = b.tile("wmask_ge", Memory.SBUF, ow, gpb, F32, 1)
-            b.tensor_scalar(ge.ap(), iv.ap(), AluOp.IS_GE, 0.0)
-            lt = b.tile("wmask_lt", Memory.SBUF, ow, gpb, F32, 1)
-            b.tensor_scalar(lt.ap(), iv.ap(), AluOp.IS_LT, float(Cog))
-            m = b.tile("wmask", Memory.SBUF, ow, gpb, F32, 1)
-            b.tensor_tensor(m.ap(), ge.ap(), lt.ap(), AluOp.MULTIPLY)
-            n = Cig * taps
-            b.tensor_tensor(rows.ap(dims=((n, gpb), (1, n))), plain.ap(dims=((0, gpb), (1, n))),
-                            m.ap(dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
+            _spread(b, rows, plain, 0, ow, gpb, Cog, Cig * taps)
         for c0, cc in b.tiled(cin, P, "wc"):
             for u, (kh0, rs, kw) in enumerate(g.units):
                 if not g.gaps:           # every stacked row in one transpose
@@ -277,6 +277,57 @@ def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
                     b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
                                         elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),)),
                                   tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
+    return wT
+
+
+def _spread(b: TirBuilder, rows, plain, p0: int, pn: int, gpb: int, gsize: int, n: int) -> None:
+    """rows[p, g*n + j] = plain[p, j] if partition ``p`` (counted from ``p0``) is in group ``g``
+    (``p // gsize == g``), else 0: a 0/1 mask from ``iota`` times the broadcast rows."""
+    iv = b.tile("wmask_i", Memory.SBUF, P, gpb, F32, 1)
+    b.iota(iv.ap(pn, partition_start=p0), 0, 1, (-gsize,))       # p - gsize*g: in [0, gsize) on the diagonal
+    ge = b.tile("wmask_ge", Memory.SBUF, P, gpb, F32, 1)
+    b.tensor_scalar(ge.ap(pn, partition_start=p0), iv.ap(pn, partition_start=p0), AluOp.IS_GE, 0.0)
+    lt = b.tile("wmask_lt", Memory.SBUF, P, gpb, F32, 1)
+    b.tensor_scalar(lt.ap(pn, partition_start=p0), iv.ap(pn, partition_start=p0), AluOp.IS_LT,
+                    float(gsize))
+    m = b.tile("wmask", Memory.SBUF, P, gpb, F32, 1)
+    b.tensor_tensor(m.ap(pn, partition_start=p0), ge.ap(pn, partition_start=p0),
+                    lt.ap(pn, partition_start=p0), AluOp.MULTIPLY)
+    b.tensor_tensor(rows.ap(pn, partition_start=p0, dims=((n, gpb), (1, n))),
+                    plain.ap(pn, partition_start=p0, dims=((0, gpb), (1, n))),
+                    m.ap(pn, partition_start=p0, dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
+
+
+def _weights_dgrad(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cg: int, taps_of):
+    """The stationaries of a data-gradient (transposed) convolution from the forward weight
+    ``w [Co', Ci'/G, Kh', Kw']``: the contraction runs over the forward's output channels, which
+    are ``w``'s rows, so no transpose is needed: wT[s*pitch + c, (chunk * units + u) * cout + o]
+    = w[sg*cin + c, o - grp(o)*Ci'/G, taps_of[0][kh0(u) + s], taps_of[1][kw(u)]] when ``c`` and
+    ``o`` share a group (``Cg`` forward output channels per group), else 0. One contiguous DMA
+    per 128 rows (per stacked copy), one strided copy per (unit, stacked row)."""
+    dt = w.dtype
+    s0, s1, s2, s3 = w.strides
+    _, ci_g, kh_f, kw_f = w.shape
+    taps, nu, cin, cout = kh_f * kw_f, len(g.units), g.cin, g.cout
+    wT = _stationaries(b, g, dt)
+    for c0, cc in b.tiled(cin, P, "wc"):
+        rows = b.tile("wrows", Memory.SBUF, g.parts, cout * taps, dt, 2)   # [c, o*taps + tap]
+        src = hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0, cc, s0,
+                     ((ci_g, s1), (kh_f, s2), (kw_f, s3)))
+        for s in range(g.stack):
+            if gpb == 1:
+                b.dma(rows.ap(cc, partition_start=s * g.pitch), src)
+            else:
+                plain = b.tile("wplain", Memory.SBUF, g.parts, ci_g * taps, dt, 1)
+                b.dma(plain.ap(cc, partition_start=s * g.pitch), src)
+                _spread(b, rows, plain, s * g.pitch, cc, gpb, Cg, ci_g * taps)
+        for u, (kh0, rs, kw) in enumerate(g.units):
+            for s in range(rs):
+                tap = taps_of[0][kh0 + s] * kw_f + taps_of[1][kw]
+                b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
+                                    elem_offset=(c0 // P * nu + u) * cout, dims=((1, cout),)),
+                              rows.ap(cc, partition_start=s * g.pitch, elem_offset=tap,
+                                      dims=((taps, cout),)))
     return wT
 
 
@@ -333,7 +384,11 @@ def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Af
             b.dma(rows, src)
             b.tensor_copy(dst, rows)
     pix = rr.size * cr.size
-    so0, so1, so2 = y.strides
+    if y.rank == 4:                  # a strided view (a phase of a data gradient)
+        so0, so1, soh, so2 = y.strides
+    else:
+        so0, so1, so2 = y.strides
+        soh = Wo * so2
     for o0, ow in b.tiled(cout, P, "co"):
         acc = b.tile("acc", Memory.PSUM, ow, FREE_MAX, F32, 2)
         for c0, cc in b.tiled(cin, P, "ci"):
@@ -352,5 +407,5 @@ def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Af
         else:
             b.tensor_copy(res.ap(), src)
         dst = hbm_ap(y.buffer, y.dtype, y.offset + n * so0 + (sg * cout + o0) * so1
-                     + (oy0 * Wo + ox0) * so2, ow, so1, ((rr.size, Wo * so2), (cr.size, so2)))
+                     + oy0 * soh + ox0 * so2, ow, so1, ((rr.size, soh), (cr.size, so2)))
         b.dma(dst, res.ap())

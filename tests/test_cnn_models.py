@@ -1,0 +1,153 @@
+"""CNNs through ``torch.compile(backend="neuron")``: a training step (forward and backward) of a
+ResNet-style and a MobileNet-style network against eager.
+
+The issue-7 model line: every FLOP on the device. ``profile().to_dict()`` reports device share by
+node count only (``neuron-eval`` divides TensorE FLOPs, zero products of block-diagonal
+depthwise convolutions included, by the model's FLOPs), so these tests state it structurally:
+every op torch's FLOP counter counts (``torch.utils.flop_counter.flop_registry``: convolution,
+convolution_backward, mm, addmm, ...) ran in a device partition, and nothing that fell back
+has a FLOP formula. The only fallback is batch norm's ``num_batches_tracked += 1``, an int64
+counter from a graph input (integer ALU ops are another part of issue 7). Each test also
+asserts that the CNN ops ran in device partitions by name (a fallback would make every
+comparison pass).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import flop_registry
+
+import neuron_compiler
+from neuron_compiler.testing import ensure_backends_registered
+
+FLOP_OPS = {str(k) for k in flop_registry}
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Basic(nn.Module):
+    """ResNet basic block (stride 2 with a 1x1 projection when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.proj = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        return F.relu(self.b2(self.c2(y)) + self.proj(x))
+
+
+class ResNetish(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        self.layers = nn.Sequential(Basic(8, 8, 1), Basic(8, 16, 2))        # identity and projection
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.layers(self.stem(x))).flatten(1))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: 1x1 expand, 3x3 depthwise (explicit reflection pad), 1x1 project."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        mid = cin * expand
+        self.expand = nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU6())
+        self.dw = nn.Conv2d(mid, mid, 3, stride, 0, groups=mid, bias=False)
+        self.bn = nn.BatchNorm2d(mid)
+        self.project = nn.Sequential(nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.expand(x)
+        y = F.relu6(self.bn(self.dw(F.pad(y, (1, 1, 1, 1), mode="reflect"))))
+        y = self.project(y)
+        return x + y if self.residual else y
+
+
+class MobileNetish(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.blocks = nn.Sequential(InvertedResidual(8, 8, 1, 2), InvertedResidual(8, 16, 2, 3))
+        self.pool = nn.AdaptiveAvgPool2d((2, 2))         # not global: the _adaptive_avg_pool2d op
+        self.fc = nn.Linear(16 * 4, classes)
+
+    def forward(self, x):
+        y = self.blocks(self.stem(F.pad(x, (1, 1, 1, 1), mode="replicate")))
+        return self.fc(self.pool(y).flatten(1))
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor):
+    """One compiled and one eager forward + backward; (loss, ref loss, grads, ref grads, profile)."""
+    ensure_backends_registered()
+    ref = copy.deepcopy(model)
+    cm = torch.compile(model, backend="neuron")
+    with neuron_compiler.profile() as prof:
+        loss = F.cross_entropy(cm(x), labels)
+        loss.backward()
+    ref_loss = F.cross_entropy(ref(x), labels)
+    ref_loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    assert all(grads[n] is not None for n in names), [n for n in names if grads[n] is None]
+    return loss, ref_loss, grads, ref_grads, prof.to_dict(), (model, ref)
+
+
+def _device_ops(d: dict) -> set[str]:
+    return {op for p in d["partitions"] for op in p["ops"]}
+
+
+def _assert_flops_on_device(d: dict, must_run: set[str]) -> None:
+    assert d["partitions"], f"no device partition ran; fallbacks: {d['fallbacks']}"
+    for f in d["fallbacks"]:
+        assert f["op"] not in FLOP_OPS, f"a FLOP-counted op fell back: {f}"
+        assert f["op"] == "aten.add.Tensor" and "int64" in f["reason"], f"unexpected fallback: {f}"
+    on = _device_ops(d)
+    missing = {m for m in must_run if not any(op.startswith(m) for op in on)}
+    assert not missing, f"not in any device partition: {sorted(missing)}"
+
+
+def _assert_matches(loss, ref_loss, grads, ref_grads, models, rtol=1e-4, atol=1e-4) -> None:
+    torch.testing.assert_close(loss, ref_loss, rtol=rtol, atol=atol)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=rtol, atol=atol, msg=lambda m, n=n: f"{n}: {m}")
+    model, ref = models
+    for (n, b), (_, rb) in zip(model.named_buffers(), ref.named_buffers()):
+        torch.testing.assert_close(b, rb, rtol=rtol, atol=atol, msg=lambda m, n=n: f"buffer {n}: {m}")
+
+
+@pytest.mark.parametrize("make,labels,must_run", [
+    (ResNetish, [1, 7], {"aten.convolution.default", "aten.convolution_backward",
+                         "aten.max_pool2d_with_indices.default",
+                         "aten.max_pool2d_with_indices_backward", "aten.mm", "aten.mean"}),
+    (MobileNetish, [3, 0], {"aten.convolution.default", "aten.convolution_backward",
+                            "aten.reflection_pad2d.default", "aten.reflection_pad2d_backward",
+                            "aten.replication_pad2d.default", "aten._adaptive_avg_pool2d.default",
+                            "aten._adaptive_avg_pool2d_backward"}),
+], ids=["resnet_style", "mobilenet_style"])
+def test_cnn_training_step_on_device(make, labels, must_run):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 12, 12)
+    out = _train_step(make(), x, torch.tensor(labels))
+    _assert_matches(*out[:4], out[5])
+    _assert_flops_on_device(out[4], must_run)
