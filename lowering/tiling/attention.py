@@ -43,9 +43,10 @@ from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _
                                              _pt_bytes, _qk, _score_tile, _store, _transpose_block,
                                              _v_rows)
 from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
+from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
+from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -441,6 +442,17 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
     return first, middle, last
 
 
+class _Part:
+    """Partitions ``[p0, p0 + n)`` from column ``c0`` of a tile, used where a tile is expected
+    (``.ap(n, elem_offset=, dims=)``)."""
+
+    def __init__(self, tile, p0: int, c0: Affine):
+        self.tile, self.p0, self.c0 = tile, p0, c0
+
+    def ap(self, partitions: int, *, elem_offset=0, dims=None) -> TAP:
+        return self.tile.ap(partitions, partition_start=self.p0, elem_offset=self.c0 + elem_offset, dims=dims)
+
+
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
            Dv: int, masks: dict | None, psum_free: int, pe_mask: bool = False) -> None:
     """Batch items (the innermost batch axis) that are one step each (all queries in one group,
@@ -492,16 +504,39 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         L = [b.tile(f"l{j}_{u}", Memory.SBUF, qr, 1, F32) for j, (_, qr) in enumerate(blocks)]
         sets.append((S, O, P, L))
 
+    # heads of 32 or 64, adjacent in memory (a fused QKV projection's output): Q^T and K^T of
+    # two heads per DMA transpose ([rows, 2 x D] -> [2 x D, rows]: half the transfers, on twice
+    # the engines), every pair loaded up front, one queue each; head t reads partitions
+    # (t % 2) * D of pair t // 2 (32 and 64 are the partition starts a [D, .] access may take)
+    Q, KT = sq.ref, sk.ref
+    pairs = (sq.form == DMA_T and sk.form == DMA_T and D in (32, 64) and n % 2 == 0 and U % 2 == 0
+             and len(blocks) == 1 and Q.strides[-3] == D * Q.strides[-1]
+             and KT.strides[-3] == D * KT.strides[-2])
+    if pairs:
+        qr0 = blocks[0][1]
+        qall = b.tile("qpairs", Memory.SBUF, 2 * D, n // 2 * qr0, dt)
+        kall = b.tile("kpairs", Memory.SBUF, 2 * D, n // 2 * kw, dt)
+        for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
+            pb = outer + (aff(2 * hp),)
+            sq.load(b, qall, aff(hp * qr0), sq.base(pb), aff(0), 2 * D, aff(0), qr0)
+            sk.load(b, kall, aff(hp * kw), sk.base(pb), aff(0), 2 * D, aff(0), kw)
+        b.note(f"attention: Q^T and K^T of two heads per DMA transpose, {n // 2} pairs loaded ahead")
+
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)
         S, O, P, L = sets[u]
         qts = []
-        for j, (q0, qr) in enumerate(blocks):
+        if pairs:
+            half = (item - u % 2) // 2
+            qts.append((_Part(qall, u % 2 * D, half * blocks[0][1]),))
+            kt = _Part(kall, u % 2 * D, half * kw)
+        for j, (q0, qr) in enumerate(blocks if not pairs else ()):
             qt = b.tile(f"qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt, 2)
             for d0, dw in b.tiled(D, 128, "d"):
                 sq.load(b, qt, d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
             qts.append((qt,))
-        kt = _load_k(b, sk, bidx, aff(0), kw, D, dt)
+        if not pairs:
+            kt = _load_k(b, sk, bidx, aff(0), kw, D, dt)
         _qk(b, qts, blocks, kt, S, kw, D)
         for j, (q0, qr) in enumerate(blocks):
             if diag[j] is not None and pe_mask:

@@ -184,6 +184,26 @@ def test_two_phase_softmax_with_fully_masked_rows_is_zero_in_safe_softmax():
     assert_close(low.outputs[0], ref)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_adjacent_narrow_heads_load_q_and_k_two_heads_per_transpose(causal):
+    """Heads of 64 features side by side in one row, as a fused QKV projection leaves them:
+    Q^T and K^T of two heads come in one DMA transpose each, every head reading its half of the
+    partitions; the result matches eager (a partial query block, 10 heads)."""
+    g = torch.Generator().manual_seed(13)
+    H, S, D = 10, 120, 64
+    qkv = torch.randn(1, S, 3 * H * D, generator=g).to(torch.bfloat16)
+
+    def fn(qkv):
+        q, k, v = (t.view(1, S, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    low = lower_and_run(fn, qkv)
+    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+    assert any("two heads per DMA transpose" in n for n in notes), notes
+    assert "attention" in _kernels(low)
+    assert_close(low.outputs[0], fn(qkv))
+
+
 def test_fully_masked_rows_of_pipelined_heads_are_zero_in_safe_softmax():
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 3, n, 16, generator=g) for n in (5, 70, 70))
