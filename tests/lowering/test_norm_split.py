@@ -54,7 +54,8 @@ CASES = [
     ("trn2", 300, 4099, FP32, 1, "act", True),    # 4099 has no equal split for bn_stats
     ("trn2", 300, 4099, FP32, 0, "act", False),   # ScalarE sums, VectorE normalises
     ("trn2", 257, 768, BF16, 2, "bn", False),     # short rows: all on ScalarE + GpSimdE
-    ("trn2", 129, 2048, BF16, 2, "bn", False),    # lone row tiles are not split
+    ("trn2", 129, 2048, BF16, 2, "bn", True),     # lone row tiles: split for the makespan
+    ("trn2", 128, 768, BF16, 2, "bn", True),      # (a GPT-2 norm: both parts side by side)
 ]
 
 
