@@ -21,6 +21,7 @@ import torch.fx as fx
 FLOAT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 MASK_DTYPES = frozenset({torch.bool})
 INDEX_DTYPES = frozenset({torch.int64, torch.int32})
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 LowerFn = Callable[..., Any]
 CheckFn = Callable[[fx.Node], "str | None"]
@@ -127,6 +128,7 @@ FAMILY_ENGINES = {
     "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
     "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
     "random": "GpSimdE rand_philox (Philox4x32-10), ScalarE Box-Muller; RAND (+ POINTWISE)",
+    "fp8": "TensorE (fp8 operands, fp32 PSUM), scales and cast on PSUM evacuation; MATMUL",
 }
 
 

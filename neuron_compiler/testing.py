@@ -27,10 +27,10 @@ Invariants
 - ``ensure_backends_registered`` only registers ``neuron``/``neuron_sim`` with Dynamo when they
   cannot already be resolved (e.g. running from a source checkout that is not pip-installed);
   it never replaces a registered backend.
-- Tolerances are absolute numbers per dtype (``|actual - expected| <= atol + rtol * |expected|``),
-  never scaled by the size of the computation: a halved, zeroed or negated reduction and a matmul
-  that drops a K tile fail in fp32 and in bf16 (``tests/test_testing_helpers.py`` proves it by
-  injecting such lowerings). NaN must be NaN where eager has NaN; infinities must coincide with
+- Tolerances are per dtype (``|actual - expected| <= atol + rtol * |expected|``), ``atol`` scaled
+  by the mean magnitude of the expected result (at least 1) unless given: never by the size of
+  the computation, so a halved, zeroed or negated reduction and a matmul that drops a K tile fail
+  in fp32 and in bf16 (``tests/test_testing_helpers.py`` proves it by injecting such lowerings). NaN must be NaN where eager has NaN; infinities must coincide with
   their sign; integer and bool results must be equal.
 - ``assert_matches_eager`` resets Dynamo (``torch._dynamo.reset()``) before compiling, so every
   call compiles ``fn`` afresh for the shapes it is given (no recompile limit, no stale guard):
@@ -117,7 +117,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
                  rtol: float | None = None, what: str = "output") -> None:
     """Fail unless ``actual`` matches ``expected``: same shape and dtype; NaN exactly where
     ``expected`` has NaN; the same infinities; elsewhere ``|a - e| <= atol + rtol * |e|`` with the
-    dtype's ``TOLERANCES`` unless given (integers and bool: equal)."""
+    dtype's ``TOLERANCES`` unless given (integers and bool: equal). The default ``atol`` is the
+    table's times ``max(1, mean |e|)`` (a long sum's rounding grows with its magnitude); an
+    ``atol`` given is absolute. Either way a halved, zeroed or negated result fails: its largest
+    element is off by at least half of itself, far above ``rtol`` and ``atol``."""
     if not isinstance(actual, torch.Tensor):
         raise AssertionError(f"{what}: expected a tensor, got {type(actual).__name__}")
     if tuple(actual.shape) != tuple(expected.shape):
@@ -134,8 +137,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
         return
     r0, a0 = tolerance(e.dtype)
     rtol = r0 if rtol is None else rtol
-    atol = a0 if atol is None else atol
     a, e = a.double(), e.double()
+    if atol is None:   # relative to the result's typical magnitude (a sum of many terms)
+        fin_e = e[e.isfinite()]
+        atol = a0 * max(1.0, float(fin_e.abs().mean()) if fin_e.numel() else 1.0)
     nan_a, nan_e = a.isnan(), e.isnan()
     if not torch.equal(nan_a, nan_e):
         i = (nan_a != nan_e).nonzero()[0].tolist()
