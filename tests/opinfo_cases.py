@@ -29,6 +29,8 @@ import torch.utils._pytree as pytree
 TORCH_VERSION = "2.13"
 SAMPLES = 2
 DTYPES = (torch.float32, torch.bfloat16)
+# (rtol, atol) of the conformance criterion, absolute (not scaled by the result's magnitude)
+CRITERION = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1.6e-2, 1e-2)}
 # registry op names whose op_db entry has another name (the public function that reaches them)
 ALIASES = {
     "_softmax": ("softmax",), "_log_softmax": ("log_softmax",),
@@ -48,6 +50,29 @@ SKIPS = {
     "empty_strided": "uninitialised values (eager's are arbitrary)",
     "empty_like": "uninitialised values (eager's are arbitrary)",
 }
+
+# cases known to fail, each with its reason (an entry name covers all its cases); the sweep
+# counts them as failures, the default test run expects them to fail (strict xfail)
+KNOWN_FAILURES = {
+    "div.floor_rounding": "aten.div.Tensor_mode: rounding_mode='floor' is not lowered (elementwise)",
+    "div.trunc_rounding": "aten.div.Tensor_mode: rounding_mode='trunc' is not lowered (elementwise)",
+    "max.reduction_no_dim": "aten.max.default (the full reduction) is not registered (reduction)",
+    "min.reduction_no_dim": "aten.min.default (the full reduction) is not registered (reduction)",
+    "softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
+    "log_softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
+    "to": "the samples convert to float64, which the machine does not have",
+    "sort-float32-0": "a row of 8000 elements and its results do not fit one SBUF partition",
+    "sort-bfloat16-0": "a row of 8000 elements and its results do not fit one SBUF partition",
+    "topk-bfloat16-1": "bf16 ties: eager's CPU top-k orders tied values in no documented order, "
+                       "the device keeps index order (the values agree)",
+    "nn.functional.layer_norm-bfloat16-1": "the LAYER_NORM kernel applies weight and bias in bf16 "
+                       "for bf16 outputs (tiling/rowwise.py); here x_hat*w and b cancel, and the "
+                       "intermediate rounding gives 0.0156 where eager's fp32 gives 0.0017",
+}
+
+
+def known_failure(case: "Case") -> str | None:
+    return KNOWN_FAILURES.get(case.id) or KNOWN_FAILURES.get(case.entry)
 
 
 @dataclass(frozen=True)
@@ -148,7 +173,8 @@ def run_case(case: Case, entries: dict[str, object]) -> Result:
     sample = _samples(o, case.dtype)[case.sample]
     fn, tensors = case_function(o, sample)
     try:
-        assert_matches_eager(fn, *tensors)
+        rtol, atol = CRITERION[case.dtype]
+        assert_matches_eager(fn, *tensors, rtol=rtol, atol=atol)
         return Result(case, True, False, "", time.perf_counter() - t0)
     except AssertionError as e:
         return Result(case, False, False, " ".join(str(e).split())[:300], time.perf_counter() - t0)
