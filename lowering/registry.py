@@ -128,6 +128,7 @@ FAMILY_ENGINES = {
     "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
     "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
     "random": "GpSimdE rand_philox (Philox4x32-10), ScalarE Box-Muller; RAND (+ POINTWISE)",
+    "distance": "VectorE (direct form: POINTWISE + REDUCE), TensorE (Euclidean matmul form), DMA scatter (pdist); POINTWISE/REDUCE/MATMUL",
     "fp8": "TensorE (fp8 operands, fp32 PSUM), scales and cast on PSUM evacuation; MATMUL",
 }
 
