@@ -123,24 +123,63 @@ WRAP_LIMIT = 2 ** 24      # bound below which a negative index can be wrapped ex
 
 
 def _one_index(node: fx.Node) -> str | None:
-    """One integer index tensor (int32/int64) in the index list, the other entries None: an
-    index that may be negative is wrapped on VectorE (exact: the dim is < 2**24); several index
-    tensors and bool masks (data-dependent shapes) fall back."""
+    """Integer index tensors (int32/int64) at adjacent positions of the index list, the other
+    entries None: they broadcast together and address the merged dims as one (the flat position
+    computed on VectorE, exact in fp32: the merged dims hold < 2**24 elements; an index out of
+    its own dim makes the whole lookup out of range, so the DMA still reports it); negative
+    indices wrap. Index tensors separated by None and bool masks (data-dependent shapes) fall
+    back."""
     idx = node.args[1]
-    tensors = [i for i in idx if i is not None]
-    if len(tensors) != 1:
-        return f"{len(tensors)} index tensors (only one, the others None, is supported)"
-    dt = _dtype_of(tensors[0])
-    if dt in (torch.bool, torch.uint8):
-        return (f"a {dt} mask index selects a data-dependent number of elements (the result's "
-                "shape is only known at run time)")
-    if dt not in INDEX_DTYPES:
-        return f"index must be int32 or int64, got {dt}"
+    pos = [k for k, i in enumerate(idx) if i is not None]
+    for k in pos:
+        dt = _dtype_of(idx[k])
+        if dt in (torch.bool, torch.uint8):
+            return (f"a {dt} mask index selects a data-dependent number of elements (the result's "
+                    "shape is only known at run time)")
+        if dt not in INDEX_DTYPES:
+            return f"index must be int32 or int64, got {dt}"
+    if not pos:
+        return "no index tensor"
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        return f"index tensors at positions {pos} are not adjacent (the result's dims move first)"
     x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    d = next(k for k, i in enumerate(idx) if i is not None)
-    if isinstance(x, torch.Tensor) and isinstance(x.shape[d], int) and x.shape[d] >= WRAP_LIMIT:
-        return f"indexed dim of size {x.shape[d]} >= 2**24 (negative indices wrap through fp32)"
+    if isinstance(x, torch.Tensor) and all(isinstance(x.shape[k], int) for k in pos):
+        n = math.prod(x.shape[k] for k in pos)
+        if n >= WRAP_LIMIT:
+            return f"indexed dims of {n} elements >= 2**24 (positions are computed in fp32)"
     return None
+
+
+def _flat_index(ctx: LowerCtx, indices, sizes: tuple[int, ...]) -> TensorRef:
+    """One int32 index into ``sizes`` merged row-major from the index tensors ``indices`` (each
+    wrapped if negative, broadcast together); a lookup with any index outside its dim becomes
+    -1 (out of range for the DMA)."""
+    if len(indices) == 1:
+        return _wrapped(ctx, indices[0], sizes[0])
+    shape = tuple(torch.broadcast_shapes(*(i.shape for i in indices)))
+    F = DType.FP32
+    flat, ok = const(0.0), None
+    for k, (ix, n) in enumerate(zip(indices, sizes)):
+        v = Expr(EOp.CAST, (load(k, ix.dtype),), F)
+        w = Expr(EOp.WHERE, (Expr(EOp.LT, (v, const(0.0)), F), Expr(EOp.ADD, (v, const(float(n))), F), v), F)
+        inside = Expr(EOp.AND, (Expr(EOp.GE, (w, const(0.0)), F), Expr(EOp.LT, (w, const(float(n))), F)), F)
+        ok = inside if ok is None else Expr(EOp.AND, (ok, inside), F)
+        flat = Expr(EOp.ADD, (Expr(EOp.MUL, (flat, const(float(n))), F), w), F)
+    out = ctx.new_tensor(shape, DType.INT32, hint="ix")
+    ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(_expand(i, shape) for i in indices), PointwiseAttrs(
+        Expr(EOp.CAST, (Expr(EOp.WHERE, (ok, flat, const(-1.0)), F),), DType.INT32))))
+    return out
+
+
+def _merged(ctx: LowerCtx, x: TensorRef, indices) -> tuple[TensorRef, int, TensorRef]:
+    """``(x with the indexed dims merged into one, that dim, the flat index)``."""
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    d, e = pos[0], pos[-1] + 1
+    sizes = x.shape[d:e]
+    shape = x.shape[:d] + (math.prod(sizes),) + x.shape[e:]
+    if len(pos) > 1:
+        x = view_as(x, shape) or view_as(_contiguous(ctx, x), shape)
+    return x, d, _flat_index(ctx, [indices[k] for k in pos], sizes)
 
 
 def _wrapped(ctx: LowerCtx, index: TensorRef, bound: int) -> TensorRef:
@@ -167,8 +206,7 @@ def _index_layout(ref: TensorRef, d: int, index: TensorRef):
 
 @register(aten.index.Tensor, dtypes=GATHER_DTYPES, check=_one_index)
 def index_tensor(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices) -> TensorRef:
-    d = next(k for k, i in enumerate(indices) if i is not None)
-    index = _wrapped(ctx, indices[d], x.shape[d])
+    x, d, index = _merged(ctx, x, indices)
     idx, table = _index_layout(x, d, index)
     out = _gather_kernel(ctx, table, idx, idx.shape + x.shape[d + 1:])
     shape = tuple(ctx.out_val.shape)
@@ -311,11 +349,11 @@ def index_put(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices, values: Tenso
         return _mask_put(ctx, x, d, indices[d], values, bool(accumulate))
     out = ctx.new_tensor(x.shape, x.dtype, hint="ip")
     _copy_into(ctx, out, x)
-    index = _wrapped(ctx, indices[d], x.shape[d])
-    idx, table = _index_layout(out, d, index)
+    merged, d, index = _merged(ctx, out, indices)
+    idx, table = _index_layout(merged, d, index)
     if idx.numel == 0:
         return out
-    data = _expand(values, idx.shape + x.shape[d + 1:])
+    data = _expand(values, idx.shape + merged.shape[d + 1:])
     _scatter_kernel(ctx, table, idx, data, bool(accumulate))
     return out
 
@@ -613,3 +651,62 @@ def _contiguous(ctx: LowerCtx, ref: TensorRef) -> TensorRef:
     c = ctx.new_tensor(ref.shape, ref.dtype, hint="c")
     _copy_into(ctx, c, ref)
     return c
+
+
+# ---- col2im (fold) ----------------------------------------------------------------------------
+def _check_col2im(node: fx.Node) -> str | None:
+    """Float tensors; every column element is added into its output position by one
+    indirect-DMA accumulation (fp32 adds, rounded per lookup), the positions computed on the
+    engines from the coordinates (exact in fp32: H * W < 2**24); padding positions go to a spare
+    element past each output plane."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"{v.dtype} result: the DMA adds in fp32 (float tensors only)"
+    hw = node.args[1]
+    if isinstance(hw, (list, tuple)) and all(isinstance(s, int) for s in hw) and hw[0] * hw[1] >= WRAP_LIMIT:
+        return f"output plane of {hw[0] * hw[1]} elements >= 2**24"
+    return None
+
+
+@register(aten.col2im.default, dtypes=FLOAT_DTYPES, check=_check_col2im)
+def col2im(ctx: LowerCtx, node: fx.Node, cols: TensorRef, output_size, kernel_size, dilation,
+           padding, stride) -> TensorRef:
+    batched = cols.rank == 3
+    if not batched:
+        cols = TensorRef(cols.buffer, cols.dtype, (1,) + cols.shape, (0,) + cols.strides, cols.offset)
+    (H, W), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (tuple(int(a) for a in t) for t in
+                                                     (output_size, kernel_size, dilation, padding, stride))
+    N, CK, L = cols.shape
+    KK = kh * kw
+    C = CK // KK
+    Lh = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    Lw = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if Lh * Lw != L:
+        raise Unsupported(ctx.op, f"{L} columns for {Lh} x {Lw} blocks")
+    HW = H * W
+    plane = ctx.new_tensor((N, C, HW + 1), cols.dtype, hint="ci")
+    _copy_into(ctx, plane, 0.0)
+    F = DType.FP32
+    # position of column element (ki, kj, lh, lw): h = lh*sh - ph + ki*dh, w = lw*sw - pw + kj*dw
+    ki, kj = Expr(EOp.INDEX, (), F, 0), Expr(EOp.INDEX, (), F, 1)
+    lh, lw = Expr(EOp.INDEX, (), F, 2), Expr(EOp.INDEX, (), F, 3)
+    ax = lambda l, s, p, k, d: Expr(EOp.ADD, (Expr(EOp.MUL, (l, const(float(s))), F),
+                                              Expr(EOp.MUL, (k, const(float(d))), F)), F) \
+        if not p else Expr(EOp.SUB, (ax(l, s, 0, k, d), const(float(p))), F)
+    h, w = ax(lh, sh, ph, ki, dh), ax(lw, sw, pw, kj, dw)
+    inside = lambda v, n: Expr(EOp.AND, (Expr(EOp.GE, (v, const(0.0)), F),
+                                         Expr(EOp.LT, (v, const(float(n))), F)), F)
+    pos = Expr(EOp.ADD, (Expr(EOp.MUL, (h, const(float(W))), F), w), F)
+    ok = Expr(EOp.AND, (inside(h, H), inside(w, W)), F)
+    idx = ctx.new_tensor((kh, kw, Lh, Lw), DType.INT32, hint="ci")
+    ctx.emit(KOp(KKind.POINTWISE, (idx,), (), PointwiseAttrs(Expr(EOp.CAST, (Expr(
+        EOp.WHERE, (ok, pos, const(float(HW))), F),), DType.INT32))))
+    lookups = (N, C, KK, L)
+    index = TensorRef(idx.buffer, DType.INT32, lookups, (0, 0, L, 1), 0)
+    data = TensorRef(cols.buffer, cols.dtype, lookups, (cols.strides[0], KK * cols.strides[1],
+                                                        cols.strides[1], cols.strides[2]), cols.offset)
+    table = TensorRef(plane.buffer, plane.dtype, lookups + (HW + 1,),
+                      (C * (HW + 1), HW + 1, 0, 0, 1), 0)
+    _scatter_kernel(ctx, table, index, data, True)
+    out = TensorRef(plane.buffer, plane.dtype, (N, C, H, W), (C * (HW + 1), HW + 1, W, 1), 0)
+    return out if batched else TensorRef(out.buffer, out.dtype, (C, H, W), out.strides[1:], 0)
