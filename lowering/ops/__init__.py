@@ -2,4 +2,4 @@
 from lowering.ops import views, elementwise, constants, matmul, reduction, normalization, shape, indexing  # noqa: F401
 from lowering.ops import convolution  # noqa: F401
 from lowering.ops import random, scan, selection  # noqa: F401
-from lowering.ops import distance, fp8  # noqa: F401
+from lowering.ops import bags, distance, fp8  # noqa: F401

@@ -437,7 +437,9 @@ def scatter(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorR
 @register(aten.scatter_add.default, dtypes=GATHER_DTYPES, check=_check_scatter)
 def scatter_add(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRef,
                 src: TensorRef) -> TensorRef:
-    return _element_scatter(ctx, x, dim, index, src, True)
+    """Indirect-DMA accumulation into an fp32 copy of ``x`` (eager's scatter_add accumulates in
+    fp32 and rounds once), then one rounding to ``x``'s dtype."""
+    return emit_scatter_reduce(ctx, x, dim, index, src, "sum", True)
 
 
 # ---- scatter_reduce ------------------------------------------------------------------------------
@@ -529,23 +531,33 @@ def emit_scatter_reduce(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
         index = TensorRef(index.buffer, index.dtype, (1,), (1,), index.offset)
     d = dim % x.rank
     src = _src_view(src, index)
-    cnt = _lookup_count(ctx, x.shape, d, index)
     F = DType.FP32
-    xs, cs = load(0, x.dtype), load(1, F)
-    hit = Expr(EOp.GT, (cs, const(0.0)), F)
     if reduce in ("sum", "mean"):
+        # eager accumulates in fp32 and rounds once: so does the DMA, into an fp32 tensor
+        counted = reduce == "mean" or not include_self
+        cnt = _lookup_count(ctx, x.shape, d, index) if counted else None
+        hit = Expr(EOp.GT, (load(1, F), const(0.0)), F)
+        xs = load(0, x.dtype)
         base = xs if include_self else Expr(EOp.WHERE, (hit, const(0.0), xs), F)
-        ctx.emit(KOp(KKind.POINTWISE, (out,), (x, cnt), PointwiseAttrs(Expr(EOp.CAST, (base,), x.dtype))))
-        _scatter_into(ctx, out, d, index, src, True)
-        if reduce == "sum":
+        direct = x.dtype is F and reduce == "sum"
+        acc = out if direct else ctx.new_tensor(x.shape, F, hint="sr")
+        ctx.emit(KOp(KKind.POINTWISE, (acc,), (x,) + ((cnt,) if counted else ()),
+                     PointwiseAttrs(Expr(EOp.CAST, (base,), F))))
+        _scatter_into(ctx, acc, d, index, src, True)
+        if direct:
             return out
-        mean = ctx.new_tensor(x.shape, x.dtype, hint="sr")
-        div = Expr(EOp.ADD, (cs, const(1.0 if include_self else 0.0)), F)
-        s = load(0, x.dtype)
-        ctx.emit(KOp(KKind.POINTWISE, (mean,), (out, cnt), PointwiseAttrs(Expr(EOp.CAST, (Expr(
+        s = load(0, F)
+        if reduce == "sum":
+            ctx.emit(KOp(KKind.POINTWISE, (out,), (acc,), PointwiseAttrs(Expr(EOp.CAST, (s,), x.dtype))))
+            return out
+        div = Expr(EOp.ADD, (load(1, F), const(1.0 if include_self else 0.0)), F)
+        ctx.emit(KOp(KKind.POINTWISE, (out,), (acc, cnt), PointwiseAttrs(Expr(EOp.CAST, (Expr(
             EOp.WHERE, (Expr(EOp.GT, (div, const(0.0)), F), Expr(EOp.DIV, (s, div), F), s), F),),
             x.dtype))))
-        return mean
+        return out
+    cnt = _lookup_count(ctx, x.shape, d, index)
+    xs = load(0, x.dtype)
+    hit = Expr(EOp.GT, (load(1, F), const(0.0)), F)
     r = _dense_reduce(ctx, x, d, index, src, reduce)
     region = index.shape[:d] + (x.shape[d],) + index.shape[d + 1:]
     sub = lambda ref: TensorRef(ref.buffer, ref.dtype, region, ref.strides, ref.offset)
