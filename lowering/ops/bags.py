@@ -11,9 +11,9 @@ Engines and kernels:
   2**24 lookups); lookups of ``padding_idx`` go to a spare bag B;
 - the rows: one indirect-DMA gather of ``weight[indices]`` (times ``per_sample_weights`` on
   VectorE, sum mode);
-- sum / mean: the rows accumulated into their bags by indirect DMA (fp32 adds, rounded per
-  lookup), the lookups per bag counted the same way for the mean; max: the dense
-  compare-and-reduce of ``scatter_reduce`` (``indexing.emit_scatter_reduce``).
+- sum / mean: whole rows accumulated into their bags by indirect DMA into an fp32 tensor (one
+  rounding at the end, as eager), the lookups per bag counted the same way for the mean; max:
+  the dense compare-and-reduce of ``scatter_reduce`` (``indexing.emit_scatter_reduce``).
 
 Only the output is lowered: the auxiliary outputs (offset2bag, bag_size, max_indices, which the
 backward reads and whose eager values depend on the CPU kernel's path) fall back when used.
@@ -29,7 +29,7 @@ from lowering.errors import Unsupported
 from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, ScanKAttrs, ScanOp, TensorRef, const, load
 from lowering.ops.indexing import (GATHER_DTYPES, WRAP_LIMIT, _copy_into, _dtype_of, _expand,
-                                   _gather_kernel, _scatter_into, emit_scatter_reduce)
+                                   _gather_kernel, _scatter_into, _scatter_kernel, emit_scatter_reduce)
 from lowering.registry import INDEX_DTYPES, register
 from runtime_sim.isa import DType
 
@@ -79,11 +79,11 @@ def embedding_bag(ctx: LowerCtx, node: fx.Node, weight: TensorRef, indices: Tens
     L = indices.numel
     B = offsets.numel - (1 if include_last_offset else 0)
     out_val = ctx.out_val[0]
-    base = ctx.new_tensor((B + 1, D), weight.dtype, hint="eb")   # row B: the padding lookups
-    _copy_into(ctx, base, 0.0)
-    result = TensorRef(base.buffer, base.dtype, (B, D), (D, 1), 0)
     if L == 0 or B <= 0:
-        return (result if B > 0 else ctx.new_tensor(tuple(out_val.shape), weight.dtype),) + (None,) * 3
+        zeros = ctx.new_tensor(tuple(out_val.shape), weight.dtype, hint="eb")
+        if zeros.numel:
+            _copy_into(ctx, zeros, 0.0)
+        return (zeros,) + (None,) * 3
     if B + 1 >= WRAP_LIMIT:
         raise Unsupported(ctx.op, f"{B} bags >= 2**24 (bag numbers are computed in fp32)")
     # bag of each lookup: ones at the offsets, a running count, minus one
@@ -109,6 +109,29 @@ def embedding_bag(ctx: LowerCtx, node: fx.Node, weight: TensorRef, indices: Tens
         ctx.emit(KOp(KKind.POINTWISE, (scaled,), (rows, psw), PointwiseAttrs(Expr(EOp.CAST, (Expr(
             EOp.MUL, (load(0, rows.dtype), load(1, psw.dtype)), F32),), weight.dtype))))
         rows = scaled
-    index = TensorRef(bag.buffer, DType.INT32, (L, D), (1, 0), 0)
-    red = emit_scatter_reduce(ctx, base, 0, index, rows, MODES[int(mode)], False)
-    return (TensorRef(red.buffer, red.dtype, (B, D), (D, 1), 0),) + (None,) * 3
+    if MODES[int(mode)] == "amax":
+        base = ctx.new_tensor((B + 1, D), weight.dtype, hint="eb")   # row B: the padding lookups
+        _copy_into(ctx, base, 0.0)
+        index = TensorRef(bag.buffer, DType.INT32, (L, D), (1, 0), 0)
+        red = emit_scatter_reduce(ctx, base, 0, index, rows, "amax", False)
+        return (TensorRef(red.buffer, red.dtype, (B, D), (D, 1), 0),) + (None,) * 3
+    # sum / mean: whole rows accumulated into their bag by indirect DMA, in fp32 (eager
+    # accumulates in fp32 and rounds once)
+    acc = ctx.new_tensor((B + 1, D), F32, hint="eb")
+    _copy_into(ctx, acc, 0.0)
+    _scatter_kernel(ctx, TensorRef(acc.buffer, F32, (L, B + 1, D), (0, D, 1), 0), bag, rows, True)
+    ins, e = (acc,), load(0, F32)
+    if MODES[int(mode)] == "mean":
+        cnt = ctx.new_tensor((B + 1, 1), F32, hint="eb")
+        _copy_into(ctx, cnt, 0.0)
+        one = ctx.new_tensor((1, 1), F32, hint="eb")
+        _copy_into(ctx, one, 1.0)
+        _scatter_kernel(ctx, TensorRef(cnt.buffer, F32, (L, B + 1, 1), (0, 1, 1), 0), bag,
+                        TensorRef(one.buffer, F32, (L, 1), (0, 0), 0), True)
+        ins += (TensorRef(cnt.buffer, F32, (B + 1, D), (1, 0), 0),)
+        c = load(1, F32)
+        e = Expr(EOp.WHERE, (Expr(EOp.GT, (c, const(0.0)), F32), Expr(EOp.DIV, (e, c), F32), const(0.0)), F32)
+    out = ctx.new_tensor((B, D), weight.dtype, hint="eb")
+    ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(TensorRef(r.buffer, r.dtype, (B, D), r.strides, 0) for r in ins),
+                 PointwiseAttrs(Expr(EOp.CAST, (e,), weight.dtype))))
+    return (out,) + (None,) * 3
