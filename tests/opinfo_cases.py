@@ -39,6 +39,8 @@ ALIASES = {
     "native_layer_norm": ("nn.functional.layer_norm",),
     "_native_batch_norm_legit_no_training": ("nn.functional.batch_norm",),
     "convolution": ("nn.functional.conv1d", "nn.functional.conv2d"),
+    "_cdist_forward": ("cdist",), "_pdist_forward": ("nn.functional.pdist",),
+    "col2im": ("nn.functional.fold",), "_embedding_bag": ("nn.functional.embedding_bag",),
 }
 # op_db entries whose values cannot match eager by design (counted apart, with the reason)
 SKIPS = {
