@@ -97,9 +97,11 @@ class CompiledGraph:
             else:  # an output that is (a view of) an input buffer
                 raw = feed[o.buffer].reshape(-1).view(np.uint8)
             npdt = TORCH_TO_DTYPE[o.dtype].np
-            flat = raw.view(npdt)
             itemsize = npdt.itemsize
+            # strided through an unsigned carrier of the same size: numpy's as_strided does not
+            # understand ml_dtypes' fp8 types
+            flat = raw.view(np.dtype(f"u{itemsize}"))
             view = np.lib.stride_tricks.as_strided(
                 flat[o.offset:], shape=o.shape, strides=tuple(s * itemsize for s in o.strides))
-            outs.append(np.ascontiguousarray(view).reshape(o.shape))  # keeps 0-d outputs 0-d
+            outs.append(np.ascontiguousarray(view).view(npdt).reshape(o.shape))  # 0-d stays 0-d
         return outs, result

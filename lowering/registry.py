@@ -21,6 +21,7 @@ import torch.fx as fx
 FLOAT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 MASK_DTYPES = frozenset({torch.bool})
 INDEX_DTYPES = frozenset({torch.int64, torch.int32})
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 LowerFn = Callable[..., Any]
 CheckFn = Callable[[fx.Node], "str | None"]
@@ -36,6 +37,15 @@ class Rule:
 
 
 REGISTRY: dict[Any, Rule] = {}
+# ops that are deliberately not lowered, with the reason the fallback table shows (not in the
+# support table: they run in eager PyTorch)
+DECLINED: dict[Any, str] = {
+    torch.ops.aten.nonzero.default: "data-dependent output shape (the number of non-zero elements "
+                                    "is only known at run time; a static-shape program cannot "
+                                    "hold it)",
+    torch.ops.aten._local_scalar_dense.default: "reads a device value back to the host (.item()) "
+                                                "for Python control flow",
+}
 
 
 def register(*targets, dtypes: frozenset = FLOAT_DTYPES, check: CheckFn | None = None):
@@ -92,6 +102,8 @@ def why_unsupported(node: fx.Node) -> str | None:
     rule = REGISTRY.get(node.target)
     name = op_name(node.target)
     if rule is None:
+        if node.target in DECLINED:
+            return f"{name}: {DECLINED[node.target]}"
         return f"{name}: no lowering registered for this op"
     if "val" not in node.meta:
         return f"{name}: node has no meta['val'] (no shape/dtype information)"
@@ -133,6 +145,9 @@ FAMILY_ENGINES = {
     "scan": "VectorE/GpSimdE tensor_tensor_scan; SCAN",
     "selection": "VectorE max8 / nc_find_index8 / nc_match_replace8; SELECT",
     "random": "GpSimdE rand_philox (Philox4x32-10), ScalarE Box-Muller; RAND (+ POINTWISE)",
+    "bags": "DMA (indirect gather of the rows, indirect accumulation into the bags), VectorE scan of the offsets; GATHER/SCATTER/SCAN",
+    "distance": "VectorE (direct form: POINTWISE + REDUCE), TensorE (Euclidean matmul form), DMA scatter (pdist); POINTWISE/REDUCE/MATMUL",
+    "fp8": "TensorE (fp8 operands, fp32 PSUM), scales and cast on PSUM evacuation; MATMUL",
 }
 
 

@@ -1,21 +1,63 @@
-"""Helpers for tests of models compiled with the neuron backend.
+"""Helpers for testing functions, models and kernels compiled with the neuron backend.
 
 The trap these avoid: a fallback (or Dynamo silently running eager after too many recompiles)
-makes every numeric comparison pass. ``run_on_device`` therefore returns the profile, and
-``assert_ran_on_device`` fails unless device partitions actually ran.
+makes every numeric comparison pass. ``run_on_device`` therefore returns the profile,
+``assert_ran_on_device`` fails unless device partitions actually ran, and
+``assert_matches_eager`` does both plus the comparison, at tolerances that can fail.
+
+Property testing (hypothesis; ``pip install hypothesis``, part of the ``test`` extra)::
+
+    from hypothesis import given
+    from neuron_compiler.testing import assert_matches_eager, tensors
+
+    @given(x=tensors(dtypes=[torch.float32, torch.bfloat16]))
+    def test_my_gelu(x):
+        assert_matches_eager(my_gelu, x)
+
+- ``shapes()``: shapes whose dims are drawn from the tile edges (``TILE_EDGES``: 1, 127, 128,
+  129, 511, 512, 513, ...) or at random, under a total element budget.
+- ``tensors(shapes=None, dtypes=None, values=None)``: torch tensors of those shapes and dtypes;
+  ``values="special"`` mixes NaN, +-inf, denormals and -0.0 into finite values.
+- ``assert_matches_eager(fn, *args, ...)``: compile ``fn`` with the backend, run it on the
+  simulated device, run it in eager, fail unless it ran on the device (``min_device_fraction``
+  of the ATen compute nodes) and every output (and every argument ``fn`` mutates) matches.
+- ``TOLERANCES`` / ``assert_close``: the per-dtype comparison it uses.
 
 Invariants
 - ``ensure_backends_registered`` only registers ``neuron``/``neuron_sim`` with Dynamo when they
   cannot already be resolved (e.g. running from a source checkout that is not pip-installed);
   it never replaces a registered backend.
+- Tolerances are per dtype (``|actual - expected| <= atol + rtol * |expected|``), ``atol`` scaled
+  by the mean magnitude of the expected result (at least 1) unless given: never by the size of
+  the computation, so a halved, zeroed or negated reduction and a matmul that drops a K tile fail
+  in fp32 and in bf16 (``tests/test_testing_helpers.py`` proves it by injecting such lowerings). NaN must be NaN where eager has NaN; infinities must coincide with
+  their sign; integer and bool results must be equal.
+- ``assert_matches_eager`` resets Dynamo (``torch._dynamo.reset()``) before compiling, so every
+  call compiles ``fn`` afresh for the shapes it is given (no recompile limit, no stale guard):
+  other functions compiled in the process recompile on their next call.
+- Importing this module does not import hypothesis; the strategies import it when built.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 
 from neuron_compiler.profile import Profile, profile
+
+# dims that cross the machine's tile edges: 128 partitions, 512-element PSUM banks / moving tiles
+TILE_EDGES = (1, 2, 3, 127, 128, 129, 255, 256, 257, 511, 512, 513)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+# (rtol, atol) per dtype: fp32/bf16 are the OpInfo conformance tolerances (docs/testing.md)
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-4),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (1e-3, 1e-3),
+    torch.float8_e4m3fn: (0.125, 2.0 ** -9),   # one ulp (3 mantissa bits); smallest subnormal
+    torch.float8_e5m2: (0.25, 2.0 ** -16),
+}
 
 
 def ensure_backends_registered() -> None:
@@ -63,3 +105,178 @@ def assert_ran_on_device(prof: Profile, min_device_fraction: float = 1.0) -> dic
             f"({100 * frac:.1f}% < {100 * min_device_fraction:.1f}%); fallbacks: "
             + "; ".join(f"{f['op']} x{f['count']}: {f['reason']}" for f in d["fallbacks"]))
     return d
+
+
+# ---- comparison ---------------------------------------------------------------------------------
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` for results of ``dtype`` (0, 0 for integers and bool)."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
+                 rtol: float | None = None, what: str = "output") -> None:
+    """Fail unless ``actual`` matches ``expected``: same shape and dtype; NaN exactly where
+    ``expected`` has NaN; the same infinities; elsewhere ``|a - e| <= atol + rtol * |e|`` with the
+    dtype's ``TOLERANCES`` unless given (integers and bool: equal). The default ``atol`` is the
+    table's times ``max(1, mean |e|)`` (a long sum's rounding grows with its magnitude); an
+    ``atol`` given is absolute. Either way a halved, zeroed or negated result fails: its largest
+    element is off by at least half of itself, far above ``rtol`` and ``atol``."""
+    if not isinstance(actual, torch.Tensor):
+        raise AssertionError(f"{what}: expected a tensor, got {type(actual).__name__}")
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        raise AssertionError(f"{what}: dtype {actual.dtype} != eager {expected.dtype}")
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if not e.dtype.is_floating_point:
+        bad = a != e
+        if bool(bad.any()):
+            i = bad.nonzero()[0].tolist()
+            raise AssertionError(f"{what}: {int(bad.sum())} of {e.numel()} elements differ; first "
+                                 f"at {i}: {a[tuple(i)].item()} vs eager {e[tuple(i)].item()}")
+        return
+    r0, a0 = tolerance(e.dtype)
+    rtol = r0 if rtol is None else rtol
+    a, e = a.double(), e.double()
+    if atol is None:   # relative to the result's typical magnitude (a sum of many terms)
+        fin_e = e[e.isfinite()]
+        atol = a0 * max(1.0, float(fin_e.abs().mean()) if fin_e.numel() else 1.0)
+    nan_a, nan_e = a.isnan(), e.isnan()
+    if not torch.equal(nan_a, nan_e):
+        i = (nan_a != nan_e).nonzero()[0].tolist()
+        raise AssertionError(f"{what}: NaN in {int(nan_a.sum())} elements, eager in "
+                             f"{int(nan_e.sum())}; first mismatch at {i}: {a[tuple(i)].item()} vs "
+                             f"eager {e[tuple(i)].item()}")
+    inf_e = e.isinf()
+    if not torch.equal(a.isinf(), inf_e) or not torch.equal(a[inf_e], e[inf_e]):
+        bad = (a.isinf() != inf_e) | (inf_e & (a != e))
+        i = bad.nonzero()[0].tolist()
+        raise AssertionError(f"{what}: infinities differ; first at {i}: {a[tuple(i)].item()} vs "
+                             f"eager {e[tuple(i)].item()}")
+    fin = ~(nan_e | inf_e)
+    err = torch.where(fin, (a - e).abs(), torch.zeros_like(a))
+    excess = err - (atol + rtol * e.abs())
+    bad = fin & (excess > 0)
+    if bool(bad.any()):
+        i = torch.unravel_index(torch.argmax(torch.where(bad, excess, -math.inf)), e.shape)
+        i = tuple(int(x) for x in i)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {int(fin.sum())} elements out of tolerance "
+            f"(rtol={rtol:g}, atol={atol:g}); worst at {list(i)}: {a[i].item()!r} vs eager "
+            f"{e[i].item()!r} (max abs error {float(err.max()):g})")
+
+
+def _clone(x: object) -> object:
+    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+def _assert_tree_close(actual: object, expected: object, atol, rtol, what: str) -> None:
+    la, sa = pytree.tree_flatten(actual)
+    le, se = pytree.tree_flatten(expected)
+    if sa != se:
+        raise AssertionError(f"{what}: structure {sa} != eager {se}")
+    for k, (a, e) in enumerate(zip(la, le)):
+        w = what if len(le) == 1 else f"{what}[{k}]"
+        if isinstance(e, torch.Tensor):
+            assert_close(a, e, atol=atol, rtol=rtol, what=w)
+        elif a != e and not (isinstance(e, float) and math.isnan(e) and math.isnan(a)):
+            raise AssertionError(f"{w}: {a!r} != eager {e!r}")
+
+
+def assert_matches_eager(fn: Callable, *args: object, options: Mapping[str, object] | None = None,
+                         atol: float | None = None, rtol: float | None = None,
+                         min_device_fraction: float = 1.0) -> dict:
+    """Compile ``fn`` with the neuron backend, run it on the simulated device and in eager
+    PyTorch (each on its own copy of ``args``), and fail unless it ran on the device (at least
+    ``min_device_fraction`` of its ATen compute nodes) and every output, and every argument
+    ``fn`` mutates, matches eager (``assert_close``: per-dtype ``TOLERANCES`` unless ``atol`` /
+    ``rtol`` are given). Returns ``profile().to_dict()`` of the device run."""
+    expected = fn(*_clone(args))
+    eager_args = _clone(args)
+    fn(*eager_args)                      # the arguments as eager leaves them (in-place ops)
+    torch._dynamo.reset()
+    dev_args = _clone(args)
+    out, prof = run_on_device(compile_for_neuron(fn, options), *dev_args)
+    d = assert_ran_on_device(prof, min_device_fraction)
+    _assert_tree_close(out, expected, atol, rtol, "output")
+    _assert_tree_close(dev_args, eager_args, atol, rtol, "argument")
+    return d
+
+
+# ---- hypothesis strategies ----------------------------------------------------------------------
+def shapes(min_rank: int = 1, max_rank: int = 3, max_numel: int = 1 << 15,
+           edges: Sequence[int] = TILE_EDGES, max_dim: int = 600):
+    """A hypothesis strategy of shapes: each dim a tile edge or a random size in
+    ``[1, max_dim]``, the total element count capped at ``max_numel`` (a later dim is clipped)."""
+    from hypothesis import strategies as st
+
+    dim = st.one_of(st.sampled_from(tuple(edges)), st.integers(1, max_dim))
+
+    @st.composite
+    def _shapes(draw):
+        rank = draw(st.integers(min_rank, max_rank))
+        dims: list[int] = []
+        for _ in range(rank):
+            left = max(1, max_numel // max(1, math.prod(dims)))
+            dims.append(min(draw(dim), left))
+        return tuple(dims)
+
+    return _shapes()
+
+
+_default_shapes = shapes
+
+
+def _as_strategy(x, default, st):
+    if x is None:
+        return default
+    if hasattr(x, "example") and hasattr(x, "map"):          # already a strategy
+        return x
+    if isinstance(x, (torch.dtype, tuple)) and not (isinstance(x, tuple) and x and
+                                                   isinstance(x[0], (tuple, torch.dtype))):
+        return st.just(x)
+    return st.sampled_from(list(x))
+
+
+def _special(dtype: torch.dtype) -> list[float]:
+    tiny = {torch.float32: 1e-40, torch.bfloat16: 1e-39, torch.float16: 1e-6}.get(dtype, 0.0)
+    return [math.nan, math.inf, -math.inf, -0.0, 0.0, tiny, -tiny]
+
+
+def make_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int,
+                values: object = None) -> torch.Tensor:
+    """The tensor ``tensors()`` draws for ``(shape, dtype, seed, values)``: deterministic.
+    ``values``: None (uniform in [-2, 2]; integers in [-100, 100]; bool), ``(low, high)``, or
+    ``"special"`` (uniform, about one element in eight NaN, +-inf, +-denormal or +-0.0)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=g) < 0.5
+    low, high = values if isinstance(values, tuple) else (-2.0, 2.0)
+    if not dtype.is_floating_point:
+        lo, hi = (int(low), int(high)) if isinstance(values, tuple) else (-100, 100)
+        return torch.randint(lo, hi + 1, shape, generator=g, dtype=dtype)
+    x = torch.rand(shape, generator=g, dtype=torch.float32) * (high - low) + low
+    if values == "special" and x.numel():
+        sp = torch.tensor(_special(dtype), dtype=torch.float32)
+        pick = torch.randint(0, len(sp), shape, generator=g)
+        where = torch.rand(shape, generator=g) < 0.125
+        x = torch.where(where, sp[pick], x)
+    elif values not in (None, "special") and not isinstance(values, tuple):
+        raise ValueError(f"values must be None, 'special' or (low, high), got {values!r}")
+    return x.to(dtype)
+
+
+def tensors(shapes=None, dtypes=None, values=None):
+    """A hypothesis strategy of torch tensors.
+
+    ``shapes``: a shape tuple, a list of them, or a strategy (default ``shapes()``: dims on the
+    tile edges or random, at most 2**15 elements). ``dtypes``: a dtype, a list, or a strategy
+    (default fp32 and bf16). ``values``: None (uniform in [-2, 2]), ``(low, high)``, or
+    ``"special"`` (NaN, +-inf, denormals and -0.0 mixed in). The elements come from a drawn seed
+    (``make_tensor``), so large tensors draw fast and a failing example shrinks to a small shape."""
+    from hypothesis import strategies as st
+
+    shape_st = _as_strategy(shapes, _default_shapes(), st)
+    dtype_st = _as_strategy(dtypes, st.sampled_from(FLOAT_DTYPES), st)
+    return st.builds(lambda shp, dt, seed: make_tensor(tuple(shp), dt, seed, values),
+                     shape_st, dtype_st, st.integers(0, 2 ** 31 - 1))

@@ -154,8 +154,12 @@ _INT_RANGE = {DType.INT32: (-2**31, 2**31 - 1), DType.INT64: (-2**63, 2**63 - 1)
               DType.INT8: (-128, 127), DType.UINT8: (0, 255)}
 
 
+FP8_E4M3_MAX = 448.0
+
+
 def cast_to(values: np.ndarray, dtype: DType) -> np.ndarray:
-    """Round to a machine dtype. Floats: round-to-nearest-even (ml_dtypes for bf16/fp8).
+    """Round to a machine dtype. Floats: round-to-nearest-even (ml_dtypes for bf16/fp8;
+    float8_e4m3fn saturates to +-448, e5m2 overflows to +-inf).
     Integers: from floats truncate toward zero, NaN -> 0, saturate to the range; integers of
     another width are converted exactly/saturated. BOOL: 1 where the value is non-zero."""
     npd = dtype.np
@@ -166,6 +170,10 @@ def cast_to(values: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype.is_float:
         if values.dtype.kind in "iu" and npd.itemsize < 4:
             values = values.astype(np.float32)
+        if dtype is DType.FP8_E4M3:
+            # e4m3fn has no infinity: out-of-range values (and +-inf) saturate to +-448, as
+            # torch's conversion does; NaN stays NaN (ml_dtypes alone would give NaN)
+            values = np.clip(values, -FP8_E4M3_MAX, FP8_E4M3_MAX)
         return values.astype(npd)
     lo, hi = _INT_RANGE[dtype]
     if values.dtype.kind in "iub":

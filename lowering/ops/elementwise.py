@@ -23,7 +23,7 @@ from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, cons
                           load)
 from lowering.ops import mathfns
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -233,7 +233,7 @@ def _to_copy_check(node: fx.Node) -> str | None:
     return None
 
 
-@register(aten._to_copy.default, dtypes=EW_DTYPES, check=_to_copy_check)
+@register(aten._to_copy.default, dtypes=EW_DTYPES | FP8_DTYPES, check=_to_copy_check)  # fp8: casts
 def _to_copy(ctx, node, x, **kwargs):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.CAST, l[0], dtype=dt))
 

@@ -21,12 +21,16 @@ IndexError), never a silent read of another row.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
 from lowering.frontend import LowerCtx
-from lowering.kir import (EOp, Expr, GatherKAttrs, KKind, KOp, PointwiseAttrs, ScatterKAttrs, TensorRef,
-                          const, contiguous_strides, load, view_as)
+from lowering.errors import Unsupported
+from lowering.kir import (EOp, Expr, GatherKAttrs, KKind, KOp, PointwiseAttrs, ReduceKAttrs, ReduceOp,
+                          ScanKAttrs, ScanOp, ScatterKAttrs, TensorRef, const, contiguous_strides, load,
+                          view_as)
 from lowering.ops.elementwise import _torch_dtype_of
 from lowering.ops.views import apply_view
 from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
@@ -119,21 +123,63 @@ WRAP_LIMIT = 2 ** 24      # bound below which a negative index can be wrapped ex
 
 
 def _one_index(node: fx.Node) -> str | None:
-    """One integer index tensor (int32/int64) in the index list, the other entries None: an
-    index that may be negative is wrapped on VectorE (exact: the dim is < 2**24); several index
-    tensors and bool masks (data-dependent shapes) fall back."""
+    """Integer index tensors (int32/int64) at adjacent positions of the index list, the other
+    entries None: they broadcast together and address the merged dims as one (the flat position
+    computed on VectorE, exact in fp32: the merged dims hold < 2**24 elements; an index out of
+    its own dim makes the whole lookup out of range, so the DMA still reports it); negative
+    indices wrap. Index tensors separated by None and bool masks (data-dependent shapes) fall
+    back."""
     idx = node.args[1]
-    tensors = [i for i in idx if i is not None]
-    if len(tensors) != 1:
-        return f"{len(tensors)} index tensors (only one, the others None, is supported)"
-    dt = _dtype_of(tensors[0])
-    if dt not in INDEX_DTYPES:
-        return f"index must be int32 or int64, got {dt}"
+    pos = [k for k, i in enumerate(idx) if i is not None]
+    for k in pos:
+        dt = _dtype_of(idx[k])
+        if dt in (torch.bool, torch.uint8):
+            return (f"a {dt} mask index selects a data-dependent number of elements (the result's "
+                    "shape is only known at run time)")
+        if dt not in INDEX_DTYPES:
+            return f"index must be int32 or int64, got {dt}"
+    if not pos:
+        return "no index tensor"
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        return f"index tensors at positions {pos} are not adjacent (the result's dims move first)"
     x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    d = next(k for k, i in enumerate(idx) if i is not None)
-    if isinstance(x, torch.Tensor) and isinstance(x.shape[d], int) and x.shape[d] >= WRAP_LIMIT:
-        return f"indexed dim of size {x.shape[d]} >= 2**24 (negative indices wrap through fp32)"
+    if isinstance(x, torch.Tensor) and all(isinstance(x.shape[k], int) for k in pos):
+        n = math.prod(x.shape[k] for k in pos)
+        if n >= WRAP_LIMIT:
+            return f"indexed dims of {n} elements >= 2**24 (positions are computed in fp32)"
     return None
+
+
+def _flat_index(ctx: LowerCtx, indices, sizes: tuple[int, ...]) -> TensorRef:
+    """One int32 index into ``sizes`` merged row-major from the index tensors ``indices`` (each
+    wrapped if negative, broadcast together); a lookup with any index outside its dim becomes
+    -1 (out of range for the DMA)."""
+    if len(indices) == 1:
+        return _wrapped(ctx, indices[0], sizes[0])
+    shape = tuple(torch.broadcast_shapes(*(i.shape for i in indices)))
+    F = DType.FP32
+    flat, ok = const(0.0), None
+    for k, (ix, n) in enumerate(zip(indices, sizes)):
+        v = Expr(EOp.CAST, (load(k, ix.dtype),), F)
+        w = Expr(EOp.WHERE, (Expr(EOp.LT, (v, const(0.0)), F), Expr(EOp.ADD, (v, const(float(n))), F), v), F)
+        inside = Expr(EOp.AND, (Expr(EOp.GE, (w, const(0.0)), F), Expr(EOp.LT, (w, const(float(n))), F)), F)
+        ok = inside if ok is None else Expr(EOp.AND, (ok, inside), F)
+        flat = Expr(EOp.ADD, (Expr(EOp.MUL, (flat, const(float(n))), F), w), F)
+    out = ctx.new_tensor(shape, DType.INT32, hint="ix")
+    ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(_expand(i, shape) for i in indices), PointwiseAttrs(
+        Expr(EOp.CAST, (Expr(EOp.WHERE, (ok, flat, const(-1.0)), F),), DType.INT32))))
+    return out
+
+
+def _merged(ctx: LowerCtx, x: TensorRef, indices) -> tuple[TensorRef, int, TensorRef]:
+    """``(x with the indexed dims merged into one, that dim, the flat index)``."""
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    d, e = pos[0], pos[-1] + 1
+    sizes = x.shape[d:e]
+    shape = x.shape[:d] + (math.prod(sizes),) + x.shape[e:]
+    if len(pos) > 1:
+        x = view_as(x, shape) or view_as(_contiguous(ctx, x), shape)
+    return x, d, _flat_index(ctx, [indices[k] for k in pos], sizes)
 
 
 def _wrapped(ctx: LowerCtx, index: TensorRef, bound: int) -> TensorRef:
@@ -160,8 +206,7 @@ def _index_layout(ref: TensorRef, d: int, index: TensorRef):
 
 @register(aten.index.Tensor, dtypes=GATHER_DTYPES, check=_one_index)
 def index_tensor(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices) -> TensorRef:
-    d = next(k for k, i in enumerate(indices) if i is not None)
-    index = _wrapped(ctx, indices[d], x.shape[d])
+    x, d, index = _merged(ctx, x, indices)
     idx, table = _index_layout(x, d, index)
     out = _gather_kernel(ctx, table, idx, idx.shape + x.shape[d + 1:])
     shape = tuple(ctx.out_val.shape)
@@ -203,24 +248,141 @@ def _accumulate_float(node: fx.Node, accumulate: bool) -> str | None:
 def _check_index_put(node: fx.Node) -> str | None:
     """One integer index tensor (as index.Tensor); accumulate=True into float tensors only
     (the DMA's read-modify-write adds in fp32 and rounds per lookup); without accumulate,
-    duplicate indices keep the last value in index order."""
+    duplicate indices keep the last value in index order. Or one bool mask (``x[mask] = v``):
+    a select on the engines, float/bool tensors; values broadcast over the selected
+    positions, or one row per true element when the mask indexes the leading dims (the rows
+    found by a running count of the mask: a SCAN, then a row gather)."""
     acc = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    masks = [i for i in node.args[1] if i is not None and _dtype_of(i) in (torch.bool, torch.uint8)]
+    if masks:
+        return _check_mask_put(node, bool(acc))
     return _one_index(node) or _accumulate_float(node, bool(acc))
+
+
+def _check_mask_put(node: fx.Node, acc: bool) -> str | None:
+    idx = node.args[1]
+    tensors = [i for i in idx if i is not None]
+    if len(tensors) != 1:
+        return f"{len(tensors)} index tensors with a bool mask (only the mask alone is supported)"
+    if _dtype_of(tensors[0]) is not torch.bool:
+        return f"mask must be bool, got {_dtype_of(tensors[0])}"
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype not in FLOAT_DTYPES | MASK_DTYPES:
+        return f"{v.dtype} tensor: a masked put selects through fp32 (float/bool tensors only)"
+    if acc and isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"accumulate into {v.dtype} (float tensors only)"
+    return _mask_limit(tensors[0])
+
+
+def _mask_limit(mask: object) -> str | None:
+    m = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+    if isinstance(m, torch.Tensor) and all(isinstance(s, int) for s in m.shape) \
+            and m.numel() >= WRAP_LIMIT:
+        return f"mask of {m.numel()} elements >= 2**24 (its running count is kept in fp32)"
+    return None
+
+
+def _mask_positions(ctx: LowerCtx, mask: TensorRef, shape: tuple[int, ...]) -> tuple[TensorRef, TensorRef]:
+    """``(m, pos)`` over ``shape`` (the mask broadcast to it): ``m`` the fp32 0/1 mask, ``pos``
+    (int32) the number of true elements before each true element in row-major order (0 where
+    false): m by a POINTWISE kernel, its running count by a SCAN (VectorE tensor_tensor_scan,
+    exact in fp32 below 2**24 elements), pos by a POINTWISE kernel."""
+    F = DType.FP32
+    L = math.prod(shape)
+    m = ctx.new_tensor(shape, F, hint="mk")
+    ctx.emit(KOp(KKind.POINTWISE, (m,), (_expand(mask, shape),), PointwiseAttrs(
+        Expr(EOp.NE, (load(0, mask.dtype), const(0.0)), F))))
+    c = ctx.new_tensor((L,), F, hint="mk")
+    ctx.emit(KOp(KKind.SCAN, (c,), (TensorRef(m.buffer, F, (L,), (1,), 0),), ScanKAttrs(0, ScanOp.SUM)))
+    pos = ctx.new_tensor(shape, DType.INT32, hint="mk")
+    cv = TensorRef(c.buffer, F, shape, contiguous_strides(shape), 0)
+    mv = load(0, F)
+    ctx.emit(KOp(KKind.POINTWISE, (pos,), (m, cv), PointwiseAttrs(Expr(EOp.CAST, (Expr(
+        EOp.WHERE, (Expr(EOp.GT, (mv, const(0.0)), F), Expr(EOp.SUB, (load(1, F), const(1.0)), F),
+                    const(0.0)), F),), DType.INT32))))
+    return m, pos
+
+
+def _masked_select_into(ctx: LowerCtx, x: TensorRef, m: TensorRef, vals: TensorRef,
+                        accumulate: bool) -> TensorRef:
+    """``where(m, vals, x)`` (``x + where(m, vals, 0)`` with ``accumulate``), one POINTWISE
+    kernel over ``x``'s shape (``m`` and ``vals`` views of it)."""
+    F = DType.FP32
+    out = ctx.new_tensor(x.shape, x.dtype, hint="mp")
+    xs, hit, v = load(0, x.dtype), Expr(EOp.NE, (load(1, m.dtype), const(0.0)), F), load(2, vals.dtype)
+    e = (Expr(EOp.ADD, (xs, Expr(EOp.WHERE, (hit, v, const(0.0)), F)), F) if accumulate
+         else Expr(EOp.WHERE, (hit, v, xs), F))
+    ctx.emit(KOp(KKind.POINTWISE, (out,), (x, m, vals), PointwiseAttrs(Expr(EOp.CAST, (e,), x.dtype))))
+    return out
+
+
+def _mask_put(ctx: LowerCtx, x: TensorRef, p: int, mask: TensorRef, values: TensorRef,
+              accumulate: bool) -> TensorRef:
+    mr = mask.rank
+    lead, rest = x.shape[:p], x.shape[p + mr:]
+    tgt = len(lead) + 1 + len(rest)
+    if values.rank > tgt:
+        raise Unsupported(ctx.op, f"values of rank {values.rank} for a selection of rank {tgt}")
+    pad = (1,) * (tgt - values.rank) + values.shape
+    mshape = (1,) * p + mask.shape + (1,) * len(rest)
+    mask_b = _expand(apply_view(mask, torch.bool, lambda t: t.view(mshape)), x.shape)
+    vt = apply_view(values, _torch_dtype_of(values), lambda t: t.view(pad))
+    if pad[p] == 1:                       # the same values at every selected position
+        vb = apply_view(vt, _torch_dtype_of(vt), lambda t: t.view(pad[:p] + (1,) * mr + pad[p + 1:]))
+        return _masked_select_into(ctx, x, mask_b, _expand(vb, x.shape), accumulate)
+    if p != 0:
+        raise Unsupported(ctx.op, f"a mask at index position {p} with one row of values per "
+                          "true element (only a mask over the leading dims)")
+    _, pos = _mask_positions(ctx, mask, mask.shape)
+    rows = _expand(vt, (pad[0],) + rest)
+    table = TensorRef(rows.buffer, rows.dtype, mask.shape + rows.shape, (0,) * mr + rows.strides,
+                      rows.offset)
+    g = _gather_kernel(ctx, table, pos, mask.shape + rest)
+    return _masked_select_into(ctx, x, mask_b, g, accumulate)
 
 
 @register(aten.index_put.default, dtypes=GATHER_DTYPES, check=_check_index_put)
 def index_put(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices, values: TensorRef,
               accumulate: bool = False) -> TensorRef:
     d = next(k for k, i in enumerate(indices) if i is not None)
+    if indices[d].dtype is DType.BOOL:
+        return _mask_put(ctx, x, d, indices[d], values, bool(accumulate))
     out = ctx.new_tensor(x.shape, x.dtype, hint="ip")
     _copy_into(ctx, out, x)
-    index = _wrapped(ctx, indices[d], x.shape[d])
-    idx, table = _index_layout(out, d, index)
+    merged, d, index = _merged(ctx, out, indices)
+    idx, table = _index_layout(merged, d, index)
     if idx.numel == 0:
         return out
-    data = _expand(values, idx.shape + x.shape[d + 1:])
+    data = _expand(values, idx.shape + merged.shape[d + 1:])
     _scatter_kernel(ctx, table, idx, data, bool(accumulate))
     return out
+
+
+def _check_masked_scatter(node: fx.Node) -> str | None:
+    """Float/bool tensors, a bool mask of fewer than 2**24 elements: the source element of each
+    true position is found by a running count of the mask (SCAN on VectorE) and gathered by
+    indirect DMA; a select writes the result. More true elements than source elements is a
+    machine BoundsError (eager raises too)."""
+    if _dtype_of(node.args[1]) is not torch.bool:
+        return f"mask must be bool, got {_dtype_of(node.args[1])}"
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype not in FLOAT_DTYPES | MASK_DTYPES:
+        return f"{v.dtype} tensor: the select runs through fp32 (float/bool tensors only)"
+    return _mask_limit(node.args[1])
+
+
+@register(aten.masked_scatter.default, dtypes=GATHER_DTYPES, check=_check_masked_scatter)
+def masked_scatter(ctx: LowerCtx, node: fx.Node, x: TensorRef, mask: TensorRef,
+                   source: TensorRef) -> TensorRef:
+    shape = tuple(ctx.out_val.shape)
+    if source.numel == 0:
+        raise Unsupported(ctx.op, "an empty source (nothing to gather from)")
+    flat = view_as(source, (source.numel,)) or view_as(_contiguous(ctx, source), (source.numel,))
+    m, pos = _mask_positions(ctx, mask, shape)
+    table = TensorRef(flat.buffer, flat.dtype, shape + (flat.numel,), (0,) * len(shape) + flat.strides,
+                      flat.offset)
+    g = _gather_kernel(ctx, table, pos, shape)
+    return _masked_select_into(ctx, _expand(x, shape), m, g, False)
 
 
 def _check_scatter(node: fx.Node) -> str | None:
@@ -234,12 +396,12 @@ def _check_scatter(node: fx.Node) -> str | None:
     return _accumulate_float(node, node.target is aten.scatter_add.default)
 
 
-def _element_scatter(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
-                     src: TensorRef | float, accumulate: bool) -> TensorRef:
-    out = ctx.new_tensor(x.shape, x.dtype, hint="sc")
-    _copy_into(ctx, out, x)
+def _scatter_into(ctx: LowerCtx, out: TensorRef, dim: int, index: TensorRef,
+                  src: TensorRef | float, accumulate: bool) -> None:
+    """``out[I with I[dim] := index[I]] (+)= src[I]`` for every lookup ``I`` of the index, by
+    indirect DMA into ``out`` (already written whole by an earlier kernel)."""
     if index.numel == 0:
-        return out
+        return
     if out.rank == 0:
         out = TensorRef(out.buffer, out.dtype, (1,), (1,), out.offset)
     if index.rank == 0:
@@ -253,11 +415,18 @@ def _element_scatter(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
             src = TensorRef(src.buffer, src.dtype, (1,), (1,), src.offset)
         data = TensorRef(src.buffer, src.dtype, index.shape, src.strides, src.offset)
     else:                                  # a scalar: one element, read with stride 0
-        one = ctx.new_tensor((1,), x.dtype, hint="sv")
+        one = ctx.new_tensor((1,), out.dtype, hint="sv")
         _copy_into(ctx, one, float(src))
         data = TensorRef(one.buffer, one.dtype, index.shape, (0,) * index.rank, 0)
     _scatter_kernel(ctx, table, index, data, accumulate)
-    return TensorRef(out.buffer, out.dtype, x.shape, contiguous_strides(x.shape), 0)
+
+
+def _element_scatter(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
+                     src: TensorRef | float, accumulate: bool) -> TensorRef:
+    out = ctx.new_tensor(x.shape, x.dtype, hint="sc")
+    _copy_into(ctx, out, x)
+    _scatter_into(ctx, out, dim, index, src, accumulate)
+    return out
 
 
 @register(aten.scatter.src, aten.scatter.value, dtypes=GATHER_DTYPES, check=_check_scatter)
@@ -268,7 +437,172 @@ def scatter(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorR
 @register(aten.scatter_add.default, dtypes=GATHER_DTYPES, check=_check_scatter)
 def scatter_add(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRef,
                 src: TensorRef) -> TensorRef:
-    return _element_scatter(ctx, x, dim, index, src, True)
+    """Indirect-DMA accumulation into an fp32 copy of ``x`` (eager's scatter_add accumulates in
+    fp32 and rounds once), then one rounding to ``x``'s dtype."""
+    return emit_scatter_reduce(ctx, x, dim, index, src, "sum", True)
+
+
+# ---- scatter_reduce ------------------------------------------------------------------------------
+# sum / mean: indirect-DMA accumulation (as scatter_add). prod / amax / amin: no DMA engine
+# multiplies or compares while writing, so the reduction is dense on the engines: a POINTWISE
+# kernel builds T[..., v, k, ...] = src[..., k, ...] where index[..., k, ...] == v (else the
+# identity) over every target position v of the indexed dim, and a REDUCE over k combines them
+# (VectorE). Every variant also counts the lookups per target by indirect-DMA accumulation of
+# ones: the count decides include_self=False and the mean, and the DMA checks every index
+# against the dim (an out-of-range index is a machine BoundsError, as eager raises).
+SCATTER_REDUCE_OPS = ("sum", "prod", "mean", "amax", "amin")
+DENSE_LIMIT = 1 << 22          # elements of the dense [..., V, K, ...] tensor of prod/amax/amin
+_DENSE = {"prod": (ReduceOp.PROD, EOp.MUL, 1.0), "amax": (ReduceOp.MAX, EOp.MAX, -math.inf),
+          "amin": (ReduceOp.MIN, EOp.MIN, math.inf)}
+
+
+def _check_scatter_reduce(node: fx.Node) -> str | None:
+    """reduce in sum/prod/mean/amax/amin, include_self either way, float tensors, index int32/
+    int64 below 2**24 targets; prod/amax/amin build a dense [index x dim] tensor on the engines
+    (at most 2**22 elements, else the op falls back)."""
+    idt = _dtype_of(node.args[2])
+    if idt not in INDEX_DTYPES:
+        return f"index must be int32 or int64, got {idt}"
+    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    if reduce not in SCATTER_REDUCE_OPS:
+        return f"reduce={reduce!r} is not supported (only {', '.join(SCATTER_REDUCE_OPS)})"
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"{v.dtype} result: the reductions run in fp32 (float tensors only)"
+    x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(x, torch.Tensor) and x.dim():
+        size = x.shape[node.args[1] % x.dim()]
+        if isinstance(size, int) and size >= WRAP_LIMIT:
+            return f"indexed dim of size {size} >= 2**24 (lookups are compared in fp32)"
+    return None
+
+
+def _lookup_count(ctx: LowerCtx, shape: tuple[int, ...], dim: int, index: TensorRef) -> TensorRef:
+    """fp32 ``count[p]`` = how many lookups of ``index`` along ``dim`` hit position ``p``."""
+    cnt = ctx.new_tensor(shape, DType.FP32, hint="cnt")
+    _copy_into(ctx, cnt, 0.0)
+    _scatter_into(ctx, cnt, dim, index, 1.0, True)
+    return cnt
+
+
+def _dense_reduce(ctx: LowerCtx, x: TensorRef, d: int, index: TensorRef, src: TensorRef,
+                  reduce: str) -> TensorRef:
+    """``R[..., v, ...]`` = reduce of ``src[..., k, ...]`` over the k with ``index[..., k, ...]
+    == v`` (the identity where none): the region ``index.shape`` with dim ``d`` of size V."""
+    rop, _, ident = _DENSE[reduce]
+    I, V = index.shape, x.shape[d]
+    K = I[d]
+    tshape = I[:d] + (V, K) + I[d + 1:]
+    if math.prod(tshape) > DENSE_LIMIT:
+        raise Unsupported(ctx.op, f"reduce={reduce!r} builds a dense {list(tshape)} tensor of "
+                          f"{math.prod(tshape)} elements (limit {DENSE_LIMIT})")
+    spread = lambda r: TensorRef(r.buffer, r.dtype, tshape, r.strides[:d] + (0, r.strides[d])
+                                 + r.strides[d + 1:], r.offset)
+    hit = Expr(EOp.EQ, (Expr(EOp.CAST, (load(0, index.dtype),), DType.FP32),
+                        Expr(EOp.INDEX, (), DType.FP32, d)), DType.FP32)
+    t = ctx.new_tensor(tshape, src.dtype, hint="sr")
+    ctx.emit(KOp(KKind.POINTWISE, (t,), (spread(index), spread(src)), PointwiseAttrs(
+        Expr(EOp.WHERE, (hit, load(1, src.dtype), const(ident)), src.dtype))))
+    rshape = I[:d] + (V,) + I[d + 1:]
+    r = ctx.new_tensor(rshape, DType.FP32, hint="sr")
+    keep = TensorRef(r.buffer, r.dtype, I[:d] + (V, 1) + I[d + 1:],
+                     contiguous_strides(I[:d] + (V, 1) + I[d + 1:]), 0)
+    ctx.emit(KOp(KKind.REDUCE, (keep,), (t,), ReduceKAttrs(rop, (d + 1,), 1.0)))
+    return r
+
+
+def _src_view(src, index: TensorRef) -> TensorRef:
+    """``src`` restricted to the index's extents (torch reads only those)."""
+    if src.rank == 0:
+        src = TensorRef(src.buffer, src.dtype, (1,) * max(1, index.rank), (0,) * max(1, index.rank), src.offset)
+    return TensorRef(src.buffer, src.dtype, index.shape, src.strides, src.offset)
+
+
+def emit_scatter_reduce(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef, src: TensorRef,
+                        reduce: str, include_self: bool) -> TensorRef:
+    out = ctx.new_tensor(x.shape, x.dtype, hint="sr")
+    if index.numel == 0:
+        _copy_into(ctx, out, x)
+        return out
+    if x.rank == 0:                      # a 0-d self scatters like a 1-element vector
+        x = TensorRef(x.buffer, x.dtype, (1,), (1,), x.offset)
+        out = TensorRef(out.buffer, out.dtype, (1,), (1,), out.offset)
+    if index.rank == 0:
+        index = TensorRef(index.buffer, index.dtype, (1,), (1,), index.offset)
+    d = dim % x.rank
+    src = _src_view(src, index)
+    F = DType.FP32
+    if reduce in ("sum", "mean"):
+        # eager accumulates in fp32 and rounds once: so does the DMA, into an fp32 tensor
+        counted = reduce == "mean" or not include_self
+        cnt = _lookup_count(ctx, x.shape, d, index) if counted else None
+        hit = Expr(EOp.GT, (load(1, F), const(0.0)), F)
+        xs = load(0, x.dtype)
+        base = xs if include_self else Expr(EOp.WHERE, (hit, const(0.0), xs), F)
+        direct = x.dtype is F and reduce == "sum"
+        acc = out if direct else ctx.new_tensor(x.shape, F, hint="sr")
+        ctx.emit(KOp(KKind.POINTWISE, (acc,), (x,) + ((cnt,) if counted else ()),
+                     PointwiseAttrs(Expr(EOp.CAST, (base,), F))))
+        _scatter_into(ctx, acc, d, index, src, True)
+        if direct:
+            return out
+        s = load(0, F)
+        if reduce == "sum":
+            ctx.emit(KOp(KKind.POINTWISE, (out,), (acc,), PointwiseAttrs(Expr(EOp.CAST, (s,), x.dtype))))
+            return out
+        div = Expr(EOp.ADD, (load(1, F), const(1.0 if include_self else 0.0)), F)
+        ctx.emit(KOp(KKind.POINTWISE, (out,), (acc, cnt), PointwiseAttrs(Expr(EOp.CAST, (Expr(
+            EOp.WHERE, (Expr(EOp.GT, (div, const(0.0)), F), Expr(EOp.DIV, (s, div), F), s), F),),
+            x.dtype))))
+        return out
+    cnt = _lookup_count(ctx, x.shape, d, index)
+    xs = load(0, x.dtype)
+    hit = Expr(EOp.GT, (load(1, F), const(0.0)), F)
+    r = _dense_reduce(ctx, x, d, index, src, reduce)
+    region = index.shape[:d] + (x.shape[d],) + index.shape[d + 1:]
+    sub = lambda ref: TensorRef(ref.buffer, ref.dtype, region, ref.strides, ref.offset)
+    if region != x.shape:
+        _copy_into(ctx, out, x)
+    comb = Expr(_DENSE[reduce][1], (xs, load(2, F)), F) if include_self else load(2, F)
+    if not include_self:
+        comb = Expr(EOp.WHERE, (hit, comb, xs), F)
+    ctx.emit(KOp(KKind.POINTWISE, (sub(out),), (sub(x), sub(cnt), r),
+                 PointwiseAttrs(Expr(EOp.CAST, (comb,), x.dtype))))
+    return out
+
+
+@register(aten.scatter_reduce.two, dtypes=GATHER_DTYPES, check=_check_scatter_reduce)
+def scatter_reduce(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRef,
+                   src: TensorRef, reduce: str, *, include_self: bool = True) -> TensorRef:
+    """Lookup counts by indirect-DMA accumulation; sum/mean by indirect-DMA accumulation,
+    prod/amax/amin by a dense compare-and-reduce on VectorE (see above)."""
+    return emit_scatter_reduce(ctx, x, dim, index, src, reduce, include_self)
+
+
+def _check_scatter_legacy_reduce(node: fx.Node) -> str | None:
+    """scatter(..., reduce='add' | 'multiply'): scatter_reduce sum / prod with include_self."""
+    idt = _dtype_of(node.args[2])
+    if idt not in INDEX_DTYPES:
+        return f"index must be int32 or int64, got {idt}"
+    reduce = node.kwargs.get("reduce", node.args[4] if len(node.args) > 4 else None)
+    if reduce not in ("add", "multiply"):
+        return f"reduce={reduce!r} is not supported (only 'add', 'multiply')"
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"{v.dtype} result: the reductions run in fp32 (float tensors only)"
+    return None
+
+
+@register(aten.scatter.reduce, aten.scatter.value_reduce, dtypes=GATHER_DTYPES,
+          check=_check_scatter_legacy_reduce)
+def scatter_legacy_reduce(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRef,
+                          src, *, reduce: str) -> TensorRef:
+    """As scatter_reduce(sum | prod, include_self=True); a scalar ``value`` is a stride-0 src."""
+    if not isinstance(src, TensorRef):
+        one = ctx.new_tensor((1,), x.dtype, hint="sv")
+        _copy_into(ctx, one, float(src))
+        src = TensorRef(one.buffer, one.dtype, index.shape, (0,) * index.rank, 0)
+    return emit_scatter_reduce(ctx, x, dim, index, src, "sum" if reduce == "add" else "prod", True)
 
 
 def _view_scatter(ctx: LowerCtx, x: TensorRef, src: TensorRef, view) -> TensorRef:
@@ -329,3 +663,62 @@ def _contiguous(ctx: LowerCtx, ref: TensorRef) -> TensorRef:
     c = ctx.new_tensor(ref.shape, ref.dtype, hint="c")
     _copy_into(ctx, c, ref)
     return c
+
+
+# ---- col2im (fold) ----------------------------------------------------------------------------
+def _check_col2im(node: fx.Node) -> str | None:
+    """Float tensors; every column element is added into its output position by one
+    indirect-DMA accumulation (fp32 adds, rounded per lookup), the positions computed on the
+    engines from the coordinates (exact in fp32: H * W < 2**24); padding positions go to a spare
+    element past each output plane."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"{v.dtype} result: the DMA adds in fp32 (float tensors only)"
+    hw = node.args[1]
+    if isinstance(hw, (list, tuple)) and all(isinstance(s, int) for s in hw) and hw[0] * hw[1] >= WRAP_LIMIT:
+        return f"output plane of {hw[0] * hw[1]} elements >= 2**24"
+    return None
+
+
+@register(aten.col2im.default, dtypes=FLOAT_DTYPES, check=_check_col2im)
+def col2im(ctx: LowerCtx, node: fx.Node, cols: TensorRef, output_size, kernel_size, dilation,
+           padding, stride) -> TensorRef:
+    batched = cols.rank == 3
+    if not batched:
+        cols = TensorRef(cols.buffer, cols.dtype, (1,) + cols.shape, (0,) + cols.strides, cols.offset)
+    (H, W), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (tuple(int(a) for a in t) for t in
+                                                     (output_size, kernel_size, dilation, padding, stride))
+    N, CK, L = cols.shape
+    KK = kh * kw
+    C = CK // KK
+    Lh = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    Lw = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if Lh * Lw != L:
+        raise Unsupported(ctx.op, f"{L} columns for {Lh} x {Lw} blocks")
+    HW = H * W
+    plane = ctx.new_tensor((N, C, HW + 1), cols.dtype, hint="ci")
+    _copy_into(ctx, plane, 0.0)
+    F = DType.FP32
+    # position of column element (ki, kj, lh, lw): h = lh*sh - ph + ki*dh, w = lw*sw - pw + kj*dw
+    ki, kj = Expr(EOp.INDEX, (), F, 0), Expr(EOp.INDEX, (), F, 1)
+    lh, lw = Expr(EOp.INDEX, (), F, 2), Expr(EOp.INDEX, (), F, 3)
+    ax = lambda l, s, p, k, d: Expr(EOp.ADD, (Expr(EOp.MUL, (l, const(float(s))), F),
+                                              Expr(EOp.MUL, (k, const(float(d))), F)), F) \
+        if not p else Expr(EOp.SUB, (ax(l, s, 0, k, d), const(float(p))), F)
+    h, w = ax(lh, sh, ph, ki, dh), ax(lw, sw, pw, kj, dw)
+    inside = lambda v, n: Expr(EOp.AND, (Expr(EOp.GE, (v, const(0.0)), F),
+                                         Expr(EOp.LT, (v, const(float(n))), F)), F)
+    pos = Expr(EOp.ADD, (Expr(EOp.MUL, (h, const(float(W))), F), w), F)
+    ok = Expr(EOp.AND, (inside(h, H), inside(w, W)), F)
+    idx = ctx.new_tensor((kh, kw, Lh, Lw), DType.INT32, hint="ci")
+    ctx.emit(KOp(KKind.POINTWISE, (idx,), (), PointwiseAttrs(Expr(EOp.CAST, (Expr(
+        EOp.WHERE, (ok, pos, const(float(HW))), F),), DType.INT32))))
+    lookups = (N, C, KK, L)
+    index = TensorRef(idx.buffer, DType.INT32, lookups, (0, 0, L, 1), 0)
+    data = TensorRef(cols.buffer, cols.dtype, lookups, (cols.strides[0], KK * cols.strides[1],
+                                                        cols.strides[1], cols.strides[2]), cols.offset)
+    table = TensorRef(plane.buffer, plane.dtype, lookups + (HW + 1,),
+                      (C * (HW + 1), HW + 1, 0, 0, 1), 0)
+    _scatter_kernel(ctx, table, index, data, True)
+    out = TensorRef(plane.buffer, plane.dtype, (N, C, H, W), (C * (HW + 1), HW + 1, W, 1), 0)
+    return out if batched else TensorRef(out.buffer, out.dtype, (C, H, W), out.strides[1:], 0)

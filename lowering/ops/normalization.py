@@ -238,3 +238,41 @@ def _layer_norm_backward(ctx, node, grad_out, x, normalized_shape, mean, rstd, w
     if output_mask[2] and bias is not None:
         outs[2] = emit_reduce(ctx, grad_out, ReduceOp.SUM, rows, False, out_val=vals[2])
     return tuple(outs)
+
+
+# ---- group norm backward ----------------------------------------------------------------------
+@register(aten.native_group_norm_backward.default)
+def _group_norm_backward(ctx, node, grad_out, x, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """grad_input: a POINTWISE ``g = dy * w[c]`` (fp32), then the LAYER_NORM_BWD kernel over the
+    ``[N * G, C / G * HxW]`` group rows (VectorE row sums; a row must fit one SBUF partition);
+    grad_weight / grad_bias: a POINTWISE ``dy * xhat`` and REDUCE sums over N and HxW."""
+    vals = ctx.out_val
+    N, C, HxW, G = int(N), int(C), int(HxW), int(group)
+    Cg = C // G
+    dy3 = _contiguous_view(ctx, grad_out, (N, C, HxW))
+    x3 = _contiguous_view(ctx, x, (N, C, HxW))
+    stat4 = lambda r: apply_view(_contiguous_view(ctx, r, (N, G)), _torch_dtype_of(r),
+                                 lambda t: t.view(N, G, 1, 1).expand(N, G, Cg, HxW))
+    outs: list = [None, None, None]
+    if output_mask[0]:
+        dx = ctx.new_tensor(tuple(vals[0].shape), vals[0].dtype)
+        g = dy3
+        if weight is not None:
+            g = ctx.new_tensor((N, C, HxW), F32)
+            ctx.emit(KOp(KKind.POINTWISE, (g,), (dy3, _channel(weight, (N, C, HxW))), PointwiseAttrs(
+                _e(EOp.MUL, load(0, dy3.dtype), load(1, weight.dtype)))))
+        rows = lambda r: view_as(r, (N * G, Cg * HxW))
+        stat = lambda r: view_as(_contiguous_view(ctx, r, (N, G)), (N * G, 1))
+        ctx.emit(KOp(KKind.LAYER_NORM_BWD, (rows(dx),), (rows(g), rows(x3), stat(mean), stat(rstd)),
+                     LayerNormBwdKAttrs(1, False)))
+        outs[0] = dx
+    if output_mask[1] and vals[1] is not None:
+        x4 = view_as(x3, (N, G, Cg, HxW))
+        prod = ctx.new_tensor((N, G, Cg, HxW), F32)
+        xhat = _e(EOp.MUL, _e(EOp.SUB, load(1, x.dtype), load(2, mean.dtype)), load(3, rstd.dtype))
+        ctx.emit(KOp(KKind.POINTWISE, (prod,), (view_as(dy3, (N, G, Cg, HxW)), x4, stat4(mean), stat4(rstd)),
+                     PointwiseAttrs(_e(EOp.MUL, load(0, grad_out.dtype), xhat))))
+        outs[1] = emit_reduce(ctx, view_as(prod, (N, C, HxW)), ReduceOp.SUM, (0, 2), False, out_val=vals[1])
+    if output_mask[2] and vals[2] is not None:
+        outs[2] = emit_reduce(ctx, dy3, ReduceOp.SUM, (0, 2), False, out_val=vals[2])
+    return tuple(outs)

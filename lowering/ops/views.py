@@ -16,10 +16,10 @@ import torch.fx as fx
 
 from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, contiguous_strides
-from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 
 aten = torch.ops.aten
-ALL_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES
+ALL_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES | FP8_DTYPES
 
 
 def _meta(ref: TensorRef, torch_dtype: torch.dtype) -> torch.Tensor:

@@ -368,6 +368,15 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
         if view is not None:
             loads[i] = view
             continue
+        if x.strides[-1] == 0 and nt > 1:
+            # constant along N (a per-tensor or per-row scale, e.g. _scaled_mm's): one element
+            # per partition, read with free stride 0 (a [mt, nt] broadcast DMA would move nt
+            # 4-byte chunks per partition)
+            tl = b.tile(f"epi{i}c", Memory.SBUF, mt, 1, x.dtype, 2)
+            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2], mt,
+                                  x.strides[-2], ()))
+            loads[i] = tl.ap(dims=((0, nt),))
+            continue
         tl = b.tile(f"epi{i}", Memory.SBUF, mt, nt, x.dtype, 2)
         b.dma(tl.ap(), src)
         loads[i] = tl.ap()

@@ -44,10 +44,15 @@ class Lowered:
     dumps: dict[str, str] = field(default_factory=dict)
 
 
+_FP8 = {torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn, torch.float8_e5m2: ml_dtypes.float8_e5m2}
+
+
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     x = x.detach().contiguous()
     if x.dtype == torch.bfloat16:
         return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if x.dtype in _FP8:
+        return x.view(torch.uint8).numpy().view(_FP8[x.dtype])
     return x.numpy()
 
 
@@ -55,6 +60,8 @@ def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     a = np.ascontiguousarray(a)
     if dtype == torch.bfloat16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    if dtype in _FP8:
+        return torch.from_numpy(a.astype(_FP8[dtype]).view(np.uint8).copy()).view(dtype)
     return torch.from_numpy(a.copy()).to(dtype)
 
 
