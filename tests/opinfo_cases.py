@@ -58,8 +58,6 @@ SKIPS = {
 KNOWN_FAILURES = {
     "div.floor_rounding": "aten.div.Tensor_mode: rounding_mode='floor' is not lowered (elementwise)",
     "div.trunc_rounding": "aten.div.Tensor_mode: rounding_mode='trunc' is not lowered (elementwise)",
-    "max.reduction_no_dim": "aten.max.default (the full reduction) is not registered (reduction)",
-    "min.reduction_no_dim": "aten.min.default (the full reduction) is not registered (reduction)",
     "softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
     "log_softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
     "to": "the samples convert to float64, which the machine does not have",

@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, prod, amax, amin, any, all over any dims (keepdim or not).
+"""Reductions: sum, mean, prod, amax, amin, any, all over any dims (keepdim or not); max and min
+of every element.
 
 Engines: VectorE ``tensor_reduce`` along the free axis with the kept elements on partitions; a sum
 over leading (row) dims of a row-major tensor uses TensorE instead (ones-vector matmul reduces over
@@ -111,6 +112,17 @@ def _amax(ctx, node, x, dim=(), keepdim=False):
 @register(aten.amin.default)
 def _amin(ctx, node, x, dim=(), keepdim=False):
     return emit_reduce(ctx, x, ReduceOp.MIN, dim, keepdim)
+
+
+@register(aten.max.default)
+def _max_all(ctx, node, x):
+    """max of every element (a 0-d result), as amax over all dims."""
+    return emit_reduce(ctx, x, ReduceOp.MAX, None, False)
+
+
+@register(aten.min.default)
+def _min_all(ctx, node, x):
+    return emit_reduce(ctx, x, ReduceOp.MIN, None, False)
 
 
 @register(aten.var_mean.correction)

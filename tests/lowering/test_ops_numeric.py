@@ -318,6 +318,20 @@ def test_reduce_full(op, dtype):
     check(lambda x: f(x), rand(129, 513, dtype=dtype, seed=46), scale=64.0)
 
 
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=_ids)
+@pytest.mark.parametrize("shape", [(129, 513), (3, 129, 130)], ids=_ids)
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_of_every_element_are_exact(op, shape, dtype):
+    """``torch.max(x)`` / ``torch.min(x)`` (aten.max/min.default): a selection, so exactly
+    eager's value (and a halved result would not pass)."""
+    x = rand(*shape, dtype=dtype, seed=47)
+    fn = getattr(torch, op)
+    low = lower_and_run(fn, x)
+    got, want = low.outputs[0], fn(x)
+    assert got.shape == want.shape and torch.equal(got, want), (got, want)
+    assert not torch.equal(got / 2, want)      # the comparison can fail
+
+
 # ---- softmax / log_softmax / layer norm -----------------------------------------------------
 SOFTMAX_CASES = [((129, 513), -1), ((129, 513), 0), ((1, 1), -1), ((3, 129, 130), 1),
                  ((2, 4, 65, 65), -1)]
