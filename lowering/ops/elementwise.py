@@ -209,8 +209,10 @@ register(aten.logical_or.default, dtypes=EW_DTYPES,
          check=int_inputs_generated_on_device)(_binary(EOp.OR))
 
 
-@register(aten.clamp.default, dtypes=FLOAT_DTYPES)
+@register(aten.clamp.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=int_inputs_generated_on_device)
 def _clamp(ctx, node, x, min=None, max=None):
+    """clamp by constants; integer tensors only when generated on the device (bilinear
+    upsampling's source indices, clamped to the input's edge)."""
     def build(l: Leaves, dt: DType) -> Expr:
         y = l[0]
         if min is not None:

@@ -23,7 +23,7 @@ from hypothesis import given, settings, strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lowering.api import why_unsupported
-from lowering_helpers import assert_close, lower_and_run, trace
+from lowering_helpers import assert_close, lower_and_run, rand, trace
 from undecomposed import lower_raw
 
 aten = torch.ops.aten
@@ -249,3 +249,15 @@ def test_tolerances_can_fail():
     neg0[neg0 == 0] = 0.0                        # -0.0 replaced by +0.0 must fail too
     with pytest.raises(AssertionError):
         _bits(neg0, torch.round(x), "round")
+
+
+def test_clamp_of_device_integers_is_exact_and_graph_input_integers_fall_back():
+    """clamp on int64 positions computed on the device (as bilinear upsampling's) runs through
+    fp32 exactly; an int64 graph input is refused with the reason (fp32 is exact below 2**24)."""
+    x = rand(3, 129)
+    fn = lambda x: x * (torch.arange(129) * 3 - 50).clamp(0, 300)  # noqa: E731
+    low = lower_and_run(fn, x)
+    assert_close(low.outputs[0], fn(x))
+    ids = torch.arange(129)
+    with pytest.raises(AssertionError, match="comes from a graph input"):
+        lower_and_run(lambda i: i.clamp(0, 100), ids)
