@@ -38,15 +38,14 @@ from contextlib import ExitStack
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
 from lowering.tiling.attention_rows import rows_fits, tile_rows
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Rows, _cols, _early,
-                                             _finish, _late, _load_k, _load_v, _o_shares_bank,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
+                                             _early, _finish, _late, _load_k, _load_v, _o_shares_bank,
                                              _pt_bytes, _qk, _score_tile, _store, _transpose_block,
                                              _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
-from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -440,17 +439,6 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
             _finish(b, k, st[j], (nb + p0) % 2, bidx, q0, qr, Dv)
 
     return first, middle, last
-
-
-class _Part:
-    """Partitions ``[p0, p0 + n)`` from column ``c0`` of a tile, used where a tile is expected
-    (``.ap(n, elem_offset=, dims=)``)."""
-
-    def __init__(self, tile, p0: int, c0: Affine):
-        self.tile, self.p0, self.c0 = tile, p0, c0
-
-    def ap(self, partitions: int, *, elem_offset=0, dims=None) -> TAP:
-        return self.tile.ap(partitions, partition_start=self.p0, elem_offset=self.c0 + elem_offset, dims=dims)
 
 
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,

@@ -55,7 +55,8 @@ def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
 def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, ...], nh: int,
               Sq: int, D: int, Sk: int, Dv: int) -> None:
     """Every batch item of the innermost batch axis (``nh`` of them, inside the loops ``outer``;
-    none when the attention has no batch axes) as one pipeline of query blocks: K^T and V of
+    one when the attention has no batch axes: its index then meets no stride) as one pipeline
+    of query blocks: K^T and V of
     item h in set h % 2, loaded (with item h+1's first query block's products, max and exp)
     while item h-1's last query block finishes, so no item boundary drains the engines. The
     item loop is unrolled by two (the K/V sets alternate)."""
@@ -95,7 +96,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     T = len(blocks)
 
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
-        bidx = outer + (h,) if nh > 1 or outer else ()
+        bidx = outer + (h,)
         kts, vts = kv[w]
         for c, (k0, kw) in enumerate(kbs if k else ()):
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
@@ -103,13 +104,13 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
 
     def load_q(h: Affine, t: int, u: int) -> None:
-        bidx = outer + (h,) if nh > 1 or outer else ()
+        bidx = outer + (h,)
         q0, qr = blocks[t]
         for d0, dw in b.tiled(D, 128, "d"):
             sq.load(b, sets[u][4]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
     def early(h: Affine, w: int, t: int, u: int, loaded: bool = False) -> None:
-        bidx = outer + (h,) if nh > 1 or outer else ()
+        bidx = outer + (h,)
         kts = kv[w][0]
         q0, qr = blocks[t]
         S, O, P, L, tmp = sets[u]
@@ -146,7 +147,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                          reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
 
     def late(h: Affine, w: int, t: int, u: int) -> None:
-        bidx = outer + (h,) if nh > 1 or outer else ()
+        bidx = outer + (h,)
         vts = kv[w][1]
         q0, qr = blocks[t]
         S, O, P, L, tmp = sets[u]

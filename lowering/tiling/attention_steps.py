@@ -85,6 +85,17 @@ class _Cols:
         return _cols(self.tile.ap(), self.c0, self.n, self.p if partitions is None else partitions)
 
 
+class _Part:
+    """Partitions ``[p0, p0 + n)`` from column ``c0`` of a tile, used where a tile is expected
+    (``.ap(n, elem_offset=, dims=)``)."""
+
+    def __init__(self, tile, p0: int, c0: Affine):
+        self.tile, self.p0, self.c0 = tile, p0, c0
+
+    def ap(self, partitions: int, *, elem_offset=0, dims=None) -> TAP:
+        return self.tile.ap(partitions, partition_start=self.p0, elem_offset=self.c0 + elem_offset, dims=dims)
+
+
 def _early(b: TirBuilder, k: KOp, pipe, u: int, k0: Affine, kw: int, masks) -> None:
     """Row max, exp and statistics of one key block for every query block of the group, stage
     by stage across the blocks; statistics are read from slot ``u`` and written to the other

@@ -193,6 +193,10 @@ def _choose(t, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: DType, ops: 
     cands = []
     ways = (("bn",) if ch is not None else ()) + ("act",)
     for stats in ways if stats_only is None else (stats_only,):
+        if not pipelined:      # by makespan: a grid of at most 33 min_ii multiples
+            step = g * max(1, -(-C // (32 * g)))
+            cands += [Split(stats, min(C, m * step)) for m in range(-(-C // step) + 1)]
+            continue
         # VectorE's share grows with cv, the others' shrinks: bisect for the crossing
         lo, hi = 0, -(-C // g)
         while lo < hi:
@@ -203,7 +207,4 @@ def _choose(t, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: DType, ops: 
             else:
                 lo = mid + 1
         cands += [Split(stats, cv) for cv in {min(C, max(0, lo - 1) * g), min(C, lo * g), 0, C}]
-        if not pipelined:      # (at most 33 points: a grid of min_ii multiples)
-            step = g * max(1, -(-C // (32 * g)))
-            cands += [Split(stats, min(C, m * step)) for m in range(-(-C // step) + 1)]
     return min(cands, key=lambda sp: (key(sp), sp.cv))
