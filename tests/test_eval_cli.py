@@ -105,7 +105,10 @@ def test_zoo_mlp_report_keys_and_values(tmp_path, capsys):
     assert t["memory"]["weights_bytes"] == sum(4 * p for p in (64 * 256 + 256, 256 * 64 + 64,
                                                                64 + 64))
     assert 0 < t["memory"]["sbuf_peak_bytes"] <= t["memory"]["sbuf_capacity_bytes"]
-    assert t["cost"]["usd_per_million_inferences"] > 0 and t["cost"]["price_source"]
+    # trn2.48xlarge has no published on-demand price: no cost unless --price gives one
+    assert t["cost"]["usd_per_million_inferences"] is None and t["cost"]["price_source"]
+    assert t["cost"]["price_status"] == "not published"
+    assert t["device_share"]["by_flops"] == 1.0 and t["device_share"]["host_flops"] == 0
     assert set(t["engines"]) >= {"TensorE", "VectorE", "ScalarE", "GpSimdE"}
     acc = report["accuracy"]
     assert acc["passed"] and [r["name"] for r in acc["outputs"]] == ["out"]
@@ -118,6 +121,22 @@ def test_zoo_mlp_report_keys_and_values(tmp_path, capsys):
     assert len(v["target_descriptions"]["trn2"]) == 16
     assert report["regressions"] == []
     assert "latency p50 us" in out and "result: PASS" in out
+    assert "trn2.48xlarge: no published on-demand price" in out
+
+
+def test_price_override_gives_a_cost(tmp_path, capsys):
+    path = tmp_path / "mlp.json"
+    code, out, _ = _run(capsys, "zoo:mlp", "--targets", "trn2,trn1", "--json", str(path),
+                        "--price", "trn2.48xlarge=36")
+    assert code == 0, out
+    t = json.loads(path.read_text())["targets"]
+    c2, c1 = t["trn2"]["cost"], t["trn1"]["cost"]
+    assert c2["price_status"] == "user" and c2["usd_per_hour"] == 36.0
+    assert c2["usd_per_million_inferences"] == pytest.approx(
+        36.0 / 3600 / (128 * 1e6 / t["trn2"]["latency_us"]["p50"]) * 1e6)
+    assert c1["price_status"] == "published" and c1["usd_per_hour"] == 21.50
+    assert "foxl-ai/kiln" in c1["price_source"] and c1["price_region"].startswith("us-east-2")
+    assert "trn2.48xlarge: $36/h (user" in out
 
 
 def test_factory_file_baseline_same_passes_wider_regresses(tmp_path, capsys):
@@ -273,9 +292,24 @@ def test_cost_per_million():
     table = prices.instances_with({"trn2.48xlarge": 36.0})
     c = prices.cost("trn2", 100.0, table)     # 128 cores x 10,000 calls/s each
     assert c["usd_per_million_inferences"] == pytest.approx(36.0 / 3600 / 1.28e6 * 1e6)
-    assert c["price_source"] == "--price (user)" and not c["price_assumed"]
-    assert prices.cost("trn3", 100.0, prices.INSTANCES)["price_assumed"]
+    assert c["price_source"] == "--price (user)" and c["price_status"] == "user"
     assert set(prices.TARGET_INSTANCE) == {"trn1", "trn2", "trn3"}
+
+
+def test_unpublished_prices_print_no_number():
+    """trn2/trn3 have no published on-demand price: no USD figure, and the way to give one."""
+    for target in ("trn2", "trn3"):
+        c = prices.cost(target, 100.0, prices.INSTANCES)
+        assert c["price_status"] == "not published"
+        assert c["usd_per_hour"] is None and c["usd_per_million_inferences"] is None
+        text = prices.price_text(c)
+        assert "no published on-demand price" in text and "--price" in text
+        assert "$" not in text.split("(")[0]
+    for inst in prices.INSTANCES.values():   # every entry has a source and a date
+        assert inst.source and inst.date and inst.region
+        assert (inst.usd_per_hour is None) == (inst.status == "not published")
+    with pytest.raises(ValueError, match="does not agree"):
+        prices.Instance("x", "trn2", 1, 1, 3.0, "not published", "s", "d", "r")
 
 
 def test_entry_point_and_help(capsys):

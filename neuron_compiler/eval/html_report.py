@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 
+from neuron_compiler.eval.prices import price_text
 from neuron_compiler.profile import _bytes
 
 PALETTE = ("#3b6fb6", "#e08a2c", "#4a9a5b", "#b6443b", "#7d5ba6", "#8c6d46", "#d06aa8")
@@ -158,9 +159,7 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
              f"{_bytes(d['memory']['hbm_capacity_core_bytes'])}"),
             ("USD per 1M inferences", lambda d, n: "-" if d["cost"]["usd_per_million_inferences"]
              is None else f"{d['cost']['usd_per_million_inferences']:.4f}"),
-            ("instance, price", lambda d, n: f"{d['cost']['instance']} "
-             f"${d['cost']['usd_per_hour']}/h ({d['cost']['price_source']}, "
-             f"{d['cost']['price_date']})"),
+            ("instance, price", lambda d, n: price_text(d["cost"])),
             ("first call (compile) s",
              lambda d, n: f"{comp_t.get(n, {}).get('first_call_s', 0):.2f}")):
         rows.append([label] + [fn(report["targets"][n], n) for n in names])

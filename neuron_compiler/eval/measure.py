@@ -43,6 +43,7 @@ import neuron_compiler
 from neuron_compiler.cache import target_hash
 from neuron_compiler.eval import prices
 from neuron_compiler.eval.accuracy import Thresholds, compare_outputs, dtype_name
+from neuron_compiler.eval.flops import count_host_flops, flop_share
 from neuron_compiler.eval.zoo import LoadedModel
 
 # runtime_sim engine keys -> the names AWS's profiler uses
@@ -114,7 +115,7 @@ def versions(targets: list[str]) -> dict:
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "report_schema": 1,
+        "report_schema": 2,   # 2: device_share.by_flops counts ATen FLOPs, cost.price_status
         "neuron_sim": neuron_compiler.__version__,
         "neuron_sim_installed": installed,
         "git_commit": commit,
@@ -177,7 +178,7 @@ def _tensor_specs(obj: object, prefix: str) -> list[dict]:
 
 def eager_reference(loaded: LoadedModel) -> tuple[object, dict]:
     """(reference outputs, the report's ``model`` entry)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from neuron_compiler.eval.flops import model_flop_counter
     model = loaded.model
     try:
         with torch.no_grad():
@@ -185,7 +186,7 @@ def eager_reference(loaded: LoadedModel) -> tuple[object, dict]:
             ref = _call(loaded, model)
             eager_s = time.perf_counter() - t0
             live = _LiveBytes()
-            with FlopCounterMode(display=False) as fc, live:
+            with model_flop_counter() as fc, live:
                 _call(loaded, model)
     except Exception as exc:
         raise ModelFailure(f"the model raised in eager PyTorch: "
@@ -335,13 +336,15 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
                 first_call_s = time.perf_counter() - t0
                 graphs_after_first = dynamo_graphs
             (warm if i < cfg.warmup else dicts).append(prof.to_dict())
+        cfg.progress(f"[{target}] counting host FLOPs")
+        host_flops = count_host_flops(step)   # one more call, outside the measured ones
     except Exception as exc:
         raise CompileFailure(target, exc) from exc
     lat = [sum(_call_latency(d)) for d in dicts]
     pct = _percentiles(lat)
     last = dicts[-1]
     parts = last["partitions"]
-    device_flops = sum(p["flops"] for p in parts)
+    program_flops = sum(p["flops"] for p in parts)   # simulated programs, with transposes
     model_flops = model_info["train"]["flops"] if cfg.train else model_info["flops"]
     time_parts = [_call_latency(d) for d in dicts]
     sim_p50 = float(np.median([t[0] for t in time_parts]))
@@ -357,16 +360,15 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
         "throughput_per_s": 1e6 / pct["p50"] if pct["p50"] > 0 else None,
         "device_share": {
             "by_nodes": last["device_fraction"],
-            "by_flops": min(1.0, device_flops / model_flops) if model_flops else None,
             "by_time": sim_p50 / pct["p50"] if pct["p50"] > 0 else None,
             "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
-            "device_flops": int(device_flops), "model_flops": model_flops,
+            **flop_share(model_flops, host_flops, program_flops),
         },
         "fallbacks": _fallbacks(last, pct["p50"]),
         "memory": _memory(target, model_info, parts),
         "cost": prices.cost(target, pct["p50"], prices.instances_with(cfg.prices)),
         "engines": _engines(parts),
-        "tensor_flop_utilisation": _tensor_util(target, device_flops, sim_p50),
+        "tensor_flop_utilisation": _tensor_util(target, program_flops, sim_p50),
         "partitions": [{"name": p["name"], "ops": len(p["ops"]),
                         "simulated_us": p["simulated_time_per_call_us"],
                         "roofline_us": p["roofline_time_per_call_us"],

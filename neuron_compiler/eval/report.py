@@ -8,6 +8,7 @@ Invariants
 """
 from __future__ import annotations
 
+from neuron_compiler.eval.prices import price_text
 from neuron_compiler.profile import _bytes, _table
 
 
@@ -63,8 +64,10 @@ def _side_by_side(report: dict) -> list[str]:
             ]
     rows += [row(f"{e} busy", lambda t, c, e=e: _pct(t["engines"].get(e))) for e in engines]
     rows.append(row("TensorE FLOP util", lambda t, c: _pct(t["tensor_flop_utilisation"])))
-    rows.append(row("instance", lambda t, c: t["cost"]["instance"]
-                    + (" (price ASSUMED)" if t["cost"]["price_assumed"] else "")))
+    rows.append(row("instance", lambda t, c: t["cost"]["instance"]))
+    rows.append(row("  USD / hour", lambda t, c: "not published"
+                    if t["cost"]["usd_per_hour"] is None
+                    else f"{t['cost']['usd_per_hour']:g} ({t['cost']['price_status']})"))
     per = "steps" if report["model"].get("train") else "inferences"
     rows.append(row(f"USD / 1M {per}", lambda t, c:
                     "-" if t["cost"]["usd_per_million_inferences"] is None
@@ -131,9 +134,10 @@ def render(report: dict, exit_code: int | None = None) -> str:
                          "-" if r["cosine"] is None else f"{r['cosine']:.6f}",
                          "pass" if r["passed"] else f"FAIL: {r['problem']}"))
         lines += _table(rows, left={0, 1, 2, 6})
-    if any(t["cost"]["price_assumed"] for t in report["targets"].values()):
-        lines += ["", "Cost: " + next(iter(report["targets"].values()))["cost"]["assumption"]
-                  + "; ASSUMED prices are placeholders: set --price INSTANCE=USD_PER_HOUR."]
+    if report["targets"]:
+        costs = {t["cost"]["instance"]: t["cost"] for t in report["targets"].values()}
+        lines += ["", "Cost: " + next(iter(costs.values()))["assumption"] + ". Prices:"]
+        lines += [f"  {price_text(c)}" for c in costs.values()]
     if report.get("regressions"):
         lines += ["", f"Regressions against the baseline ({len(report['regressions'])}):"]
         lines += [f"  {r['target'] or '-'}: {r['metric']}: {r['message']}"

@@ -87,12 +87,12 @@ class TrainRunner:
 def eager_steps(loaded: LoadedModel, steps: int, live_mode_cls: type) -> tuple[dict, dict]:
     """(values after ``steps`` eager steps, the report's ``model.train`` entry: FLOPs and the
     peak of live tensors of one step, gradient bytes, the step's description)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from neuron_compiler.eval.flops import model_flop_counter
     check_trainable(loaded)
     runner = TrainRunner(loaded, None)
     probe = TrainRunner(loaded, None)
     live = live_mode_cls()
-    with FlopCounterMode(display=False) as fc, live:
+    with model_flop_counter() as fc, live:
         probe()
     out = {}
     for _ in range(steps):
