@@ -2,7 +2,8 @@
 
 Invariants
 - ``program.inputs[i]`` is the HBM buffer of placeholder ``i``; it receives the C-contiguous
-  bytes of that input. ``outputs[j]`` describes graph output ``j``: which HBM buffer holds it and
+  bytes of that input, with its axes permuted by ``input_layouts[i]`` when that is set (only
+  for inputs whose spec is ``resident``: the upload of a parameter lays it out once). ``outputs[j]`` describes graph output ``j``: which HBM buffer holds it and
   its (shape, strides, element offset) view within that buffer, so several outputs may share a
   buffer (views) and an output may be a view of an input.
 - A timing result depends only on the program, so it is computed once and reused.
@@ -42,8 +43,12 @@ def rng_seed_words() -> np.ndarray:
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One graph input. ``resident``: its data stays in HBM across calls (a parameter, uploaded
+    once): the compiler may store it in a layout of its own (``CompiledGraph.input_layouts``)."""
+
     shape: tuple[int, ...]
     dtype: torch.dtype
+    resident: bool = False
 
     @property
     def numel(self) -> int:
@@ -67,6 +72,9 @@ class CompiledGraph:
     outputs: tuple[OutputView, ...]
     ops: tuple[str, ...]            # ATen op names that this program computes
     spill_bytes: int = 0
+    # per input: the permutation of its axes it is uploaded in (None: as given), chosen by
+    # lowering.passes.layouts for resident inputs; ``run`` applies it to functional inputs
+    input_layouts: tuple[tuple[int, ...] | None, ...] = ()
     _timing: SimResult | None = field(default=None, repr=False)
 
     def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
@@ -83,7 +91,9 @@ class CompiledGraph:
         assert inputs is not None and len(inputs) == len(self.input_specs)
         names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
         assert len(names) == len(inputs), (names, len(inputs))
-        feed = {name: np.ascontiguousarray(x) for name, x in zip(names, inputs)}
+        layouts = self.input_layouts or (None,) * len(inputs)
+        feed = {name: np.ascontiguousarray(x if perm is None else x.transpose(perm))
+                for name, x, perm in zip(names, inputs, layouts)}
         for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
             if name.startswith(RNG_SEED_PREFIX):
                 feed[name] = rng_seed_words()

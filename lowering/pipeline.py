@@ -3,6 +3,7 @@
     ATen FX graph
       -> build_kir            kernel-level IR, one kernel per op        (ir_pre_fusion.txt)
       -> fuse                 elementwise chains, matmul epilogues      (ir_post_fusion.txt)
+      -> choose_input_layouts resident weights stored as their matmuls read them
       -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
       -> schedule             a queue per tile instruction
@@ -24,6 +25,7 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.fusion import fuse
+from lowering.passes.layouts import choose_input_layouts
 from lowering.passes.residency import choose_resident, row_lengths
 from lowering.registry import op_name
 from lowering.tiling import tile_program
@@ -52,6 +54,11 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     emit("ir_pre_fusion.txt", lambda: str(kp))
     verify_kir(kp)
     fuse(kp)
+    layouts = choose_input_layouts(kp, [s.shape for s in input_specs],
+                                   [s.resident for s in input_specs], t)
+    if any(layouts):
+        kp.notes.append("stored transposed on upload (resident weights read as W.T by a matmul): "
+                        + ", ".join(n for n, p in zip(kp.inputs, layouts) if p))
     emit("ir_post_fusion.txt", lambda: str(kp))
     verify_kir(kp)
     op_of = {n.name: op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
@@ -74,7 +81,8 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     ops = tuple(sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
     outputs = tuple(OutputView(r.buffer, r.shape, r.strides, r.offset, _torch_dtype(r.dtype))
                     for r in kp.outputs)
-    return CompiledGraph(name or "partition", program, tuple(input_specs), outputs, ops)
+    return CompiledGraph(name or "partition", program, tuple(input_specs), outputs, ops,
+                         input_layouts=layouts)
 
 
 def _tile_with_residency(kp, t):

@@ -104,7 +104,7 @@ def cache_key(graph_hash: str, specs: tuple, options: tuple, target: str) -> str
     parts = {
         "format": MAGIC.decode().strip(),
         "graph": graph_hash,
-        "specs": [[list(shape), str(dtype)] for shape, dtype in specs],
+        "specs": [[list(shape), str(dtype), *rest] for shape, dtype, *rest in specs],
         "options": [list(o) for o in options],
         "target": target_description(target),
         "version": neuron_compiler.__version__,

@@ -60,6 +60,10 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   host can read a device output only through a fallback op or a graph output, and both charge
   the copy; any host write bumps ``_version``, so the device copy is no longer current. Saved
   activations are reachable only by the backward graph that AOTAutograd hands them to.
+- A parameter of an inference graph that a program stores in a layout of its own
+  (``CompiledGraph.input_layouts``: an ``nn.Linear`` weight kept transposed) is a copy of its
+  own, tracked as resident on "<target> as <permutation>": sent once like any parameter (the
+  host lays it out while sending), and sent again if the plain layout is wanted elsewhere.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
   bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
   ``runtime_sim.targets``); bytes are ``numel x element size``. HBM capacity is not modelled:
@@ -157,7 +161,8 @@ def signature(args: tuple) -> Signature:
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            sig.append(("T", tuple(int(s) for s in a.shape), str(a.dtype).removeprefix("torch.")))
+            sig.append(("T", tuple(int(s) for s in a.shape), str(a.dtype).removeprefix("torch."),
+                        isinstance(a, torch.nn.Parameter)))
         elif isinstance(a, (int, float, bool, torch.SymInt)):
             sig.append(("S", int(a) if isinstance(a, (torch.SymInt, int)) else a))
         else:
@@ -464,7 +469,8 @@ def program_key(gm: GraphModule, specs: list, options: NeuronOptions,
         h.update(b"\n")
     opts = tuple(sorted((k, repr(v)) for k, v in options.to_dict().items()
                         if k not in _RUNTIME_ONLY_OPTIONS))
-    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype)) for s in specs), opts, compiler)
+    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype), s.resident) for s in specs), opts,
+            compiler)
 
 
 # ---- eager fallback ----------------------------------------------------------------------------
@@ -564,7 +570,8 @@ class DevicePartition(torch.nn.Module):
             return entry.eager(*args)
         compiled = entry.compiled
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        sent, sent_bytes = self._inputs_to_device(tensors, profs)
+        sent, sent_bytes = self._inputs_to_device(tensors, profs,
+                                                  getattr(compiled, "input_layouts", ()))
         if self.options.sim_mode == "timing":
             out = self.sub(*args)
             _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]
@@ -593,15 +600,20 @@ class DevicePartition(torch.nn.Module):
                     _charge_out(producer, o, profs)    # untracked: it leaves the device at once
         return out
 
-    def _inputs_to_device(self, tensors: list[torch.Tensor], profs: tuple) -> tuple[int, int]:
-        """Charge the inputs whose current data is not in this target's HBM; (count, bytes)."""
+    def _inputs_to_device(self, tensors: list[torch.Tensor], profs: tuple,
+                          layouts: tuple = ()) -> tuple[int, int]:
+        """Charge the inputs whose current data is not in this target's HBM; (count, bytes). An
+        input the program stores in a layout of its own (``input_layouts``) is a copy of its
+        own on the device: resident like any other, but not the same as the plain copy."""
         sent = nbytes = 0
-        seen: set[int] = set()
-        for t in tensors:
-            if id(t) in seen:
+        seen: set[tuple[int, object]] = set()
+        for i, t in enumerate(tensors):
+            perm = layouts[i] if i < len(layouts) else None
+            if (id(t), perm) in seen:
                 continue
-            seen.add(id(t))
-            send, producer, fetch = RESIDENCY.to_device(t, self.target.name)
+            seen.add((id(t), perm))
+            where = self.target.name if perm is None else f"{self.target.name} as {perm}"
+            send, producer, fetch = RESIDENCY.to_device(t, where)
             if fetch:                                  # device-only data of another target
                 _charge_out(producer, t, profs)
             if send:
@@ -614,7 +626,12 @@ class DevicePartition(torch.nn.Module):
         t0 = time.perf_counter()
         gm = specialise(self.sub, args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        specs = [api.TensorSpec(tuple(int(s) for s in t.shape), t.dtype) for t in tensors]
+        # a parameter of an inference graph is uploaded once and then stays in HBM: the compiler
+        # may choose its layout (lowering.passes.layouts); training graphs keep torch's layouts
+        # (their weights change every step and are shared with the backward)
+        specs = [api.TensorSpec(tuple(int(s) for s in t.shape), t.dtype,
+                                self.graph.kind == "inference" and isinstance(t, torch.nn.Parameter))
+                 for t in tensors]
         out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]
         out_meta = [n.meta["val"] for n in out_nodes]

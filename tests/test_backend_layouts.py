@@ -1,0 +1,137 @@
+"""Resident weights in the layout their matmuls read (lowering/passes/layouts.py).
+
+An ``nn.Linear`` weight of an inference graph is read as ``W.T`` (K contiguous); where no DMA
+transpose serves that (trn1, fp32 anywhere) the program stores it transposed and the runtime lays
+it out when it uploads it. Checked here: values match eager over tile edges, the layout is what
+makes them match (without it the result is wrong), the weight's TensorE transposes are gone, the
+steady state sends nothing, and a weight with any other reader, or of a training graph, keeps
+torch's layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import neuron_compiler
+from lowering.compiled import TensorSpec
+from lowering.kir import KKind, KOp, KProgram, MatmulKAttrs, Role, TensorRef, HbmTensor
+from lowering.passes.layouts import choose_input_layouts
+from neuron_compiler.testing import assert_ran_on_device
+from runtime_sim.isa import DType, Op
+from runtime_sim.targets import get_target
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp(dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(200, 300), torch.nn.GELU(),
+                               torch.nn.Linear(300, 130)).to(dtype).eval()
+
+
+def _run(m, x, target):
+    c = torch.compile(m, backend="neuron", options={"target": target})
+    with torch.no_grad():
+        c(x)                                    # warm-up: parameters sent
+        with neuron_compiler.profile() as p:
+            y = c(x)
+    d = assert_ran_on_device(p)
+    (rec,) = p._parts.values()
+    return y, d, rec.compiled
+
+
+def _weight_transposes(cg) -> int:
+    """TensorE transposes in the program (the activations' A^T ones included)."""
+    from runtime_sim import loops
+    return sum(1 for st in cg.program.streams.values() for i in loops.materialize(st)
+               if i.op is Op.TRANSPOSE)
+
+
+@pytest.mark.parametrize("target,dtype,tol", [("trn2", torch.float32, 1e-4), ("trn1", torch.bfloat16, 2e-2)])
+def test_linear_weights_stored_transposed_match_eager(target, dtype, tol):
+    m = _mlp(dtype)
+    x = torch.randn(3, 70, 200, dtype=dtype)        # M = 210 rows, K = 200 and 300: tile edges
+    y, d, cg = _run(m, x, target)
+    with torch.no_grad():
+        ref = m(x)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=tol, atol=tol)
+    assert [p for p in cg.input_layouts if p] == [(1, 0), (1, 0)]   # the two weights
+    # steady state: parameters (in their layout) and the unchanged x stay in HBM; only y leaves
+    assert d["transfer_bytes"] == y.numel() * y.element_size()
+    # the layout is what makes the values right: fed as given, the same program is wrong
+    layouts, cg.input_layouts = cg.input_layouts, ()
+    try:
+        c = torch.compile(m, backend="neuron", options={"target": target})
+        with torch.no_grad():
+            bad = c(x)
+    finally:
+        cg.input_layouts = layouts
+    assert (bad.float() - ref.float()).abs().max() > 10 * tol
+
+
+def test_layouts_remove_the_weight_transposes_on_trn1():
+    m, x = _mlp(torch.bfloat16), torch.randn(2, 64, 200, dtype=torch.bfloat16)
+    _, _, cg = _run(m, x, "trn1")
+    relaid = _weight_transposes(cg)
+    assert get_target("trn1").dma_transpose_efficiency == 0.0   # W.T by TensorE otherwise
+    # the activations' transposes remain (A^T: 2 K tiles of x, 3 of the hidden layer per m-tile);
+    # the weights' (B: 2 x 3 + 3 x 1 blocks of 128 x 128) are gone
+    assert relaid <= 2 * (2 + 3)
+
+
+def test_tied_or_training_weights_keep_their_layout():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(160, 160, bias=False)
+
+        def forward(self, x):
+            return self.lin(x) + x @ self.lin.weight     # W read as W.T and as W
+
+    torch.manual_seed(0)
+    m, x = Tied().eval(), torch.randn(130, 160)
+    y, _, cg = _run(m, x, "trn2")
+    with torch.no_grad():
+        torch.testing.assert_close(y, m(x), rtol=1e-4, atol=1e-4)
+    assert not any(cg.input_layouts)
+    torch._dynamo.reset()
+    mt = _mlp(torch.float32).train()
+    c = torch.compile(mt, backend="neuron", options={"target": "trn2"})
+    with neuron_compiler.profile() as p:
+        c(torch.randn(130, 200)).sum().backward()
+    assert all(not any(r.compiled.input_layouts) for r in p._parts.values() if r.compiled is not None)
+
+
+def test_rewrite_is_exact_for_batched_views():
+    """A [1, C, R] view with strides [0, 1, C] of W [R, C] becomes [0, R, 1]; a view that
+    reaches past a row (carry) or a non-matmul reader leaves the input alone."""
+    R, C = 300, 200
+    w = TensorRef("w", DType.FP32, (1, C, R), (0, 1, C))
+    a = TensorRef("a", DType.FP32, (1, 128, C), (0, C, 1))
+    o = TensorRef("o", DType.FP32, (1, 128, R), (0, R, 1))
+
+    def prog(wref):
+        kp = KProgram()
+        kp.buffers = {"w": HbmTensor("w", R * C, DType.FP32, Role.INPUT),
+                      "a": HbmTensor("a", 128 * C, DType.FP32, Role.INPUT),
+                      "o": HbmTensor("o", 128 * R, DType.FP32, Role.OUTPUT)}
+        kp.inputs = ["w", "a"]
+        kp.kernels = [KOp(KKind.MATMUL, (o,), (a, wref), MatmulKAttrs(), ("mm",))]
+        kp.outputs = [o]
+        return kp
+
+    t = get_target("trn2")
+    kp = prog(w)
+    assert choose_input_layouts(kp, [(R, C), (128, C)], [True, True], t) == ((1, 0), None)
+    assert kp.kernels[0].ins[1].strides == (0, R, 1)
+    assert choose_input_layouts(prog(w), [(R, C), (128, C)], [False, True], t) == (None, None)
+    flat = TensorRef("w", DType.FP32, (1, 2 * C, R // 2), (0, 1, 2 * C))   # not W.T: untouched
+    assert choose_input_layouts(prog(flat), [(R, C), (128, C)], [True, True], t) == (None, None)
+    assert TensorSpec((R, C), torch.float32).resident is False
