@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lowering.api import why_unsupported
-from lowering_helpers import assert_close, rand
+from lowering_helpers import assert_close, check, rand
 from torch.fx.experimental.proxy_tensor import make_fx
 from undecomposed import lower_raw
 
@@ -118,3 +118,24 @@ def test_tolerances_can_fail():
     gw = (dy * (x2 - mean) * rstd).sum(0).to(torch.bfloat16)
     with pytest.raises(AssertionError):
         assert_close(gw * 0.5, gw, scale=4.0)            # a halved bf16 weight gradient
+
+
+@pytest.mark.parametrize("target,dtype", [("trn1", torch.bfloat16), ("trn2", torch.float32),
+                                          ("trn2", torch.bfloat16)])
+def test_layer_norm_gain_broadcast(target, dtype):
+    """The gain and bias rows reach every partition by a TensorE broadcast where the target's
+    numbers favour it (trn1; 4-byte rows), else by one stride-0 DMA; both exact. 700 columns:
+    two PSUM banks of the broadcast; 130 rows: a partial row tile."""
+    from runtime_sim import loops
+    from runtime_sim.isa import Op
+    from runtime_sim.targets import get_target
+    from lowering.tiling.rowwise import pe_broadcast_pays
+    x, w, b = rand(130, 700, dtype=dtype, seed=21), rand(700, dtype=dtype, seed=22), rand(700, dtype=dtype, seed=23)
+    low = check(lambda x, w, b: torch.nn.functional.layer_norm(x, (700,), w, b), x, w, b,
+                target=target)
+    ins = [i for st in low.compiled.program.streams.values() for i in loops.materialize(st)]
+    stride0 = [i for i in ins if i.op is Op.DMA_COPY and i.srcs[0].partitions == 1
+               and i.dst.partitions == 128 and i.dst.buffer.split(".")[-1].startswith("lnw")]
+    on_pe = pe_broadcast_pays(get_target(target), 700, x.element_size())
+    assert on_pe == (target == "trn1" or dtype is torch.float32)
+    assert (len(stride0), sum(i.op is Op.MATMUL for i in ins)) == ((0, 4) if on_pe else (2, 0))
