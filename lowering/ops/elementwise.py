@@ -6,8 +6,13 @@ scheduler. Tiling: any shape; see ``tiling/pointwise.py``.
 
 Numerics: the engines compute in fp32 and round each op's result to the dtype eager PyTorch would
 produce for that op (``Expr.dtype``), which is how eager's "opmath" behaves for bf16/fp16.
-Integer tensors are computed through fp32 too, so they are accepted only when generated on the
-device (``arange``/``full``, bounded below 2**24 at compile time), never from a graph input.
+Integers are exact as torch computes them, wraparound included: an integer operation on values
+from memory (a graph input such as batch norm's ``num_batches_tracked``, or a stored
+intermediate) runs on GpSimdE's 32-bit integer ALU, int64 as two 32-bit words
+(``tiling/intgen.py``); integers generated on the device (``arange``/``full``, bounded below
+2**24 at compile time) may stay on the fp32 path, exact there. Integer constants must fit
+2**53 (the expression's constants are doubles); int64 division has no exact sequence and is
+refused with the reason.
 """
 from __future__ import annotations
 
@@ -28,31 +33,18 @@ from runtime_sim.isa import DType
 
 aten = torch.ops.aten
 EW_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES
-DEVICE_INT_SOURCES = {aten.arange.start_step, aten.arange.default, aten.arange.start,
-                      aten.full.default, aten.scalar_tensor.default, aten.zeros.default,
-                      aten.ones.default}
 F32 = DType.FP32
 
 
-def int_inputs_generated_on_device(node: fx.Node) -> str | None:
-    """Integer tensors reach the engines through fp32: accept them only when every integer
-    ancestor is produced on the device by a bounded generator."""
-    seen: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for a in n.all_input_nodes:
-            v = a.meta.get("val")
-            if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
-                continue
-            if a.op == "placeholder":
-                return (f"integer tensor {a.name} ({v.dtype}) comes from a graph input; the "
-                        "engines compute integers through fp32, exact only below 2**24")
-            if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
-                stack.append(a)
+INT_CONST_MAX = 2 ** 53
+
+
+def exact_integers(node: fx.Node) -> str | None:
+    """Integer operands are exact (``tiling/intgen.py``) when every integer constant fits a
+    double (|c| <= 2**53)."""
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > INT_CONST_MAX:
+            return f"integer constant {a} is beyond 2**53 (expression constants are doubles)"
     return None
 
 
@@ -75,6 +67,9 @@ def pointwise(ctx: LowerCtx, node: fx.Node, operands: Sequence[object],
             ins.append(bx)
         elif isinstance(x, bool):
             leaves.append(const(1.0 if x else 0.0))
+        elif isinstance(x, int) and abs(x) > INT_CONST_MAX:
+            raise Unsupported(ctx.op, f"integer constant {x} is beyond 2**53 (expression constants "
+                              "are doubles)")
         elif isinstance(x, (int, float)):
             leaves.append(const(float(x)))
         else:
@@ -118,7 +113,26 @@ def _unary(op: EOp):
 
 
 for _t, _op in _UNARY.items():
-    register(_t, dtypes=FLOAT_DTYPES)(_unary(_op))
+    if _t not in (aten.neg.default, aten.abs.default):
+        register(_t, dtypes=FLOAT_DTYPES)(_unary(_op))
+
+
+@register(aten.neg.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)
+def _neg(ctx, node, x):
+    """-x; integers exact with wraparound (GpSimdE int ALU, ``tiling/intgen.py``)."""
+    return pointwise(ctx, node, [x], lambda l, dt: e(EOp.NEG, l[0], dtype=dt))
+
+
+@register(aten.abs.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)
+def _abs(ctx, node, x):
+    """|x|: ScalarE abs for floats; integers exact as where(x < 0, -x, x) (|INT_MIN| wraps to
+    INT_MIN, as torch's)."""
+    def build(l: Leaves, dt: DType) -> Expr:
+        if dt.is_float:
+            return e(EOp.ABS, l[0], dtype=dt)
+        return e(EOp.WHERE, e(EOp.LT, l[0], const(0.0), dtype=DType.BOOL),
+                 e(EOp.NEG, l[0], dtype=dt), l[0], dtype=dt)
+    return pointwise(ctx, node, [x], build)
 
 
 def _bool_only(node: fx.Node) -> str | None:
@@ -129,7 +143,7 @@ def _bool_only(node: fx.Node) -> str | None:
 
 
 @register(aten.bitwise_not.default, dtypes=MASK_DTYPES, check=_bool_only)
-@register(aten.logical_not.default, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.logical_not.default, dtypes=EW_DTYPES, check=exact_integers)
 def _logical_not(ctx, node, x):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.EQ, l[0], const(0.0), dtype=dt))
 
@@ -153,7 +167,7 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
         def build(l: Leaves, dt: DType) -> Expr:
             x, y = l
             if alpha_scales and alpha != 1:
-                y = e(EOp.MUL, y, const(alpha))
+                y = e(EOp.MUL, y, const(alpha), dtype=F32 if dt.is_float else dt)
             if reverse:
                 x, y = y, x
             return e(op, x, y, dtype=dt)
@@ -162,21 +176,21 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
 
 
 register(aten.mul.Tensor, aten.mul.Scalar, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.MUL))
+         check=exact_integers)(_binary(EOp.MUL))
 register(aten.bitwise_and.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.AND))
 register(aten.bitwise_or.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.OR))
 _BINARY = {
     (aten.div.Tensor, aten.div.Scalar): EOp.DIV,
-    (aten.maximum.default,): EOp.MAX,
-    (aten.minimum.default,): EOp.MIN,
     (aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor): EOp.POW,
 }
 for _ts, _op in _BINARY.items():
     register(*_ts, dtypes=FLOAT_DTYPES)(_binary(_op))
+register(aten.maximum.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)(_binary(EOp.MAX))
+register(aten.minimum.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)(_binary(EOp.MIN))
 register(aten.add.Tensor, aten.add.Scalar, dtypes=EW_DTYPES - MASK_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.ADD, alpha_scales=True))
+         check=exact_integers)(_binary(EOp.ADD, alpha_scales=True))
 register(aten.sub.Tensor, aten.sub.Scalar, dtypes=EW_DTYPES - MASK_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.SUB, alpha_scales=True))
+         check=exact_integers)(_binary(EOp.SUB, alpha_scales=True))
 register(aten.rsub.Scalar, aten.rsub.Tensor, dtypes=FLOAT_DTYPES)(
     _binary(EOp.SUB, reverse=True, alpha_scales=True))
 
@@ -202,28 +216,28 @@ _COMPARE = {
     (aten.gt.Tensor, aten.gt.Scalar): EOp.GT, (aten.ge.Tensor, aten.ge.Scalar): EOp.GE,
 }
 for _ts, _op in _COMPARE.items():
-    register(*_ts, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)(_binary(_op))
+    register(*_ts, dtypes=EW_DTYPES, check=exact_integers)(_binary(_op))
 register(aten.logical_and.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.AND))
+         check=exact_integers)(_binary(EOp.AND))
 register(aten.logical_or.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.OR))
+         check=exact_integers)(_binary(EOp.OR))
 
 
-@register(aten.clamp.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.clamp.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=exact_integers)
 def _clamp(ctx, node, x, min=None, max=None):
     """clamp by constants; integer tensors only when generated on the device (bilinear
     upsampling's source indices, clamped to the input's edge)."""
     def build(l: Leaves, dt: DType) -> Expr:
-        y = l[0]
+        y, w = l[0], F32 if dt.is_float else dt         # integers stay integers (exact path)
         if min is not None:
-            y = e(EOp.MAX, y, const(min))
+            y = e(EOp.MAX, y, const(min), dtype=w)
         if max is not None:
-            y = e(EOp.MIN, y, const(max))
+            y = e(EOp.MIN, y, const(max), dtype=w)
         return y
     return pointwise(ctx, node, [x], build)
 
 
-@register(aten.where.self, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.where.self, dtypes=EW_DTYPES, check=exact_integers)
 def _where(ctx, node, cond, a, b):
     return pointwise(ctx, node, [cond, a, b], lambda l, dt: e(EOp.WHERE, *l, dtype=dt))
 
@@ -240,8 +254,10 @@ def _to_copy(ctx, node, x, **kwargs):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.CAST, l[0], dtype=dt))
 
 
-@register(aten.masked_fill.Scalar, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.masked_fill.Scalar, dtypes=EW_DTYPES, check=exact_integers)
 def _masked_fill(ctx, node, x, mask, value):
+    if isinstance(value, float) and not ctx.out_val.dtype.is_floating_point and ctx.out_val.dtype != torch.bool:
+        value = int(value)                # torch converts the fill value to x's integer dtype
     return pointwise(ctx, node, [mask, value, x], lambda l, dt: e(EOp.WHERE, *l, dtype=dt))
 
 
@@ -373,7 +389,7 @@ register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES, chec
     "differ; float dtypes only"))(_composed_binary(mathfns.remainder))
 register(aten.bitwise_xor.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.XOR))
 register(aten.logical_xor.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.XOR))
+         check=exact_integers)(_binary(EOp.XOR))
 
 
 @register(aten.clamp.Tensor, dtypes=FLOAT_DTYPES)
