@@ -37,6 +37,9 @@ F32 = DType.FP32
 
 
 INT_CONST_MAX = 2 ** 53
+DEVICE_INT_SOURCES = {aten.arange.start_step, aten.arange.default, aten.arange.start,
+                      aten.full.default, aten.scalar_tensor.default, aten.zeros.default,
+                      aten.ones.default}
 
 
 def exact_integers(node: fx.Node) -> str | None:
@@ -200,14 +203,69 @@ def _pow_scalar(ctx, node, base, exponent):
     return pointwise(ctx, node, [base, exponent], lambda l, dt: e(EOp.POW, l[0], l[1], dtype=dt))
 
 
+def _int64_division_ancestry(node: fx.Node) -> str | None:
+    """int64 division has no exact engine sequence (the integer ALU is 32-bit): accept it only
+    on integers generated on the device (bounded below 2**24: the fp32 path is exact)."""
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for a in n.all_input_nodes:
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
+                continue
+            if a.op == "placeholder":
+                return (f"int64 division of {a.name}, an integer graph input: the integer ALU is "
+                        "32-bit and int64 division has no exact sequence (int32 is exact)")
+            if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
+                stack.append(a)
+    return None
+
+
 def _div_mode_check(node: fx.Node) -> str | None:
+    """rounding_mode None, 'trunc' or 'floor'; floats exact as torch's CPU kernel (floor is
+    its fmod-based Python floor division); int32 exact on the integer ALU (division by zero,
+    an error in eager, gives -1 there); int64 only on integers generated on the device."""
     mode = node.kwargs.get("rounding_mode")
-    return None if mode is None else f"rounding_mode={mode!r} is not supported (only None)"
+    if mode not in (None, "trunc", "floor"):
+        return f"rounding_mode={mode!r} is not one of None, 'trunc', 'floor'"
+    v = node.meta.get("val")
+    if mode is not None and isinstance(v, torch.Tensor) and v.dtype == torch.int64:
+        return _int64_division_ancestry(node)
+    return None
 
 
-@register(aten.div.Tensor_mode, dtypes=FLOAT_DTYPES, check=_div_mode_check)
+@register(aten.div.Tensor_mode, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=_div_mode_check)
 def _div_mode(ctx, node, a, b, *, rounding_mode=None):
-    return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.DIV, l[0], l[1], dtype=dt))
+    out_dt = ctx.out_val.dtype
+    if rounding_mode is None:
+        return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.DIV, l[0], l[1], dtype=dt))
+    if not out_dt.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: _int_div(l[0], l[1], dt, rounding_mode))
+    # eager divides in bf16/fp16 steps unless the divisor is one element (then in fp32, once)
+    single = not isinstance(b, TensorRef) or b.numel == 1
+    fn = mathfns.div_floor if rounding_mode == "floor" else mathfns.div_trunc
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        return fn(_f32(l[0]), _f32(l[1]), F32 if single else dt)
+    return pointwise(ctx, node, [a, b], build)
+
+
+def _int_div(a: Expr, b: Expr, dt: DType, mode: str) -> Expr:
+    """Integer trunc / floor division (``c10::div_floor_integer``): the ALU's truncating
+    divide, minus one where the remainder is non-zero and the signs differ (the ALU's floor
+    modulo is non-zero exactly where the C remainder is)."""
+    q = e(EOp.DIV, a, b, dtype=dt)
+    if mode == "trunc":
+        return q
+    B = DType.BOOL
+    fix = e(EOp.AND, e(EOp.NE, e(EOp.MOD, a, b, dtype=dt), const(0.0), dtype=B),
+            e(EOp.XOR, e(EOp.LT, a, const(0.0), dtype=B), e(EOp.LT, b, const(0.0), dtype=B), dtype=B),
+            dtype=B)
+    return e(EOp.SUB, q, fix, dtype=dt)
 
 
 _COMPARE = {

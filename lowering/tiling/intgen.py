@@ -17,8 +17,8 @@ Invariants
   tile's two words (little endian: the low word at byte 0, the high word at byte 4), read and
   written through int32 views with twice the element stride. Carries and borrows come from
   unsigned compares (adding 2**31 turns unsigned order into signed order); products from
-  16-bit halves (``_mulhi``). int64 division has no such sequence and is refused by the
-  registry (never reaches this module).
+  16-bit halves (``_mulhi``). int64 division has no such sequence: the registry accepts it
+  only on device-generated integers, and it keeps the fp32 path here.
 - Sub-expressions over device-generated integers only (INDEX leaves, constants) keep the fp32
   path of ``exprgen``: they are bounded below 2**24 at compile time, where fp32 is exact.
 """
@@ -71,6 +71,8 @@ def takes_int_path(x: Expr) -> bool:
         s = x.args[0]
         return s.dtype in WIDE and s.dtype is not x.dtype and x.dtype in (I32, I64, BOOL) and from_memory(s)
     vals = x.args[1:] if x.op is EOp.WHERE else x.args
+    if x.op in DIVISIONS and I64 in (x.dtype, *(a.dtype for a in vals)):
+        return False        # int64 division: device-generated values only (the registry's rule)
     for a in vals:
         if a.op is EOp.CONST:
             if not _integral(a.value):
@@ -184,8 +186,6 @@ class IntGen:
         ops = [self.operand(a) for a in vals]
         if not wide64:
             return self._emit32(x, [wrap32(v) if isinstance(v, int) else v for v in ops])
-        if op in DIVISIONS:
-            raise LoweringError(f"int64 {op.value} has no exact sequence (the registry refuses it)")
         return self._emit64(x, [self.pair(v) for v in ops])
 
     def _emit32(self, x: Expr, ops: list) -> TAP:
