@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from lowering.errors import LoweringError
 from lowering.kir import EOp, Expr
@@ -41,7 +41,7 @@ WIDE = frozenset({I32, I64})
 INT_DTYPES = frozenset({I32, I64, DType.INT8, DType.UINT8, BOOL})
 GP = (EngineKind.GPSIMD,)
 MIN32 = -2 ** 31
-Word = Union[TAP, int]          # an int32 word: a tile view or a constant
+Word = TAP | int                # an int32 word: a tile view or a constant
 
 _ALU = {EOp.ADD: AluOp.ADD, EOp.SUB: AluOp.SUBTRACT, EOp.MUL: AluOp.MULTIPLY, EOp.MAX: AluOp.MAX,
         EOp.MIN: AluOp.MIN, EOp.EQ: AluOp.IS_EQUAL, EOp.NE: AluOp.NOT_EQUAL, EOp.LT: AluOp.IS_LT,
@@ -86,7 +86,7 @@ def takes_int_path(x: Expr) -> bool:
 class IntGen:
     """Integer code for one tile shape, on the tiles of an ``ExprGen``."""
 
-    def __init__(self, eg: "ExprGen"):
+    def __init__(self, eg: ExprGen):
         self.eg, self.b = eg, eg.b
 
     # ---- words and single instructions ------------------------------------------------------
