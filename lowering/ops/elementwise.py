@@ -28,6 +28,7 @@ from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, cons
                           load)
 from lowering.ops import mathfns
 from lowering.ops.views import apply_view
+from lowering.tiling.intgen import DIVISOR_BITS
 from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
@@ -218,11 +219,21 @@ def _int64_division_ancestry(node: fx.Node) -> str | None:
             if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
                 continue
             if a.op == "placeholder":
-                return (f"int64 division of {a.name}, an integer graph input: the integer ALU is "
-                        "32-bit and int64 division has no exact sequence (int32 is exact)")
+                return (f"int64 division of {a.name}, an integer graph input, by a tensor or a "
+                        f"constant beyond 2**{DIVISOR_BITS}: the integer ALU is 32-bit and this "
+                        "division has no exact sequence (int32 is exact)")
             if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
                 stack.append(a)
     return None
+
+
+def _int64_divisor_ok(node: fx.Node) -> str | None:
+    """int64 division / modulo: exact by a constant 0 < |c| < 2**27 (long division on the
+    integer ALU, ``tiling/intgen.py``); otherwise only on device-generated integers."""
+    b = node.args[1] if len(node.args) > 1 else None
+    if isinstance(b, int) and not isinstance(b, bool) and 0 < abs(b) < 2 ** DIVISOR_BITS:
+        return None
+    return _int64_division_ancestry(node)
 
 
 def _div_mode_check(node: fx.Node) -> str | None:
@@ -234,7 +245,7 @@ def _div_mode_check(node: fx.Node) -> str | None:
         return f"rounding_mode={mode!r} is not one of None, 'trunc', 'floor'"
     v = node.meta.get("val")
     if mode is not None and isinstance(v, torch.Tensor) and v.dtype == torch.int64:
-        return _int64_division_ancestry(node)
+        return _int64_divisor_ok(node)
     return None
 
 
@@ -442,9 +453,22 @@ register(aten.atan2.default, dtypes=FLOAT_DTYPES, check=_doc_check(
 register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
     "exact, sign of the dividend: VectorE mod(|a|, |b|) with a's sign bit; float dtypes only"))(
     _composed_binary(mathfns.fmod))
-register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
-    "exact, sign of the divisor: torch's r = fmod(a, b); r + b where r != 0 and the signs "
-    "differ; float dtypes only"))(_composed_binary(mathfns.remainder))
+def _remainder_check(node: fx.Node) -> str | None:
+    """exact, sign of the divisor: floats by torch's r = fmod(a, b); r + b where r != 0 and
+    the signs differ; int32 by the integer ALU's floor modulo; int64 by a constant
+    0 < |c| < 2**27 (long division) or on device-generated integers."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype == torch.int64:
+        return _int64_divisor_ok(node)
+    return None
+
+
+@register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES | INDEX_DTYPES,
+          check=_remainder_check)
+def _remainder(ctx, node, a, b):
+    if not ctx.out_val.dtype.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.MOD, l[0], l[1], dtype=dt))
+    return pointwise(ctx, node, [a, b], lambda l, dt: mathfns.remainder(_f32(l[0]), _f32(l[1])))
 register(aten.bitwise_xor.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.XOR))
 register(aten.logical_xor.default, dtypes=EW_DTYPES,
          check=exact_integers)(_binary(EOp.XOR))

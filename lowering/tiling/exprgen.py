@@ -93,6 +93,7 @@ class ExprGen:
         self.row_leaf = row_leaf
         self.memo: dict[Expr, TAP | float] = {}
         self.rows: set[Expr] = set()          # expressions whose value is a [p, 1] row tile
+        self.int_memo: dict = {}              # intgen's shared results (an int64 long division)
 
     def new(self, dtype: DType, row: bool = False) -> TAP:
         return self.b.tile("w", Memory.SBUF, self.p, (1,) if row else self.free, dtype, self.bufs).ap()

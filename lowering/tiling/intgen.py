@@ -17,8 +17,9 @@ Invariants
   tile's two words (little endian: the low word at byte 0, the high word at byte 4), read and
   written through int32 views with twice the element stride. Carries and borrows come from
   unsigned compares (adding 2**31 turns unsigned order into signed order); products from
-  16-bit halves (``_mulhi``). int64 division has no such sequence: the registry accepts it
-  only on device-generated integers, and it keeps the fp32 path here.
+  16-bit halves (``_mulhi``); division and modulo by a constant below 2**27 by long division in
+  chunks (``_udivmod``). int64 division by a tensor has no such sequence: the registry accepts
+  it only on device-generated integers, and it keeps the fp32 path here.
 - Sub-expressions over device-generated integers only (INDEX leaves, constants) keep the fp32
   path of ``exprgen``: they are bounded below 2**24 at compile time, where fp32 is exact.
 """
@@ -72,7 +73,9 @@ def takes_int_path(x: Expr) -> bool:
         return s.dtype in WIDE and s.dtype is not x.dtype and x.dtype in (I32, I64, BOOL) and from_memory(s)
     vals = x.args[1:] if x.op is EOp.WHERE else x.args
     if x.op in DIVISIONS and I64 in (x.dtype, *(a.dtype for a in vals)):
-        return False        # int64 division: device-generated values only (the registry's rule)
+        # int64 by a small constant: chunked long division; else device-generated values
+        # only (the registry's rule), on the fp32 path
+        return int64_divisor(vals[1]) is not None and from_memory(vals[0])
     for a in vals:
         if a.op is EOp.CONST:
             if not _integral(a.value):
@@ -81,6 +84,17 @@ def takes_int_path(x: Expr) -> bool:
             return False
     return (any(a.dtype in WIDE for a in vals if a.op is not EOp.CONST)
             and any(from_memory(a) for a in vals))
+
+
+DIVISOR_BITS = 27          # |c| < 2**27: long division in chunks of >= 4 bits (<= 8 steps)
+
+
+def int64_divisor(b: Expr) -> int | None:
+    """The constant divisor of an int64 division that ``_divmod64`` takes, else None."""
+    if b.op is not EOp.CONST or not _integral(b.value):
+        return None
+    c = int(b.value)
+    return c if 0 < abs(c) < 2 ** DIVISOR_BITS else None
 
 
 class IntGen:
@@ -108,7 +122,8 @@ class IntGen:
             self.b.memset(dst, float(v), engines=GP)
             return dst
         if dst is None:
-            if alu in (AluOp.ADD, AluOp.SUBTRACT, AluOp.BITWISE_OR) and b == 0:
+            if alu in (AluOp.ADD, AluOp.SUBTRACT, AluOp.BITWISE_OR, AluOp.LOGICAL_SHIFT_RIGHT,
+                       AluOp.LOGICAL_SHIFT_LEFT) and b == 0:
                 return a
             if alu is AluOp.ADD and a == 0:
                 return b
@@ -247,6 +262,10 @@ class IntGen:
             self._sub64(ops[0], ops[1], lo, hi)
         elif op is EOp.MUL:
             self._mul64(ops[0], ops[1], lo, hi)
+        elif op in DIVISIONS:
+            c = int64_divisor(x.args[1])
+            assert c is not None
+            self._divmod64(op, ops[0], c, lo, hi)
         else:
             raise LoweringError(f"no exact int64 code for {op.value}")
         return out
@@ -292,6 +311,57 @@ class IntGen:
         mid = self.op2(self.op2(lsr16(t), low16(m1), add), low16(m2), add)
         h = self.op2(self.op2(x1, y1, mul), lsr16(m1), add)
         return self.op2(self.op2(h, lsr16(m2), add), lsr16(mid), add)
+
+    def _udivmod(self, a, d: int) -> tuple[tuple[Word, Word], Word]:
+        """``(floor(a / d), a mod d)`` of an int64 pair by ``0 < d < 2**27``: the high word by
+        the ALU (floor modulo and floor division), then the remainder times ``2**k`` plus
+        the next ``k`` bits of the low word, divided by ``d``, chunk by chunk (every partial
+        value below ``d * 2**k <= 2**31``). The quotient's low word collects the chunks."""
+        key = (a, d)
+        if key in self.eg.int_memo:            # a // c and a % c share one long division
+            return self.eg.int_memo[key]
+        al, ah = a
+        k = min(16, 31 - d.bit_length())
+        r = self.op2(ah, d, AluOp.MOD)
+        # floor(ah / d): the truncating divide, one less where ah < 0 leaves a remainder
+        # ((ah - r) / d would wrap for ah = -2**31)
+        below = self.op2(self.op2(ah, 0, AluOp.IS_LT), self.op2(r, 0, AluOp.NOT_EQUAL), AluOp.LOGICAL_AND)
+        qh = self.op2(self.op2(ah, d, AluOp.DIVIDE), below, AluOp.SUBTRACT)
+        ql: Word = 0
+        bits = 32
+        while bits > 0:
+            step = min(k, bits)
+            bits -= step
+            chunk = self.op2(self.op2(al, bits, AluOp.LOGICAL_SHIFT_RIGHT), (1 << step) - 1,
+                             AluOp.BITWISE_AND)
+            t = self.op2(self.op2(r, 1 << step, AluOp.MULTIPLY), chunk, AluOp.ADD)
+            qc = self.op2(t, d, AluOp.DIVIDE)
+            r = self.op2(t, self.op2(qc, d, AluOp.MULTIPLY), AluOp.SUBTRACT)
+            ql = self.op2(self.op2(ql, step, AluOp.LOGICAL_SHIFT_LEFT), qc, AluOp.ADD)
+        self.eg.int_memo[key] = ((ql, qh), r)
+        return (ql, qh), r
+
+    def _divmod64(self, op: EOp, a, c: int, lo: TAP, hi: TAP) -> None:
+        """int64 ``a // c`` (DIV: truncating, as the node's rounding asks) or floor ``a % c``
+        (MOD) by a constant, exact: floor division of the magnitudes by ``|c|``, then torch's
+        sign rules (``c < 0``: ``a // c = -(q + [r > 0])``, ``a % c = r - |c| [r > 0]``)."""
+        d = abs(c)
+        q, r = self._udivmod(a, d)
+        if op is EOp.MOD:
+            if c < 0:
+                r = self.op2(r, self.op2(self.op2(r, 0, AluOp.IS_GT), d, AluOp.MULTIPLY), AluOp.SUBTRACT)
+            self.put(lo, r)
+            self.op2(self.tile(r), 31, AluOp.ARITH_SHIFT_RIGHT, dst=hi)
+            return
+        # DIV truncates: trunc(a / d) = floor(a / d) + [a < 0 and r != 0]
+        up = self.op2(self.op2(a[1], 0, AluOp.IS_LT), self.op2(r, 0, AluOp.NOT_EQUAL), AluOp.LOGICAL_AND)
+        if c > 0:
+            self._add64(q, (up, 0), lo, hi)
+            return
+        t = self.tmp(I64)
+        tl, th = self.words(t)
+        self._add64(q, (up, 0), tl, th)
+        self._sub64((0, 0), (tl, th), lo, hi)
 
     def _lt64(self, a, b) -> Word:
         """Signed ``a < b`` of two int64 pairs: high words signed, then low words unsigned."""

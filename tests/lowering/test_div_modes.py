@@ -4,8 +4,9 @@ Floats: torch's fmod-based floor division and ``trunc(a / b)`` (``mathfns.div_fl
 ``div_trunc``) over signed zeros, infinities, NaN, huge and tiny values; bf16 with a tensor
 divisor rounds every step to bf16 as eager does, with a one-element divisor it computes in
 fp32 once (both checked, and the test shows the two differ). int32: exact on the integer ALU
-(values over the whole range). int64: only on device-generated integers; a graph input is
-refused with the reason. Shapes cross the tile edges; every case runs on the device.
+(values over the whole range). int64: by constants below 2**27 exact (tests/lowering/
+test_int_exact.py), by a tensor only on device-generated integers; a graph input divided by a
+tensor is refused with the reason. Shapes cross the tile edges; every case runs on the device.
 """
 from __future__ import annotations
 
@@ -88,11 +89,12 @@ def test_int32_div_modes_exact_over_the_range(mode):
         bits_equal(wrong, torch.div(a, b, rounding_mode=mode))
 
 
-def test_int64_division_of_device_integers_and_the_graph_input_refusal():
+def test_int64_division_of_device_integers_and_the_graph_input_refusals():
     x = torch.randn(3, 515)
     fn = lambda x: x * torch.div(torch.arange(515) - 300, 7, rounding_mode="floor")  # noqa: E731
     low = lower_and_run(fn, x)
     bits_equal(low.outputs[0], fn(x))
-    gm = trace(lambda i: torch.div(i, 3, rounding_mode="floor"), torch.arange(10))
-    bad = unsupported_nodes(gm)
-    assert len(bad) == 1 and "int64 division of" in bad[0] and "32-bit" in bad[0], bad
+    for fn in (lambda i: torch.div(i, i.flip(0), rounding_mode="floor"),
+               lambda i: torch.div(i, 2 ** 40, rounding_mode="trunc")):
+        bad = unsupported_nodes(trace(fn, torch.arange(1, 10)))
+        assert len(bad) == 1 and "int64 division of" in bad[0] and "32-bit" in bad[0], bad

@@ -5,7 +5,8 @@ Every case lowers directly (every node must be supported), runs on the simulator
 mode, checks that the integer work ran on GpSimdE (``pool``), and compares exactly with eager,
 on shapes that cross the tile edges (128 partitions, 512 free elements) and with values beyond
 2**24 (where an fp32 path rounds), beyond 2**32 for int64 (where one 32-bit word is not enough)
-and at the wraparound extremes. ``test_a_wrong_result_fails`` feeds a result one off.
+and at the wraparound extremes; int64 division and modulo by constants below 2**27 (long
+division on the int32 ALU). ``test_a_wrong_result_fails`` feeds a result one off.
 """
 from __future__ import annotations
 
@@ -102,6 +103,36 @@ def test_int64_carries_across_the_word():
     check(lambda x: x - 1, x)
     check(lambda x, y: x + y, x, x.flip(0))
     check(lambda x: x * 65537, x)
+
+
+DIVISORS = [1, 2, 3, -3, 7, 1000, -50257, 2 ** 26 + 5, -(2 ** 26 + 5)]
+
+
+@pytest.mark.parametrize("c", DIVISORS)
+def test_int64_division_and_modulo_by_constants(c):
+    """Long division in chunks on the int32 ALU: floor, trunc and remainder by constants of
+    every sign and size up to 2**27, the int64 extremes included."""
+    x = ints((129, 513) if abs(c) in (3, 1000) else (2, 131, 17), torch.int64, 7)
+    check(lambda x: torch.div(x, c, rounding_mode="floor"), x)
+    check(lambda x: torch.div(x, c, rounding_mode="trunc"), x)
+    check(lambda x: x % c, x)
+
+
+def test_index_unflatten_shares_one_long_division():
+    """(i // n, i % n) of a flat index: one long division serves both."""
+    i = ints((129, 513), torch.int64, 8, lim=2 ** 45)
+    fn = lambda i: (i // 4099, i % 4099)  # noqa: E731
+    low = lower_and_run(fn, i)
+    for got, want in zip(low.outputs, fn(i)):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_int32_remainder_and_division_by_tensors(mode):
+    a, b = ints((129, 513), torch.int32, 9), ints((129, 513), torch.int32, 10)
+    b[b == 0] = -5
+    check(lambda a, b: torch.remainder(a, b), a, b)
+    check(lambda a, b: torch.div(a, b, rounding_mode=mode), a, b)
 
 
 def test_graph_of_int_chain_with_a_float_consumer():
