@@ -20,8 +20,9 @@ Invariants
   16-bit halves (``_mulhi``); division and modulo by a constant below 2**27 by long division in
   chunks (``_udivmod``). int64 division by a tensor has no such sequence: the registry accepts
   it only on device-generated integers, and it keeps the fp32 path here.
-- Sub-expressions over device-generated integers only (INDEX leaves, constants) keep the fp32
-  path of ``exprgen``: they are bounded below 2**24 at compile time, where fp32 is exact.
+- Sub-expressions over device-generated integers only (INDEX leaves, constants below 2**24)
+  keep the fp32 path of ``exprgen``: they are bounded below 2**24 at compile time, where fp32
+  is exact; a constant of 2**24 or more takes this path.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ WIDE = frozenset({I32, I64})
 INT_DTYPES = frozenset({I32, I64, DType.INT8, DType.UINT8, BOOL})
 GP = (EngineKind.GPSIMD,)
 MIN32 = -2 ** 31
+FP32_EXACT = 2 ** 24       # integers from here on are not all exact in fp32
 Word = TAP | int                # an int32 word: a tile view or a constant
 
 _ALU = {EOp.ADD: AluOp.ADD, EOp.SUB: AluOp.SUBTRACT, EOp.MUL: AluOp.MULTIPLY, EOp.MAX: AluOp.MAX,
@@ -65,6 +67,18 @@ def _integral(v: float) -> bool:
     return math.isfinite(v) and float(v).is_integer() and abs(v) < 2 ** 63
 
 
+def _const(x: Expr) -> float | None:
+    """The value of a constant, or of a cast of one (an integer cast truncates), else None."""
+    if x.op is EOp.CONST:
+        return x.value
+    if x.op is EOp.CAST:
+        v = _const(x.args[0])
+        if v is not None and not x.dtype.is_float and math.isfinite(v):
+            return float(math.trunc(v))
+        return v if x.dtype is DType.FP32 else None
+    return None
+
+
 def takes_int_path(x: Expr) -> bool:
     if x.op not in EXACT_OPS or x.dtype.is_float:
         return False
@@ -76,14 +90,19 @@ def takes_int_path(x: Expr) -> bool:
         # int64 by a small constant: chunked long division; else device-generated values
         # only (the registry's rule), on the fp32 path
         return int64_divisor(vals[1]) is not None and from_memory(vals[0])
-    for a in vals:
-        if a.op is EOp.CONST:
-            if not _integral(a.value):
+    consts = [_const(a) for a in vals]
+    for a, c in zip(vals, consts):
+        if c is not None:
+            if not _integral(c):
                 return False
         elif a.dtype not in INT_DTYPES:
             return False
-    return (any(a.dtype in WIDE for a in vals if a.op is not EOp.CONST)
-            and any(from_memory(a) for a in vals))
+    if all(c is not None for c in consts) and x.op is not EOp.WHERE:
+        return False                                        # folds at compile time
+    if not (x.dtype in WIDE or any(a.dtype in WIDE for a, c in zip(vals, consts) if c is None)):
+        return False
+    return (any(from_memory(a) for a in vals)
+            or any(c is not None and abs(c) >= FP32_EXACT for c in consts))
 
 
 DIVISOR_BITS = 27          # |c| < 2**27: long division in chunks of >= 4 bits (<= 8 steps)
@@ -91,9 +110,10 @@ DIVISOR_BITS = 27          # |c| < 2**27: long division in chunks of >= 4 bits (
 
 def int64_divisor(b: Expr) -> int | None:
     """The constant divisor of an int64 division that ``_divmod64`` takes, else None."""
-    if b.op is not EOp.CONST or not _integral(b.value):
+    v = _const(b)
+    if v is None or not _integral(v):
         return None
-    c = int(b.value)
+    c = int(v)
     return c if 0 < abs(c) < 2 ** DIVISOR_BITS else None
 
 
@@ -173,8 +193,9 @@ class IntGen:
 
     # ---- operands ---------------------------------------------------------------------------
     def operand(self, x: Expr) -> TAP | int:
-        if x.op is EOp.CONST:
-            return int(x.value)
+        c = _const(x)
+        if c is not None:
+            return int(c)
         v = self.eg.wide(x, self.eg.value(x))
         if isinstance(v, float):
             return int(v)

@@ -143,6 +143,13 @@ def test_graph_of_int_chain_with_a_float_consumer():
     assert_close(low.outputs[0], fn(x), rtol=0, atol=0)
 
 
+def test_big_integer_constants_stay_exact():
+    """Constants of 2**24 and more in an integer expression over a mask: not through fp32."""
+    m = torch.rand(129, 513, generator=torch.Generator().manual_seed(11)) > 0.5
+    check(lambda m: torch.where(m, 2 ** 40 + 1, -(2 ** 33) - 3), m)
+    check(lambda m: torch.where(m, 2 ** 30 + 1, 5).to(torch.int32), m)
+
+
 def test_a_wrong_result_fails():
     """The comparison is exact: a result one off (beyond 2**24, where fp32 would round) fails."""
     x = ints((129, 513), torch.int64, 6, lim=2 ** 40)
