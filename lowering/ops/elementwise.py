@@ -219,9 +219,9 @@ def _int64_division_ancestry(node: fx.Node) -> str | None:
             if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
                 continue
             if a.op == "placeholder":
-                return (f"int64 division of {a.name}, an integer graph input, by a tensor or a "
-                        f"constant beyond 2**{DIVISOR_BITS}: the integer ALU is 32-bit and this "
-                        "division has no exact sequence (int32 is exact)")
+                return (f"int64 division of {a.name}, an integer graph input, by a tensor: the "
+                        "integer ALU is 32-bit and this division has no exact sequence (int32 is "
+                        f"exact, and int64 by a constant 0 < |c| < 2**{DIVISOR_BITS})")
             if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
                 stack.append(a)
     return None
@@ -231,8 +231,13 @@ def _int64_divisor_ok(node: fx.Node) -> str | None:
     """int64 division / modulo: exact by a constant 0 < |c| < 2**27 (long division on the
     integer ALU, ``tiling/intgen.py``); otherwise only on device-generated integers."""
     b = node.args[1] if len(node.args) > 1 else None
-    if isinstance(b, int) and not isinstance(b, bool) and 0 < abs(b) < 2 ** DIVISOR_BITS:
-        return None
+    if isinstance(b, int) and not isinstance(b, bool):
+        if 0 < abs(b) < 2 ** DIVISOR_BITS:
+            return None
+        why = _int64_division_ancestry(node)
+        return None if why is None else (
+            f"int64 division by the constant {b}: the long division on the 32-bit integer ALU "
+            f"takes 0 < |c| < 2**{DIVISOR_BITS}")
     return _int64_division_ancestry(node)
 
 

@@ -72,6 +72,22 @@ def test_bf16_rounding_points_matter():
     assert float(t[0, 0]) == 255.0 and float(s[0, 0]) == 254.0
 
 
+def test_a_float_result_one_ulp_off_fails():
+    a, b = vals((129, 513), torch.float32, 4), vals((129, 513), torch.float32, 5)
+    low = run(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+    want = torch.div(a, b, rounding_mode="floor")
+    k = int(torch.nonzero(torch.isfinite(want.view(-1)) & (want.view(-1) != 0))[0])
+    bad = low.outputs[0].clone()
+    bad.view(-1)[k] = torch.nextafter(bad.view(-1)[k], torch.tensor(float("inf")))
+    with pytest.raises(AssertionError, match="1 of 66177 differ"):
+        bits_equal(bad, want)
+    neg0 = want.clone()
+    neg0[neg0 == 0] = 0.0                       # -0.0 where +0.0 is due (or back) must fail too
+    if bool((torch.signbit(want) & (want == 0)).any()):
+        with pytest.raises(AssertionError):
+            bits_equal(neg0, want)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_int32_div_modes_exact_over_the_range(mode):
     g = torch.Generator().manual_seed(3)
@@ -94,7 +110,9 @@ def test_int64_division_of_device_integers_and_the_graph_input_refusals():
     fn = lambda x: x * torch.div(torch.arange(515) - 300, 7, rounding_mode="floor")  # noqa: E731
     low = lower_and_run(fn, x)
     bits_equal(low.outputs[0], fn(x))
-    for fn in (lambda i: torch.div(i, i.flip(0), rounding_mode="floor"),
-               lambda i: torch.div(i, 2 ** 40, rounding_mode="trunc")):
-        bad = unsupported_nodes(trace(fn, torch.arange(1, 10)))
-        assert len(bad) == 1 and "int64 division of" in bad[0] and "32-bit" in bad[0], bad
+    bad = unsupported_nodes(trace(lambda i: torch.div(i, i.flip(0), rounding_mode="floor"),
+                                  torch.arange(1, 10)))
+    assert len(bad) == 1 and "int64 division of" in bad[0] and "by a tensor" in bad[0], bad
+    bad = unsupported_nodes(trace(lambda i: torch.div(i, 2 ** 40, rounding_mode="trunc"),
+                                  torch.arange(1, 10)))
+    assert len(bad) == 1 and "constant 1099511627776" in bad[0] and "2**27" in bad[0], bad
