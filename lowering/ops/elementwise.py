@@ -455,9 +455,27 @@ def _composed_binary(fn):
 register(aten.atan2.default, dtypes=FLOAT_DTYPES, check=_doc_check(
     "C atan2 (signed zeros, infinities): the atan polynomial of min(|x|,|y|)/max(|x|,|y|), "
     "reflected on VectorE"))(_composed_binary(mathfns.atan2))
-register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
-    "exact, sign of the dividend: VectorE mod(|a|, |b|) with a's sign bit; float dtypes only"))(
-    _composed_binary(mathfns.fmod))
+def _fmod_check(node: fx.Node) -> str | None:
+    """exact, sign of the dividend: floats by VectorE mod(|a|, |b|) with a's sign bit;
+    integers from the integer ALU's floor modulo m as m - b where m != 0 and the signs of a and
+    b differ (int32 any divisor; int64 by a constant 0 < |c| < 2**27 or on device-generated
+    integers)."""
+    return _remainder_check(node)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=_fmod_check)
+def _fmod(ctx, node, a, b):
+    if ctx.out_val.dtype.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: mathfns.fmod(_f32(l[0]), _f32(l[1])))
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        B = DType.BOOL
+        m = e(EOp.MOD, l[0], l[1], dtype=dt)
+        fix = e(EOp.AND, e(EOp.NE, m, const(0.0), dtype=B),
+                e(EOp.XOR, e(EOp.LT, l[0], const(0.0), dtype=B), e(EOp.LT, l[1], const(0.0), dtype=B),
+                  dtype=B), dtype=B)
+        return e(EOp.WHERE, fix, e(EOp.SUB, m, l[1], dtype=dt), m, dtype=dt)
+    return pointwise(ctx, node, [a, b], build)
 def _remainder_check(node: fx.Node) -> str | None:
     """exact, sign of the divisor: floats by torch's r = fmod(a, b); r + b where r != 0 and
     the signs differ; int32 by the integer ALU's floor modulo; int64 by a constant

@@ -116,6 +116,7 @@ def test_int64_division_and_modulo_by_constants(c):
     check(lambda x: torch.div(x, c, rounding_mode="floor"), x)
     check(lambda x: torch.div(x, c, rounding_mode="trunc"), x)
     check(lambda x: x % c, x)
+    check(lambda x: torch.fmod(x, c), x)
 
 
 def test_index_unflatten_shares_one_long_division():
@@ -132,6 +133,7 @@ def test_int32_remainder_and_division_by_tensors(mode):
     a, b = ints((129, 513), torch.int32, 9), ints((129, 513), torch.int32, 10)
     b[b == 0] = -5
     check(lambda a, b: torch.remainder(a, b), a, b)
+    check(lambda a, b: torch.fmod(a, b), a, b)
     check(lambda a, b: torch.div(a, b, rounding_mode=mode), a, b)
 
 
