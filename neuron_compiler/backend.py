@@ -47,15 +47,60 @@ KEEP_WHOLE = tuple(f"{kind}_pad{n}d{bw}" for kind in ("reflection", "replication
                    for n in (1, 2, 3) for bw in ("", "_backward"))
 
 
-def decomposition_table() -> dict:
+def _group_norm_backward_fits(target: str):
+    def keep(grad_out, x, mean, rstd, weight, N, C, HxW, group, output_mask) -> bool:
+        from lowering.tiling.norm_backward import row_fits_always
+        from runtime_sim import get_target
+        if not x.dtype.is_floating_point:
+            return False
+        row = int(C) // int(group) * int(HxW)
+        isz = x.dtype.itemsize
+        return row_fits_always(row, 4, isz, isz, get_target(target))   # dy * w is fp32
+    return keep
+
+
+def _col2im_fits(target: str):
+    def keep(cols, output_size, *args) -> bool:
+        from lowering.ops.indexing import WRAP_LIMIT
+        return cols.dtype.is_floating_point and int(output_size[0]) * int(output_size[1]) < WRAP_LIMIT
+    return keep
+
+
+# Ops that core ATen decomposes but whose kernel the registry has (Inductor's rule: an op with a
+# lowering of its own is kept out of the decomposition table, ``decomps_to_exclude``): kept
+# whole when the kernel takes the call (the test on the arguments), decomposed otherwise (the
+# decomposition returns NotImplemented to keep the op, as Inductor's conditional ones do).
+KERNEL_OPS = {
+    "native_group_norm_backward": _group_norm_backward_fits,   # LAYER_NORM_BWD over group rows
+    "col2im": _col2im_fits,                                     # indirect-DMA accumulation
+}
+
+
+def _keep_when(decomposition: Callable, keep: Callable) -> Callable:
+    def decomp(*args, **kwargs):
+        if keep(*args, **kwargs):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+    return decomp
+
+
+def decomposition_table(target: str = "trn2") -> dict:
     """Core-ATen decompositions (what the lowering registry is keyed on) plus
-    ``EXTRA_DECOMPOSITIONS``, minus ``KEEP_WHOLE``."""
+    ``EXTRA_DECOMPOSITIONS``, minus ``KEEP_WHOLE``; ``KERNEL_OPS`` stay whole when their
+    registry kernel takes the call on ``target``."""
     import torch
     from torch._decomp import core_aten_decompositions, get_decompositions
+
+    from lowering.registry import REGISTRY, _ensure_loaded
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([getattr(torch.ops.aten, n) for n in EXTRA_DECOMPOSITIONS]))
     for n in KEEP_WHOLE:
         table.pop(getattr(torch.ops.aten, n).default, None)
+    _ensure_loaded()
+    for n, fits in KERNEL_OPS.items():
+        op = getattr(torch.ops.aten, n).default
+        if op in table and op in REGISTRY:
+            table[op] = _keep_when(table[op], fits(target))
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     table[op] = _flash_attention_for_cpu(table[op])
     return table
@@ -139,7 +184,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
 
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"),
-                           decompositions=decomposition_table())
+                           decompositions=decomposition_table(opts.target))
     return backend(gm, example_inputs)
 
 

@@ -284,6 +284,21 @@ class AluOp(enum.Enum):
     LOGICAL_OR = "logical_or"
     LOGICAL_XOR = "logical_xor"
     ABS_MAX = "abs_max"
+    # bitvec operators (integer sources only; 32-bit patterns): nki.isa.tensor_tensor "For bitvec
+    # operators, the input/output data types must be integer types and Vector Engine treats all
+    # input elements as bit patterns without any data type casting"
+    BITWISE_AND = "bitwise_and"
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    LOGICAL_SHIFT_LEFT = "logical_shift_left"
+    LOGICAL_SHIFT_RIGHT = "logical_shift_right"
+    ARITH_SHIFT_RIGHT = "arith_shift_right"
+
+
+BITVEC_OPS = frozenset({AluOp.BITWISE_AND, AluOp.BITWISE_OR, AluOp.BITWISE_XOR,
+                        AluOp.LOGICAL_SHIFT_LEFT, AluOp.LOGICAL_SHIFT_RIGHT, AluOp.ARITH_SHIFT_RIGHT})
+# integer types the 32-bit integer ALU reads exactly (int64 has no ALU datapath: it is two words)
+ALU_INT_DTYPES = frozenset({DType.INT32, DType.INT8, DType.UINT8, DType.BOOL})
 
 
 class ActFunc(enum.Enum):

@@ -34,6 +34,21 @@ Conventions (the executable spec of the ISA)
   ``torch.remainder``); comparisons and logical ops (non-zero is true) yield 1.0 / 0.0;
   ``abs_max = max(|a|, |b|)``. ``tensor_scalar`` computes ``(x op0 c0) op1 c1``; ``reverse``
   swaps the operands of that step (``c op x``); operands are constants or [P, 1] sources.
+- Integer ALU (GpSimdE; nki.isa.tensor_tensor: "When all input/output tiles are int32 or uint32,
+  the operation defaults to GpSimd Engine, which uses native integer arithmetic. This ensures
+  exact results for all 32-bit integer values"): a ``tensor_tensor``, ``tensor_scalar`` or
+  ``select`` on GpSimdE whose sources are all int32/int8/uint8/bool, whose destination is an
+  integer type and whose constants are integers computes in 32-bit two's complement: every step
+  wraps to int32 (as torch's int32 arithmetic does), comparisons and logical ops give 0 / 1,
+  ``divide`` truncates toward zero and ``mod`` is floor modulo; by zero they give -1 and the
+  dividend (ASSUMED: RISC-V's M-extension rule, the hardware's is unpublished). The int32
+  result is then stored in the destination dtype. ``select`` then copies the chosen values
+  exactly. Anything else (VectorE, a float source or destination, int64 sources) takes the fp32
+  path above. int64 has no ALU datapath: programs compute it as two int32 words.
+- Bitvec ops (``bitwise_and/or/xor``, ``logical_shift_left/right``, ``arith_shift_right``; any
+  of VectorE/GpSimdE): integer sources only (else OperandError), computed on their 32-bit
+  patterns; a shift by an amount outside [0, 31] gives 0 (logical) or the sign fill (arith), as
+  torch's shifts by >= the width do.
 - Reductions (``tensor_reduce``, activation ``reduce``): add, multiply, max, min (NaN
   propagates), abs_max, logical and/or/xor; ``tensor_reduce`` reduces the innermost ``num_axes``
   free axes and ``negate`` negates the result.
@@ -68,11 +83,11 @@ from typing import Callable
 
 import numpy as np
 
-from .isa import (AP, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
+from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
                   Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
                   RandPhiloxAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout)
-from .checks import BoundsError, dma_2d
+from .checks import BoundsError, OperandError, dma_2d
 from .memory import MachineMemory
 
 F32 = np.float32
@@ -169,6 +184,113 @@ ALU: dict[AluOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     AluOp.ABS_MAX: lambda a, b: np.maximum(np.abs(a), np.abs(b)),
 }
 
+def _bitvec_on_float(a, b):
+    raise OperandError("bitvec ALU ops take integer sources only (32-bit patterns)")
+
+
+for _op in BITVEC_OPS:
+    ALU[_op] = _bitvec_on_float
+
+
+# ---- the 32-bit integer ALU: int64 numpy arrays holding int32 values ---------------------------
+
+def wrap32(x: np.ndarray) -> np.ndarray:
+    """Two's complement wraparound of int64 values to the int32 range."""
+    return ((np.asarray(x, dtype=np.int64) + 2 ** 31) & 0xFFFFFFFF) - 2 ** 31
+
+
+def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    nz = b != 0
+    q = np.full(a.shape, -1, dtype=np.int64)
+    aa, bb = a[nz], b[nz]
+    q[nz] = np.sign(aa) * np.sign(bb) * (np.abs(aa) // np.abs(bb))    # toward zero
+    return q
+
+
+def _imod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    nz = b != 0
+    r = a.copy()
+    r[nz] = np.mod(a[nz], b[nz])                                      # sign of the divisor
+    return r
+
+
+def _shift(a: np.ndarray, b: np.ndarray, kind: str) -> np.ndarray:
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+    ok = (b >= 0) & (b < 32)
+    s = np.where(ok, b, 0)
+    if kind == "shl":
+        return np.where(ok, wrap32(a << s), 0)
+    if kind == "lsr":
+        return np.where(ok, (a & 0xFFFFFFFF) >> s, 0)
+    return a >> np.where(ok, s, 31)                                   # arithmetic: sign fill
+
+
+def _i(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.int64)
+
+
+INT_ALU: dict[AluOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    AluOp.BYPASS: lambda a, b: np.broadcast_arrays(a, b)[0].copy(),
+    AluOp.ADD: np.add, AluOp.SUBTRACT: np.subtract, AluOp.MULTIPLY: np.multiply,
+    AluOp.DIVIDE: _idiv, AluOp.MOD: _imod, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
+    AluOp.IS_EQUAL: lambda a, b: _i(a == b), AluOp.NOT_EQUAL: lambda a, b: _i(a != b),
+    AluOp.IS_GT: lambda a, b: _i(a > b), AluOp.IS_GE: lambda a, b: _i(a >= b),
+    AluOp.IS_LT: lambda a, b: _i(a < b), AluOp.IS_LE: lambda a, b: _i(a <= b),
+    AluOp.LOGICAL_AND: lambda a, b: _i((a != 0) & (b != 0)),
+    AluOp.LOGICAL_OR: lambda a, b: _i((a != 0) | (b != 0)),
+    AluOp.LOGICAL_XOR: lambda a, b: _i((a != 0) ^ (b != 0)),
+    AluOp.ABS_MAX: lambda a, b: np.maximum(np.abs(a), np.abs(b)),
+    AluOp.BITWISE_AND: np.bitwise_and, AluOp.BITWISE_OR: np.bitwise_or,
+    AluOp.BITWISE_XOR: np.bitwise_xor,
+    AluOp.LOGICAL_SHIFT_LEFT: lambda a, b: _shift(a, b, "shl"),
+    AluOp.LOGICAL_SHIFT_RIGHT: lambda a, b: _shift(a, b, "lsr"),
+    AluOp.ARITH_SHIFT_RIGHT: lambda a, b: _shift(a, b, "asr"),
+}
+INT_ALU_OPS = frozenset(INT_ALU)
+
+
+def _int_constant(c: float) -> bool:
+    return math.isfinite(c) and float(c).is_integer() and -2 ** 31 <= c < 2 ** 32
+
+
+def int_alu(ins: Instr, eng: EngineKind) -> bool:
+    """Does this tensor_tensor / tensor_scalar / select use the 32-bit integer ALU?"""
+    dst = ins.dst
+    if dst is None:
+        return False
+    a = ins.attrs
+    ops = ()
+    if isinstance(a, TensorTensorAttrs):
+        ops = (a.op,)
+    elif isinstance(a, TensorScalarAttrs):
+        ops = (a.op0,) if a.op1 is None else (a.op0, a.op1)
+    srcs = ins.srcs[1:] if ins.op is Op.SELECT else ins.srcs
+    ints = all(s.dtype in ALU_INT_DTYPES for s in srcs)
+    if any(o in BITVEC_OPS for o in ops):
+        if not ints or dst.dtype.is_float:
+            raise OperandError(f"bitvec {'/'.join(o.value for o in ops)} takes int32/int8/uint8/bool "
+                               f"operands, got {[s.dtype.value for s in srcs]} -> {dst.dtype.value}")
+        return True
+    if eng is not EngineKind.GPSIMD or not ints or dst.dtype.is_float:
+        return False
+    if isinstance(a, TensorScalarAttrs):
+        consts = ([] if a.operand0_from_src else [a.operand0]) + (
+            [] if a.op1 is None or a.operand1_from_src else [a.operand1])
+        if not all(_int_constant(c) for c in consts):
+            return False
+    return all(o in INT_ALU_OPS for o in ops)
+
+
+def _irows(m: MachineMemory, a: AP) -> np.ndarray:
+    return m.read(a).reshape(a.partitions, -1).astype(np.int64)
+
+
+def _iconst(c: float) -> np.int64:
+    return np.int64(wrap32(np.int64(int(c))))
+
+
 REDUCE: dict[AluOp, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
     AluOp.ADD: lambda x, ax: np.sum(x, axis=ax, dtype=F32),
     AluOp.MULTIPLY: lambda x, ax: np.prod(x, axis=ax, dtype=F32),
@@ -249,6 +371,10 @@ def activation(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 def tensor_tensor(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     a = ins.attrs
     assert isinstance(a, TensorTensorAttrs)
+    if int_alu(ins, eng):
+        r = wrap32(INT_ALU[a.op](_irows(m, ins.srcs[0]), _irows(m, ins.srcs[1])))
+        m.write(_dst(ins), r)
+        return
     x, y = _rows(m, ins.srcs[0]), _rows(m, ins.srcs[1])
     with np.errstate(all="ignore"):
         m.write(_dst(ins), ALU[a.op](x, y).astype(F32, copy=False))
@@ -276,6 +402,9 @@ def _step(x: np.ndarray, op: AluOp, c: np.ndarray | F32, reverse: bool) -> np.nd
 def tensor_scalar(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     a = ins.attrs
     assert isinstance(a, TensorScalarAttrs)
+    if int_alu(ins, eng):
+        _tensor_scalar_int(ins, m, a)
+        return
     x = _rows(m, ins.srcs[0])
     k = 1
     c0: np.ndarray | F32 = F32(a.operand0)
@@ -287,6 +416,22 @@ def tensor_scalar(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
         if a.op1 is not None:
             c1: np.ndarray | F32 = _rows(m, ins.srcs[k]) if a.operand1_from_src else F32(a.operand1)
             y = _step(y, a.op1, c1, a.reverse1)
+    m.write(_dst(ins), y)
+
+
+def _tensor_scalar_int(ins: Instr, m: MachineMemory, a: TensorScalarAttrs) -> None:
+    x = _irows(m, ins.srcs[0])
+    k = 1
+    c0 = _iconst(a.operand0)
+    if a.operand0_from_src:
+        c0 = _irows(m, ins.srcs[k])
+        k += 1
+    f = INT_ALU[a.op0]
+    y = wrap32(f(c0, x) if a.reverse0 else f(x, c0))
+    if a.op1 is not None:
+        c1 = _irows(m, ins.srcs[k]) if a.operand1_from_src else _iconst(a.operand1)
+        f = INT_ALU[a.op1]
+        y = wrap32(f(c1, y) if a.reverse1 else f(y, c1))
     m.write(_dst(ins), y)
 
 
@@ -340,6 +485,10 @@ def _add_free_steps(v: np.ndarray, dst: AP, steps: tuple[int, ...]) -> None:
 
 
 def select(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    if int_alu(ins, eng):
+        c = _rows(m, ins.srcs[0])
+        m.write(_dst(ins), np.where(c != 0, _irows(m, ins.srcs[1]), _irows(m, ins.srcs[2])))
+        return
     c, x, y = (_rows(m, s) for s in ins.srcs)
     m.write(_dst(ins), np.where(c != 0, x, y))
 

@@ -56,8 +56,6 @@ SKIPS = {
 # cases known to fail, each with its reason (an entry name covers all its cases); the sweep
 # counts them as failures, the default test run expects them to fail (strict xfail)
 KNOWN_FAILURES = {
-    "div.floor_rounding": "aten.div.Tensor_mode: rounding_mode='floor' is not lowered (elementwise)",
-    "div.trunc_rounding": "aten.div.Tensor_mode: rounding_mode='trunc' is not lowered (elementwise)",
     "softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
     "log_softmax.with_dtype": "the sample asks for dtype=float64, which the machine does not have",
     "to": "the samples convert to float64, which the machine does not have",

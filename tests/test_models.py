@@ -119,8 +119,8 @@ def test_batchnorm_network_train_and_eval():
     _close(out, ref, rtol=1e-4, atol=1e-4)
     for g, r in zip(grads, ref_grads):
         _close(g, r, rtol=1e-3, atol=1e-4)
-    # only the int64 num_batches_tracked counter may fall back (integers from a graph input)
-    assert {f["op"] for f in d["fallbacks"]} <= {"aten.add.Tensor"}, d["fallbacks"]
+    # nothing falls back: the int64 num_batches_tracked += 1 runs on GpSimdE's integer ALU
+    assert not d["fallbacks"] and d["fallback_nodes"] == 0, d["fallbacks"]
     assert d["device_nodes"] >= 30
 
 

@@ -6,8 +6,13 @@ scheduler. Tiling: any shape; see ``tiling/pointwise.py``.
 
 Numerics: the engines compute in fp32 and round each op's result to the dtype eager PyTorch would
 produce for that op (``Expr.dtype``), which is how eager's "opmath" behaves for bf16/fp16.
-Integer tensors are computed through fp32 too, so they are accepted only when generated on the
-device (``arange``/``full``, bounded below 2**24 at compile time), never from a graph input.
+Integers are exact as torch computes them, wraparound included: an integer operation on values
+from memory (a graph input such as batch norm's ``num_batches_tracked``, or a stored
+intermediate) runs on GpSimdE's 32-bit integer ALU, int64 as two 32-bit words
+(``tiling/intgen.py``); integers generated on the device (``arange``/``full``, bounded below
+2**24 at compile time) may stay on the fp32 path, exact there. Integer constants must fit
+2**53 (the expression's constants are doubles); int64 division has no exact sequence and is
+refused with the reason.
 """
 from __future__ import annotations
 
@@ -23,36 +28,27 @@ from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, cons
                           load)
 from lowering.ops import mathfns
 from lowering.ops.views import apply_view
+from lowering.tiling.intgen import DIVISOR_BITS
 from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
 EW_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES
-DEVICE_INT_SOURCES = {aten.arange.start_step, aten.arange.default, aten.arange.start,
-                      aten.full.default, aten.scalar_tensor.default, aten.zeros.default,
-                      aten.ones.default}
 F32 = DType.FP32
 
 
-def int_inputs_generated_on_device(node: fx.Node) -> str | None:
-    """Integer tensors reach the engines through fp32: accept them only when every integer
-    ancestor is produced on the device by a bounded generator."""
-    seen: set[fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for a in n.all_input_nodes:
-            v = a.meta.get("val")
-            if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
-                continue
-            if a.op == "placeholder":
-                return (f"integer tensor {a.name} ({v.dtype}) comes from a graph input; the "
-                        "engines compute integers through fp32, exact only below 2**24")
-            if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
-                stack.append(a)
+INT_CONST_MAX = 2 ** 53
+DEVICE_INT_SOURCES = {aten.arange.start_step, aten.arange.default, aten.arange.start,
+                      aten.full.default, aten.scalar_tensor.default, aten.zeros.default,
+                      aten.ones.default}
+
+
+def exact_integers(node: fx.Node) -> str | None:
+    """Integer operands are exact (``tiling/intgen.py``) when every integer constant fits a
+    double (|c| <= 2**53)."""
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > INT_CONST_MAX:
+            return f"integer constant {a} is beyond 2**53 (expression constants are doubles)"
     return None
 
 
@@ -75,6 +71,9 @@ def pointwise(ctx: LowerCtx, node: fx.Node, operands: Sequence[object],
             ins.append(bx)
         elif isinstance(x, bool):
             leaves.append(const(1.0 if x else 0.0))
+        elif isinstance(x, int) and abs(x) > INT_CONST_MAX:
+            raise Unsupported(ctx.op, f"integer constant {x} is beyond 2**53 (expression constants "
+                              "are doubles)")
         elif isinstance(x, (int, float)):
             leaves.append(const(float(x)))
         else:
@@ -118,7 +117,26 @@ def _unary(op: EOp):
 
 
 for _t, _op in _UNARY.items():
-    register(_t, dtypes=FLOAT_DTYPES)(_unary(_op))
+    if _t not in (aten.neg.default, aten.abs.default):
+        register(_t, dtypes=FLOAT_DTYPES)(_unary(_op))
+
+
+@register(aten.neg.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)
+def _neg(ctx, node, x):
+    """-x; integers exact with wraparound (GpSimdE int ALU, ``tiling/intgen.py``)."""
+    return pointwise(ctx, node, [x], lambda l, dt: e(EOp.NEG, l[0], dtype=dt))
+
+
+@register(aten.abs.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)
+def _abs(ctx, node, x):
+    """|x|: ScalarE abs for floats; integers exact as where(x < 0, -x, x) (|INT_MIN| wraps to
+    INT_MIN, as torch's)."""
+    def build(l: Leaves, dt: DType) -> Expr:
+        if dt.is_float:
+            return e(EOp.ABS, l[0], dtype=dt)
+        return e(EOp.WHERE, e(EOp.LT, l[0], const(0.0), dtype=DType.BOOL),
+                 e(EOp.NEG, l[0], dtype=dt), l[0], dtype=dt)
+    return pointwise(ctx, node, [x], build)
 
 
 def _bool_only(node: fx.Node) -> str | None:
@@ -129,7 +147,7 @@ def _bool_only(node: fx.Node) -> str | None:
 
 
 @register(aten.bitwise_not.default, dtypes=MASK_DTYPES, check=_bool_only)
-@register(aten.logical_not.default, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.logical_not.default, dtypes=EW_DTYPES, check=exact_integers)
 def _logical_not(ctx, node, x):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.EQ, l[0], const(0.0), dtype=dt))
 
@@ -153,7 +171,7 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
         def build(l: Leaves, dt: DType) -> Expr:
             x, y = l
             if alpha_scales and alpha != 1:
-                y = e(EOp.MUL, y, const(alpha))
+                y = e(EOp.MUL, y, const(alpha), dtype=F32 if dt.is_float else dt)
             if reverse:
                 x, y = y, x
             return e(op, x, y, dtype=dt)
@@ -162,21 +180,21 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
 
 
 register(aten.mul.Tensor, aten.mul.Scalar, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.MUL))
+         check=exact_integers)(_binary(EOp.MUL))
 register(aten.bitwise_and.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.AND))
 register(aten.bitwise_or.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.OR))
 _BINARY = {
     (aten.div.Tensor, aten.div.Scalar): EOp.DIV,
-    (aten.maximum.default,): EOp.MAX,
-    (aten.minimum.default,): EOp.MIN,
     (aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor): EOp.POW,
 }
 for _ts, _op in _BINARY.items():
     register(*_ts, dtypes=FLOAT_DTYPES)(_binary(_op))
+register(aten.maximum.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)(_binary(EOp.MAX))
+register(aten.minimum.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES)(_binary(EOp.MIN))
 register(aten.add.Tensor, aten.add.Scalar, dtypes=EW_DTYPES - MASK_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.ADD, alpha_scales=True))
+         check=exact_integers)(_binary(EOp.ADD, alpha_scales=True))
 register(aten.sub.Tensor, aten.sub.Scalar, dtypes=EW_DTYPES - MASK_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.SUB, alpha_scales=True))
+         check=exact_integers)(_binary(EOp.SUB, alpha_scales=True))
 register(aten.rsub.Scalar, aten.rsub.Tensor, dtypes=FLOAT_DTYPES)(
     _binary(EOp.SUB, reverse=True, alpha_scales=True))
 
@@ -186,14 +204,84 @@ def _pow_scalar(ctx, node, base, exponent):
     return pointwise(ctx, node, [base, exponent], lambda l, dt: e(EOp.POW, l[0], l[1], dtype=dt))
 
 
+def _int64_division_ancestry(node: fx.Node) -> str | None:
+    """int64 division has no exact engine sequence (the integer ALU is 32-bit): accept it only
+    on integers generated on the device (bounded below 2**24: the fp32 path is exact)."""
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for a in n.all_input_nodes:
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor) or v.dtype not in INDEX_DTYPES:
+                continue
+            if a.op == "placeholder":
+                return (f"int64 division of {a.name}, an integer graph input, by a tensor: the "
+                        "integer ALU is 32-bit and this division has no exact sequence (int32 is "
+                        f"exact, and int64 by a constant 0 < |c| < 2**{DIVISOR_BITS})")
+            if a.op == "call_function" and a.target not in DEVICE_INT_SOURCES:
+                stack.append(a)
+    return None
+
+
+def _int64_divisor_ok(node: fx.Node) -> str | None:
+    """int64 division / modulo: exact by a constant 0 < |c| < 2**27 (long division on the
+    integer ALU, ``tiling/intgen.py``); otherwise only on device-generated integers."""
+    b = node.args[1] if len(node.args) > 1 else None
+    if isinstance(b, int) and not isinstance(b, bool):
+        if 0 < abs(b) < 2 ** DIVISOR_BITS:
+            return None
+        why = _int64_division_ancestry(node)
+        return None if why is None else (
+            f"int64 division by the constant {b}: the long division on the 32-bit integer ALU "
+            f"takes 0 < |c| < 2**{DIVISOR_BITS}")
+    return _int64_division_ancestry(node)
+
+
 def _div_mode_check(node: fx.Node) -> str | None:
+    """rounding_mode None, 'trunc' or 'floor'; floats exact as torch's CPU kernel (floor is
+    its fmod-based Python floor division); int32 exact on the integer ALU (division by zero,
+    an error in eager, gives -1 there); int64 only on integers generated on the device."""
     mode = node.kwargs.get("rounding_mode")
-    return None if mode is None else f"rounding_mode={mode!r} is not supported (only None)"
+    if mode not in (None, "trunc", "floor"):
+        return f"rounding_mode={mode!r} is not one of None, 'trunc', 'floor'"
+    v = node.meta.get("val")
+    if mode is not None and isinstance(v, torch.Tensor) and v.dtype == torch.int64:
+        return _int64_divisor_ok(node)
+    return None
 
 
-@register(aten.div.Tensor_mode, dtypes=FLOAT_DTYPES, check=_div_mode_check)
+@register(aten.div.Tensor_mode, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=_div_mode_check)
 def _div_mode(ctx, node, a, b, *, rounding_mode=None):
-    return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.DIV, l[0], l[1], dtype=dt))
+    out_dt = ctx.out_val.dtype
+    if rounding_mode is None:
+        return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.DIV, l[0], l[1], dtype=dt))
+    if not out_dt.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: _int_div(l[0], l[1], dt, rounding_mode))
+    # eager divides in bf16/fp16 steps unless the divisor is one element (then in fp32, once)
+    single = not isinstance(b, TensorRef) or b.numel == 1
+    fn = mathfns.div_floor if rounding_mode == "floor" else mathfns.div_trunc
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        return fn(_f32(l[0]), _f32(l[1]), F32 if single else dt)
+    return pointwise(ctx, node, [a, b], build)
+
+
+def _int_div(a: Expr, b: Expr, dt: DType, mode: str) -> Expr:
+    """Integer trunc / floor division (``c10::div_floor_integer``): the ALU's truncating
+    divide, minus one where the remainder is non-zero and the signs differ (the ALU's floor
+    modulo is non-zero exactly where the C remainder is)."""
+    q = e(EOp.DIV, a, b, dtype=dt)
+    if mode == "trunc":
+        return q
+    B = DType.BOOL
+    fix = e(EOp.AND, e(EOp.NE, e(EOp.MOD, a, b, dtype=dt), const(0.0), dtype=B),
+            e(EOp.XOR, e(EOp.LT, a, const(0.0), dtype=B), e(EOp.LT, b, const(0.0), dtype=B), dtype=B),
+            dtype=B)
+    return e(EOp.SUB, q, fix, dtype=dt)
 
 
 _COMPARE = {
@@ -202,28 +290,28 @@ _COMPARE = {
     (aten.gt.Tensor, aten.gt.Scalar): EOp.GT, (aten.ge.Tensor, aten.ge.Scalar): EOp.GE,
 }
 for _ts, _op in _COMPARE.items():
-    register(*_ts, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)(_binary(_op))
+    register(*_ts, dtypes=EW_DTYPES, check=exact_integers)(_binary(_op))
 register(aten.logical_and.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.AND))
+         check=exact_integers)(_binary(EOp.AND))
 register(aten.logical_or.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.OR))
+         check=exact_integers)(_binary(EOp.OR))
 
 
-@register(aten.clamp.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.clamp.default, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=exact_integers)
 def _clamp(ctx, node, x, min=None, max=None):
     """clamp by constants; integer tensors only when generated on the device (bilinear
     upsampling's source indices, clamped to the input's edge)."""
     def build(l: Leaves, dt: DType) -> Expr:
-        y = l[0]
+        y, w = l[0], F32 if dt.is_float else dt         # integers stay integers (exact path)
         if min is not None:
-            y = e(EOp.MAX, y, const(min))
+            y = e(EOp.MAX, y, const(min), dtype=w)
         if max is not None:
-            y = e(EOp.MIN, y, const(max))
+            y = e(EOp.MIN, y, const(max), dtype=w)
         return y
     return pointwise(ctx, node, [x], build)
 
 
-@register(aten.where.self, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.where.self, dtypes=EW_DTYPES, check=exact_integers)
 def _where(ctx, node, cond, a, b):
     return pointwise(ctx, node, [cond, a, b], lambda l, dt: e(EOp.WHERE, *l, dtype=dt))
 
@@ -240,8 +328,10 @@ def _to_copy(ctx, node, x, **kwargs):
     return pointwise(ctx, node, [x], lambda l, dt: e(EOp.CAST, l[0], dtype=dt))
 
 
-@register(aten.masked_fill.Scalar, dtypes=EW_DTYPES, check=int_inputs_generated_on_device)
+@register(aten.masked_fill.Scalar, dtypes=EW_DTYPES, check=exact_integers)
 def _masked_fill(ctx, node, x, mask, value):
+    if isinstance(value, float) and not ctx.out_val.dtype.is_floating_point and ctx.out_val.dtype != torch.bool:
+        value = int(value)                # torch converts the fill value to x's integer dtype
     return pointwise(ctx, node, [mask, value, x], lambda l, dt: e(EOp.WHERE, *l, dtype=dt))
 
 
@@ -365,15 +455,46 @@ def _composed_binary(fn):
 register(aten.atan2.default, dtypes=FLOAT_DTYPES, check=_doc_check(
     "C atan2 (signed zeros, infinities): the atan polynomial of min(|x|,|y|)/max(|x|,|y|), "
     "reflected on VectorE"))(_composed_binary(mathfns.atan2))
-register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
-    "exact, sign of the dividend: VectorE mod(|a|, |b|) with a's sign bit; float dtypes only"))(
-    _composed_binary(mathfns.fmod))
-register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES, check=_doc_check(
-    "exact, sign of the divisor: torch's r = fmod(a, b); r + b where r != 0 and the signs "
-    "differ; float dtypes only"))(_composed_binary(mathfns.remainder))
+def _fmod_check(node: fx.Node) -> str | None:
+    """exact, sign of the dividend: floats by VectorE mod(|a|, |b|) with a's sign bit;
+    integers from the integer ALU's floor modulo m as m - b where m != 0 and the signs of a and
+    b differ (int32 any divisor; int64 by a constant 0 < |c| < 2**27 or on device-generated
+    integers)."""
+    return _remainder_check(node)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=_fmod_check)
+def _fmod(ctx, node, a, b):
+    if ctx.out_val.dtype.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: mathfns.fmod(_f32(l[0]), _f32(l[1])))
+
+    def build(l: Leaves, dt: DType) -> Expr:
+        B = DType.BOOL
+        m = e(EOp.MOD, l[0], l[1], dtype=dt)
+        fix = e(EOp.AND, e(EOp.NE, m, const(0.0), dtype=B),
+                e(EOp.XOR, e(EOp.LT, l[0], const(0.0), dtype=B), e(EOp.LT, l[1], const(0.0), dtype=B),
+                  dtype=B), dtype=B)
+        return e(EOp.WHERE, fix, e(EOp.SUB, m, l[1], dtype=dt), m, dtype=dt)
+    return pointwise(ctx, node, [a, b], build)
+def _remainder_check(node: fx.Node) -> str | None:
+    """exact, sign of the divisor: floats by torch's r = fmod(a, b); r + b where r != 0 and
+    the signs differ; int32 by the integer ALU's floor modulo; int64 by a constant
+    0 < |c| < 2**27 (long division) or on device-generated integers."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and v.dtype == torch.int64:
+        return _int64_divisor_ok(node)
+    return None
+
+
+@register(aten.remainder.Tensor, aten.remainder.Scalar, dtypes=FLOAT_DTYPES | INDEX_DTYPES,
+          check=_remainder_check)
+def _remainder(ctx, node, a, b):
+    if not ctx.out_val.dtype.is_floating_point:
+        return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.MOD, l[0], l[1], dtype=dt))
+    return pointwise(ctx, node, [a, b], lambda l, dt: mathfns.remainder(_f32(l[0]), _f32(l[1])))
 register(aten.bitwise_xor.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.XOR))
 register(aten.logical_xor.default, dtypes=EW_DTYPES,
-         check=int_inputs_generated_on_device)(_binary(EOp.XOR))
+         check=exact_integers)(_binary(EOp.XOR))
 
 
 @register(aten.clamp.Tensor, dtypes=FLOAT_DTYPES)

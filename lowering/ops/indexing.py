@@ -14,8 +14,8 @@ to 128 lookups, the rows stored by DMA (``tiling/gather.py``); any index shape, 
 (column chunks), any table dtype (bytes are copied exactly).
 
 Integers: the index may come straight from a graph input (token ids): it is only used as DMA
-addresses, never computed with on an engine, so no fp32 rounding can touch it (unlike the
-elementwise rules, which refuse integer graph inputs; ``elementwise.int_inputs_generated_on_device``).
+addresses, never computed with on an engine, so no fp32 rounding can touch it (arithmetic on it
+before the lookup is exact too: the elementwise rules' integer ALU path, ``tiling/intgen.py``).
 A lookup outside ``[0, V)`` is a machine BoundsError in functional mode (eager raises an
 IndexError), never a silent read of another row.
 """

@@ -102,6 +102,36 @@ def remainder(a: Expr, b: Expr) -> Expr:
     return where(fix, e(EOp.ADD, r, b), r)
 
 
+def div_floor(a: Expr, b: Expr, w: DType = F32) -> Expr:
+    """torch's floor division of floats (``div_floor_floating_vec``, ATen cpu/BinaryOpsKernel
+    .cpp, the Python ``//`` of ``c10::div_floor_floating``): ``mod = fmod(a, b)``,
+    ``div = (a - mod) / b`` (``a`` itself where ``a / b`` overflows but ``a`` is finite), one
+    less where ``mod != 0`` and the signs of ``b`` and ``mod`` differ, then ``floor(div)``
+    rounded up where ``div - floor(div) > 0.5``; ``copysign(0, a / b)`` where ``div == 0``,
+    ``a / b`` where ``b == 0``. ``w`` is the dtype each arithmetic step rounds to (bf16/fp16
+    when eager computes in that dtype, fp32 otherwise)."""
+    def rw(x: Expr) -> Expr:
+        return x if w is F32 else Expr(EOp.CAST, (x,), w)
+    q = rw(e(EOp.DIV, a, b))
+    mod = rw(fmod(a, b))
+    fl = where(e(EOp.AND, isinf(q), e(EOp.LOGICAL_NOT, isinf(a))),
+               a, rw(e(EOp.SUB, a, mod)))
+    div = rw(e(EOp.DIV, fl, b))
+    fix = e(EOp.AND, e(EOp.NE, mod, 0.0), e(EOp.XOR, e(EOp.LT, b, 0.0), e(EOp.LT, mod, 0.0)))
+    div = where(fix, rw(e(EOp.SUB, div, 1.0)), div)
+    fd = floor(div)
+    fd = where(e(EOp.GT, rw(e(EOp.SUB, div, fd)), 0.5), rw(e(EOp.ADD, fd, 1.0)), fd)
+    fd = where(e(EOp.EQ, div, 0.0), copysign(const(0.0), q), fd)
+    return where(e(EOp.EQ, b, 0.0), q, fd)
+
+
+def div_trunc(a: Expr, b: Expr, w: DType = F32) -> Expr:
+    """torch's ``trunc(a / b)``, the quotient rounded to ``w`` first (bf16/fp16 when eager
+    divides in that dtype)."""
+    q = e(EOp.DIV, a, b)
+    return trunc(q if w is F32 else Expr(EOp.CAST, (q,), w))
+
+
 # ---- exponentials and logarithms -------------------------------------------------------------
 def log1p(x: Expr) -> Expr:
     """Kahan: ``u = 1 + x``; ``x`` if u == 1, else ``log(u) * x / (u - 1)`` (the division

@@ -11,6 +11,8 @@ Invariants
   sub-trees share one result), into a tile of its own taken in the current loop (two slots, so
   the next iteration's value can be computed while this one is still read).
 - Each result is rounded to its node's dtype, exactly like the ATen op it came from.
+- Integer operations on values from memory are exact (``intgen.py``: GpSimdE's int32 ALU,
+  int64 as two words); everything else computes in fp32.
 - A sub-expression of per-row leaves and constants only (``row_leaf``) is computed on a
   ``[p, 1]`` tile and read with stride 0 wherever a full tile is needed: the same values, the
   work of one column.
@@ -22,6 +24,7 @@ from dataclasses import replace
 
 from lowering.errors import LoweringError
 from lowering.kir import BINARY_OPS, EOp, Expr, UNARY_OPS
+from lowering.tiling.intgen import IntGen, takes_int_path
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
@@ -90,6 +93,7 @@ class ExprGen:
         self.row_leaf = row_leaf
         self.memo: dict[Expr, TAP | float] = {}
         self.rows: set[Expr] = set()          # expressions whose value is a [p, 1] row tile
+        self.int_memo: dict = {}              # intgen's shared results (an int64 long division)
 
     def new(self, dtype: DType, row: bool = False) -> TAP:
         return self.b.tile("w", Memory.SBUF, self.p, (1,) if row else self.free, dtype, self.bufs).ap()
@@ -144,6 +148,8 @@ class ExprGen:
             if x.args[0] in self.rows:
                 self.rows.add(x)
             return v
+        if takes_int_path(x):                     # exact integers: GpSimdE's int32 ALU
+            return IntGen(self).emit(x)
         args = [self.value(a) for a in x.args]
         if all(isinstance(a, float) for a in args):
             return _round_const(_fold(x, args), x.dtype)

@@ -106,9 +106,9 @@ CASES = ([(k, s, d, dt) for s, d in SHAPES_DIMS for dt in (BOOL, FP32) for k in 
 
 INT_ALL_XFAIL = pytest.mark.xfail(strict=True, reason=(
     "core ATen decomposes all(x) into logical_not(any(logical_not(x))); the elementwise "
-    "logical_not refuses integer graph inputs (int_inputs_generated_on_device) and uint8/int8 "
-    "(not in EW_DTYPES), although x == 0 is exact through fp32. Repro: "
-    "check(lambda x: x.all(1), torch.ones(4, 5, dtype=torch.int64))"))
+    "logical_not refuses uint8/int8 (not in EW_DTYPES), although x == 0 is exact through fp32 "
+    "(int32/int64 run on the integer ALU). Repro: "
+    "check(lambda x: x.all(1), torch.ones(4, 5, dtype=torch.uint8))"))
 
 
 def _with_ops(rows: list[tuple]) -> list:
@@ -116,7 +116,7 @@ def _with_ops(rows: list[tuple]) -> list:
     out = []
     for row in rows:
         for op in OPS:
-            integer = not (row[-1].is_floating_point or row[-1] == BOOL)
+            integer = row[-1] in (torch.uint8, torch.int8)
             marks = [INT_ALL_XFAIL] if op == "all" and integer else []
             out.append(pytest.param(op, *row, marks=marks))
     return out

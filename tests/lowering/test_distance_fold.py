@@ -65,12 +65,12 @@ def test_col2im(case, dtype):
     cols = rand(N, C * k[0] * k[1], Lh * Lw, seed=7, dtype=dtype)
     fn = lambda c: aten.col2im(c, [H, W], k, d, p, s)  # noqa: E731
     for c in (cols, cols[0]):                               # batched and unbatched
-        outs, _ = lower_raw(fn, c)                          # the decompositions remove col2im
+        outs, _ = lower_raw(fn, c)                          # core decompositions remove col2im
         assert_close(outs[0], fn(c), scale=2.0)
 
 
 def test_fold_through_torch_compile_runs_on_the_device():
-    # the backend decomposes col2im into an index_put with two adjacent index tensors
+    # the backend keeps col2im whole (its kernel: tests/test_kernel_ops_kept.py)
     d = assert_matches_eager(lambda c: F.fold(c, (13, 12), 3, padding=1), rand(2, 36, 156, seed=8))
     assert d["fallback_nodes"] == 0
 

@@ -1,7 +1,7 @@
 """Gathers on the device: ``aten.embedding`` and ``aten.gather`` against eager through the
 simulator (functional mode), over lookup counts and row lengths that cross tile edges, both
 table dtypes and both index dtypes, repeated and out-of-order indices; out-of-range indices raise
-the machine's BoundsError; integer graph inputs feed indices but not arithmetic.
+the machine's BoundsError; integer graph inputs feed indices and exact integer arithmetic.
 
 Gathers copy bytes, so every comparison is exact (``_exact``): there is no tolerance to widen.
 ``test_a_wrong_lowering_fails`` proves the comparison catches a lowering that reads the
@@ -208,16 +208,13 @@ def test_a_wrong_lowering_fails(monkeypatch):
 
 
 # ---- integer graph inputs -------------------------------------------------------------------
-def test_integer_graph_inputs_feed_indices_not_arithmetic():
+def test_integer_graph_inputs_feed_indices_and_arithmetic():
     gm = trace(lambda w, i: F.embedding(i, w), table(10, 4), torch.tensor([1, 2]))
     assert not unsupported_nodes(gm)
-    # arithmetic on a user integer, or on a value gathered from one, still falls back with the reason
-    for fn in (lambda w, i: F.embedding(i + 1, w),
-               lambda w, i: torch.gather(i.unsqueeze(0), 1, i.unsqueeze(0)) * 2):
-        gm = trace(fn, table(10, 4), torch.tensor([1, 0]))
-        bad = unsupported_nodes(gm)
-        assert len(bad) == 1 and "integer tensor i_1 (torch.int64) comes from a graph input" in bad[0] \
-            and "exact only below 2**24" in bad[0], bad
+    # arithmetic on a user integer, or on a value gathered from one: exact on the integer ALU
+    run(lambda w, i: F.embedding(i + 1, w), table(10, 4), torch.tensor([1, 0, 8, 3]))
+    i = torch.tensor([1, 0, 3, 2])
+    run(lambda i: torch.gather(i.unsqueeze(0), 1, i.unsqueeze(0)) * 2, i)
 
 
 def test_gather_and_embedding_reasons_name_the_constraint():

@@ -204,8 +204,6 @@ def test_copies(name, dtype):
     x = (x * 100).to(dtype) if dtype == torch.int64 else x.to(dtype)
     if name.startswith("repeat"):
         x = x[:65, :171]
-    if dtype == torch.int64 and name in ("empty", "fill"):
-        pytest.skip("integer arithmetic on a graph input is refused (fp32 path)")
     low = lower_and_run(fn, x)
     want = x if name == "empty" else fn(x)      # eager's empty holds garbage (maybe NaN)
     assert torch.equal(low.outputs[0], want), name
@@ -219,10 +217,10 @@ def _node(fn, *inputs, target):
 
 def test_unsupported_variants_fall_back_with_a_reason():
     i = torch.arange(10).reshape(2, 5)
-    r = why_unsupported(_node(lambda t: torch.fmod(t, 3), i, target=aten.fmod.Scalar))
-    assert r and "dtype int64 is not supported" in r
-    r = why_unsupported(_node(lambda t: torch.logical_xor(t, t), i, target=aten.logical_xor.default))
-    assert r and "comes from a graph input" in r
+    r = why_unsupported(_node(lambda t: torch.fmod(t, t.flip(0) + 1), i, target=aten.fmod.Tensor))
+    assert r and "int64 division of" in r and "by a tensor" in r, r
+    r = why_unsupported(_node(lambda t: t + 2 ** 60, i, target=aten.add.Tensor))
+    assert r and "integer constant 1152921504606846976 is beyond 2**53" in r, r
     gm = make_fx(lambda t: torch.empty_strided((4, 5), (1, 4)) + t)(torch.ones(4, 5))
     n = next(n for n in gm.graph.nodes if n.target is aten.empty_strided.default)
     assert "is not the contiguous stride" in why_unsupported(n)
@@ -251,13 +249,15 @@ def test_tolerances_can_fail():
         _bits(neg0, torch.round(x), "round")
 
 
-def test_clamp_of_device_integers_is_exact_and_graph_input_integers_fall_back():
+def test_clamp_of_device_and_graph_input_integers_is_exact():
     """clamp on int64 positions computed on the device (as bilinear upsampling's) runs through
-    fp32 exactly; an int64 graph input is refused with the reason (fp32 is exact below 2**24)."""
+    fp32 exactly; on an int64 graph input it runs on the integer ALU, exact beyond 2**24."""
     x = rand(3, 129)
     fn = lambda x: x * (torch.arange(129) * 3 - 50).clamp(0, 300)  # noqa: E731
     low = lower_and_run(fn, x)
     assert_close(low.outputs[0], fn(x))
-    ids = torch.arange(129)
-    with pytest.raises(AssertionError, match="comes from a graph input"):
-        lower_and_run(lambda i: i.clamp(0, 100), ids)
+    ids = torch.arange(129 * 513).reshape(129, 513) * 4099 - 2 ** 25 - 1
+    clamp = lambda i: i.clamp(-2 ** 25 + 1, 2 ** 27 + 3)  # noqa: E731
+    low = lower_and_run(clamp, ids)
+    assert torch.equal(low.outputs[0], clamp(ids))
+    assert not torch.equal(low.outputs[0] + 1, clamp(ids))

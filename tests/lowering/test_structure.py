@@ -106,11 +106,14 @@ def test_unsupported_dtype_reason_names_op_and_dtype():
     assert reason is not None and "add" in reason and "float64" in reason, reason
 
 
-def test_integer_graph_input_is_unsupported():
-    """Integers are computed through fp32: an int tensor from a graph input must fall back."""
+def test_integer_graph_input_arithmetic_is_supported_and_int64_division_by_a_tensor_is_not():
+    """Integer arithmetic on a graph input is exact (the integer ALU; tests/lowering/
+    test_int_exact.py); int64 division of one by a tensor has no exact sequence and falls back."""
     gm = trace(lambda x: x + 1, torch.ones(4, 4, dtype=torch.int64))
+    assert not unsupported_nodes(gm)
+    gm = trace(lambda x: x // x.t(), torch.ones(4, 4, dtype=torch.int64))
     bad = unsupported_nodes(gm)
-    assert bad and "graph input" in bad[0], bad
+    assert bad and "graph input" in bad[0] and "int64 division" in bad[0], bad
 
 
 def test_non_call_nodes_are_not_lowered():
