@@ -17,7 +17,10 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 load B[k, group]                       (three slots: loads run ahead)
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
-The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM.
+The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
+row bias folded into the accumulation is loaded once, whole (``_bias_row``). A resident block
+of short plain rows loads G K tiles per DMA (``_kgroup``: K groups, G consecutive rows per
+partition), the K loops then running over groups and tiles within them.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
 A third form keeps the output block in SBUF and streams both operands in chunks of K
 (``resident="C"``, matmul_outres.py) when PSUM would bound the block.
@@ -88,27 +91,29 @@ class _Side:
 
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
              f0: Affine, fw: int, stage=None, psum: TAP | None = None,
-             copy_engines: tuple | None = None) -> None:
+             copy_engines: tuple | None = None, kstep: int = 1) -> None:
         """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
         is a plain strided copy whatever the form); ``stage``: the rows from ``stage``
         (``(tile, K, offset)`` as ``stage`` returns it: row ``f0`` sits ``offset`` elements into
         the tile); ``psum``: where a TensorE transpose of at most 128 rows lands (default: a new tile
-        of ``tp_bufs`` slots); ``copy_engines``: the engines its copy out of PSUM may take."""
+        of ``tp_bufs`` slots); ``copy_engines``: the engines its copy out of PSUM may take;
+        ``kstep``: the tile's K rows are ``k0, k0 + kstep, ...`` (a K group, see ``_kgroup``)."""
         r = self.ref
+        ks = self.kstride * kstep
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
         if self.form == DMA_T and fw > 1 and kt > 1:
             src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
-                         self.fstride, ((kt, self.kstride),))
+                         self.fstride, ((kt, ks),))
             b.dma(dap, src, transpose=True)
             return
         if self.form in (PE_T, RES_T) and fw > 1 and kt > 1:
             for c0, cw in b.tiled(fw, 128, "t"):
                 src = hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride + k0 * self.kstride,
-                             cw, self.fstride, ((kt, self.kstride),))
+                             cw, self.fstride, ((kt, ks),))
                 rows = b.resident_view(src, cw)      # RES_T: the rows are already in SBUF
                 if stage is not None:
                     st, K, off = stage
-                    rows = st.ap(cw, elem_offset=off + c0 // 128 * K + k0, dims=((1, kt),))
+                    rows = st.ap(cw, elem_offset=off + c0 // 128 * K + k0, dims=((kstep, kt),))
                 elif rows is None:
                     t = b.tile("rows", Memory.SBUF, cw, kt, r.dtype, 2)
                     b.dma(t.ap(), src)
@@ -119,8 +124,19 @@ class _Side:
                               **({"engines": copy_engines} if copy_engines else {}))
             return
         src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
-                     self.kstride, ((fw, self.fstride),))
+                     ks, ((fw, self.fstride),))
         b.dma(dap, src)
+
+    def load_group(self, b: TirBuilder, dst: Tile, bbase: Affine, c: Affine, G: int, f0: Affine,
+                   fw: int) -> None:
+        """K group ``c`` of a DIRECT operand in one DMA: partition p receives rows
+        ``c*G*128 + p*G + g`` (g < G), side by side (K tile ``c*G + g`` at element
+        ``(c*G + g) * fw`` of ``dst``): G consecutive rows, one contiguous run of G*fw elements
+        when ``fw`` is the whole row."""
+        r = self.ref
+        src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
+                     TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
+        b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
 
 
 def tile_matmul(b: TirBuilder, k: KOp) -> None:
@@ -260,36 +276,46 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
     res, strm = (sa, sb) if c.resident == "A" else (sb, sa)
     rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
     Kt = -(-K // TK)
+    G = _kgroup(res, strm, K, c, rt)
+    if G > 1:
+        b.note(f"matmul: K in groups of {G} tiles, partition p of group c holding rows "
+               f"c*{G * TK} + {G}p .. +{G - 1} ({G * res.F * dt.itemsize} B contiguous per "
+               f"partition and DMA)")
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         rbase, sbase = res.base(bidx), strm.base(bidx)
+        rows = {fi: _bias_row(b, k, fi, bidx) for fi in folded}
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
-            for k0, kt in b.tiled(K, TK, "kt"):
-                strm.load(b, tall, k0 // TK * strm.F, sbase, k0, kt, aff(0), strm.F)
+            for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt"):
+                strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
                 blk = b.tile("res", Memory.SBUF, TK, (-(-K // TK)) * rw, dt, c.block_bufs)
                 rstage = res.stage(b, rbase, r0, rw, K)
-            for k0, kt in b.tiled(K, TK, "kr"):
-                if not c.stream:
-                    res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw, rstage)
+            if G > 1:
+                with b.loop(K // (G * TK), "kr") as cg:
+                    res.load_group(b, blk, rbase, cg, G, r0, rw)
+            else:
+                for k0, kt in b.tiled(K, TK, "kr"):
+                    if not c.stream:
+                        res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw, rstage)
             for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
                 sstage = strm.stage(b, sbase, s0, sw, K)
-                for k0, kt in b.tiled(K, TK, "k"):
+                for j, k0, kt, ks, first in _ktiles(b, K, G, "k"):
                     if once:
-                        sblk = _Slice(tall, k0 // TK * strm.F)
+                        sblk = _Slice(tall, j * strm.F)
                     else:
                         sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
-                        strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage)
+                        strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage, kstep=ks)
                     if c.stream:      # K too long to keep a block: both sides per K tile
                         blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
                         res.load(b, blk, aff(0), rbase, k0, kt, r0, rw)
                         koff = aff(0)
                     else:
-                        koff = k0 // TK * rw
+                        koff = j * rw
                     for i0, iw in b.tiled(rw, rt, "i"):
                         for j0, jw in b.tiled(sw, st, "j"):
                             ia, ja = i0 // rt, j0 // st          # tile indices (affine)
@@ -303,9 +329,9 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                                 stat = sblk.ap(kt, elem_offset=j0, dims=((1, jw),))
                                 mov = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
                                 dst = acc.ap(jw, elem_offset=cell, dims=((1, iw),))
-                            b.matmul(dst, stat, mov, start_when=(k0,))
+                            b.matmul(dst, stat, mov, start_when=first)
                 for fi in folded:
-                    _bias_products(b, k, fi, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                    _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
                         ia, ja = i0 // rt, j0 // st
@@ -318,6 +344,40 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                         _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
 
 
+GROUP_RUN = 4096   # bytes per partition from which a DMA runs at its full rate (hardware.md DMA:
+#                    ">= 2 KiB approaches peak, >= 4 KiB saturates")
+
+
+def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int) -> int:
+    """K tiles per K group: a resident operand loaded by plain DMAs (``DIRECT``) in one block
+    whose rows are shorter than ``GROUP_RUN`` bytes loads G tiles per DMA, partition p of group
+    c holding rows ``c*G*128 + p*G + g`` (g < G: consecutive rows, one contiguous run), instead
+    of one [128, row] DMA per K tile (rows of 768 bf16: 1.5 KiB runs, each paying the per-run
+    DMA overhead). The contraction order does not matter, so K tile ``c*G + g`` is rows
+    ``c*G*128 + g + G*p``; the streamed operand reads the same rows (its K tiles transposed on
+    TensorE from columns ``G`` apart). G: the smallest divisor of the K tile count whose run
+    reaches ``GROUP_RUN`` bytes (all of them when none does); 1 when K has a partial tile or
+    the streamed side is loaded by DMA (a strided DMA transpose or load: not attempted)."""
+    Kt, run = K // TK, res.F * res.ref.dtype.itemsize
+    if (c.stream or res.form != DIRECT or strm.form not in (RES_T, PE_T) or K % TK or Kt < 2
+            or c.block * rt < res.F or res.fstride != 1 or res.kstride != res.F
+            or run >= GROUP_RUN):
+        return 1
+    return next((g for g in range(2, Kt + 1) if Kt % g == 0 and g * run >= GROUP_RUN), Kt)
+
+
+def _ktiles(b: TirBuilder, K: int, G: int, hint: str):
+    """(tile index, first K row, rows, row step, start_when) of every K tile: the plain tiles
+    (the last one partial), or K groups of G full tiles (``_kgroup``) as two nested loops."""
+    if G == 1:
+        for k0, kt in b.tiled(K, TK, hint):
+            yield k0 // TK, k0, kt, 1, (k0,)
+        return
+    with b.loop(K // (G * TK), hint + "c") as cg:
+        with b.loop(G, hint + "g") as g:
+            yield cg * G + g, cg * (G * TK) + g, TK, G, (cg, g)
+
+
 class _Slice:
     """Elements from ``off`` of every partition of a tile, used where a tile is expected."""
 
@@ -328,27 +388,35 @@ class _Slice:
         return self.tile.ap(partitions, elem_offset=self.off + elem_offset, **kw)
 
 
-def _bias_products(b: TirBuilder, k: KOp, fi: int, bidx, c: Blocking, acc, r0, rw: int, s0, sw: int,
+def _bias_row(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
+    """The whole bias row of a folded row bias (``fold_row_bias``) in one partition, loaded once
+    per batch index before the blocks: a few KiB at most, and no reload between the groups (a
+    small load issued mid-kernel waits in the DMA engines' queues behind the next kernel's
+    prefetched weights)."""
+    x = k.ins[fi]
+    N = k.ins[1].shape[-1]
+    row = b.tile(f"bias{fi}", Memory.SBUF, 1, N, x.dtype, 2)
+    b.dma(row.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx), 1, 0, ((N, x.strides[-1]),)))
+    return row
+
+
+def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, sw: int,
                    rt: int, st: int, nr: int, ns: int) -> None:
     """acc[cell] += ones[1, rows].T @ bias[1, cols] for every cell of the group: the row bias
-    folded into the accumulation (see ``fold_row_bias``)."""
-    x = k.ins[fi]
-    n0, nw = (s0, sw) if c.resident == "A" else (r0, rw)
-    row = b.tile(f"bias{fi}", Memory.SBUF, 1, nw, x.dtype, 2)
-    b.dma(row.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + n0 * x.strides[-1], 1, 0,
-                           ((nw, x.strides[-1]),)))
-    ones = b.tile("ones", Memory.SBUF, 1, 128, x.dtype, 1)
+    folded into the accumulation (see ``fold_row_bias``); ``row``: ``_bias_row``."""
+    n0 = s0 if c.resident == "A" else r0
+    ones = b.tile("ones", Memory.SBUF, 1, 128, row.buf.dtype, 1)
     b.memset(ones.ap(), 1.0)
     for i0, iw in b.tiled(rw, rt, "bi"):
         for j0, jw in b.tiled(sw, st, "bj"):
             ia, ja = i0 // rt, j0 // st
             if c.resident == "A":      # i: m-tiles, j: n-tiles
                 b.matmul(acc.ap(iw, elem_offset=(ia * ns + ja) * TN, dims=((1, jw),)),
-                         ones.ap(1, dims=((1, iw),)), row.ap(1, elem_offset=j0, dims=((1, jw),)),
+                         ones.ap(1, dims=((1, iw),)), row.ap(1, elem_offset=n0 + j0, dims=((1, jw),)),
                          start_when=(1,))
             else:                      # i: n-tiles, j: m-tiles
                 b.matmul(acc.ap(jw, elem_offset=(ja * nr + ia) * TN, dims=((1, iw),)),
-                         ones.ap(1, dims=((1, jw),)), row.ap(1, elem_offset=i0, dims=((1, iw),)),
+                         ones.ap(1, dims=((1, jw),)), row.ap(1, elem_offset=n0 + i0, dims=((1, iw),)),
                          start_when=(1,))
 
 
