@@ -28,7 +28,8 @@ a looped stream is checked per static instruction, see checks_loops.py)
   tensor_copy, ...), but a matmul may only accumulate onto bytes a matmul wrote (run-time check).
 - Operands (OperandError): operand counts and shapes per op, matmul limits (K <= 128 partitions,
   M <= 128, N <= 512 and one fp32 PSUM bank, stationary and moving of one float dtype in SBUF,
-  destination fp32 in PSUM), TensorE transpose <= 128 x 128 into PSUM, VectorE transpose <= 32 x
+  destination fp32 in PSUM; ``perf_mode=double_row``: fp8 operands [P <= 128, 2, M] and
+  [P, 2, N], a target whose ``fp8_matmul_speedup`` >= 2), TensorE transpose <= 128 x 128 into PSUM, VectorE transpose <= 32 x
   32, DMA sides of one dtype (DMA does not cast) and equal element counts, DMA transpose only on
   2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
   elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512; max8 and
@@ -58,7 +59,8 @@ from typing import NamedTuple
 
 from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
-                  TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout)
+                  TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
+                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulPerfMode, matmul_kmn)
 from .loops import Stream
 from .targets import Target
 
@@ -397,11 +399,14 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
     if st.dtype is not mv.dtype:
         raise OperandError(f"matmul stationary and moving must share a dtype, got {st.dtype.value} and {mv.dtype.value}")
-    k, m, n = st.partitions, st.free_size, mv.free_size
-    if mv.partitions != k:
-        raise OperandError(f"matmul contraction: stationary has K={k} partitions, moving has {mv.partitions}")
-    if k > t.pe_rows:
-        raise OperandError(f"matmul K={k} > {t.pe_rows} partitions")
+    assert isinstance(ins.attrs, MatmulAttrs)
+    if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:
+        _r_double_row(st, mv, t)
+    k, m, n = matmul_kmn(ins)
+    if mv.partitions != st.partitions:
+        raise OperandError(f"matmul contraction: stationary has K={st.partitions} partitions, moving has {mv.partitions}")
+    if st.partitions > t.pe_rows:
+        raise OperandError(f"matmul K={k} on {st.partitions} partitions > {t.pe_rows} partitions")
     if m > t.pe_cols:
         raise OperandError(f"matmul stationary free size M={m} > {t.pe_cols}")
     if n > t.moving_free_max:
@@ -411,6 +416,22 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
     if d.partitions != m or d.free_size != n:
         raise OperandError(f"matmul destination must be [M={m}, N={n}], got [{d.partitions}, {d.free_size}]")
     _one_bank(d, t)
+
+
+def _r_double_row(st: AP, mv: AP, t: Target) -> None:
+    """perf_mode=double_row (nki.isa.nc_matmul, aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py:
+    "On NeuronCore-v2, performance mode is not supported"; "stationary and moving tiles must be
+    one of float8_e4m3 or float8_e5m2"; "The first free dimension must be 2")."""
+    if t.fp8_matmul_speedup < DOUBLE_ROW_PACK:
+        raise OperandError(f"matmul perf_mode=double_row needs a target whose fp8 matmul rate is "
+                           f">= {DOUBLE_ROW_PACK}x bf16 (NeuronCore-v3+); {t.name} has "
+                           f"fp8_matmul_speedup={t.fp8_matmul_speedup}")
+    for name, a in (("stationary", st), ("moving", mv)):
+        if a.dtype not in FP8_DTYPES:
+            raise OperandError(f"matmul perf_mode=double_row takes fp8 operands, {name} is {a.dtype.value}")
+        if not a.dims or a.dims[0][1] != DOUBLE_ROW_PACK:
+            raise OperandError(f"matmul perf_mode=double_row: {name}'s outermost free axis must have "
+                               f"size {DOUBLE_ROW_PACK} (the packed K rows), got dims {a.dims}")
 
 
 def _one_bank(d: AP, t: Target) -> None:

@@ -21,7 +21,14 @@ MIN_II = ``min_ii_cycles``; every Vector/Scalar/GpSimd cost is floored at MIN_II
 every operand is a 2-byte float type)
 - matmul: ``max(min(64, M), N)`` with M = stationary free size, N = moving free size (the
   back-to-back average, LoadStationary included); x ``fp32_matmul_slowdown`` (4) for fp32
-  operands; fp8 costs as bf16 (the 2x fp8 rate needs K = 256 double-row, which K <= 128 excludes).
+  operands; fp8 costs as bf16 when K <= 128 (a K <= 128 instruction streams its N columns in N
+  cycles whatever the input type). ``perf_mode=double_row`` (fp8, [P, 2, M] x [P, 2, N], K = 2P
+  <= 256): the same ``max(min(64, M), N)`` cycles x ``2 / min(2, fp8_matmul_speedup)``, i.e.
+  the bf16 time of the same M and N for twice the K, on trn2 and trn3 (trainium2_arch.rst:
+  "the above double FP8 LoadStationary/MultiplyMoving instruction sequence with a 256
+  contraction dimension takes the same amount of time as the regular BF16/FP16
+  LoadStationary/MultiplyMoving instruction sequence with a 128 contraction dimension"; trn3's
+  4x is the MX instruction, nc_matmul_mx, which this ISA does not have).
   The trn2/trn3 TensorE power ramp and the exposed LoadStationary after idle are dynamic:
   ``TensorRamp`` below (applied by the simulator); so are the NC-v2 shared ports
   (``SharedPorts``).
@@ -94,7 +101,7 @@ from typing import Callable, NamedTuple
 from .checks import contiguous_run_elems
 from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
                   Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
-                  indirect_layout)
+                  indirect_layout, DOUBLE_ROW_PACK, MatmulPerfMode, matmul_kmn)
 from .targets import Target
 
 
@@ -151,10 +158,15 @@ def _aps(ins: Instr) -> tuple[AP, ...]:
 # ---- one function per op --------------------------------------------------------------------
 
 def c_matmul(ins: Instr, eng: EngineKind, t: Target) -> Cost:
-    st, mv = ins.srcs
-    c = max(min(64, st.free_size), mv.free_size)
+    st = ins.srcs[0]
+    _, m, n = matmul_kmn(ins)
+    c = max(min(64, m), n)
     if st.dtype.itemsize >= 4:
         c *= t.fp32_matmul_slowdown
+    if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:  # type: ignore[union-attr]
+        # DOUBLE_ROW_PACK K rows per PE row at the target's fp8 rate (checks refuse targets
+        # whose fp8_matmul_speedup < DOUBLE_ROW_PACK): the bf16 time of the same M and N
+        c = c * DOUBLE_ROW_PACK / min(DOUBLE_ROW_PACK, t.fp8_matmul_speedup)
     return _compute(c, 0.0, eng, t)
 
 

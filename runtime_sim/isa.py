@@ -334,12 +334,47 @@ class DmaAttrs:
     transpose: bool = False  # use the DMA engine's 2-byte transpose path (trn2+)
 
 
+class MatmulPerfMode(enum.Enum):
+    """nki.isa.matmul_perf_mode (aws-neuron-sdk@81ce03a ``nki/api/nki/isa/__init__.py``)."""
+
+    NONE = "none"
+    # "Double FP8 mode, 2x matmul throughput by packing two FP8 weight/ifmap element pairs"
+    DOUBLE_ROW = "double_row"
+
+
+FP8_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2})
+
+# double_row packs this many K rows per partition: "The first free dimension must be 2"
+# (nki.isa.nc_matmul, Layout); a definition of the instruction, not a hardware rate
+DOUBLE_ROW_PACK = 2
+
+
 @dataclass(frozen=True)
 class MatmulAttrs:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]``; srcs = (stationary, moving).
-    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it."""
+    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it.
+
+    ``perf_mode=DOUBLE_ROW`` (NKI ``perf_mode=matmul_perf_mode.double_row``, NeuronCore-v3+,
+    fp8 operands): the contraction is split between the partitions and the outermost free
+    axis, which has size ``DOUBLE_ROW_PACK`` = 2: stationary ``[P, 2, M]``, moving
+    ``[P, 2, N]``, ``dst[m, n] = sum over p, j of stationary[p, j, m] * moving[p, j, n]``
+    (K = 2P, up to 256; nki.isa.nc_matmul "Layout"; trainium2_arch.rst "Double FP8 Matmul
+    Performance"). Which logical K row sits at (p, j) is the program's choice; the compiler
+    puts the first half of a K tile at j = 0 and the second at j = 1, as the arch guide draws it."""
 
     accumulate: bool = False
+    perf_mode: MatmulPerfMode = MatmulPerfMode.NONE
+
+
+def matmul_kmn(ins: "Instr") -> tuple[int, int, int]:
+    """(K, M, N) of a matmul: contraction size, stationary free size, moving free size
+    (``double_row``: K = 2 x partitions, the packed axis excluded from M and N)."""
+    st, mv = ins.srcs[0], ins.srcs[1]
+    a = ins.attrs
+    if isinstance(a, MatmulAttrs) and a.perf_mode is MatmulPerfMode.DOUBLE_ROW:
+        return (st.partitions * DOUBLE_ROW_PACK, st.free_size // DOUBLE_ROW_PACK,
+                mv.free_size // DOUBLE_ROW_PACK)
+    return st.partitions, st.free_size, mv.free_size
 
 
 @dataclass(frozen=True)

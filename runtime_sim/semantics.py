@@ -14,7 +14,9 @@ Conventions (the executable spec of the ISA)
   its single partition axis) are transposed.
 - ``matmul``: ``dst[M, N] = stationary[K, M].T @ moving[K, N]`` computed in fp32 (bf16/fp8
   products are exact in fp32, sums are fp32, in K order); ``accumulate=False`` overwrites the PSUM bytes,
-  ``True`` adds to them (and they must have been written by a matmul).
+  ``True`` adds to them (and they must have been written by a matmul). ``perf_mode=double_row``
+  (fp8): operands ``[P, 2, M]`` / ``[P, 2, N]``, the sum runs over both P and the packed axis
+  (K = 2P), in (p, j) order, fp32 as above.
 - ``transpose``: ``dst[F, P] = src[P, F].T``, exact (values are copied, then stored in the dst
   dtype). On TensorE the result counts as a matmul write of PSUM.
 - ``activation``: ``y = func(x * scale + bias)`` (affine in fp32); bias/scale are constants or
@@ -86,7 +88,8 @@ import numpy as np
 from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
                   Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
                   RandPhiloxAttrs, TensorReduceAttrs,
-                  TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout)
+                  TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout,
+                  matmul_kmn)
 from .checks import BoundsError, OperandError, dma_2d
 from .memory import MachineMemory
 
@@ -327,9 +330,11 @@ def dma_copy(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 def matmul(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     st, mv = ins.srcs
     dst = _dst(ins)
-    k = st.partitions
-    s = m.read_f32(st).reshape(k, -1)
-    v = m.read_f32(mv).reshape(k, -1)
+    k, mm, nn = matmul_kmn(ins)
+    # double_row: [P, 2, F] -> [2P, F] rows (p, j) in (p, j) order; every (p, j) pair is one
+    # K row of the contraction (the sum does not depend on which logical row it is)
+    s = m.read_f32(st).reshape(k, mm)
+    v = m.read_f32(mv).reshape(k, nn)
     # einsum's own C loop, not BLAS: sequential fp32 sums over K like the PE array, and no BLAS
     # thread pool (OpenBLAS threads on small tiles were 100x slower on a busy 2-core host)
     r = np.einsum("km,kn->mn", s, v, optimize=False)

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
                      check_waits)
 from .costs import Cost, clock_ghz, depends_on_previous, indirect_bytes, instr_cost
-from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue
+from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue, matmul_kmn
 from .loops import Stream
 from .targets import Target
 
@@ -59,8 +59,9 @@ class _Static:
         self.hbm_bytes = 0
         self.port = 0
         if ins.op is Op.MATMUL:
-            st, mv = ins.srcs
-            self.flops = 2 * st.partitions * st.free_size * mv.free_size
+            st = ins.srcs[0]
+            kk, mm, nn = matmul_kmn(ins)
+            self.flops = 2 * kk * mm * nn
             self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
         elif ins.op is Op.ACTIVATION and ins.attrs.func in TRANSCENDENTAL:  # type: ignore[union-attr]
             s0 = ins.srcs[0]
@@ -88,7 +89,7 @@ class _Static:
 # Which attributes the *cost* of an op depends on (the key used when checks are off; with checks
 # on the whole attrs object is part of the key, since the operand rules read all of it).
 _COST_ATTRS: dict[Op, Callable[[object], object]] = {
-    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: None, Op.TRANSPOSE: lambda a: None,
+    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: a.perf_mode, Op.TRANSPOSE: lambda a: None,
     Op.ACTIVATION: lambda a: (a.reduce, a.func), Op.TENSOR_TENSOR: lambda a: a.op,
     Op.TENSOR_TENSOR_SCAN: lambda a: a.initial_from_src,
     Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
@@ -359,7 +360,7 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
                 if s0 is not prev_st_obj:
                     sk = (s0.buffer, s0.partition_start, s0.partitions, s0.byte_offset, s0.dims)
                     if sk != prev_st:
-                        ls = math.ceil(s0.free_size / tgt.load_stationary_speedup) / clk
+                        ls = math.ceil(matmul_kmn(ins)[1] / tgt.load_stationary_speedup) / clk
                     prev_st = sk
                     prev_st_obj = s0
             ls_l.append(ls)

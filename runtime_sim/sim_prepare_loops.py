@@ -31,7 +31,7 @@ import numpy as np
 
 from .checks_loops import check_stream
 from .costs import clock_ghz, depends_on_previous
-from .isa import Buffer, EngineKind, Instr, Op, Queue
+from .isa import Buffer, EngineKind, Instr, Op, Queue, matmul_kmn
 from .loops import Expansion, Looped, Stream, base_of, operands, units
 from .sim_prepare import _COST_ATTRS, PENALIZED, QueueLists, _signature, _Static, penalty_ns
 from .targets import Target
@@ -200,7 +200,7 @@ class StreamPrep:
             m = ue.size[t]
             key = self._skeys.setdefault((s0.buffer, s0.partition_start, s0.partitions, s0.dims),
                                          len(self._skeys))
-            val = math.ceil(s0.free_size / self.tgt.load_stationary_speedup) / self.clk
+            val = math.ceil(matmul_kmn(ins)[1] / self.tgt.load_stationary_speedup) / self.clk
             parts.append((ue.pos(t), np.full(m, key), ue.offsets(t, 2, outer), np.full(m, val)))
         ls = np.zeros(ue.n)
         if parts:

@@ -23,7 +23,8 @@ of short plain rows loads G K tiles per DMA (``_kgroup``: K groups, G consecutiv
 partition), the K loops then running over groups and tiles within them.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
 A third form keeps the output block in SBUF and streams both operands in chunks of K
-(``resident="C"``, matmul_outres.py) when PSUM would bound the block.
+(``resident="C"``, matmul_outres.py) when PSUM would bound the block. fp8 operands on trn2/trn3
+take K tiles of 256 in TensorE's double-row mode (matmul_fp8.py; not in the third form).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, choose_blocking, footprint, operand_form,
@@ -154,9 +156,10 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     epi, folded = fold_row_bias(k)
     k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
     used = sorted(epi.loads()) if epi is not None else []
+    kp = KPack(k_pack(A.dtype, t))
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
                         tuple(k.ins[i].dtype for i in used), _epi_tiles(epi),
-                        no_outres=bool(folded))
+                        no_outres=bool(folded) or kp.pack > 1, k_pack=kp.pack)
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
@@ -164,13 +167,13 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     if best.resident != "C":
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
-           f"{A.dtype.value}: A {sa.form}, B {sb.form}; chose {best}; "
+           f"{A.dtype.value}{' double_row' if kp.pack > 1 else ''}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
     if best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         _emit(b, k, sa, sb, best, used, folded, _transpose_once(shape, best, t,
-                                                                 sb if best.resident == "A" else sa))
+                                                                 sb if best.resident == "A" else sa), kp)
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -181,7 +184,7 @@ def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
     without waiting for a copy (GPT-2 small trn2 1010 -> 984 us, BERT-base trn1 1863 -> 1844
     us; and with several blocks each K tile is transposed once instead of once per block)."""
     st = TN if c.resident == "A" else TM
-    if strm.form != RES_T or c.stream or strm.F > c.group * st or shape.K <= TK:
+    if strm.form != RES_T or c.stream or strm.F > c.group * st or shape.K <= TK or shape.k_pack > 1:
         return False
     isz = shape.dtype.itemsize
     extra = -(-shape.K // TK) * strm.F * isz - c.stream_bufs * strm.F * isz
@@ -266,17 +269,19 @@ def _prod(xs) -> int:
 
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
-          folded: list[int], once: bool = False) -> None:
+          folded: list[int], once: bool = False, kp: KPack = KPack()) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
-    tiles are transposed into one tile before the block loop and read by every block."""
+    tiles are transposed into one tile before the block loop and read by every block; ``kp``:
+    the K packing (``matmul_fp8``: fp8 double-row K tiles of 256)."""
     A, out = k.ins[0], k.outs[0]
     *batch, M, K = A.shape
     N = k.ins[1].shape[-1]
     dt = A.dtype
     res, strm = (sa, sb) if c.resident == "A" else (sb, sa)
     rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
-    Kt = -(-K // TK)
-    G = _kgroup(res, strm, K, c, rt)
+    Kt = kp.tiles(K)
+    TK = kp.tk      # K rows per K tile (256 when packed)
+    G = _kgroup(res, strm, K, c, rt) if kp.pack == 1 else 1
     if G > 1:
         b.note(f"matmul: K in groups of {G} tiles, partition p of group c holding rows "
                f"c*{G * TK} + {G}p .. +{G - 1} ({G * res.F * dt.itemsize} B contiguous per "
@@ -287,11 +292,11 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         rows = {fi: _bias_row(b, k, fi, bidx) for fi in folded}
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
-            for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt"):
+            for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
                 strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
-                blk = b.tile("res", Memory.SBUF, TK, (-(-K // TK)) * rw, dt, c.block_bufs)
+                blk = b.tile("res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw, dt, c.block_bufs)
                 rstage = res.stage(b, rbase, r0, rw, K)
             if G > 1:
                 with b.loop(K // (G * TK), "kr") as cg:
@@ -299,37 +304,40 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
             else:
                 for k0, kt in b.tiled(K, TK, "kr"):
                     if not c.stream:
-                        res.load(b, blk, k0 // TK * rw, rbase, k0, kt, r0, rw, rstage)
+                        kp.load(res, b, blk, kp.koff(k0, rw), rbase, k0, kt, r0, rw, rw, rstage)
             for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
                 sstage = strm.stage(b, sbase, s0, sw, K)
-                for j, k0, kt, ks, first in _ktiles(b, K, G, "k"):
+                for j, k0, kt, ks, first in _ktiles(b, K, G, "k", TK):
                     if once:
                         sblk = _Slice(tall, j * strm.F)
                     else:
-                        sblk = b.tile("str", Memory.SBUF, kt, sw, dt, c.stream_bufs)
-                        strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage, kstep=ks)
+                        sblk = b.tile("str", Memory.SBUF, kp.parts(kt), kp.pack * sw, dt, c.stream_bufs)
+                        if ks > 1:    # a K group (never packed)
+                            strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage, kstep=ks)
+                        else:
+                            kp.load(strm, b, sblk, aff(0), sbase, k0, kt, s0, sw, sw, sstage)
                     if c.stream:      # K too long to keep a block: both sides per K tile
-                        blk = b.tile("res", Memory.SBUF, kt, rw, dt, 3)
-                        res.load(b, blk, aff(0), rbase, k0, kt, r0, rw)
+                        blk = b.tile("res", Memory.SBUF, kp.parts(kt), kp.pack * rw, dt, 3)
+                        kp.load(res, b, blk, aff(0), rbase, k0, kt, r0, rw, rw)
                         koff = aff(0)
                     else:
-                        koff = j * rw
+                        koff = j * rw if G > 1 else kp.koff(k0, rw)
                     for i0, iw in b.tiled(rw, rt, "i"):
                         for j0, jw in b.tiled(sw, st, "j"):
                             ia, ja = i0 // rt, j0 // st          # tile indices (affine)
                             if c.resident == "A":
                                 cell = (ia * ns + ja) * TN
-                                stat = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
-                                mov = sblk.ap(kt, elem_offset=j0, dims=((1, jw),))
+                                stat = kp.ap(blk, kt, koff + i0, iw, rw)
+                                mov = kp.ap(sblk, kt, j0, jw, sw)
                                 dst = acc.ap(iw, elem_offset=cell, dims=((1, jw),))
                             else:
                                 cell = (ja * nr + ia) * TN
-                                stat = sblk.ap(kt, elem_offset=j0, dims=((1, jw),))
-                                mov = blk.ap(kt, elem_offset=koff + i0, dims=((1, iw),))
+                                stat = kp.ap(sblk, kt, j0, jw, sw)
+                                mov = kp.ap(blk, kt, koff + i0, iw, rw)
                                 dst = acc.ap(jw, elem_offset=cell, dims=((1, iw),))
-                            b.matmul(dst, stat, mov, start_when=first)
+                            kp.matmul(b, dst, stat, mov, first)
                 for fi in folded:
                     _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
                 for i0, iw in b.tiled(rw, rt, "ei"):
@@ -366,12 +374,13 @@ def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int) -> int:
     return next((g for g in range(2, Kt + 1) if Kt % g == 0 and g * run >= GROUP_RUN), Kt)
 
 
-def _ktiles(b: TirBuilder, K: int, G: int, hint: str):
+def _ktiles(b: TirBuilder, K: int, G: int, hint: str, tk: int = TK):
     """(tile index, first K row, rows, row step, start_when) of every K tile: the plain tiles
-    (the last one partial), or K groups of G full tiles (``_kgroup``) as two nested loops."""
+    of ``tk`` rows (the last one partial), or K groups of G full tiles (``_kgroup``) as two
+    nested loops."""
     if G == 1:
-        for k0, kt in b.tiled(K, TK, hint):
-            yield k0 // TK, k0, kt, 1, (k0,)
+        for k0, kt in b.tiled(K, tk, hint):
+            yield k0 // tk, k0, kt, 1, (k0,)
         return
     with b.loop(K // (G * TK), hint + "c") as cg:
         with b.loop(G, hint + "g") as g:

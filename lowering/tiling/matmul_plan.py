@@ -62,6 +62,14 @@ class MatmulShape:
     epi_inputs: tuple[DType, ...] = ()   # full-shape epilogue inputs
     epi_tiles: int = 2    # SBUF tiles the epilogue evaluates per output tile
     no_outres: bool = False   # no resident="C" candidates (a row bias folded into PSUM)
+    k_pack: int = 1       # K rows per partition of a K tile (2: fp8 double-row, matmul_fp8.py)
+
+
+def _ktiles(s: MatmulShape) -> tuple[int, int]:
+    """(matmuls per output tile along K, [<=128, F] operand loads per K extent): a double-row
+    K tile of 256 is one matmul fed by two half loads."""
+    km = -(-s.K // (128 * s.k_pack))
+    return km, km * s.k_pack
 
 
 @dataclass(frozen=True)
@@ -179,32 +187,36 @@ def _load_cost(pr: _Probe, form: str, p: int, f: int, isz: int, n: float, K: int
 def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:
     if c.resident == "C":
         return _estimate_outres(s, c, t, pr)
-    Mt, Nt, Kt = -(-s.M // 128), -(-s.N // 512), -(-s.K // 128)
+    Mt, Nt = -(-s.M // 128), -(-s.N // 512)
+    Km, Kt = _ktiles(s)
     isz = s.dtype.itemsize
     B = s.batch
     if c.resident == "A":
         nblocks = -(-Mt // c.block)
         ngroups = -(-Nt // c.group)
         res_f, str_f = min(c.block * 128, s.M), min(c.group * 512, s.N)
-        res_n, str_n = B * nblocks * Kt, B * nblocks * ngroups * Kt
         res_form, str_form = s.a_form, s.b_form
-        group_mm = c.block * c.group * Kt
     else:
         nblocks = -(-Nt // c.block)
         ngroups = -(-Mt // c.group)
         res_f, str_f = min(c.block * 512, s.N), min(c.group * 128, s.M)
-        res_n, str_n = B * nblocks * Kt, B * nblocks * ngroups * Kt
         res_form, str_form = s.b_form, s.a_form
-        group_mm = c.block * c.group * Kt
+    group_mm = c.block * c.group * Km
+    # loads per K extent: a direct operand loads both halves of a double-row K tile in one DMA
+    rk, sk = (Km if f == DIRECT else Kt for f in (res_form, str_form))
+    if s.k_pack > 1:
+        res_f, str_f = (f * s.k_pack if form == DIRECT else f
+                        for f, form in ((res_f, res_form), (str_f, str_form)))
+    res_n, str_n = B * nblocks * rk, B * nblocks * ngroups * sk
     if c.stream:
-        res_n = str_n
-    kp = min(128, s.K)
+        res_n = B * nblocks * ngroups * rk
+    kp = min(128, -(-s.K // s.k_pack))
     r = _load_cost(pr, res_form, kp, res_f, isz, res_n,
                    s.K if not c.stream and staged(res_form, res_f, s.K, isz, t) else 0)
     q = _load_cost(pr, str_form, kp, str_f, isz, str_n, s.K if staged(str_form, str_f, s.K, isz, t) else 0)
     n_out = B * Mt * Nt
     dma, oe = _dma_time(s, t, pr, r, q, n_out)
-    pe = B * Mt * Nt * Kt * pr.mm + r[3] + q[3]
+    pe = B * Mt * Nt * Km * pr.mm + r[3] + q[3]
     if str_form == PE_T:
         # the streamed side is transposed K tile by K tile right before its products: TensorE
         # waits for each tile's round trip through PSUM and the copy out of it (measured on
@@ -215,7 +227,7 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
     # exposed: the first block's first loads; single-buffered blocks wait for the previous block
     fill = 2 * (t.dma_fixed_latency_ns + t.dma_descriptor_ns)
-    block_load = (r[0] / max(res_n, 1)) * Kt
+    block_load = (r[0] / max(res_n, 1)) * rk
     group_time = group_mm * pr.mm
     exposed = 0.0
     if nblocks > 1 and c.block_bufs == 1:
@@ -302,7 +314,7 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     """(SBUF bytes per partition, PSUM banks) of a candidate. A partial block, group or tile
     reuses the bytes of the full one (the builder's tail aliases), so the full shapes count."""
     isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
-    Kt = -(-s.K // 128)
+    Kt = _ktiles(s)[1]
     if c.resident == "C":
         rw, sw = min(s.M, c.block * 128), min(s.N, c.group * 512)
         sb = -(-rw // 128) * -(-sw // 512) * 512 * 4 + 2 * c.kacc * (rw + sw) * isz
@@ -321,7 +333,8 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     else:
         rw, sw = min(s.N, c.block * 512), min(s.M, c.group * 128)
         res_form, str_form, rt, st = s.b_form, s.a_form, 512, 128
-    sb = (3 * rw if c.stream else Kt * rw * c.block_bufs) * isz + c.stream_bufs * sw * isz
+    sb = (3 * s.k_pack * rw if c.stream else Kt * rw * c.block_bufs) * isz \
+        + c.stream_bufs * s.k_pack * sw * isz
     sb += 4 * 512 * (osz + 4 * max(0, s.epi_tiles - 1)) + sum(2 * 512 * d.itemsize for d in s.epi_inputs)
     acc = -(-rw // rt) * -(-sw // st) * c.acc_bufs
     tps = 0

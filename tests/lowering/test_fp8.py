@@ -5,7 +5,9 @@ ran-on-device assertion.
 fp8 results are compared bit for bit (``_bits``): device and eager round the same fp32 value
 once; bf16/fp32 results of ``_scaled_mm`` at the per-dtype tolerances of
 ``neuron_compiler.testing``, which ``test_tolerances_can_fail`` checks against a result that
-drops the last K tile.
+drops the last K tile. On trn2/trn3 ``_scaled_mm`` runs TensorE's double-row mode (K tiles of
+256, ``lowering/tiling/matmul_fp8.py``): tile-edge shapes, trn1 without it, a program that drops
+one packed row failing the comparison, and the TensorE time halved against bf16.
 """
 from __future__ import annotations
 
@@ -130,3 +132,101 @@ def test_tolerances_can_fail():
         wrong = want.float().to(E4M3).view(torch.uint8).clone()
         wrong[0, 0] += 1
         _bits(wrong.view(E4M3), want.float().to(E4M3))
+
+
+# ---- TensorE's double-row fp8 mode (lowering/tiling/matmul_fp8.py) --------------------------
+
+def _quantized(M, K, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(M, K, generator=g) * 3).to(E4M3)
+    b = (torch.randn(N, K, generator=g) * 3).to(E4M3)
+    return a, b
+
+
+def _smm(out):
+    return lambda a, b, s: torch._scaled_mm(a, b.t(), s, s, out_dtype=out)
+
+
+def _matmul_modes(low) -> tuple[int, int]:
+    t = low.dumps["tir.txt"]
+    return t.count("perf_mode=double_row"), t.count("perf_mode=none")
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+@pytest.mark.parametrize("mkn", [(130, 300, 600), (129, 513, 130), (5, 257, 7), (1, 1, 1)])
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32])
+def test_scaled_mm_double_row_over_tile_edges(target, mkn, out):
+    """K = 300, 513, 257 leave partial K tiles of 44, 1 and 1 rows past the 256-row tiles
+    (odd: the pad row is zeroed); M, N cross 128 and 512."""
+    M, K, N = mkn
+    a, b = _quantized(M, K, N, seed=M + K + N)
+    s = torch.tensor(0.37)
+    low = lower_and_run(_smm(out), a, b, s, target=target)
+    assert_close(low.outputs[0], _smm(out)(a, b, s))
+    dr, plain = _matmul_modes(low)
+    assert dr > 0 and plain == 0
+
+
+def test_scaled_mm_on_trn1_does_not_use_double_row():
+    a, b = _quantized(129, 513, 130, seed=3)
+    s = torch.tensor(1.0)
+    low = lower_and_run(_smm(torch.bfloat16), a, b, s, target="trn1")
+    assert_close(low.outputs[0], _smm(torch.bfloat16)(a, b, s))
+    dr, plain = _matmul_modes(low)
+    assert dr == 0 and plain > 0
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_scaled_mm_double_row_through_torch_compile_runs_on_the_device(target):
+    a, b = _quantized(130, 300, 600, seed=11)
+    d = assert_matches_eager(_smm(torch.bfloat16), a, b, torch.tensor(0.5), options={"target": target})
+    assert d["fallback_nodes"] == 0
+    assert any("aten._scaled_mm.default" in p["ops"] for p in d["partitions"])
+
+
+def test_double_row_tolerance_catches_a_dropped_packed_row(monkeypatch):
+    """A known-wrong program: every double-row operand reads its first packed row twice (stride 0
+    along the packed axis), dropping the second half of each K tile; the comparison fails."""
+    from lowering.tiling import matmul_fp8
+    ap = matmul_fp8.KPack.ap
+
+    def drop_second_row(self, tile, kt, elem_offset, fw, width):
+        if self.pack == 1:
+            return ap(self, tile, kt, elem_offset, fw, width)
+        return tile.ap(self.parts(kt), elem_offset=elem_offset, dims=((0, self.pack), (1, fw)))
+
+    monkeypatch.setattr(matmul_fp8.KPack, "ap", drop_second_row)
+    a, b = _quantized(129, 513, 130, seed=5)
+    s = torch.tensor(1.0)
+    low = lower_and_run(_smm(torch.bfloat16), a, b, s, target="trn2")
+    with pytest.raises(AssertionError):
+        assert_close(low.outputs[0], _smm(torch.bfloat16)(a, b, s))
+
+
+def test_double_row_halves_the_tensor_engine_time_on_trn2():
+    """[1024 x 4096] @ [4096 x 1024], operands laid out with K on the rows ([K, M] and [K, N] in
+    HBM: plain DMA loads, no transposes), timing mode. By the cost rule each double-row
+    instruction does the work of two bf16 ones in the time of one, so TensorE's busy time is
+    1 / fp8_matmul_speedup = 1/2 of the bf16 program's (plus the ramp and LoadStationary, which
+    weigh more in the shorter program); the whole program cannot beat that ratio, and here it
+    stays PE-bound enough to come within 0.7."""
+    import neuron_compiler
+    from runtime_sim.targets import TRN2
+    M, K, N = 1024, 4096, 1024
+    aT, b = torch.randn(K, M), torch.randn(K, N)
+    runs = {}
+    for kind, fn, args in (("bf16", lambda aT, b: aT.t() @ b, (aT.bfloat16(), b.bfloat16())),
+                           ("fp8", lambda aT, b, s: torch._scaled_mm(aT.t(), b, s, s, out_dtype=torch.bfloat16),
+                            (aT.to(E4M3), b.to(E4M3), torch.tensor(1.0)))):
+        torch._dynamo.reset()
+        c = torch.compile(fn, backend="neuron", options={"target": "trn2", "sim_mode": "timing"})
+        with neuron_compiler.profile() as p:
+            c(*args)
+        d = p.to_dict()
+        assert d["fallback_nodes"] == 0 and len(d["partitions"]) == 1
+        runs[kind] = (d["simulated_time_us"], d["partitions"][0]["engine_busy"]["pe"] * d["simulated_time_us"])
+    half = 1 / TRN2.fp8_matmul_speedup
+    pe_ratio = runs["fp8"][1] / runs["bf16"][1]
+    total_ratio = runs["fp8"][0] / runs["bf16"][0]
+    assert half <= pe_ratio <= half * 1.1, runs
+    assert half <= total_ratio <= 0.7, runs
