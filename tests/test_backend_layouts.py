@@ -9,8 +9,6 @@ torch's layout.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 

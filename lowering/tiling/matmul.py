@@ -273,9 +273,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256)."""
-    A, out = k.ins[0], k.outs[0]
+    A = k.ins[0]
     *batch, M, K = A.shape
-    N = k.ins[1].shape[-1]
     dt = A.dtype
     res, strm = (sa, sb) if c.resident == "A" else (sb, sa)
     rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
