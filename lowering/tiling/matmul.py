@@ -280,7 +280,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
     rt, st = (TM, TN) if c.resident == "A" else (TN, TM)      # tile widths: resident, streamed
     Kt = kp.tiles(K)
     TK = kp.tk      # K rows per K tile (256 when packed)
-    G = _kgroup(res, strm, K, c, rt) if kp.pack == 1 else 1
+    G = _kgroup(res, strm, K, c, rt, b.target) if kp.pack == 1 else 1
     if G > 1:
         b.note(f"matmul: K in groups of {G} tiles, partition p of group c holding rows "
                f"c*{G * TK} + {G}p .. +{G - 1} ({G * res.F * dt.itemsize} B contiguous per "
@@ -355,7 +355,7 @@ GROUP_RUN = 4096   # bytes per partition from which a DMA runs at its full rate 
 #                    ">= 2 KiB approaches peak, >= 4 KiB saturates")
 
 
-def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int) -> int:
+def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int, t) -> int:
     """K tiles per K group: a resident operand loaded by plain DMAs (``DIRECT``) in one block
     whose rows are shorter than ``GROUP_RUN`` bytes loads G tiles per DMA, partition p of group
     c holding rows ``c*G*128 + p*G + g`` (g < G: consecutive rows, one contiguous run), instead
@@ -364,11 +364,16 @@ def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int) -> int:
     ``c*G*128 + g + G*p``; the streamed operand reads the same rows (its K tiles transposed on
     TensorE from columns ``G`` apart). G: the smallest divisor of the K tile count whose run
     reaches ``GROUP_RUN`` bytes (all of them when none does); 1 when K has a partial tile or
-    the streamed side is loaded by DMA (a strided DMA transpose or load: not attempted)."""
+    the streamed side is not read from SBUF (a strided DMA transpose or load: not attempted)."""
     Kt, run = K // TK, res.F * res.ref.dtype.itemsize
-    if (c.stream or res.form != DIRECT or strm.form not in (RES_T, PE_T) or K % TK or Kt < 2
-            or c.block * rt < res.F or res.fstride != 1 or res.kstride != res.F
-            or run >= GROUP_RUN):
+    if (c.stream or res.form != DIRECT or K % TK or Kt < 2 or c.block * rt < res.F
+            or res.fstride != 1 or res.kstride != res.F or run >= GROUP_RUN):
+        return 1
+    st = TN if c.resident == "A" else TM
+    # the streamed rows must come from SBUF (resident, or staged whole): loaded per K tile from
+    # HBM, columns G apart would be element-sized DMA runs
+    if not (strm.form == RES_T or (strm.form == PE_T and staged(
+            PE_T, min(strm.F, c.group * st), K, strm.ref.dtype.itemsize, t))):
         return 1
     return next((g for g in range(2, Kt + 1) if Kt % g == 0 and g * run >= GROUP_RUN), Kt)
 
