@@ -59,6 +59,20 @@ def _group_norm_backward_fits(target: str):
     return keep
 
 
+def _layer_norm_backward_fits(target: str):
+    def keep(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask) -> bool:
+        from lowering.tiling.norm_backward import row_fits_always
+        from runtime_sim import get_target
+        if not x.dtype.is_floating_point:
+            return False
+        row = 1
+        for n in normalized_shape:
+            row *= int(n)
+        isz = x.dtype.itemsize
+        return row_fits_always(row, grad_out.dtype.itemsize, isz, isz, get_target(target))
+    return keep
+
+
 def _col2im_fits(target: str):
     def keep(cols, output_size, *args) -> bool:
         from lowering.ops.indexing import WRAP_LIMIT
@@ -72,6 +86,7 @@ def _col2im_fits(target: str):
 # decomposition returns NotImplemented to keep the op, as Inductor's conditional ones do).
 KERNEL_OPS = {
     "native_group_norm_backward": _group_norm_backward_fits,   # LAYER_NORM_BWD over group rows
+    "native_layer_norm_backward": _layer_norm_backward_fits,   # LAYER_NORM_BWD over the rows
     "col2im": _col2im_fits,                                     # indirect-DMA accumulation
 }
 

@@ -79,3 +79,39 @@ def test_calls_a_kernel_cannot_take_still_decompose():
     ci = torch.ones(1, 4, 9, dtype=torch.int64)
     assert col2im(ci, [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]) is not NotImplemented
     assert col2im(ci.float(), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]) is NotImplemented
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_layer_norm_backward_runs_its_kernel(dtype, tol):
+    """LayerNorm's backward under torch.compile: the LAYER_NORM_BWD kernel (130 rows of 700:
+    a partial row tile, rows longer than 512), matching eager; rows too long for a partition
+    still decompose."""
+    ensure_backends_registered()
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(700).to(dtype)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+    ref = nn.LayerNorm(700).to(dtype)
+    ref.load_state_dict(ln.state_dict())
+    x = torch.randn(2, 65, 700, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    g = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    xd, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with neuron_compiler.profile() as prof:
+        (torch.compile(ln, backend="neuron")(xd) * g).sum().backward()
+    (ref(xr) * g).sum().backward()
+    d = prof.to_dict()
+    assert not d["fallbacks"] and d["fallback_nodes"] == 0, d["fallbacks"]
+    assert "aten.native_layer_norm_backward.default" in _device_ops(d), sorted(_device_ops(d))
+    for name, a, b in (("grad_input", xd.grad, xr.grad), ("grad_weight", ln.weight.grad, ref.weight.grad),
+                       ("grad_bias", ln.bias.grad, ref.bias.grad)):
+        scale = max(1.0, float(b.abs().max()))
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * scale,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    with pytest.raises(AssertionError):                 # the tolerance can fail
+        torch.testing.assert_close((xd.grad * 0.5).float(), xr.grad.float(), rtol=tol,
+                                   atol=tol * max(1.0, float(xr.grad.abs().max())))
+    ln_bw = decomposition_table("trn2")[aten.native_layer_norm_backward.default]
+    big = torch.randn(1, 200000)
+    st = torch.zeros(1, 1)
+    assert ln_bw(big, big, [200000], st, st + 1, None, None, [True, False, False]) is not NotImplemented
