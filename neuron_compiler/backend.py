@@ -118,6 +118,8 @@ def decomposition_table(target: str = "trn2") -> dict:
             table[op] = _keep_when(table[op], fits(target))
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     table[op] = _flash_attention_for_cpu(table[op])
+    table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = \
+        _flash_attention_for_cpu_backward
     return table
 
 
@@ -149,6 +151,36 @@ def _flash_attention_for_cpu(inference_decomposition):
         return out, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
     return decomp
+
+
+def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
+                                      is_causal, *, attn_mask=None, scale=None):
+    """``_scaled_dot_product_flash_attention_for_cpu_backward`` (which has no decomposition in
+    torch) as matmuls and pointwise ops, in fp32 as the CPU kernel accumulates, from the
+    forward's logsumexp (``_flash_attention_for_cpu`` returns the true one):
+    P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = s dS K,
+    dK = s dS^T Q, where S = s Q K^T with the causal and ``attn_mask`` masks of the forward.
+    With dropout it does not decompose (the op regenerates its own dropout mask)."""
+    import math
+    import torch
+    if dropout_p:
+        return NotImplemented
+    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    q, k, v, o, do = (t.float() for t in (query, key, value, out, grad_out))
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s
+    L, S = scores.shape[-2:]
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.float())
+    p = torch.exp(scores - logsumexp.float().unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-2, -1), do)
+    ds = p * (torch.matmul(do, v.transpose(-2, -1)) - (do * o).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, k) * s
+    dk = torch.matmul(ds.transpose(-2, -1), q) * s
+    return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
 
 
 def _warn_if_shadowed() -> None:
