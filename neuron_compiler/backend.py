@@ -130,7 +130,6 @@ def _flash_attention_for_cpu(inference_decomposition):
     silently wrong. This one returns the op's output (from torch's decomposition) and the true
     logsumexp [N, H, L] (fp32, laid out as the op lays it out); with dropout it does not
     decompose (the backward regenerates the op's own dropout mask)."""
-    import math
     import torch
 
     def decomp(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
@@ -138,19 +137,28 @@ def _flash_attention_for_cpu(inference_decomposition):
             return NotImplemented
         out, _ = inference_decomposition(query, key, value, dropout_p, is_causal,
                                          attn_mask=attn_mask, scale=scale)
-        s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
-        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * s
-        L, S = scores.shape[-2:]
-        if is_causal:
-            keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
-        if attn_mask is not None:
-            scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
-                      else scores + attn_mask.float())
+        scores = _scores(query.float(), key.float(), is_causal, attn_mask, scale)
         lse = torch.logsumexp(scores, dim=-1)
         return out, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
     return decomp
+
+
+def _scores(q, k, is_causal: bool, attn_mask, scale):
+    """The attention scores ``scale * q k^T`` (default scale 1/sqrt(E)) with the op's causal
+    mask (top-left aligned) and ``attn_mask`` (boolean: keep where True; else added)."""
+    import math
+    import torch
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s
+    L, S = scores.shape[-2:]
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.float())
+    return scores
 
 
 def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
@@ -167,15 +175,7 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
         return NotImplemented
     s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     q, k, v, o, do = (t.float() for t in (query, key, value, out, grad_out))
-    scores = torch.matmul(q, k.transpose(-2, -1)) * s
-    L, S = scores.shape[-2:]
-    if is_causal:
-        keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
-                  else scores + attn_mask.float())
-    p = torch.exp(scores - logsumexp.float().unsqueeze(-1))
+    p = torch.exp(_scores(q, k, is_causal, attn_mask, scale) - logsumexp.float().unsqueeze(-1))
     dv = torch.matmul(p.transpose(-2, -1), do)
     ds = p * (torch.matmul(do, v.transpose(-2, -1)) - (do * o).sum(-1, keepdim=True))
     dq = torch.matmul(ds, k) * s
