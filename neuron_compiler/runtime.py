@@ -570,8 +570,7 @@ class DevicePartition(torch.nn.Module):
             return entry.eager(*args)
         compiled = entry.compiled
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        sent, sent_bytes = self._inputs_to_device(tensors, profs,
-                                                  getattr(compiled, "input_layouts", ()))
+        sent, sent_bytes = self._inputs_to_device(tensors, profs, compiled.input_layouts)
         if self.options.sim_mode == "timing":
             out = self.sub(*args)
             _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]

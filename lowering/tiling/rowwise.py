@@ -12,7 +12,8 @@ layer_norm:  statistics, then y = (x - mean) * rstd [* w] [+ b], the columns spl
              the two ways of computing the statistics and how the split is chosen).
   xn and the products are computed in the output dtype when it is a 2-byte float (the engines'
   fast modes; each step rounds once, as a bf16 program would), else in fp32.
-Weight and bias are loaded once into one partition and broadcast to all of them on TensorE
+Weight and bias are loaded once and reach every partition by a stride-0 DMA, or, where the
+target's numbers favour it (trn1, 4-byte rows), by one row load and a TensorE broadcast
 (``broadcast_row``). Statistics
 outputs (mean, rstd) that nothing reads are not stored.
 
