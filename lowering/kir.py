@@ -298,7 +298,15 @@ class PointwiseAttrs:
 
 @dataclass(frozen=True)
 class MatmulKAttrs:
+    """``epilogue``: evaluated on the product while PSUM is evacuated. ``a_scale`` /
+    ``a_shift``: indices into ``ins`` of [K] vectors applied to A along K before the product,
+    ``A'[m, k] = A[m, k] * scale[k] + shift[k]`` (a layer norm's affine folded into the matmul
+    that reads its output, ``passes/norm_fold.py``); the tiler applies them where A^T tiles
+    are made (K on partitions: a per-partition scale and shift)."""
+
     epilogue: Expr | None = None
+    a_scale: int | None = None
+    a_shift: int | None = None
 
 
 @dataclass(frozen=True)
@@ -503,7 +511,10 @@ class KOp:
         if isinstance(self.attrs, PointwiseAttrs):
             a = str(self.attrs.expr)
         elif isinstance(self.attrs, MatmulKAttrs):
-            a = f"epilogue={self.attrs.epilogue}" if self.attrs.epilogue else ""
+            m = self.attrs
+            a = ", ".join([f"epilogue={m.epilogue}"] * (m.epilogue is not None)
+                          + [f"a_scale=in{m.a_scale}"] * (m.a_scale is not None)
+                          + [f"a_shift=in{m.a_shift}"] * (m.a_shift is not None))
         else:
             a = ", ".join(f"{k}={getattr(self.attrs, k)}" for k in self.attrs.__dataclass_fields__)
         return f"{outs} = {self.kind.value}[{a}]({ins})  # {','.join(self.origin)}"

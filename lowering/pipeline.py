@@ -3,6 +3,7 @@
     ATen FX graph
       -> build_kir            kernel-level IR, one kernel per op        (ir_pre_fusion.txt)
       -> fuse                 elementwise chains, matmul epilogues      (ir_post_fusion.txt)
+      -> fold_norm_affine     layer-norm weight/bias into the matmuls reading the norm
       -> choose_input_layouts resident weights stored as their matmuls read them
       -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
@@ -26,6 +27,7 @@ from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.fusion import fuse
 from lowering.passes.layouts import choose_input_layouts
+from lowering.passes.norm_fold import fold_norm_affine
 from lowering.passes.residency import choose_resident, row_lengths
 from lowering.registry import op_name
 from lowering.tiling import tile_program
@@ -54,6 +56,8 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     emit("ir_pre_fusion.txt", lambda: str(kp))
     verify_kir(kp)
     fuse(kp)
+    if fold_norm_affine(kp):
+        kp.notes.append("layer-norm affine folded into the A^T tiles of the matmuls reading it")
     layouts = choose_input_layouts(kp, [s.shape for s in input_specs],
                                    [s.resident for s in input_specs], t)
     if any(layouts):

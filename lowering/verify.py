@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 
 from lowering.errors import LoweringError
-from lowering.kir import KKind, KProgram, PointwiseAttrs, Role, TensorRef
+from lowering.kir import KKind, KProgram, MatmulKAttrs, PointwiseAttrs, Role, TensorRef
 from runtime_sim.isa import Program
 
 
@@ -51,12 +51,17 @@ def verify_kir(kp: KProgram) -> None:
         if k.kind is KKind.MATMUL:
             a, b = k.ins[0], k.ins[1]
             o = k.outs[0]
+            ma = k.attrs
+            pro = {i for i in (ma.a_scale, ma.a_shift) if i is not None} \
+                if isinstance(ma, MatmulKAttrs) else set()
             if not (a.rank == b.rank == o.rank >= 3 and a.shape[:-2] == b.shape[:-2]
                     and a.shape[-1] == b.shape[-2]
                     and o.shape == a.shape[:-1] + b.shape[-1:]
-                    and all(x.shape == o.shape for x in k.ins[2:])):
+                    and all(x.shape == o.shape for i, x in enumerate(k.ins[2:], 2) if i not in pro)):
                 raise LoweringError(f"{where}: expected [*B,M,K] @ [*B,K,N] -> [*B,M,N], got "
                                     f"{a.shape} @ {b.shape} -> {o.shape}")
+            if any(i < 2 or i >= len(k.ins) or k.ins[i].shape != (a.shape[-1],) for i in pro):
+                raise LoweringError(f"{where}: a_scale / a_shift must name [K] inputs beyond A and B")
         for r in k.outs:
             written.add(r.buffer)
     for r in kp.outputs:

@@ -34,6 +34,7 @@ past the block's last query.
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
@@ -495,7 +496,12 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # heads of 32 or 64, adjacent in memory (a fused QKV projection's output): Q^T and K^T of
     # two heads per DMA transpose ([rows, 2 x D] -> [2 x D, rows]: half the transfers, on twice
     # the engines), every pair loaded up front, one queue each; head t reads partitions
-    # (t % 2) * D of pair t // 2 (32 and 64 are the partition starts a [D, .] access may take)
+    # (t % 2) * D of pair t // 2 (32 and 64 are the partition starts a [D, .] access may take).
+    # Rows resident in SBUF (the projection ran in this partition) are transposed on TensorE
+    # instead, all pairs before the first product: TensorE is idle then and the copies out of
+    # PSUM precede the softmax work on VectorE/ScalarE, where 12 SBUF -> SBUF DMA transposes
+    # would share the DMA engines with the weight stream, served in issue order (GPT-2 small
+    # trn2 899.7 -> 880.1 us)
     Q, KT = sq.ref, sk.ref
     pairs = (sq.form == DMA_T and sk.form == DMA_T and D in (32, 64) and n % 2 == 0 and U % 2 == 0
              and len(blocks) == 1 and Q.strides[-3] == D * Q.strides[-1]
@@ -504,11 +510,18 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         qr0 = blocks[0][1]
         qall = b.tile("qpairs", Memory.SBUF, 2 * D, n // 2 * qr0, dt)
         kall = b.tile("kpairs", Memory.SBUF, 2 * D, n // 2 * kw, dt)
+        pe = b.is_resident(Q.buffer) and b.is_resident(KT.buffer) and qr0 <= 128 and kw <= 128
+        lq, lk = (replace(sq, form=RES_T), replace(sk, form=RES_T)) if pe else (sq, sk)
+        tp = b.tile("pairT", Memory.PSUM, 2 * D, 128, F32, 2) if pe else None
         for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
             pb = outer + (aff(2 * hp),)
-            sq.load(b, qall, aff(hp * qr0), sq.base(pb), aff(0), 2 * D, aff(0), qr0)
-            sk.load(b, kall, aff(hp * kw), sk.base(pb), aff(0), 2 * D, aff(0), kw)
-        b.note(f"attention: Q^T and K^T of two heads per DMA transpose, {n // 2} pairs loaded ahead")
+            lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
+                    psum=tp.ap(2 * D, dims=((1, qr0),)) if pe else None)
+            lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
+                    psum=tp.ap(2 * D, dims=((1, kw),)) if pe else None)
+        b.note(f"attention: Q^T and K^T of two heads per " +
+               ("TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose") +
+               f", {n // 2} pairs loaded ahead")
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)

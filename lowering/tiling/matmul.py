@@ -36,6 +36,7 @@ from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
 from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
+from lowering.tiling.matmul_prologue import APrologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, choose_blocking, footprint, operand_form,
                                          staged)
@@ -61,6 +62,7 @@ class _Side:
     F: int
     form: str
     tp_bufs: int = 2      # PSUM slots per TensorE-transpose load site
+    pro: APrologue | None = None    # A's per-K scale/shift (matmul_prologue.py)
 
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
@@ -93,13 +95,14 @@ class _Side:
 
     def load(self, b: TirBuilder, dst: Tile, dst_off: Affine, bbase: Affine, k0: Affine, kt: int,
              f0: Affine, fw: int, stage=None, psum: TAP | None = None,
-             copy_engines: tuple | None = None, kstep: int = 1) -> None:
+             copy_engines: tuple | None = None, kstep: int = 1, j=None) -> None:
         """X[k0:k0+kt, f0:f0+fw] -> dst[0:kt, dst_off : dst_off + fw] (a single row or column
         is a plain strided copy whatever the form); ``stage``: the rows from ``stage``
         (``(tile, K, offset)`` as ``stage`` returns it: row ``f0`` sits ``offset`` elements into
         the tile); ``psum``: where a TensorE transpose of at most 128 rows lands (default: a new tile
         of ``tp_bufs`` slots); ``copy_engines``: the engines its copy out of PSUM may take;
-        ``kstep``: the tile's K rows are ``k0, k0 + kstep, ...`` (a K group, see ``_kgroup``)."""
+        ``kstep``: the tile's K rows are ``k0, k0 + kstep, ...`` (a K group, see ``_kgroup``);
+        ``j``: the K tile's index, for the prologue (``pro``) of an A side."""
         r = self.ref
         ks = self.kstride * kstep
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
@@ -107,6 +110,8 @@ class _Side:
             src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
                          self.fstride, ((kt, ks),))
             b.dma(dap, src, transpose=True)
+            if self.pro is not None:
+                self.pro.make(b, dap, dap, j, kt)
             return
         if self.form in (PE_T, RES_T) and fw > 1 and kt > 1:
             for c0, cw in b.tiled(fw, 128, "t"):
@@ -122,12 +127,17 @@ class _Side:
                     rows = t.ap()
                 tpa = psum if psum is not None else b.tile("tps", Memory.PSUM, kt, cw, F32, self.tp_bufs).ap()
                 b.transpose(tpa, rows)
-                b.tensor_copy(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),)), tpa,
-                              **({"engines": copy_engines} if copy_engines else {}))
+                dcw = dst.ap(kt, elem_offset=dst_off + c0, dims=((1, cw),))
+                if self.pro is not None:     # the copy out of PSUM applies the prologue
+                    self.pro.make(b, dcw, tpa, j, kt, copy_engines)
+                else:
+                    b.tensor_copy(dcw, tpa, **({"engines": copy_engines} if copy_engines else {}))
             return
         src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
                      ks, ((fw, self.fstride),))
         b.dma(dap, src)
+        if self.pro is not None:
+            self.pro.make(b, dap, dap, j, kt)
 
     def load_group(self, b: TirBuilder, dst: Tile, bbase: Affine, c: Affine, G: int, f0: Affine,
                    fw: int) -> None:
@@ -139,6 +149,11 @@ class _Side:
         src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
                      TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
         b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
+        if self.pro is not None:
+            for g in range(G):
+                self.pro.make(b, dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),)),
+                              dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),)),
+                              c * G + g, TK)
 
 
 def tile_matmul(b: TirBuilder, k: KOp) -> None:
@@ -154,12 +169,13 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     sa = _Side(A, A.strides[-1], A.strides[-2], M, _form(b, A, A.strides[-1], A.strides[-2], M))
     sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, _form(b, Bm, Bm.strides[-2], Bm.strides[-1], N))
     epi, folded = fold_row_bias(k)
-    k = KOp(k.kind, k.outs, k.ins, MatmulKAttrs(epi), k.origin)
+    k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
+    prologue = k.attrs.a_scale is not None or k.attrs.a_shift is not None
     used = sorted(epi.loads()) if epi is not None else []
     kp = KPack(k_pack(A.dtype, t))
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
                         tuple(k.ins[i].dtype for i in used), _epi_tiles(epi),
-                        no_outres=bool(folded) or kp.pack > 1, k_pack=kp.pack)
+                        no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack)
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
@@ -169,6 +185,13 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}{' double_row' if kp.pack > 1 else ''}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
+    if prologue:
+        if kp.pack > 1:
+            raise Unsupported(",".join(k.origin) or "matmul",
+                              "a folded A scale/shift with fp8 double-row operands")
+        assert best.resident != "C", "no_outres keeps a prologue out of the third form"
+        res, strm, rt = (sa, sb, TM) if best.resident == "A" else (sb, sa, TN)
+        sa.pro = APrologue(b, k, K, _kgroup(res, strm, K, best, rt, t))
     if best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
@@ -292,7 +315,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
-                strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks)
+                strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
                 blk = b.tile("res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw, dt, c.block_bufs)
@@ -303,7 +326,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
             else:
                 for k0, kt in b.tiled(K, TK, "kr"):
                     if not c.stream:
-                        kp.load(res, b, blk, kp.koff(k0, rw), rbase, k0, kt, r0, rw, rw, rstage)
+                        kp.load(res, b, blk, kp.koff(k0, rw), rbase, k0, kt, r0, rw, rw, rstage,
+                                j=k0 // TK)
             for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
@@ -314,12 +338,12 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                     else:
                         sblk = b.tile("str", Memory.SBUF, kp.parts(kt), kp.pack * sw, dt, c.stream_bufs)
                         if ks > 1:    # a K group (never packed)
-                            strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage, kstep=ks)
+                            strm.load(b, sblk, aff(0), sbase, k0, kt, s0, sw, sstage, kstep=ks, j=j)
                         else:
-                            kp.load(strm, b, sblk, aff(0), sbase, k0, kt, s0, sw, sw, sstage)
+                            kp.load(strm, b, sblk, aff(0), sbase, k0, kt, s0, sw, sw, sstage, j=j)
                     if c.stream:      # K too long to keep a block: both sides per K tile
                         blk = b.tile("res", Memory.SBUF, kp.parts(kt), kp.pack * rw, dt, 3)
-                        kp.load(res, b, blk, aff(0), rbase, k0, kt, r0, rw, rw)
+                        kp.load(res, b, blk, aff(0), rbase, k0, kt, r0, rw, rw, j=j)
                         koff = aff(0)
                     else:
                         koff = j * rw if G > 1 else kp.koff(k0, rw)

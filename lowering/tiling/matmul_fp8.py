@@ -70,11 +70,11 @@ class KPack:
         return k0 // self.tk * self.pack * width
 
     def load(self, side, b: TirBuilder, dst, dst_off, bbase: Affine, k0, kt: int, f0, fw: int,
-             width: int, stage=None) -> None:
+             width: int, stage=None, j=None) -> None:
         """X[k0 : k0+kt, f0 : f0+fw] into the K tile at ``dst_off`` of ``dst`` (halves
         ``width`` apart); ``side``: the operand (``matmul._Side``)."""
         if self.pack == 1:
-            side.load(b, dst, dst_off, bbase, k0, kt, f0, fw, stage)
+            side.load(b, dst, dst_off, bbase, k0, kt, f0, fw, stage, j=j)
             return
         p = self.parts(kt)
         r = side.ref

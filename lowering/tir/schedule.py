@@ -85,6 +85,7 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
     for sid in sorted(st.info):
         regions[st.info[sid].top].append(sid)
     dma_load: dict[Queue, float] = defaultdict(float)   # DMA queues: over the whole program
+    kernel_dma: dict[tuple, float] = defaultdict(float)  # (kernel, DMA queue): its transfers
     rr = [0] * len(lanes)
     # prefetch lanes alternate between consecutive kernels that prefetch: a kernel whose loads
     # wait for its own slots holds up only the kernel two prefetching kernels later
@@ -95,7 +96,8 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
             lane_of.setdefault(kernel_key(ins), 1 + len(lane_of) % PREFETCH_LANES)
     stream = _stream_loads(tp, st, target, lanes[1][0])
     for sids in regions.values():
-        _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream)
+        _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream,
+                         kernel_dma)
     return out
 
 
@@ -136,7 +138,8 @@ def _whole(tp: TProgram, ins: TInstr) -> bool:
     return d.slot_bytes * d.bufs * d.partitions >= sum(tp.buffer(a.buf).free[0] for a in ins.srcs)
 
 
-def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream) -> None:
+def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream,
+                         kernel_dma) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
@@ -161,10 +164,13 @@ def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, st
             dmas = lanes[lane]
             if sid in stream:
                 dmas = lanes[1][:1]            # the weight stream: one queue, program order
-            best = min(range(len(dmas)), key=lambda i: (dma_load[dmas[i]], (i - rr[lane]) % len(dmas)))
+            kk = kernel_key(ins)
+            best = min(range(len(dmas)), key=lambda i: (kernel_dma[kk, dmas[i]], dma_load[dmas[i]],
+                                                        (i - rr[lane]) % len(dmas)))
             q = dmas[best]
             rr[lane] = (best + 1) % len(dmas)
             dma_load[q] += n * _occupancy(probes[sid], q, target)
+            kernel_dma[kk, q] += n * _occupancy(probes[sid], q, target)
         elif len(ins.engines) == 1:
             q = Queue(ins.engines[0])
         else:

@@ -204,6 +204,34 @@ def test_adjacent_narrow_heads_load_q_and_k_two_heads_per_transpose(causal):
     assert_close(low.outputs[0], fn(qkv))
 
 
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_resident_projection_heads_are_paired_on_tensor_engine(target):
+    """The fused QKV projection computed in the same partition (its output stays in SBUF): Q^T
+    and K^T of two heads come by TensorE transposes of the resident rows (no DMA transpose), and
+    the causal attention still matches eager over a partial query block; a dropped head fails."""
+    g = torch.Generator().manual_seed(17)
+    H, S, D, E = 6, 100, 64, 200
+    x = torch.randn(1, S, E, generator=g).to(torch.bfloat16)
+    w = (torch.randn(E, 3 * H * D, generator=g) * E ** -0.5).to(torch.bfloat16)
+
+    def fn(x, w):
+        q, k, v = (t.view(1, S, H, D).transpose(1, 2) for t in (x @ w).split(H * D, dim=-1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    low = lower_and_run(fn, x, w, target=target)
+    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+    assert any("two heads per TensorE transpose of their SBUF-resident rows" in n for n in notes), notes
+    prog = low.dumps["program.txt"]
+    assert ".pairT[" in prog
+    assert not any("transpose=True" in ln and "pairs[" in ln for ln in prog.splitlines())
+    ref = fn(x, w)
+    assert_close(low.outputs[0], ref)
+    bad = low.outputs[0].clone()
+    bad[:, 3] = 0
+    with pytest.raises(AssertionError):
+        assert_close(bad, ref)
+
+
 def test_fully_masked_rows_of_pipelined_heads_are_zero_in_safe_softmax():
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 3, n, 16, generator=g) for n in (5, 70, 70))
