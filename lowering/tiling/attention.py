@@ -47,7 +47,7 @@ from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
-from runtime_sim.isa import ActFunc, AluOp, DType, Memory
+from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
 
@@ -512,13 +512,22 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         kall = b.tile("kpairs", Memory.SBUF, 2 * D, n // 2 * kw, dt)
         pe = b.is_resident(Q.buffer) and b.is_resident(KT.buffer) and qr0 <= 128 and kw <= 128
         lq, lk = (replace(sq, form=RES_T), replace(sk, form=RES_T)) if pe else (sq, sk)
-        tp = b.tile("pairT", Memory.PSUM, 2 * D, 128, F32, 2) if pe else None
+        # one PSUM bank of 4 transpose cells used in turn, so TensorE runs up to 4 transposes
+        # ahead of their copies, which VectorE and ScalarE share
+        tp = b.tile("pairT", Memory.PSUM, 2 * D, 4 * 128, F32, 1) if pe else None
+        ce = (EngineKind.VECTOR, EngineKind.SCALAR)
         for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
             pb = outer + (aff(2 * hp),)
-            lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
-                    psum=tp.ap(2 * D, dims=((1, qr0),)) if pe else None)
-            lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
-                    psum=tp.ap(2 * D, dims=((1, kw),)) if pe else None)
+            if pe:
+                lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
+                        psum=tp.ap(2 * D, elem_offset=(2 * hp) % 4 * 128, dims=((1, qr0),)),
+                        copy_engines=ce)
+                lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
+                        psum=tp.ap(2 * D, elem_offset=(2 * hp + 1) % 4 * 128, dims=((1, kw),)),
+                        copy_engines=ce)
+            else:
+                sq.load(b, qall, aff(hp * qr0), sq.base(pb), aff(0), 2 * D, aff(0), qr0)
+                sk.load(b, kall, aff(hp * kw), sk.base(pb), aff(0), 2 * D, aff(0), kw)
         b.note(f"attention: Q^T and K^T of two heads per " +
                ("TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose") +
                f", {n // 2} pairs loaded ahead")

@@ -363,6 +363,9 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                             kp.matmul(b, dst, stat, mov, first)
                 for fi in folded:
                     _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                if _wide_rows(b, k, c, rw, sw, bidx, r0, s0):
+                    _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                    continue
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
                         ia, ja = i0 // rt, j0 // st
@@ -373,6 +376,44 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                             m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
                             cell = (ja * nr + ia) * TN
                         _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+
+
+WIDE_MAX = 8192    # bytes per partition of one wide output tile (``_wide_rows``)
+
+
+def _wide_rows(b: TirBuilder, k: KOp, c: Blocking, rw: int, sw: int, bidx, r0, s0) -> bool:
+    """Store a group's output rows whole (``_wide_epilogue``) when they go to HBM, row-major,
+    and one 512-column tile of them is a run shorter than ``GROUP_RUN`` bytes while the group's
+    columns fit ``WIDE_MAX``: GPT-2's logits, [128, 50257] bf16, went out as 1 KiB runs."""
+    out = k.outs[0]
+    nw = sw if c.resident == "A" else rw
+    isz = out.dtype.itemsize
+    if nw <= TN or out.strides[-1] != 1 or TN * isz >= GROUP_RUN or nw * isz > WIDE_MAX:
+        return False
+    probe = out_ap(k, bidx, s0 if c.resident == "B" else r0, 1, r0 if c.resident == "B" else s0, 1)
+    return b.resident_view(probe, 1) is None
+
+
+def _wide_epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, c: Blocking, acc, r0, rw: int,
+                   s0, sw: int, rt: int, st: int, nr: int, ns: int) -> None:
+    """The group's epilogue per m-tile into one [mt, all its columns] tile, stored by one DMA
+    (runs of the whole group's columns instead of 512 per DMA)."""
+    out = k.outs[0]
+    if c.resident == "A":        # i: m-tiles (resident), j: n-tiles
+        mtiles, ntiles, mb, nb, mstep, nstep = (rw, sw, r0, s0, rt, st)
+    else:                        # j: m-tiles (streamed), i: n-tiles
+        mtiles, ntiles, mb, nb, mstep, nstep = (sw, rw, s0, r0, st, rt)
+    for a0, aw in b.tiled(mtiles, mstep, "wm"):
+        wide = b.tile("wide", Memory.SBUF, aw, ntiles, out.dtype, 2)
+        for e0, ew in b.tiled(ntiles, nstep, "wn"):
+            am, en = a0 // mstep, e0 // nstep
+            cell = (am * ns + en) * TN if c.resident == "A" else (am * nr + en) * TN
+            into = wide.ap(aw, elem_offset=e0, dims=((1, ew),))
+            res = _epilogue(b, k, used, bidx, mb + a0, aw, nb + e0, ew,
+                            acc.ap(aw, elem_offset=cell, dims=((1, ew),)), into=into, store=False)
+            if res is not None and res.buf != into.buf:
+                b.tensor_copy(into, res)
+        b.dma(out_ap(k, bidx, mb + a0, aw, nb, ntiles), wide.ap())
 
 
 GROUP_RUN = 4096   # bytes per partition from which a DMA runs at its full rate (hardware.md DMA:
