@@ -73,7 +73,8 @@ def _folded(cg) -> bool:
 
 CASES = [("trn1", torch.bfloat16, 130, 200, 300, 3e-2), ("trn2", torch.bfloat16, 130, 200, 300, 3e-2),
          ("trn3", torch.bfloat16, 70, 768, 200, 3e-2), ("trn2", torch.float32, 130, 200, 300, 1e-4),
-         ("trn1", torch.float32, 300, 384, 130, 1e-4)]
+         ("trn1", torch.float32, 300, 384, 130, 1e-4),      # K groups of 3 (the grouped columns)
+         ("trn1", torch.bfloat16, 100, 768, 768, 3e-2)]     # K groups, two blocks
 
 
 @pytest.mark.parametrize("target,dtype,M,C,N,tol", CASES)
