@@ -20,6 +20,7 @@ tile's loads overlap this tile's work.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import ExitStack
 from dataclasses import replace
@@ -40,6 +41,7 @@ MIN_FREE = 128      # free elements of a chunk at least, whatever the expression
 IN_BUFS = 3         # input slots: one loading, one being read, one for the next load
 INTER_BUFS = 2      # intermediates: this tile's and the next one's
 OUT_BUFS = 3        # results: one being computed, one held by its store for the DMA latency, one free
+UNROLL_MAX = 32     # outer iterations up to which a resident tensor's store is unrolled
 
 
 def index_axes(expr: Expr) -> list[int]:
@@ -100,6 +102,17 @@ def tile_pointwise(b: TirBuilder, k: KOp) -> None:
                   and i not in trans and not b.is_resident(k.ins[i].buffer)}
         if len(reg.free) == 1:
             fmax = _chunk(b, k, reg, used, slot_of, trans, shared, fmax)
+        if not shared and not trans and _resident_copy(b, k) \
+                and 1 < math.prod(n for n, _ in reg.outer) <= UNROLL_MAX:
+            # a store of an SBUF-resident tensor (DMA only): one transfer per outer index,
+            # unrolled, so they take distinct queues and run together (a loop keeps one
+            # queue, whose transfers complete one after the other: GPT-2's 12-head cache
+            # tensors took 16 us each and held the next layer's weights out of their bytes)
+            for bases in _unrolled_bases(reg):
+                for r0, p in b.tiled(reg.rows, P, "r"):
+                    for c0, fsz in chunks(b, reg, fmax):
+                        _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, {})
+            continue
         with ExitStack() as es:
             bases = outer_loops(b, es, reg, len(strides))
             if shared:
@@ -193,6 +206,22 @@ def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset) -> tuple
     """(busiest engine's work, makespan) in ns of the expression on one [p, f] tile."""
     busy, span = profile(_scratch_tile(b, k, p, f, rows))
     return (max(busy.values(), default=0.0), span)
+
+
+def _resident_copy(b: TirBuilder, k: KOp) -> bool:
+    """Is ``k`` a plain copy of a tensor resident in SBUF into HBM (no compute, DMA only)?"""
+    root = k.attrs.expr
+    while root.op is EOp.CAST and root.args[0].dtype == root.dtype:
+        root = root.args[0]
+    return (root.op is EOp.LOAD and root.dtype == k.outs[0].dtype
+            and b.is_resident(k.ins[root.index].buffer) and not b.is_resident(k.outs[0].buffer))
+
+
+def _unrolled_bases(reg: Region):
+    """Each operand's base offset at every outer index (the outer loops unrolled)."""
+    for idx in itertools.product(*(range(n) for n, _ in reg.outer)):
+        yield [aff(x + sum(i * st[s] for i, (_, st) in zip(idx, reg.outer)))
+               for s, x in enumerate(reg.bases)]
 
 
 def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, trans, slot_of,

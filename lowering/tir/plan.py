@@ -4,13 +4,14 @@ Lifetimes, whole kernels first: a buffer lives from the start of the kernel befo
 one that touches it to the end of the last, so no two buffers of one kernel or of neighbouring
 kernels share bytes (a load never waits for another buffer to release its memory, and the next
 kernel's loads start while this one computes); a buffer filled from weights (HBM data no
-instruction writes) lives from the start of the kernel after the second previous
-*weight-streaming* kernel (one that loads at least ``WEIGHT_STREAM_BYTES`` of weights; the
+instruction writes) lives from the start of the kernel after the ``WEIGHT_STREAMS_AHEAD``-th
+previous *weight-streaming* kernel (one that loads at least ``WEIGHT_STREAM_BYTES`` of weights; the
 first stream's buffers from the start), so a matmul's weights stream in during the previous
 matmul and the norm or attention kernels before it (GPT-2 small trn2: 1096 -> 1079 us from the
 previous stream's start, 983 -> 976 us from after the second previous one: an attention
-between two matmuls left HBM idle for 12 us per layer), while about two kernels' weights are in
-flight on the in-order DMA engines; if that does not fit, *coarse* lifetimes: from
+between two matmuls left HBM idle for 12 us per layer; from after the third previous one,
+with the attention's transposes on TensorE: 858.7 -> 850.9 us), while about three kernels'
+weights are in flight on the in-order DMA engines; if that does not fit, *coarse* lifetimes: from
 the start of the first to the end of the last *top-level statement* that touches it (one loop
 nest of a kernel, or a lone instruction), padded by ``LIFETIME_PAD`` statements, then exact; if that does not fit either, *fine* lifetimes in
 statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
@@ -45,6 +46,8 @@ KERNEL_PADS = (1,)   # kernels ahead of the first user whose bytes a buffer stay
 #                      ahead of the critical ones on the in-order DMA engines)
 SBUF_ALIGN = 64
 WEIGHT_STREAM_BYTES = 64 * 1024   # a kernel loading less (norm gains, biases) is not a weight stream
+WEIGHT_STREAMS_AHEAD = 3  # a weight buffer lives from the kernel after the 3rd previous stream
+#                           (GPT-2 small trn2 858.7 -> 850.9 us against 2, 927.4 with 4: SBUF full)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
     for bytes its own kernel or the ones just before still use, so they can run that far
     ahead). The kernel of a top-level statement is the ``k<i>`` prefix of its instructions'
     tags. ``weights`` (``weight_buffers``): such a buffer starts no later than the kernel after
-    the second previous weight-streaming kernel."""
+    the ``WEIGHT_STREAMS_AHEAD``-th previous weight-streaming kernel."""
     kern_of: dict[int, int] = {}
     order: dict[str, int] = {}
     for sid in sorted(st.info):
@@ -138,9 +141,10 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
         k0 = max(0, kf - before)
         if weights and name in weights:
             prev = [k for k in loaders if k < kf]
-            # from the kernel after the second previous weight stream: the kernels between two
-            # streams (an attention, a norm) keep HBM busy with the next stream's weights
-            k0 = min(k0, prev[-2] + 1 if len(prev) >= 2 else prev[-1] if prev else 0)
+            # from the kernel after the third previous weight stream: the kernels between two
+            # streams (an attention, a norm) keep HBM busy with the next streams' weights
+            ahead = WEIGHT_STREAMS_AHEAD
+            k0 = min(k0, prev[-ahead] + 1 if len(prev) >= ahead else prev[0] if prev else 0)
         out[name] = (first.get(k0, f), last.get(kl, l))
     return out
 
