@@ -33,8 +33,11 @@ past the block's last query.
 """
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from dataclasses import replace
+
+import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
@@ -47,9 +50,21 @@ from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
+from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
+
+
+class _Scale:
+    """A Q side's prologue (``matmul._Side.pro``): Q^T tiles leave PSUM multiplied by ``s``."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def make(self, b: TirBuilder, dst: TAP, src: TAP, j, kt: int, engines=None) -> None:
+        b.tensor_scalar(dst, src, AluOp.MULTIPLY, self.s,
+                        engines=engines or (EngineKind.VECTOR, EngineKind.SCALAR))
 
 
 
@@ -503,6 +518,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # would share the DMA engines with the weight stream, served in issue order (GPT-2 small
     # trn2 899.7 -> 880.1 us)
     Q, KT = sq.ref, sk.ref
+    prescale = False
     pairs = (sq.form == DMA_T and sk.form == DMA_T and D in (32, 64) and n % 2 == 0 and U % 2 == 0
              and len(blocks) == 1 and Q.strides[-3] == D * Q.strides[-1]
              and KT.strides[-3] == D * KT.strides[-2])
@@ -512,6 +528,14 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         kall = b.tile("kpairs", Memory.SBUF, 2 * D, n // 2 * kw, dt)
         pe = b.is_resident(Q.buffer) and b.is_resident(KT.buffer) and qr0 <= 128 and kw <= 128
         lq, lk = (replace(sq, form=RES_T), replace(sk, form=RES_T)) if pe else (sq, sk)
+        # a power-of-two scale <= 1 goes into Q^T as it leaves PSUM (exact), so the scores
+        # come scaled, the row max comes negated from its reduce and is the exp's bias as it
+        # is: one VectorE/GpSimdE instruction less per head on the softmax chain
+        # (the scale as the engines hold it, in fp32: 1/sqrt(64) is 0.12500000000000003 in fp64)
+        s32 = float(np.float32(a.scale))
+        prescale = pe and a.score is None and not clamp and 0 < s32 <= 1 and math.frexp(s32)[0] == 0.5
+        if prescale:
+            lq = replace(lq, pro=_Scale(s32))
         # one PSUM bank of 4 transpose cells used in turn, so TensorE runs up to 4 transposes
         # ahead of their copies, which VectorE and ScalarE share
         tp = b.tile("pairT", Memory.PSUM, 2 * D, 4 * 128, F32, 1) if pe else None
@@ -553,7 +577,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.matmul(S[j].ap(qr, dims=((1, kw),)), ident.ap(QB, dims=((1, qr),)),
                          diag[j].ap(QB, dims=((1, kw),)), start_when=(1,))
         for j, (q0, qr) in enumerate(blocks):
-            src, act_scale = S[j].ap(qr, dims=((1, kw),)), a.scale
+            src, act_scale = S[j].ap(qr, dims=((1, kw),)), 1.0 if prescale else a.scale
             if a.score is not None:
                 src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
                 act_scale = 1.0
@@ -561,9 +585,14 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 sc = b.tile("cm", Memory.SBUF, qr, kw, F32).ap()
                 b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc
+            nm = b.tile("nm", Memory.SBUF, qr, 1, F32).ap()
+            if prescale:  # -max(scores) straight from the reduce
+                b.tensor_reduce(nm, src, AluOp.MAX, negate=True)
+                b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, bias_ap=nm,
+                             reduce=AluOp.ADD, accum=L[j].ap())
+                continue
             mb = b.tile("mb", Memory.SBUF, qr, 1, F32).ap()
             b.tensor_reduce(mb, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
-            nm = b.tile("nm", Memory.SBUF, qr, 1, F32).ap()
             if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
                 b.tensor_scalar(nm, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                                 LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY,

@@ -392,8 +392,10 @@ class TirBuilder:
                                   op1, 0.0 if o1_ap else float(operand1), o1_ap, reverse1)
         return self.emit(Op.TENSOR_SCALAR, dst, srcs, attrs, engines=engines)
 
-    def tensor_reduce(self, dst: TAP, src: TAP, op, num_axes: int = 1, engines=ELEMENTWISE) -> TInstr:
-        return self.emit(Op.TENSOR_REDUCE, dst, (src,), TensorReduceAttrs(op, num_axes), engines=engines)
+    def tensor_reduce(self, dst: TAP, src: TAP, op, num_axes: int = 1, engines=ELEMENTWISE,
+                      negate: bool = False) -> TInstr:
+        return self.emit(Op.TENSOR_REDUCE, dst, (src,), TensorReduceAttrs(op, num_axes, negate),
+                         engines=engines)
 
     def tensor_copy(self, dst: TAP, src: TAP, engines=COPY_ENGINES) -> TInstr:
         return self.emit(Op.TENSOR_COPY, dst, (src,), TensorCopyAttrs(), engines=engines)
