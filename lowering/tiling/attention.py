@@ -167,9 +167,13 @@ def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F
     out = {}
     for d in sorted(ds):
         t = b.tile(f"mask{len(out)}", Memory.SBUF, QB, KB, dt)
+        # on GpSimdE with its iota: the kernel's first VectorE work waits in VectorE's queue
+        # behind the previous kernel's PSUM evacuations, and these depend on nothing
+        pool = (EngineKind.GPSIMD,)
         b.iota(t.ap(), d, -1, (1,))                     # c - p + d
-        b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0)
-        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden)   # 0 or hidden
+        b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0,
+                        engines=pool)
+        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden, engines=pool)   # 0 or hidden
         out[d] = t
     return out
 
@@ -496,7 +500,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     if pe_mask:
         ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
-        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0)
+        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
