@@ -18,7 +18,10 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
-row bias folded into the accumulation is loaded once, whole (``_bias_row``). A resident block
+row bias folded into the accumulation is loaded once, whole (``_bias_row``); an output going to
+HBM in short 512-column runs is evacuated per m-tile into one tile of the group's columns and
+stored by one DMA (``_wide_rows``). A per-K scale/shift of A (a folded layer-norm affine) is
+applied where A^T tiles are made (``matmul_prologue.py``). A resident block
 of short plain rows loads G K tiles per DMA (``_kgroup``: K groups, G consecutive rows per
 partition), the K loops then running over groups and tiles within them.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.

@@ -17,6 +17,8 @@ tile's loads overlap this tile's work.
   per-partition operands of ``tensor_scalar`` (``exprgen.py``).
 - An input whose partition axis is the contiguous one (a transposed view being materialised)
   is loaded as its transpose with contiguous runs and turned on TensorE, in 128x128 blocks.
+- A plain store of an SBUF-resident tensor (no compute) unrolls its outer loops (up to
+  ``UNROLL_MAX`` iterations): each transfer its own instruction on its own queue.
 """
 from __future__ import annotations
 

@@ -17,8 +17,10 @@ loop body as an assembly line:
   iteration of a loop body does (fresh greedy choices let the balance drift from copy to copy:
   one copy's updates all on GpSimdE, the next one's on VectorE). Estimates come from the simulator's cost table
   (``runtime_sim.costs.instr_cost``) on the instruction's first iteration.
-DMA transfers go to the least-loaded DMA queue, round-robin on ties, so the static transfers of
-one body land on distinct queues (a queue's transfers run and complete in order). Each DMA
+DMA transfers go to the DMA queue least loaded by their own kernel, then over the whole program,
+round-robin on ties, so the static transfers of one kernel land on distinct queues and run
+together (a queue's transfers run and complete in order; balanced over the program only,
+GPT-2's 12 attention transposes issued at once took 4 queues). Each DMA
 engine has several queues (``Target.dma_queues_per_engine``): loads of data no instruction of
 the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
 queues, so that they never wait in line behind a transfer that waits for compute (an output
@@ -139,7 +141,7 @@ def _whole(tp: TProgram, ins: TInstr) -> bool:
 
 
 def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream,
-                         kernel_dma) -> None:
+                     kernel_dma) -> None:
     load: dict[Queue, float] = defaultdict(float)
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
