@@ -460,7 +460,8 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
         finals: dict[str, dict[Queue, tuple[int, int]]] = {}
         for b in bufs:
             lo, hi = span[b.name]
-            preds = {o for (l, h, o) in owners if l < hi and lo < h and not (tops[o] & tops[b.name])}
+            tb = tops[b.name]
+            preds = {o for (l, h, o) in owners if l < hi and lo < h and tops[o].isdisjoint(tb)}
             if preds:
                 writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
                 for pname in sorted(preds):
