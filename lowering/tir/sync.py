@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -456,12 +457,21 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
                         paired.add((an, bn))
                         _pairwise(members, by_buf, queues, found, st, an, bn)
                         _pairwise(members, by_buf, queues, found, st, bn, an)
+        # the bytes' latest owners: disjoint [l, h) intervals sorted by l (``starts`` their l's)
         owners: list[tuple[int, int, str]] = []
+        starts: list[int] = []
         finals: dict[str, dict[Queue, tuple[int, int]]] = {}
         for b in bufs:
             lo, hi = span[b.name]
             tb = tops[b.name]
-            preds = {o for (l, h, o) in owners if l < hi and lo < h and tops[o].isdisjoint(tb)}
+            i0 = max(0, bisect.bisect_right(starts, lo) - 1)
+            if i0 < len(owners) and owners[i0][1] <= lo:
+                i0 += 1
+            i1 = i0
+            while i1 < len(owners) and owners[i1][0] < hi:
+                i1 += 1
+            hit = owners[i0:i1]       # the owners overlapping [lo, hi), contiguous
+            preds = {o for (_, _, o) in hit if tops[o].isdisjoint(tb)}
             if preds:
                 writers = [x for m in members[b.name] for x in by_buf[m] if x.write]
                 for pname in sorted(preds):
@@ -473,17 +483,10 @@ def _cross_buffer(tp: TProgram, st: Structure, plan: MemPlan, by_buf: dict[str, 
                         for q, (ys, n) in finals[pname].items():
                             if q != queues[x.sid]:
                                 found[x.sid][ys].append(Wait(ys, Affine(n), guard))
-            kept: list[tuple[int, int, str]] = []
-            for (l, h, o) in owners:
-                if h <= lo or l >= hi:
-                    kept.append((l, h, o))
-                    continue
-                if l < lo:
-                    kept.append((l, lo, o))
-                if h > hi:
-                    kept.append((hi, h, o))
-            kept.append((lo, hi, b.name))
-            owners = kept
+            new = ([(hit[0][0], lo, hit[0][2])] if hit and hit[0][0] < lo else []) + [(lo, hi, b.name)] \
+                + ([(hi, hit[-1][1], hit[-1][2])] if hit and hit[-1][1] > hi else [])
+            owners[i0:i1] = new
+            starts[i0:i1] = [e[0] for e in new]
 
 
 def _pairwise(members, by_buf, queues, found, st: Structure, xn: str, yn: str) -> None:
