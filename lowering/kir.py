@@ -308,6 +308,11 @@ class MatmulKAttrs:
     a_scale: int | None = None
     a_shift: int | None = None
 
+    @property
+    def prologue_inputs(self) -> tuple[int, ...]:
+        """The ``ins`` indices of A's scale/shift vectors (empty: no prologue)."""
+        return tuple(i for i in (self.a_scale, self.a_shift) if i is not None)
+
 
 @dataclass(frozen=True)
 class ReduceKAttrs:
@@ -512,9 +517,9 @@ class KOp:
             a = str(self.attrs.expr)
         elif isinstance(self.attrs, MatmulKAttrs):
             m = self.attrs
-            a = ", ".join([f"epilogue={m.epilogue}"] * (m.epilogue is not None)
-                          + [f"a_scale=in{m.a_scale}"] * (m.a_scale is not None)
-                          + [f"a_shift=in{m.a_shift}"] * (m.a_shift is not None))
+            parts = [("epilogue", m.epilogue, ""), ("a_scale", m.a_scale, "in"),
+                     ("a_shift", m.a_shift, "in")]
+            a = ", ".join(f"{n}={p}{v}" for n, v, p in parts if v is not None)
         else:
             a = ", ".join(f"{k}={getattr(self.attrs, k)}" for k in self.attrs.__dataclass_fields__)
         return f"{outs} = {self.kind.value}[{a}]({ins})  # {','.join(self.origin)}"

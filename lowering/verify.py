@@ -51,9 +51,7 @@ def verify_kir(kp: KProgram) -> None:
         if k.kind is KKind.MATMUL:
             a, b = k.ins[0], k.ins[1]
             o = k.outs[0]
-            ma = k.attrs
-            pro = {i for i in (ma.a_scale, ma.a_shift) if i is not None} \
-                if isinstance(ma, MatmulKAttrs) else set()
+            pro = set(k.attrs.prologue_inputs) if isinstance(k.attrs, MatmulKAttrs) else set()
             if not (a.rank == b.rank == o.rank >= 3 and a.shape[:-2] == b.shape[:-2]
                     and a.shape[-1] == b.shape[-2]
                     and o.shape == a.shape[:-1] + b.shape[-1:]

@@ -15,11 +15,7 @@ from neuron_compiler.options import validate_options
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _mlp():

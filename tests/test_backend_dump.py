@@ -11,11 +11,7 @@ from neuron_compiler.inspect import main as neuron_dump
 from neuron_compiler.testing import compile_for_neuron
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def model(x, w):

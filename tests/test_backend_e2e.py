@@ -14,11 +14,7 @@ import neuron_compiler
 from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, run_on_device
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_entry_points_resolve_without_import():

@@ -11,11 +11,7 @@ from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, ru
 FFT = "aten._fft_r2c.default"
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def fft_model(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,11 +21,7 @@ from runtime_sim.isa import DType, Op
 from runtime_sim.targets import get_target
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _mlp(dtype):

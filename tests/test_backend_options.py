@@ -11,11 +11,7 @@ from neuron_compiler import NeuronOptionError, NeuronOptions, validate_options
 from neuron_compiler.testing import compile_for_neuron
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_defaults(monkeypatch):

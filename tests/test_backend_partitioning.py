@@ -12,11 +12,7 @@ from neuron_compiler.partition import format_plan, is_compute_node, partition_gr
 from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, run_on_device
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture

@@ -15,11 +15,7 @@ from runtime_sim.costs import host_transfer_ns
 from runtime_sim.targets import get_target
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def nbytes(*ts: torch.Tensor) -> int:

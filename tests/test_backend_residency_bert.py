@@ -16,11 +16,7 @@ from neuron_compiler.testing import assert_ran_on_device
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _two_calls(layers: int, seq: int, target: str) -> tuple[dict, dict, int]:

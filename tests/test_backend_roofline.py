@@ -10,11 +10,7 @@ from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, ru
 from runtime_sim.targets import get_target
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def nbytes(*ts: torch.Tensor) -> int:

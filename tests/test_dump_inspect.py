@@ -17,11 +17,7 @@ from neuron_compiler.runtime import PROGRAM_CACHE
 from test_eval_html import test_html_renders_in_headless_chromium as chromium_check
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _model(width: int):

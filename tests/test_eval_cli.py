@@ -70,11 +70,7 @@ def make_break():
 """
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _model_file(tmp_path, name: str, width: int) -> str:

@@ -24,11 +24,7 @@ from runtime_sim import loops
 from runtime_sim.isa import DType, Op
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class _NormLinear(torch.nn.Module):

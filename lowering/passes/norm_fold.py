@@ -48,14 +48,14 @@ def fold_norm_affine(kp: KProgram) -> int:
         C = ln.ins[0].shape[-1]
         if kp.buffers[y.buffer].role is not Role.TEMP or not y.is_contiguous():
             continue
-        if any(r.buffer in {o.buffer for o in ln.outs[1:]} for k in kp.kernels for r in k.ins):
-            continue
-        if any(r.buffer in {o.buffer for o in ln.outs[1:]} for r in kp.outputs):
+        stats = {o.buffer for o in ln.outs[1:]}
+        if any(r.buffer in stats for k in kp.kernels for r in k.ins) \
+                or any(r.buffer in stats for r in kp.outputs):
             continue
         readers = [(j, k) for j, k in enumerate(kp.kernels) if _reads(k, y.buffer)]
         if not readers or not all(
                 k.kind is KKind.MATMUL and isinstance(k.attrs, MatmulKAttrs)
-                and k.attrs.a_scale is None and k.attrs.a_shift is None
+                and not k.attrs.prologue_inputs
                 and _reads(k, y.buffer) == [0] and _along_k(k.ins[0], C)
                 and k.ins[0].dtype.is_float and k.ins[0].dtype.itemsize >= 2
                 for _, k in readers):

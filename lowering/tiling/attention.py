@@ -47,24 +47,13 @@ from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _
                                              _pt_bytes, _qk, _score_tile, _store, _transpose_block,
                                              _v_rows)
 from lowering.tiling.matmul import _Side
+from lowering.tiling.matmul_prologue import ScaleBy
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
-from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
-
-
-class _Scale:
-    """A Q side's prologue (``matmul._Side.pro``): Q^T tiles leave PSUM multiplied by ``s``."""
-
-    def __init__(self, s: float) -> None:
-        self.s = s
-
-    def make(self, b: TirBuilder, dst: TAP, src: TAP, j, kt: int, engines=None) -> None:
-        b.tensor_scalar(dst, src, AluOp.MULTIPLY, self.s,
-                        engines=engines or (EngineKind.VECTOR, EngineKind.SCALAR))
 
 
 
@@ -539,26 +528,22 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         s32 = float(np.float32(a.scale))
         prescale = pe and a.score is None and not clamp and 0 < s32 <= 1 and math.frexp(s32)[0] == 0.5
         if prescale:
-            lq = replace(lq, pro=_Scale(s32))
+            lq = replace(lq, pro=ScaleBy(s32))
         # one PSUM bank of 4 transpose cells used in turn, so TensorE runs up to 4 transposes
         # ahead of their copies, which VectorE and ScalarE share
         tp = b.tile("pairT", Memory.PSUM, 2 * D, 4 * 128, F32, 1) if pe else None
-        ce = (EngineKind.VECTOR, EngineKind.SCALAR)
+        ce = (EngineKind.VECTOR, EngineKind.SCALAR) if pe else None
+
+        def cell(c: int, w: int):
+            return tp.ap(2 * D, elem_offset=c % 4 * 128, dims=((1, w),)) if pe else None
         for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
             pb = outer + (aff(2 * hp),)
-            if pe:
-                lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
-                        psum=tp.ap(2 * D, elem_offset=(2 * hp) % 4 * 128, dims=((1, qr0),)),
-                        copy_engines=ce)
-                lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
-                        psum=tp.ap(2 * D, elem_offset=(2 * hp + 1) % 4 * 128, dims=((1, kw),)),
-                        copy_engines=ce)
-            else:
-                sq.load(b, qall, aff(hp * qr0), sq.base(pb), aff(0), 2 * D, aff(0), qr0)
-                sk.load(b, kall, aff(hp * kw), sk.base(pb), aff(0), 2 * D, aff(0), kw)
-        b.note(f"attention: Q^T and K^T of two heads per " +
-               ("TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose") +
-               f", {n // 2} pairs loaded ahead")
+            lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
+                    psum=cell(2 * hp, qr0), copy_engines=ce)
+            lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
+                    psum=cell(2 * hp + 1, kw), copy_engines=ce)
+        how = "TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose"
+        b.note(f"attention: Q^T and K^T of two heads per {how}, {n // 2} pairs loaded ahead")
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)

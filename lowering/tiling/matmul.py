@@ -39,7 +39,7 @@ from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
 from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
-from lowering.tiling.matmul_prologue import APrologue
+from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, choose_blocking, footprint, operand_form,
                                          staged)
@@ -65,7 +65,7 @@ class _Side:
     F: int
     form: str
     tp_bufs: int = 2      # PSUM slots per TensorE-transpose load site
-    pro: APrologue | None = None    # A's per-K scale/shift (matmul_prologue.py)
+    pro: Prologue | None = None     # made as its tiles leave PSUM or arrive (matmul_prologue.py)
 
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
@@ -154,9 +154,8 @@ class _Side:
         b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
         if self.pro is not None:
             for g in range(G):
-                self.pro.make(b, dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),)),
-                              dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),)),
-                              c * G + g, TK)
+                t = dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),))
+                self.pro.make(b, t, t, c * G + g, TK)
 
 
 def tile_matmul(b: TirBuilder, k: KOp) -> None:
@@ -173,7 +172,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, _form(b, Bm, Bm.strides[-2], Bm.strides[-1], N))
     epi, folded = fold_row_bias(k)
     k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
-    prologue = k.attrs.a_scale is not None or k.attrs.a_shift is not None
+    prologue = bool(k.attrs.prologue_inputs)
     used = sorted(epi.loads()) if epi is not None else []
     kp = KPack(k_pack(A.dtype, t))
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,

@@ -17,6 +17,8 @@ once to A's dtype, where the unfolded layer norm rounded ``xn * w`` and ``+ b`` 
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 from lowering.kir import KOp, MatmulKAttrs
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -25,6 +27,23 @@ from runtime_sim.isa import AluOp, DType, EngineKind, Memory
 TK = 128
 F32 = DType.FP32
 EVAC_ENGINES = (EngineKind.VECTOR, EngineKind.SCALAR)
+
+
+class Prologue(Protocol):
+    """What makes an operand's tiles (``matmul._Side.pro``): ``dst = f(src)`` for K tile ``j``
+    of ``kt`` rows, by the instruction that would otherwise copy ``src`` (or in place)."""
+
+    def make(self, b: TirBuilder, dst: TAP, src: TAP, j, kt: int, engines=None) -> None: ...
+
+
+class ScaleBy:
+    """Tiles made as ``src * s`` (attention's Q^T with a power-of-two scale)."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def make(self, b: TirBuilder, dst: TAP, src: TAP, j, kt: int, engines=None) -> None:
+        b.tensor_scalar(dst, src, AluOp.MULTIPLY, self.s, engines=engines or EVAC_ENGINES)
 
 
 class APrologue:

@@ -104,29 +104,27 @@ def tile_pointwise(b: TirBuilder, k: KOp) -> None:
                   and i not in trans and not b.is_resident(k.ins[i].buffer)}
         if len(reg.free) == 1:
             fmax = _chunk(b, k, reg, used, slot_of, trans, shared, fmax)
-        if not shared and not trans and _resident_copy(b, k) \
-                and 1 < math.prod(n for n, _ in reg.outer) <= UNROLL_MAX:
-            # a store of an SBUF-resident tensor (DMA only): one transfer per outer index,
-            # unrolled, so they take distinct queues and run together (a loop keeps one
-            # queue, whose transfers complete one after the other: GPT-2's 12-head cache
-            # tensors took 16 us each and held the next layer's weights out of their bytes)
-            for bases in _unrolled_bases(reg):
+        # a store of an SBUF-resident tensor (DMA only): one transfer per outer index, unrolled,
+        # so they take distinct queues and run together (a loop keeps one queue, whose
+        # transfers complete one after the other: GPT-2's 12-head cache tensors took 16 us each
+        # and held the next layer's weights out of their bytes)
+        root = _copied_load(expr, out.dtype)
+        unroll = (not shared and not trans and root is not None
+                  and b.is_resident(k.ins[root.index].buffer) and not b.is_resident(out.buffer)
+                  and 1 < math.prod(n for n, _ in reg.outer) <= UNROLL_MAX)
+        for unrolled in (_unrolled_bases(reg) if unroll else (None,)):
+            with ExitStack() as es:
+                bases = unrolled or outer_loops(b, es, reg, len(strides))
+                if shared:
+                    for c0, fsz in chunks(b, reg, fmax):
+                        pre = {i: _load_shared(b, k.ins[i], reg, bases[slot_of[i]], slot_of[i], c0, fsz)
+                               for i in sorted(shared)}
+                        for r0, p in b.tiled(reg.rows, P, "r"):
+                            _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, pre)
+                    continue
                 for r0, p in b.tiled(reg.rows, P, "r"):
                     for c0, fsz in chunks(b, reg, fmax):
                         _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, {})
-            continue
-        with ExitStack() as es:
-            bases = outer_loops(b, es, reg, len(strides))
-            if shared:
-                for c0, fsz in chunks(b, reg, fmax):
-                    pre = {i: _load_shared(b, k.ins[i], reg, bases[slot_of[i]], slot_of[i], c0, fsz)
-                           for i in sorted(shared)}
-                    for r0, p in b.tiled(reg.rows, P, "r"):
-                        _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, pre)
-                continue
-            for r0, p in b.tiled(reg.rows, P, "r"):
-                for c0, fsz in chunks(b, reg, fmax):
-                    _tile(b, k, reg, bases, r0, p, c0, fsz, used, trans, slot_of, idx_slot, expr, {})
 
 
 def _load_shared(b: TirBuilder, x, reg: Region, base: Affine, slot: int, c0, fsz):
@@ -210,13 +208,13 @@ def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset) -> tuple
     return (max(busy.values(), default=0.0), span)
 
 
-def _resident_copy(b: TirBuilder, k: KOp) -> bool:
-    """Is ``k`` a plain copy of a tensor resident in SBUF into HBM (no compute, DMA only)?"""
-    root = k.attrs.expr
+def _copied_load(expr: Expr, dtype: DType) -> Expr | None:
+    """The input load ``expr`` copies unchanged into ``dtype`` (same-dtype casts peeled), or
+    None when it computes anything."""
+    root = expr
     while root.op is EOp.CAST and root.args[0].dtype == root.dtype:
         root = root.args[0]
-    return (root.op is EOp.LOAD and root.dtype == k.outs[0].dtype
-            and b.is_resident(k.ins[root.index].buffer) and not b.is_resident(k.outs[0].buffer))
+    return root if root.op is EOp.LOAD and root.dtype == dtype else None
 
 
 def _unrolled_bases(reg: Region):
@@ -288,10 +286,8 @@ def _tile(b: TirBuilder, k: KOp, reg: Region, bases, r0, p: int, c0, fsz, used, 
     if target is not None:            # the output stays in SBUF: compute it in place
         gen.tile_of(expr, out.dtype, out=target)
         return
-    root = expr
-    while root.op is EOp.CAST and root.args[0].dtype == root.dtype:
-        root = root.args[0]
-    if root.op is EOp.LOAD and root.dtype == out.dtype and root.index not in trans:
+    root = _copied_load(expr, out.dtype)
+    if root is not None and root.index not in trans:
         b.dma(dst, gen.tile_of(expr, out.dtype))   # a copy: store the loaded tile itself
         return
     # a computed result goes into a tile of its own pool (a store holds it for the DMA

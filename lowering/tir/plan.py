@@ -141,8 +141,8 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
         k0 = max(0, kf - before)
         if weights and name in weights:
             prev = [k for k in loaders if k < kf]
-            # from the kernel after the third previous weight stream: the kernels between two
-            # streams (an attention, a norm) keep HBM busy with the next streams' weights
+            # from the kernel after the WEIGHT_STREAMS_AHEAD-th previous weight stream: the kernels
+            # between two streams (an attention, a norm) keep HBM busy with the next streams' weights
             ahead = WEIGHT_STREAMS_AHEAD
             k0 = min(k0, prev[-ahead] + 1 if len(prev) >= ahead else prev[0] if prev else 0)
         out[name] = (first.get(k0, f), last.get(kl, l))

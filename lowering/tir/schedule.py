@@ -171,8 +171,9 @@ def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, st
                                                         (i - rr[lane]) % len(dmas)))
             q = dmas[best]
             rr[lane] = (best + 1) % len(dmas)
-            dma_load[q] += n * _occupancy(probes[sid], q, target)
-            kernel_dma[kk, q] += n * _occupancy(probes[sid], q, target)
+            occ = n * _occupancy(probes[sid], q, target)
+            dma_load[q] += occ
+            kernel_dma[kk, q] += occ
         elif len(ins.engines) == 1:
             q = Queue(ins.engines[0])
         else:

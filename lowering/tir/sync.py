@@ -34,9 +34,9 @@ Invariants
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 

@@ -16,11 +16,7 @@ from runtime_sim import loops
 from runtime_sim.isa import Memory, Op
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _wide_widths(cg) -> list[int]:
