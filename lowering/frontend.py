@@ -1,8 +1,9 @@
 """ATen FX graph -> kernel-level IR (``kir.KProgram``), one registry rule per node.
 
-The partition is specialised on concrete input shapes: node values are recomputed with fake
-tensors from the concrete ``input_specs`` (the graph's own ``meta['val']`` may be symbolic and is
-left untouched).
+The partition is specialised on concrete input shapes: node values are the graph's own
+``meta['val']`` when those are static and were traced on C-contiguous inputs of the
+``input_specs``, and are otherwise recomputed with fake tensors from the specs (a symbolic
+``meta['val']`` is left untouched).
 
 Invariants
 - Every placeholder becomes an INPUT buffer holding the C-contiguous input.
@@ -79,13 +80,47 @@ class LowerCtx:
         self.kp.kernels.append(kop)
 
 
-def fake_values(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> dict[fx.Node, Any]:
-    """Run the graph on fake tensors of the concrete input specs; return every node's value."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+def _static(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return all(type(s) is int for s in (*v.shape, *v.stride(), v.storage_offset()))
+    if isinstance(v, (tuple, list)):
+        return all(_static(x) for x in v)
+    return isinstance(v, (int, float, bool)) or v is None
+
+
+def _meta_values(gm: fx.GraphModule, placeholders: list[fx.Node],
+                 input_specs: list[TensorSpec]) -> dict[fx.Node, Any] | None:
+    """The graph's own ``meta['val']`` when it is what ``fake_values`` would compute: every
+    placeholder's value is a C-contiguous tensor of its spec's shape and dtype and every value
+    is static (fake propagation is a function of the inputs' sizes, strides and dtypes)."""
+    for n, spec in zip(placeholders, input_specs):
+        v = n.meta.get("val")
+        if (not isinstance(v, torch.Tensor) or not _static(v) or v.storage_offset() != 0
+                or tuple(v.shape) != tuple(spec.shape) or v.dtype != spec.dtype
+                or tuple(v.stride()) != contiguous_strides(tuple(v.shape))):
+            return None
     vals: dict[fx.Node, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            continue
+        if "val" not in n.meta or not _static(n.meta["val"]):
+            return None
+        vals[n] = n.meta["val"]
+    return vals
+
+
+def fake_values(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> dict[fx.Node, Any]:
+    """Every node's value on fake tensors of the concrete input specs: the graph's own
+    ``meta['val']`` when that is static and traced on these inputs, else the graph run on
+    fake tensors of the specs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(input_specs):
         raise LoweringError(f"graph has {len(placeholders)} inputs, got {len(input_specs)} specs")
+    known = _meta_values(gm, placeholders, input_specs)
+    if known is not None:
+        return known
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    vals: dict[fx.Node, Any] = {}
     with mode:
         for n, spec in zip(placeholders, input_specs):
             vals[n] = torch.empty(spec.shape, dtype=spec.dtype)

@@ -87,6 +87,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.profiler import record_function
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from neuron_compiler.cache import CacheEntry, DiskCache, cache_key, disk_cache
@@ -560,7 +561,11 @@ class DevicePartition(torch.nn.Module):
         sig = signature(args)
         entry = self._cache.get(sig)
         if entry is None:
-            entry = self._prepare(sig, args)
+            # the compile runs without the caller's dispatch modes: AOTAutograd's first-call
+            # custom-op check (or a user's FlopCounterMode) would otherwise see, and slow down,
+            # every fake and meta tensor op the lowering runs
+            with _disable_current_modes():
+                entry = self._prepare(sig, args)
             self._cache[sig] = entry
         profs = active_profiles()
         if entry.failure is not None:
