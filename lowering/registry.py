@@ -148,6 +148,8 @@ FAMILY_ENGINES = {
     "bags": "DMA (indirect gather of the rows, indirect accumulation into the bags), VectorE scan of the offsets; GATHER/SCATTER/SCAN",
     "distance": "VectorE (direct form: POINTWISE + REDUCE), TensorE (Euclidean matmul form), DMA scatter (pdist); POINTWISE/REDUCE/MATMUL",
     "fp8": "TensorE (fp8 operands, fp32 PSUM), scales and cast on PSUM evacuation; MATMUL",
+    "attention": "TensorE (both products), ScalarE exp, VectorE row max/sum, online softmax over key "
+                 "blocks; ATTENTION",
 }
 
 

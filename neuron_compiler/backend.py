@@ -123,17 +123,33 @@ def decomposition_table(target: str = "trn2") -> dict:
     return table
 
 
+def sdpa_kernel_fits(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                     scale=None) -> bool:
+    """``_scaled_dot_product_flash_attention_for_cpu`` stays whole (``lowering/ops/attention.py``
+    lowers it to one ATTENTION kernel) when nothing can read its logsumexp, i.e. it is traced
+    with grad mode off (no backward records it; inside AOTAutograd's joint trace the inputs'
+    ``requires_grad`` is not a reliable sign, grad mode is), and without dropout,
+    ``attn_mask`` or grouped-query heads."""
+    import torch
+    tensors = (query, key, value)
+    return (not torch.is_grad_enabled() and not dropout_p and attn_mask is None
+            and query.dim() == 4 and query.shape[1] == key.shape[1] == value.shape[1]
+            and len({t.dtype for t in tensors}) == 1 and query.dtype.is_floating_point)
+
+
 def _flash_attention_for_cpu(inference_decomposition):
-    """torch's decomposition of ``_scaled_dot_product_flash_attention_for_cpu`` returns the
-    attention probabilities as its second output, where the op returns the row logsumexp that
-    its backward (``..._for_cpu_backward``) reads: in a training graph the gradients would be
-    silently wrong. This one returns the op's output (from torch's decomposition) and the true
+    """Kept whole when ``sdpa_kernel_fits``. Otherwise: torch's decomposition of
+    ``_scaled_dot_product_flash_attention_for_cpu`` returns the attention probabilities as its
+    second output, where the op returns the row logsumexp that its backward
+    (``..._for_cpu_backward``) reads: in a training graph the gradients would be silently
+    wrong. This one returns the op's output (from torch's decomposition) and the true
     logsumexp [N, H, L] (fp32, laid out as the op lays it out); with dropout it does not
     decompose (the backward regenerates the op's own dropout mask)."""
     import torch
 
     def decomp(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-        if dropout_p:
+        if dropout_p or sdpa_kernel_fits(query, key, value, dropout_p, is_causal,
+                                         attn_mask=attn_mask, scale=scale):
             return NotImplemented
         out, _ = inference_decomposition(query, key, value, dropout_p, is_causal,
                                          attn_mask=attn_mask, scale=scale)
@@ -150,6 +166,8 @@ def _scores(q, k, is_causal: bool, attn_mask, scale):
     import math
     import torch
     s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if k.dim() == 4 and k.shape[1] != q.shape[1]:      # grouped-query: each key head serves a group
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scores = torch.matmul(q, k.transpose(-2, -1)) * s
     L, S = scores.shape[-2:]
     if is_causal:
@@ -168,10 +186,11 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
     forward's logsumexp (``_flash_attention_for_cpu`` returns the true one):
     P = exp(S - lse), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = s dS K,
     dK = s dS^T Q, where S = s Q K^T with the causal and ``attn_mask`` masks of the forward.
-    With dropout it does not decompose (the op regenerates its own dropout mask)."""
+    With dropout or grouped-query heads it does not decompose (the op regenerates its own
+    dropout mask; the key/value gradients of a head group would need summing)."""
     import math
     import torch
-    if dropout_p:
+    if dropout_p or key.shape[1] != query.shape[1]:    # grouped-query heads: not decomposed
         return NotImplemented
     s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     q, k, v, o, do = (t.float() for t in (query, key, value, out, grad_out))

@@ -4,3 +4,4 @@ from lowering.ops import convolution  # noqa: F401
 from lowering.ops import random, scan, selection  # noqa: F401
 from lowering.ops import pooling, padding, upsample, conv_backward  # noqa: F401
 from lowering.ops import bags, distance, fp8  # noqa: F401
+from lowering.ops import attention  # noqa: F401

@@ -1,0 +1,96 @@
+"""``_scaled_dot_product_flash_attention_for_cpu`` taken whole: one ATTENTION kernel.
+
+``F.scaled_dot_product_attention`` on CPU dispatches to this op. The backend keeps it whole (out
+of the decomposition table, as Inductor keeps it) when nothing can read its second output, the
+logsumexp: traced with grad mode off (no backward), no dropout, no ``attn_mask``, as many
+key/value heads as query heads (``neuron_compiler.backend.sdpa_kernel_fits``). Otherwise it is decomposed
+(torch's math path plus the true logsumexp) and ``passes/attention.py`` fuses the pattern
+back; this rule makes the same kernel directly, without tracing the ~50 ops of the math path
+and matching them again.
+
+    out[n, h] = softmax(scale * q[n, h] @ k[n, h]^T [causal: keys k <= query q]) @ v[n, h]
+
+Engine: TensorE (both products), ScalarE exp, VectorE row max/sum (``tiling/attention.py``).
+
+Invariants
+- The kernel is the one the pattern fusion makes of the decomposed op: ``safe`` softmax (torch's
+  math path is ``_safe_softmax``), scores in fp32, probabilities rounded to the value dtype for the
+  second product (fp32 values stay fp32), the output cast once to the query dtype.
+- The output has the op's layout ([L, N, H, E] in memory, viewed as [N, H, L, E]), as its
+  ``meta['val']`` strides say.
+- The logsumexp is not computed: a graph that reads it is refused by ``_check`` (the partition
+  falls back, with that reason), never given an unset tensor.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from lowering.errors import Unsupported
+from lowering.frontend import LowerCtx
+from lowering.kir import AttentionKAttrs, EOp, Expr, KKind, KOp, TensorRef, view_as
+from lowering.ops.elementwise import _torch_dtype_of
+from lowering.ops.views import apply_view
+from lowering.registry import FLOAT_DTYPES, register
+from runtime_sim.isa import DType
+
+aten = torch.ops.aten
+SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+ACC = Expr(EOp.ACC, (), DType.FP32)
+
+
+def _lse_readers(node: fx.Node) -> list[fx.Node]:
+    return [u for u in node.users if u.target is operator.getitem and u.args[1] == 1 and u.users]
+
+
+def _check(node: fx.Node) -> str | None:
+    """Without dropout or ``attn_mask``, equal head counts, and the logsumexp output unread."""
+    args = node.args
+    kw = node.kwargs
+    if (args[3] if len(args) > 3 else kw.get("dropout_p", 0.0)):
+        return "dropout_p > 0 (the op draws its own dropout mask)"
+    if kw.get("attn_mask") is not None:
+        return "an attn_mask (the op is decomposed when a mask is given)"
+    q, k = (a.meta.get("val") for a in args[:2])
+    if q is not None and k is not None and (q.dim() != 4 or q.shape[1] != k.shape[1]):
+        return f"query heads {tuple(q.shape)} vs key heads {tuple(k.shape)} (grouped-query)"
+    if _lse_readers(node):
+        return "its logsumexp output is read (only the op's backward reads it; the op is " \
+               "decomposed when traced with grad mode on)"
+    return None
+
+
+def _batched(ref: TensorRef, lead: int) -> TensorRef:
+    """[N, H, *rest] as [N*H, *rest] when that is a view of the layout (as the decomposed
+    bmm sees it), else the 4-d view itself (the tiler walks any batch axes)."""
+    flat = view_as(ref, (lead,) + ref.shape[2:])
+    return ref if flat is None else flat
+
+
+@register(SDPA_CPU, dtypes=FLOAT_DTYPES, check=_check)
+def _sdpa_cpu(ctx: LowerCtx, node: fx.Node, q: TensorRef, k: TensorRef, v: TensorRef,
+              dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
+              scale: float | None = None):
+    reason = _check(node)
+    if reason is not None:
+        raise Unsupported(ctx.op, reason)
+    N, H, L, E = q.shape
+    out_val = ctx.out_val[0]
+    s = scale if scale is not None else 1.0 / math.sqrt(E)
+    # the output in the op's own layout ([L, N, H, E] in memory), as meta['val'] has it
+    shape, strides = tuple(out_val.shape), tuple(out_val.stride())
+    if 1 + sum((n - 1) * st for n, st in zip(shape, strides)) != math.prod(shape):
+        raise Unsupported(ctx.op, f"output strides {strides} of shape {shape} are not dense")
+    buf = ctx.new_tensor((math.prod(shape),), out_val.dtype, hint="attn")
+    out = TensorRef(buf.buffer, buf.dtype, shape, strides, 0)
+    kt = apply_view(k, _torch_dtype_of(k), lambda t: t.transpose(-2, -1))
+    refs, o = [_batched(r, N * H) for r in (q, kt, v)], _batched(out, N * H)
+    if any(r.rank != o.rank for r in refs):       # one batch form for all four
+        refs, o = [q, kt, v], out
+    attrs = AttentionKAttrs(s, None, bool(is_causal), 0, True, Expr(EOp.CAST, (ACC,), out.dtype),
+                            v.dtype)
+    ctx.emit(KOp(KKind.ATTENTION, (o,), tuple(refs), attrs))
+    return out, None
