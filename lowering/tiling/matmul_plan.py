@@ -21,6 +21,8 @@ special-cased: every choice falls out of the target description.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field, replace
 
@@ -380,7 +382,15 @@ def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
 
 
 def choose_blocking(s: MatmulShape, t: Target) -> tuple[Blocking, list[Blocking]]:
-    """The fastest candidate that fits, and every fitting candidate scored (for the dump)."""
+    """The fastest candidate that fits, and every fitting candidate scored (for the dump). A
+    function of the shape and the target alone, so remembered per process (a model's layers
+    repeat the same few shapes)."""
+    best, scored = _choose_blocking(s, t)
+    return best, list(scored)
+
+
+@functools.lru_cache(maxsize=1024)
+def _choose_blocking(s: MatmulShape, t: Target) -> tuple[Blocking, tuple[Blocking, ...]]:
     pr = _Probe(s, t)
     cap = int(t.sbuf_bytes_per_partition * SBUF_SHARE)
     scored = []
@@ -394,4 +404,4 @@ def choose_blocking(s: MatmulShape, t: Target) -> tuple[Blocking, list[Blocking]
     if not scored:  # even one [128 x 512] tile of each side per K tile does not fit
         raise ValueError(f"no matmul blocking fits: M={s.M} N={s.N} K={s.K} {s.dtype.value}")
     scored.sort(key=lambda c: (c.est_ns, c.block_bufs == 1, -c.block, -c.group))
-    return scored[0], scored
+    return scored[0], tuple(scored)

@@ -21,9 +21,9 @@ class Affine:
     __slots__ = ("const", "terms", "_hash")
 
     def __init__(self, const: int = 0, terms: tuple[tuple[str, int], ...] = ()):
-        self.const = int(const)
+        self.const = const if type(const) is int else int(const)
         self.terms = terms
-        self._hash = hash((self.const, terms))
+        self._hash: int | None = None        # computed when first hashed
 
     # -- construction ---------------------------------------------------------------------
     @staticmethod
@@ -76,10 +76,16 @@ class Affine:
 
     def subs(self, env: Mapping[str, AffineLike]) -> "Affine":
         """Substitute variables by expressions (variables not in ``env`` stay)."""
-        out = Affine(self.const)
+        const, coefs = self.const, {}
         for v, c in self.terms:
-            out = out + (Affine.of(env[v]) * c if v in env else Affine(0, ((v, c),)))
-        return out
+            if v not in env:
+                coefs[v] = coefs.get(v, 0) + c
+                continue
+            x = Affine.of(env[v])
+            const += x.const * c
+            for w, d in x.terms:
+                coefs[w] = coefs.get(w, 0) + d * c
+        return Affine._make(const, coefs)
 
     # -- arithmetic -----------------------------------------------------------------------
     def __add__(self, other: AffineLike) -> "Affine":
@@ -99,7 +105,13 @@ class Affine:
         return Affine(-self.const, tuple((v, -c) for v, c in self.terms))
 
     def __sub__(self, other: AffineLike) -> "Affine":
-        return self + (-Affine.of(other))
+        o = Affine.of(other)
+        if not o.terms:
+            return self if o.const == 0 else Affine(self.const - o.const, self.terms)
+        coefs = dict(self.terms)
+        for v, c in o.terms:
+            coefs[v] = coefs.get(v, 0) - c
+        return Affine._make(self.const - o.const, coefs)
 
     def __rsub__(self, other: AffineLike) -> "Affine":
         return Affine.of(other) + (-self)
@@ -133,7 +145,10 @@ class Affine:
         return isinstance(other, Affine) and self.const == other.const and self.terms == other.terms
 
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.const, self.terms))
+        return h
 
     def __repr__(self) -> str:
         return f"Affine({self})"
