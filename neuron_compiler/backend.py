@@ -134,7 +134,8 @@ def sdpa_kernel_fits(query, key, value, dropout_p=0.0, is_causal=False, *, attn_
     tensors = (query, key, value)
     return (not torch.is_grad_enabled() and not dropout_p and attn_mask is None
             and query.dim() == 4 and query.shape[1] == key.shape[1] == value.shape[1]
-            and len({t.dtype for t in tensors}) == 1 and query.dtype.is_floating_point)
+            and {t.dtype for t in tensors} <= {torch.float32, torch.bfloat16, torch.float16}
+            and len({t.dtype for t in tensors}) == 1)
 
 
 def _flash_attention_for_cpu(inference_decomposition):
