@@ -493,10 +493,11 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
-    for u in range(U):
-        S = [b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32) for j in range(len(blocks))]
-        O = [_Cols(S[j], o_col, qr, Dv) if shared else b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32)
-             for j, (_, qr) in enumerate(blocks)]
+    for u in range(U):     # one slot per PSUM tile: the U sets are the budget's banks (``outer``
+        # loops, e.g. grouped-query heads' [N, Hkv, G] batch, must not double them)
+        S = [b.tile(f"s{j}_{u}", Memory.PSUM, 128, KB, F32, 1) for j in range(len(blocks))]
+        O = [_Cols(S[j], o_col, qr, Dv) if shared
+             else b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, 1) for j, (_, qr) in enumerate(blocks)]
         P = [b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt) for j, (_, qr) in enumerate(blocks)]
         L = [b.tile(f"l{j}_{u}", Memory.SBUF, qr, 1, F32) for j, (_, qr) in enumerate(blocks)]
         sets.append((S, O, P, L))
