@@ -102,6 +102,19 @@ def view_as(ref: "TensorRef", shape: tuple[int, ...]) -> "TensorRef | None":
     return TensorRef(ref.buffer, ref.dtype, tuple(v.shape), tuple(v.stride()), v.storage_offset())
 
 
+def one_batch_form(out: "TensorRef", ins: tuple["TensorRef", ...]):
+    """``out`` and ``ins`` with the same batch axes (an attention tiler indexes every operand
+    with the output's batch index): as they are, re-viewed with the output's batch axes, or all
+    with one merged batch axis; None when no view gives one form (e.g. grouped-query heads,
+    whose key heads are a stride-0 axis that cannot merge with the group axis)."""
+    for batch in (out.shape[:-2], (math.prod(out.shape[:-2]),)):
+        o = out if out.shape[:-2] == batch else view_as(out, batch + out.shape[-2:])
+        rs = [r if r.shape[:-2] == batch else view_as(r, batch + r.shape[-2:]) for r in ins]
+        if o is not None and all(r is not None for r in rs):
+            return o, rs
+    return None
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for s in reversed(shape):

@@ -128,14 +128,13 @@ def sdpa_kernel_fits(query, key, value, dropout_p=0.0, is_causal=False, *, attn_
     """``_scaled_dot_product_flash_attention_for_cpu`` stays whole (``lowering/ops/attention.py``
     lowers it to one ATTENTION kernel) when nothing can read its logsumexp, i.e. it is traced
     with grad mode off (no backward records it; inside AOTAutograd's joint trace the inputs'
-    ``requires_grad`` is not a reliable sign, grad mode is), and without dropout,
-    ``attn_mask`` or grouped-query heads."""
+    ``requires_grad`` is not a reliable sign, grad mode is), and the rule takes the call
+    (``whole_refusal``: no dropout, ``attn_mask`` or grouped-query heads)."""
     import torch
-    tensors = (query, key, value)
-    return (not torch.is_grad_enabled() and not dropout_p and attn_mask is None
-            and query.dim() == 4 and query.shape[1] == key.shape[1] == value.shape[1]
-            and {t.dtype for t in tensors} <= {torch.float32, torch.bfloat16, torch.float16}
-            and len({t.dtype for t in tensors}) == 1)
+
+    from lowering.ops.attention import whole_refusal
+    return (not torch.is_grad_enabled()
+            and whole_refusal(query, key, value, dropout_p, attn_mask) is None)
 
 
 def _flash_attention_for_cpu(inference_decomposition):

@@ -2,8 +2,9 @@
 
 ``F.scaled_dot_product_attention`` on CPU dispatches to this op. The backend keeps it whole (out
 of the decomposition table, as Inductor keeps it) when nothing can read its second output, the
-logsumexp: traced with grad mode off (no backward), no dropout, no ``attn_mask``, as many
-key/value heads as query heads (``neuron_compiler.backend.sdpa_kernel_fits``). Otherwise it is decomposed
+logsumexp: traced with grad mode off (no backward), and ``whole_refusal`` has nothing against
+the call (no dropout, no ``attn_mask``, as many key/value heads as query heads, one float
+dtype; ``neuron_compiler.backend.sdpa_kernel_fits``). Otherwise it is decomposed
 (torch's math path plus the true logsumexp) and ``passes/attention.py`` fuses the pattern
 back; this rule makes the same kernel directly, without tracing the ~50 ops of the math path
 and matching them again.
@@ -31,7 +32,7 @@ import torch.fx as fx
 
 from lowering.errors import Unsupported
 from lowering.frontend import LowerCtx
-from lowering.kir import AttentionKAttrs, EOp, Expr, KKind, KOp, TensorRef, view_as
+from lowering.kir import AttentionKAttrs, EOp, Expr, KKind, KOp, TensorRef, one_batch_form, view_as
 from lowering.ops.elementwise import _torch_dtype_of
 from lowering.ops.views import apply_view
 from lowering.registry import FLOAT_DTYPES, register
@@ -46,28 +47,35 @@ def _lse_readers(node: fx.Node) -> list[fx.Node]:
     return [u for u in node.users if u.target is operator.getitem and u.args[1] == 1 and u.users]
 
 
-def _check(node: fx.Node) -> str | None:
-    """Without dropout or ``attn_mask``, equal head counts, and the logsumexp output unread."""
-    args = node.args
-    kw = node.kwargs
-    if (args[3] if len(args) > 3 else kw.get("dropout_p", 0.0)):
+def whole_refusal(q, k, v, dropout_p: float = 0.0, attn_mask=None) -> str | None:
+    """Why a call on tensors (or fake values) ``q, k, v`` cannot be one ATTENTION kernel as it
+    stands, or None: the backend keeps such calls whole (``backend.sdpa_kernel_fits``) and the
+    rule's ``_check`` refuses the others."""
+    if dropout_p:
         return "dropout_p > 0 (the op draws its own dropout mask)"
-    if kw.get("attn_mask") is not None:
+    if attn_mask is not None:
         return "an attn_mask (the op is decomposed when a mask is given)"
-    q, k = (a.meta.get("val") for a in args[:2])
-    if q is not None and k is not None and (q.dim() != 4 or q.shape[1] != k.shape[1]):
+    if q.dim() != 4 or not q.shape[1] == k.shape[1] == v.shape[1]:
         return f"query heads {tuple(q.shape)} vs key heads {tuple(k.shape)} (grouped-query)"
-    if _lse_readers(node):
-        return "its logsumexp output is read (only the op's backward reads it; the op is " \
-               "decomposed when traced with grad mode on)"
+    dtypes = {t.dtype for t in (q, k, v)}
+    if len(dtypes) != 1 or not dtypes <= FLOAT_DTYPES:
+        return f"operand dtypes {sorted(map(str, dtypes))} (one float dtype expected)"
     return None
 
 
-def _batched(ref: TensorRef, lead: int) -> TensorRef:
-    """[N, H, *rest] as [N*H, *rest] when that is a view of the layout (as the decomposed
-    bmm sees it), else the 4-d view itself (the tiler walks any batch axes)."""
-    flat = view_as(ref, (lead,) + ref.shape[2:])
-    return ref if flat is None else flat
+def _check(node: fx.Node) -> str | None:
+    """Without dropout or ``attn_mask``, equal head counts, one float dtype, and the
+    logsumexp output unread."""
+    args, kw = node.args, node.kwargs
+    q, k, v = (a.meta.get("val") for a in args[:3])
+    if q is None or k is None or v is None:
+        return "operands without meta['val']"
+    why = whole_refusal(q, k, v, args[3] if len(args) > 3 else kw.get("dropout_p", 0.0),
+                        kw.get("attn_mask"))
+    if why is None and _lse_readers(node):
+        why = ("its logsumexp output is read (only the op's backward reads it; the op is "
+               "decomposed when traced with grad mode on)")
+    return why
 
 
 @register(SDPA_CPU, dtypes=FLOAT_DTYPES, check=_check)
@@ -77,7 +85,7 @@ def _sdpa_cpu(ctx: LowerCtx, node: fx.Node, q: TensorRef, k: TensorRef, v: Tenso
     reason = _check(node)
     if reason is not None:
         raise Unsupported(ctx.op, reason)
-    N, H, L, E = q.shape
+    E = q.shape[-1]
     out_val = ctx.out_val[0]
     s = scale if scale is not None else 1.0 / math.sqrt(E)
     # the output in the op's own layout ([L, N, H, E] in memory), as meta['val'] has it
@@ -87,9 +95,10 @@ def _sdpa_cpu(ctx: LowerCtx, node: fx.Node, q: TensorRef, k: TensorRef, v: Tenso
     buf = ctx.new_tensor((math.prod(shape),), out_val.dtype, hint="attn")
     out = TensorRef(buf.buffer, buf.dtype, shape, strides, 0)
     kt = apply_view(k, _torch_dtype_of(k), lambda t: t.transpose(-2, -1))
-    refs, o = [_batched(r, N * H) for r in (q, kt, v)], _batched(out, N * H)
-    if any(r.rank != o.rank for r in refs):       # one batch form for all four
-        refs, o = [q, kt, v], out
+    # [N*H, ...] as the decomposed bmm saw it when every operand merges, else [N, H, ...]
+    flat = view_as(out, (math.prod(shape[:2]),) + shape[2:])
+    o, refs = ((flat is not None and one_batch_form(flat, (q, kt, v)))
+               or one_batch_form(out, (q, kt, v)))
     attrs = AttentionKAttrs(s, None, bool(is_causal), 0, True, Expr(EOp.CAST, (ACC,), out.dtype),
                             v.dtype)
     ctx.emit(KOp(KKind.ATTENTION, (o,), tuple(refs), attrs))

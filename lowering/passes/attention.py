@@ -22,10 +22,8 @@ Invariants
 """
 from __future__ import annotations
 
-import math
-
 from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, ReduceOp, Role,
-                          TensorRef, contiguous_strides, view_as)
+                          TensorRef, contiguous_strides, one_batch_form, view_as)
 from runtime_sim.isa import DType
 
 
@@ -327,7 +325,7 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
             continue
         extra = tuple(mm1.ins[2:])
         out = mm2.outs[0]
-        same = _one_batch_form(out, (q, k, v) + extra)
+        same = one_batch_form(out, (q, k, v) + extra)
         if same is None:
             _why(why, sm, "the operands' batch axes have no common form (a broadcast head axis "
                           "that cannot be merged)")
@@ -348,19 +346,6 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
                 kp.buffers.pop(bname, None)
         return True
     return False
-
-
-def _one_batch_form(out: TensorRef, ins: tuple[TensorRef, ...]):
-    """``out`` and ``ins`` with the same batch axes (the tiler indexes every operand with the
-    output's batch index): as they are, re-viewed with the output's batch axes, or all with
-    one merged batch axis; None when no view gives one form (e.g. grouped-query heads, whose
-    key heads are a stride-0 axis that cannot merge with the group axis)."""
-    for batch in (out.shape[:-2], (math.prod(out.shape[:-2]),)):
-        o = out if out.shape[:-2] == batch else view_as(out, batch + out.shape[-2:])
-        rs = [r if r.shape[:-2] == batch else view_as(r, batch + r.shape[-2:]) for r in ins]
-        if o is not None and all(r is not None for r in rs):
-            return o, rs
-    return None
 
 
 def _has_loads(e: Expr) -> bool:
