@@ -57,7 +57,8 @@ PEAK = {
     #        bf16 FLOP/s               HBM B/s       ScalarE elements/s
     "trn1": (128 * 128 * 2 * 2.8e9, 820e9 / 2, 128 * 1.4e9),
     "trn2": (128 * 128 * 2 * 2.4e9, 2.9e12 / 8, 128 * 1.2e9),
-    "trn3": (128 * 128 * 2 * 2.4e9, 4.9e12 / 8, 128 * 1.2e9),
+    # trn3: ScalarE plus VectorE's exponential at 4x ScalarE's rate (trainium3_arch.rst, VectorE).
+    "trn3": (128 * 128 * 2 * 2.4e9, 4.9e12 / 8, 5 * 128 * 1.2e9),
 }
 
 

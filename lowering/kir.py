@@ -115,6 +115,38 @@ def one_batch_form(out: "TensorRef", ins: tuple["TensorRef", ...]):
     return None
 
 
+def reindex_batch(expr: "Expr", from_shape: tuple[int, ...], to_shape: tuple[int, ...]) -> "Expr | None":
+    """``expr``'s INDEX leaves, written over a [*B, M, N] tensor of ``from_shape``, re-expressed
+    over the same elements viewed as ``to_shape`` (same M, N; other batch axes). The two trailing
+    axes keep their meaning (their numbers shift with the rank); a batch axis keeps its number
+    when both batch shapes are equal, else it has no single axis in the new form: None. Every
+    rewrite that re-views a kernel's batch axes maps its expressions through here."""
+    if tuple(from_shape[-2:]) != tuple(to_shape[-2:]):
+        return None if has_index(expr) else expr
+    fr, tr = len(from_shape), len(to_shape)
+    same_batch = tuple(from_shape[:-2]) == tuple(to_shape[:-2])
+    ok = True
+
+    def walk(x: "Expr") -> "Expr":
+        nonlocal ok
+        if x.op is EOp.INDEX:
+            if x.index >= fr - 2:
+                return replace(x, index=x.index - fr + tr)
+            if not same_batch:
+                ok = False
+            return x
+        if not x.args:
+            return x
+        return replace(x, args=tuple(walk(a) for a in x.args))
+
+    out = walk(expr)
+    return out if ok else None
+
+
+def has_index(expr: "Expr") -> bool:
+    return expr.op is EOp.INDEX or any(has_index(a) for a in expr.args)
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for s in reversed(shape):

@@ -23,7 +23,8 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, ReduceOp, Role,
-                          TensorRef, contiguous_strides, one_batch_form, view_as)
+                          TensorRef, contiguous_strides, one_batch_form, reindex_batch,
+                          view_as)
 from runtime_sim.isa import DType
 
 
@@ -332,9 +333,18 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
             continue
         out, (q, k, v, *rest) = same
         extra = tuple(rest)
+        # the score and the epilogue index the products' own axes; the kernel indexes its batch
+        # form's (grouped-query heads: [N*H, Sq, Sk] products, an [N, Hkv, G, Sq, Dv] kernel)
+        score_shape = out.shape[:-2] + mm1.outs[0].shape[-2:]
+        score_ok = score is None or reindex_batch(score, mm1.outs[0].shape, score_shape)
+        epilogue = reindex_batch(mm2.attrs.epilogue or Expr(EOp.ACC), mm2.outs[0].shape, out.shape)
+        if score_ok is None or epilogue is None:
+            _why(why, sm, "an expression indexes batch axes that the operands' common batch "
+                          "form does not have")
+            continue
+        score = None if score is None else score_ok
         p_dtype = v.dtype if v.dtype.itemsize <= 2 else DType.FP32
-        attrs = AttentionKAttrs(scale, score, causal, offset, fix is not None,
-                                mm2.attrs.epilogue or Expr(EOp.ACC), p_dtype)
+        attrs = AttentionKAttrs(scale, score, causal, offset, fix is not None, epilogue, p_dtype)
         origin = tuple(o for i in sorted(dead) for o in kp.kernels[i].origin)
         new = KOp(KKind.ATTENTION, (out,), (q, k, v) + extra, attrs, origin)
         bufs = {r.buffer for i in dead for r in kp.kernels[i].outs} - {out.buffer}

@@ -31,7 +31,8 @@ import math
 from dataclasses import replace
 
 from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs,
-                          PointwiseAttrs, Role, TensorRef, contiguous_strides, view_as)
+                          PointwiseAttrs, Role, TensorRef, contiguous_strides, has_index,
+                          reindex_batch, view_as)
 
 MAX_EXPR = 48
 
@@ -252,52 +253,13 @@ def epilogue_plan(kp: KProgram, mi: int, readers, writers, outputs):
         remap[ci] = len(ins)
         ins.append(r3)
     mm_epi = mm.attrs.epilogue or Expr(EOp.ACC)
-    cexpr = _index_to_mm_axes(c.attrs.expr, cout.shape, mm.outs[0].shape)
+    cexpr = reindex_batch(c.attrs.expr, cout.shape, mm.outs[0].shape)
     if cexpr is None:
         return ("the reader indexes batch axes the matmul's epilogue does not have",) + no
     expr = cexpr.map_loads(lambda x: mm_epi if x.index in js else replace(x, index=remap[x.index]))
     if expr.size() > MAX_EXPR:
         return (f"the epilogue would exceed {MAX_EXPR} expression nodes",) + no
     return None, KOp(KKind.MATMUL, (out3,), tuple(ins), MatmulKAttrs(expr), mm.origin + c.origin), users[0]
-
-
-def _index_to_mm_axes(expr: Expr, shape: tuple[int, ...], shape3: tuple[int, ...]) -> Expr | None:
-    """Re-express INDEX leaves over ``shape`` as INDEX over the matmul's [*B, M, N] axes; only
-    the two trailing axes map (they are M and N), anything else refuses the fusion."""
-    rank = len(shape)
-    if shape[-2:] != shape3[-2:] if rank >= 2 else True:
-        return None if _has_index(expr) else expr
-    ok = True
-
-    def walk(x: Expr) -> Expr:
-        nonlocal ok
-        if x.op is EOp.INDEX:
-            if x.index < rank - 2:
-                ok = False
-                return x
-            return replace(x, index=x.index - rank + len(shape3))
-        if not x.args:
-            return x
-        return replace(x, args=tuple(walk(a) for a in x.args))
-
-    out = walk(expr)
-    return out if ok else None
-
-
-def _has_index(expr: Expr) -> bool:
-    return expr.op is EOp.INDEX or any(_has_index(a) for a in expr.args)
-
-
-def _uses_index(expr: Expr, axis: int) -> bool:
-    return (expr.op is EOp.INDEX and expr.index == axis) or any(_uses_index(a, axis) for a in expr.args)
-
-
-def _shift_index(expr: Expr, by: int) -> Expr:
-    if expr.op is EOp.INDEX:
-        return replace(expr, index=expr.index + by)
-    if not expr.args:
-        return expr
-    return replace(expr, args=tuple(_shift_index(a, by) for a in expr.args))
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:
@@ -351,10 +313,11 @@ def absorb_copies_into_matmul(kp: KProgram) -> bool:
         if not repl:
             continue
         epi = mm.attrs.epilogue
-        if epi is not None and _has_index(epi):
-            if _uses_index(epi, 0):  # an INDEX over the merged batch axis has no single axis
+        if epi is not None:
+            # an INDEX over the merged batch axis has no single axis in the split form
+            epi = reindex_batch(epi, mm.outs[0].shape, nb + mm.outs[0].shape[1:])
+            if epi is None:
                 continue
-            epi = _shift_index(epi, len(nb) - 1)
         ins = [repl[j][1] if j in repl else _split_batch(r, nb) for j, r in enumerate(mm.ins)]
         out = _split_batch(mm.outs[0], nb)
         kp.kernels[mi] = KOp(KKind.MATMUL, (out,), tuple(ins), MatmulKAttrs(epi), mm.origin)
@@ -385,7 +348,7 @@ def fuse_attention_epilogues(kp: KProgram) -> bool:
             continue
         cout = c.outs[0]
         if (len(set(c.ins)) != 1 or c.ins[0].buffer != X or not _is_whole(kp, cout)
-                or cout.numel != aout.numel or _has_index(c.attrs.expr)):
+                or cout.numel != aout.numel or has_index(c.attrs.expr)):
             continue
         amap = _axis_map(c.ins[0], aout.shape)
         if amap is None:
