@@ -20,14 +20,24 @@ Invariants
 - ``compare`` is pure: it reads two report dicts and returns JSON-ready rows, each
   ``{target, metric, baseline, current, change, threshold, message}`` (``target`` is None for
   model-wide rows; ``change`` is the relative change where one is defined, else None).
-- A baseline that is not a neuron-eval report (missing top-level keys) raises ValueError.
+  ``comparison`` runs the same checks and returns the report's ``baseline`` entry: the file,
+  how many metrics were compared (a metric counts when both reports have a value for it), on
+  which targets, the limits, the regressions and the baseline's versions. What the terminal
+  and the HTML say about the baseline is read from that entry.
+- Messages print sizes in human units (``12.82 MB``), times in us with two decimals: never a
+  float in exponent notation.
+- A baseline that is not a neuron-eval report (missing one of ``REQUIRED_KEYS``) raises
+  ValueError; reports written before the ``baseline`` key existed are accepted.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-TOP_LEVEL_KEYS = ("versions", "model", "compile", "accuracy", "targets", "regressions")
+from neuron_compiler.profile import _bytes
+
+REQUIRED_KEYS = ("versions", "model", "compile", "accuracy", "targets", "regressions")
+TOP_LEVEL_KEYS = REQUIRED_KEYS + ("baseline",)
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ def load_baseline(path: str) -> dict:
             data = json.load(f)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read baseline {path!r}: {exc}") from exc
-    missing = [k for k in TOP_LEVEL_KEYS if not isinstance(data, dict) or k not in data]
+    missing = [k for k in REQUIRED_KEYS if not isinstance(data, dict) or k not in data]
     if missing:
         raise ValueError(f"baseline {path!r} is not a neuron-eval report (missing "
                          f"{', '.join(missing)})")
@@ -59,6 +69,23 @@ def _get(d: dict, dotted: str) -> float | None:
     return d if isinstance(d, (int, float)) and not isinstance(d, bool) else None
 
 
+def fmt_value(metric: str, v: float) -> str:
+    """``v`` of ``metric`` for a person: bytes in B/KB/MB/GB, times in us or s, shares in %."""
+    if metric.endswith("_bytes"):
+        return _bytes(v)
+    if metric.endswith("_us"):
+        return f"{v:,.2f} us"
+    if metric.endswith("_s"):
+        return f"{v:,.2f} s"
+    if metric.startswith("device_share"):
+        return f"{100 * v:.1f}%"
+    if metric == "throughput_per_s":
+        return f"{v:,.1f}/s"
+    if metric.startswith("cost."):
+        return f"${v:,.6f}" if v < 1 else f"${v:,.2f}"
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.4f}"
+
+
 def _row(target, metric, base, cur, threshold, message) -> dict:
     change = (cur / base - 1.0) if isinstance(base, (int, float)) and base and \
         isinstance(cur, (int, float)) else None
@@ -66,72 +93,145 @@ def _row(target, metric, base, cur, threshold, message) -> dict:
             "change": change, "threshold": threshold, "message": message}
 
 
-def _growth(out: list, target: str, cur: dict, base: dict, metric: str, limit: float,
-            what: str) -> None:
-    b, c = _get(base, metric), _get(cur, metric)
-    if b is None or c is None:
-        return
-    if c > b * (1.0 + limit) + 1e-12:
-        out.append(_row(target, metric, b, c, limit,
-                        f"{what} {b:.4g} -> {c:.4g} (+{100 * (c / b - 1) if b else float('inf'):.1f}%"
-                        f", allowed +{100 * limit:.1f}%)"))
+class _Checks:
+    """The regressions found, and every (target, metric) that had a value on both sides."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.compared: list[tuple[str | None, str]] = []
+
+    def growth(self, target: str, cur: dict, base: dict, metric: str, limit: float,
+               what: str) -> None:
+        b, c = _get(base, metric), _get(cur, metric)
+        if b is None or c is None:
+            return
+        self.compared.append((target, metric))
+        if c > b * (1.0 + limit) + 1e-12:
+            grew = f"+{100 * (c / b - 1):.1f}%" if b else "from zero"
+            self.rows.append(_row(target, metric, b, c, limit,
+                                  f"{what} {fmt_value(metric, b)} -> {fmt_value(metric, c)} "
+                                  f"({grew}, allowed +{100 * limit:.1f}%)"))
+
+    def target(self, target: str, cur: dict, base: dict, cur_compile: dict,
+               base_compile: dict, limits: Limits) -> None:
+        self.growth(target, cur, base, "latency_us.p50", limits.max_slowdown, "p50 latency")
+        self.growth(target, cur, base, "latency_us.simulated_us", limits.max_slowdown,
+                    "simulated device time")
+        self.growth(target, cur, base, "cost.usd_per_million_inferences", limits.max_slowdown,
+                    "USD per million inferences")
+        self.growth(target, cur, base, "memory.hbm_bytes", limits.max_memory_growth, "HBM")
+        b, c = _get(base, "throughput_per_s"), _get(cur, "throughput_per_s")
+        if b and c is not None:
+            self.compared.append((target, "throughput_per_s"))
+            if c < b / (1.0 + limits.max_slowdown) - 1e-12:
+                self.rows.append(_row(target, "throughput_per_s", b, c, limits.max_slowdown,
+                                      f"throughput {fmt_value('throughput_per_s', b)} -> "
+                                      f"{fmt_value('throughput_per_s', c)}"))
+        b, c = _get(base, "device_share.by_nodes"), _get(cur, "device_share.by_nodes")
+        if b is not None and c is not None:
+            self.compared.append((target, "device_share.by_nodes"))
+            if c < b - limits.max_share_drop - 1e-12:
+                self.rows.append(_row(target, "device_share.by_nodes", b, c,
+                                      limits.max_share_drop,
+                                      f"device share by nodes {100 * b:.1f}% -> "
+                                      f"{100 * c:.1f}%"))
+        base_fb = {f["op"]: f["count"] for f in base.get("fallbacks", [])}
+        cur_fb: dict[str, int] = {}
+        for f in cur.get("fallbacks", []):
+            cur_fb[f["op"]] = cur_fb.get(f["op"], 0) + f["count"]
+        self.compared.append((target, "fallbacks"))
+        for op, n in sorted(cur_fb.items()):
+            if n > base_fb.get(op, 0):
+                self.rows.append(_row(target, f"fallbacks.{op}", base_fb.get(op, 0), n, 0,
+                                      f"{op}: {base_fb.get(op, 0)} -> {n} nodes in eager "
+                                      f"fallback"))
+        if limits.max_compile_slowdown is not None:
+            self.growth(target, cur_compile, base_compile, "first_call_s",
+                        limits.max_compile_slowdown, "first call (compile)")
+
+    def outputs(self, current: dict, baseline: dict) -> None:
+        cur_rows = {(r["name"], r.get("target")): r
+                    for r in current.get("accuracy", {}).get("outputs", [])}
+        base_rows = {(r["name"], r.get("target")): r
+                     for r in baseline.get("accuracy", {}).get("outputs", [])}
+        for key, b in base_rows.items():
+            if key not in cur_rows and key[1] in current.get("targets", {}):
+                self.rows.append(_row(key[1], f"accuracy.{key[0]}", None, None, None,
+                                      f"output {key[0]} is in the baseline but not in this "
+                                      f"run"))
+        for key, c in cur_rows.items():
+            b = base_rows.get(key)
+            if b is not None:
+                self.compared.append((key[1], f"accuracy.{key[0]}"))
+            if not c["passed"] and (b is None or b["passed"]):
+                self.rows.append(_row(key[1], f"accuracy.{key[0]}",
+                                      b["max_abs"] if b else None, c["max_abs"],
+                                      c["thresholds"],
+                                      f"output {key[0]} fails its thresholds: {c['problem']}"))
 
 
-def compare(current: dict, baseline: dict, limits: Limits) -> list[dict]:
-    out: list[dict] = []
+def _run(current: dict, baseline: dict, limits: Limits) -> _Checks:
+    checks = _Checks()
     for target, base in baseline.get("targets", {}).items():
         cur = current.get("targets", {}).get(target)
         if cur is None:
-            out.append(_row(target, "targets", None, None, None,
-                            f"target {target} is in the baseline but was not run"))
+            checks.rows.append(_row(target, "targets", None, None, None,
+                                    f"target {target} is in the baseline but was not run"))
             continue
         b_opts, c_opts = base.get("options", {}), cur.get("options", {})
         b_train = bool(baseline.get("model", {}).get("train"))
         c_train = bool(current.get("model", {}).get("train"))
         if b_opts != c_opts or b_train != c_train:
-            out.append(_row(target, "options", None, None, None,
-                            f"not comparable: baseline {b_opts} train={b_train}, this run "
-                            f"{c_opts} train={c_train}"))
+            checks.rows.append(_row(target, "options", None, None, None,
+                                    f"not comparable: baseline {b_opts} train={b_train}, "
+                                    f"this run {c_opts} train={c_train}"))
             continue
-        _growth(out, target, cur, base, "latency_us.p50", limits.max_slowdown, "p50 latency us")
-        _growth(out, target, cur, base, "latency_us.simulated_us", limits.max_slowdown,
-                "simulated device us")
-        _growth(out, target, cur, base, "cost.usd_per_million_inferences", limits.max_slowdown,
-                "USD per million inferences")
-        _growth(out, target, cur, base, "memory.hbm_bytes", limits.max_memory_growth,
-                "HBM bytes")
-        b, c = _get(base, "throughput_per_s"), _get(cur, "throughput_per_s")
-        if b and c is not None and c < b / (1.0 + limits.max_slowdown) - 1e-12:
-            out.append(_row(target, "throughput_per_s", b, c, limits.max_slowdown,
-                            f"throughput {b:.4g}/s -> {c:.4g}/s"))
-        b, c = _get(base, "device_share.by_nodes"), _get(cur, "device_share.by_nodes")
-        if b is not None and c is not None and c < b - limits.max_share_drop - 1e-12:
-            out.append(_row(target, "device_share.by_nodes", b, c, limits.max_share_drop,
-                            f"device share by nodes {100 * b:.1f}% -> {100 * c:.1f}%"))
-        base_fb = {f["op"]: f["count"] for f in base.get("fallbacks", [])}
-        cur_fb: dict[str, int] = {}
-        for f in cur.get("fallbacks", []):
-            cur_fb[f["op"]] = cur_fb.get(f["op"], 0) + f["count"]
-        for op, n in sorted(cur_fb.items()):
-            if n > base_fb.get(op, 0):
-                out.append(_row(target, f"fallbacks.{op}", base_fb.get(op, 0), n, 0,
-                                f"{op}: {base_fb.get(op, 0)} -> {n} nodes in eager fallback"))
-        if limits.max_compile_slowdown is not None:
-            _growth(out, target, current.get("compile", {}).get("targets", {}).get(target, {}),
-                    baseline.get("compile", {}).get("targets", {}).get(target, {}),
-                    "first_call_s", limits.max_compile_slowdown, "first call (compile) s")
-    cur_rows = {(r["name"], r.get("target")): r
-                for r in current.get("accuracy", {}).get("outputs", [])}
-    base_rows = {(r["name"], r.get("target")): r
-                 for r in baseline.get("accuracy", {}).get("outputs", [])}
-    for key, b in base_rows.items():
-        if key not in cur_rows and key[1] in current.get("targets", {}):
-            out.append(_row(key[1], f"accuracy.{key[0]}", None, None, None,
-                            f"output {key[0]} is in the baseline but not in this run"))
-    for key, c in cur_rows.items():
-        b = base_rows.get(key)
-        if not c["passed"] and (b is None or b["passed"]):
-            out.append(_row(key[1], f"accuracy.{key[0]}", b["max_abs"] if b else None,
-                            c["max_abs"], c["thresholds"],
-                            f"output {key[0]} fails its thresholds: {c['problem']}"))
-    return out
+        checks.target(target, cur, base,
+                      current.get("compile", {}).get("targets", {}).get(target, {}),
+                      baseline.get("compile", {}).get("targets", {}).get(target, {}), limits)
+    checks.outputs(current, baseline)
+    return checks
+
+
+def compare(current: dict, baseline: dict, limits: Limits) -> list[dict]:
+    """The regressions of ``current`` against ``baseline`` (module docstring)."""
+    return _run(current, baseline, limits).rows
+
+
+def comparison(current: dict, baseline: dict, limits: Limits,
+               path: str) -> tuple[list[dict], dict]:
+    """(the report's ``regressions``, its ``baseline`` entry: ``{path, metrics_compared,
+    targets, limits, regressions, versions}``, where ``regressions`` is their count and
+    ``versions`` the baseline's git commit, neuron-sim and torch)."""
+    checks = _run(current, baseline, limits)
+    v = baseline.get("versions", {})
+    return checks.rows, {
+        "path": path,
+        "metrics_compared": len(checks.compared),
+        "targets": sorted({t for t, _ in checks.compared if t is not None}),
+        "limits": {"max_slowdown": limits.max_slowdown,
+                   "max_memory_growth": limits.max_memory_growth,
+                   "max_share_drop": limits.max_share_drop,
+                   "max_compile_slowdown": limits.max_compile_slowdown},
+        "regressions": len(checks.rows),
+        "versions": {k: v.get(k) for k in ("git_commit", "neuron_sim", "torch")},
+    }
+
+
+def describe(entry: dict) -> str:
+    """One line for a person: the ``baseline`` entry of a report."""
+    lim = entry["limits"]
+    v = entry["versions"]
+    made = ", ".join(f"{k} {str(v[k])[:10]}" for k in ("neuron_sim", "git_commit", "torch")
+                     if v.get(k))
+    compile_limit = ("not checked" if lim["max_compile_slowdown"] is None
+                     else f"+{100 * lim['max_compile_slowdown']:.0f}%")
+    found = ("none" if not entry["regressions"] else
+             f"{entry['regressions']} (listed under 'Regressions')")
+    return (f"compared with {entry['path']}" + (f" ({made})" if made else "")
+            + f": {entry['metrics_compared']} metrics on "
+            + (", ".join(entry["targets"]) or "no target")
+            + f"; thresholds: slowdown +{100 * lim['max_slowdown']:.0f}%, memory "
+            f"+{100 * lim['max_memory_growth']:.0f}%, device share "
+            f"drop {100 * lim['max_share_drop']:.0f} points, compile {compile_limit}; "
+            f"regressions: {found}")

@@ -5,14 +5,21 @@
     neuron-eval mymodule:make --baseline a.json --max-slowdown 0.05
 
 Invariants
-- ``main(argv)`` never raises for a user's mistake and never calls ``sys.exit``: it returns
-  the exit code of DESIGN.md: 0 when everything holds, 1 on an accuracy failure or a
-  regression against ``--baseline``, 2 on a usage error (bad flag or value, MODEL that cannot
-  be resolved, unreadable baseline, ``--train`` on a model without trainable parameters), 3
-  when the model does not compile (or does not run) for some target.
-- The terminal report goes to stdout, progress and errors to stderr. ``--json`` and ``--html``
-  are written whenever the model was loaded (on exit 0, 1 and 3), atomically; the JSON has
-  exactly the top-level keys ``versions, model, compile, accuracy, targets, regressions``.
+- ``main(argv)`` never raises and never calls ``sys.exit``: it returns the exit code of
+  DESIGN.md and docs/eval.md, on every path:
+    0  everything holds;
+    1  an output fails its accuracy thresholds, or a metric regressed against ``--baseline``;
+    2  usage error: a bad flag or value, a MODEL that does not resolve to a factory
+       (``zoo.ModelSpecError``), an unreadable baseline, ``--train`` on a model without
+       trainable parameters;
+    3  the model fails: its factory or module raises (``zoo.ModelBuildError``), it raises in
+       eager PyTorch, or it does not compile or run on some target;
+    4  neuron-eval itself failed (a bug): the traceback is printed.
+  Exit 1 is never the result of an exception: CI reads it as "regression".
+- The terminal report goes to stdout, progress and errors to stderr; every error is one
+  paragraph that says what failed and names the exit code. ``--json`` and ``--html`` are
+  written on exits 0, 1 and 3 (on 3 with what was measured before the failure), atomically;
+  the JSON has exactly the top-level keys ``baseline.TOP_LEVEL_KEYS``.
 """
 from __future__ import annotations
 
@@ -20,11 +27,12 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from neuron_compiler.options import TARGETS
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMPILE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMPILE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 
 class _UsageError(Exception):
@@ -38,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                     "accuracy against eager, steady-state latency per target, fallbacks, "
                     "memory, cost; optionally against a baseline report.",
         epilog="exit codes: 0 ok, 1 accuracy failure or regression, 2 usage error, "
-               "3 the model does not compile. JSON schema: docs/eval.md.")
+               "3 the model fails (its factory raises, or it does not compile or run), "
+               "4 internal error of neuron-eval. JSON schema: docs/eval.md.")
     p.add_argument("model", metavar="MODEL",
                    help="module:factory, path/file.py:factory (factory() returns (model, "
                         "args_tuple) or (model, kwargs_dict)), or zoo:mlp|gpt2|bert|llama")
@@ -140,15 +149,32 @@ def _outputs(args: argparse.Namespace, report: dict, code: int) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _fail(what: str, exc: BaseException, code: int) -> int:
+    print(f"neuron-eval: {what}: {exc}\n(exit {code})", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``neuron-eval`` and return its exit code (module docstring); never raises."""
+    try:
+        return _main(argv)
+    except Exception:   # a bug of neuron-eval: never exit 1, which CI reads as a regression
+        print("neuron-eval: internal error (a bug of neuron-eval, not of the model or the "
+              f"command line; exit {EXIT_INTERNAL}):\n{traceback.format_exc()}",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:   # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
-    from neuron_compiler.eval.baseline import compare, load_baseline
-    from neuron_compiler.eval.measure import CompileFailure, ModelFailure, evaluate
-    from neuron_compiler.eval.zoo import ModelSpecError, load_model
+    from neuron_compiler.eval.baseline import comparison, load_baseline
+    from neuron_compiler.eval.measure import (CompileFailure, ModelFailure, empty_report,
+                                              evaluate)
+    from neuron_compiler.eval.zoo import ModelBuildError, ModelSpecError, load_model
     try:
         cfg, limits = _config(args)
         baseline = load_baseline(args.baseline) if args.baseline else None
@@ -156,19 +182,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.train:
             from neuron_compiler.eval.train import check_trainable
             check_trainable(loaded)
+    except ModelBuildError as exc:
+        report = empty_report(cfg.targets, args.model)
+        report["compile"] = {"ok": False, "error": str(exc), "failed_target": None,
+                             "failed_stage": "build"}
+        _outputs(args, report, EXIT_COMPILE)
+        return _fail("the model could not be built", exc, EXIT_COMPILE)
     except (_UsageError, ModelSpecError, ValueError) as exc:
-        print(f"neuron-eval: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail("usage error", exc, EXIT_USAGE)
     try:
         report = evaluate(loaded, cfg)
-    except (CompileFailure, ModelFailure) as exc:
-        report = getattr(exc, "report", None)
-        print(f"neuron-eval: the model does not compile: {exc}", file=sys.stderr)
-        if report is not None:
-            _outputs(args, report, EXIT_COMPILE)
-        return EXIT_COMPILE
+    except ModelFailure as exc:
+        _outputs(args, exc.report, EXIT_COMPILE)   # type: ignore[attr-defined]
+        return _fail("the model does not run", exc, EXIT_COMPILE)
+    except CompileFailure as exc:
+        _outputs(args, exc.report, EXIT_COMPILE)   # type: ignore[attr-defined]
+        return _fail("the model does not compile", exc, EXIT_COMPILE)
     if baseline is not None:
-        report["regressions"] = compare(report, baseline, limits)
+        report["regressions"], report["baseline"] = comparison(report, baseline, limits,
+                                                               args.baseline)
     code = EXIT_OK if report["accuracy"]["passed"] and not report["regressions"] else EXIT_FAIL
     _outputs(args, report, code)
     return code

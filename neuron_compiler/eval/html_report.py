@@ -1,9 +1,11 @@
 """``neuron-eval --html PATH``: the report as one self-contained HTML file with inline SVG charts.
 
-Charts: latency per target (p50/p90/p99), where the latency goes (simulated device time, host
-transfer, eager fallback), time per device partition (simulated vs roofline), engine
-utilisation, fallback share of the latency, and the memory plan (HBM, SBUF, PSUM against
-capacity); tables: model, versions, compile, accuracy, fallbacks, regressions.
+Order: the verdict, then what a reader must not miss, at the top: the regressions against
+the baseline (or the line saying a baseline was compared and none was found), and a compile
+or build error; then charts: latency per target (p50/p90/p99), where the latency goes
+(simulated device time, host transfer, eager fallback), time per device partition (simulated
+vs roofline), engine utilisation, fallback share of the latency, and the memory plan (HBM,
+SBUF, PSUM against capacity); then tables: targets, compile, fallbacks, accuracy, versions.
 
 Invariants
 - The page loads no network resource: no scripts, no stylesheets, no images, no fonts other
@@ -11,12 +13,17 @@ Invariants
   URLs in the report (price sources) appear as escaped text only, never as ``href``/``src``.
 - ``render_html(report, exit_code)`` reads only the report dict (the ``--json`` content), so the
   page cannot disagree with the JSON; every string from the report is HTML-escaped.
+- A target whose p50, p90 and p99 are equal (always so with one measured call; with no eager
+  fallback the simulated time is deterministic) gets one bar labelled ``p50 = p90 = p99`` and
+  a sentence saying why, never three equal bars. Sizes are in B/KB/MB/GB.
 """
 from __future__ import annotations
 
 import html
 
+from neuron_compiler.eval.baseline import describe
 from neuron_compiler.eval.prices import price_text
+from neuron_compiler.eval.report import eager_text, verdict
 from neuron_compiler.profile import _bytes
 
 PALETTE = ("#3b6fb6", "#e08a2c", "#4a9a5b", "#b6443b", "#7d5ba6", "#8c6d46", "#d06aa8")
@@ -28,6 +35,9 @@ td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 .pass { color: #2a7a3a; font-weight: 600; } .fail { color: #b3261e; font-weight: 600; }
 .note { color: #555; font-size: 12px; } svg { display: block; margin: 6px 0 14px; }
+.alert { border: 2px solid #b3261e; background: #fdecea; padding: 4px 14px 10px; }
+.alert h2 { color: #b3261e; border: none; margin-top: 8px; }
+.ok { border: 1px solid #2a7a3a; background: #edf7ee; padding: 6px 14px; }
 """
 
 
@@ -97,9 +107,17 @@ def _charts(report: dict) -> list[str]:
     if not targets:
         return []
     out = [bar_chart("Steady-state latency per target (us)",
-                     [(t, [(k, d["latency_us"][k]) for k in ("p50", "p90", "p99")])
-                      for t, d in targets.items()], " us"),
-           bar_chart("Where the p50 latency goes (us)",
+                     [(t, _percentile_bars(d["latency_us"])) for t, d in targets.items()],
+                     " us")]
+    same = [f"{t}: p50 = p90 = p99 = {d['latency_us']['p50']:,.2f} us over "
+            f"{len(d['latency_us']['samples'])} measured call(s)"
+            + (" (one call: no spread to show)" if len(d["latency_us"]["samples"]) == 1 else
+               " (every call took the same time: the simulated device time is deterministic "
+               "and no eager fallback added noise)")
+            for t, d in targets.items() if _all_equal(d["latency_us"])]
+    if same:
+        out.append(f'<p class="note">{"<br>".join(_e(x) for x in same)}</p>')
+    out += [bar_chart("Where the p50 latency goes (us)",
                      [(t, [("simulated device", d["latency_us"]["simulated_us"]),
                            ("host transfer", d["latency_us"]["transfer_us"]),
                            ("eager fallback", d["latency_us"]["fallback_us"])])
@@ -115,7 +133,8 @@ def _charts(report: dict) -> list[str]:
     fb = [(f"{t} {f['op']}", [("share of latency", 100 * (f["share_of_latency"] or 0.0))])
           for t, d in targets.items() for f in d["fallbacks"]]
     if fb:
-        out.append(bar_chart("Fallback share of the p50 latency (%)", fb, "%", max_value=100))
+        out.append(bar_chart("Fallback share of the latency (%: its host time summed over the "
+                             "measured calls / their summed latency)", fb, "%", max_value=100))
     mem = []
     for t, d in targets.items():
         m = d["memory"]
@@ -128,20 +147,54 @@ def _charts(report: dict) -> list[str]:
     return out
 
 
+def _all_equal(lat: dict) -> bool:
+    p50 = lat["p50"]
+    return all(abs(lat[k] - p50) <= 1e-9 * max(abs(p50), 1e-30) for k in ("p90", "p99"))
+
+
+def _percentile_bars(lat: dict) -> list[tuple[str, float]]:
+    if _all_equal(lat):
+        return [("p50 = p90 = p99", lat["p50"])]
+    return [(k, lat[k]) for k in ("p50", "p90", "p99")]
+
+
+def _top(report: dict) -> list[str]:
+    """What must be seen first: regressions (or the baseline's all-clear) and a failure."""
+    out = []
+    regs, base, c = report.get("regressions") or [], report.get("baseline"), report["compile"]
+    if regs or c.get("error"):
+        inner = []
+        if regs:
+            inner.append(f"<h2>Regressions against the baseline ({len(regs)})</h2>")
+            inner.append(_table(["target", "metric", "message"],
+                                [[r["target"] or "-", r["metric"], r["message"]] for r in regs],
+                                left={0, 1, 2}))
+        if c.get("error"):
+            inner.append("<h2>The model failed</h2>")
+            inner.append(f"<pre>{_e(c.get('failed_target') or 'model')}: {_e(c['error'])}</pre>")
+        out.append('<div class="alert">' + "\n".join(inner) + "</div>")
+    if base:
+        out.append(f'<p class="{"note" if regs else "ok"}">Baseline: {_e(describe(base))}</p>')
+    elif report["targets"]:
+        out.append('<p class="note">Baseline: none compared (--baseline PATH)</p>')
+    return out
+
+
 def render_html(report: dict, exit_code: int | None = None) -> str:
     m, c, acc, v = report["model"], report["compile"], report["accuracy"], report["versions"]
-    verdict = {0: ("PASS", "pass"), 1: ("FAIL: accuracy or regression", "fail"),
-               3: ("FAIL: does not compile", "fail")}.get(exit_code, (str(exit_code), ""))
+    words = verdict(report, exit_code)
     body = [f"<h1>neuron-eval {_e(m.get('spec', '?'))}</h1>",
-            f'<p>result: <span class="{verdict[1]}">{_e(verdict[0])}</span> '
-            f"(exit {_e(exit_code)})</p>"]
-    if m:
-        body.append(_table(["model", "parameters", "weights", "inputs", "eager ms", "MFLOP"],
+            f'<p>result: <span class="{"pass" if exit_code == 0 else "fail"}">{_e(words)}'
+            f"</span> (exit {_e(exit_code)})</p>"]
+    body += _top(report)
+    if "parameters" in m:
+        body.append(_table(["model", "parameters", "weights", "inputs", "MFLOP"],
                            [[f"{m['class']} {m['description']}", f"{m['parameters']:,}",
                              _bytes(m["weight_bytes"]),
                              ", ".join(f"{i['name']} {i['dtype']}{i['shape']}"
                                        for i in m["inputs"]),
-                             f"{m['eager_time_ms']:.1f}", f"{m['flops'] / 1e6:.2f}"]]))
+                             f"{m['flops'] / 1e6:.2f}"]]))
+        body.append(f'<p class="note">eager PyTorch: {_e(eager_text(m))}</p>')
     body.append("<h2>Charts</h2>")
     body += _charts(report)
     body.append("<h2>Targets</h2>")
@@ -172,13 +225,17 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
         body.append(_table(["graph break reason", "where"],
                            [[r["reason"], r["where"] or "-"] for r in c["break_reasons"]],
                            left={0, 1}))
-    if c.get("error"):
-        body.append(f'<pre class="fail">{_e(c["failed_target"])}: {_e(c["error"])}</pre>')
-    fb = [[t, f["op"], f["count"], f"{f['time_us']:.1f}", f["reason"]]
+    fb = [[t, f["op"], f["count"], f"{f['time_us']:.1f}",
+           "-" if f["share_of_latency"] is None else f"{100 * f['share_of_latency']:.1f}%",
+           f["reason"]]
           for t, d in report["targets"].items() for f in d["fallbacks"]]
     if fb:
         body.append("<h2>Fallbacks</h2>")
-        body.append(_table(["target", "op", "count", "us/call", "reason"], fb, left={0, 1, 4}))
+        body.append('<p class="note">us/call: mean measured host wall time over the measured '
+                    "calls; share: that time summed over those calls / their summed latency"
+                    "</p>")
+        body.append(_table(["target", "op", "count", "us/call", "share", "reason"], fb,
+                           left={0, 1, 5}))
     if acc.get("outputs"):
         body.append("<h2>Accuracy</h2>")
         body.append(f'<p class="note">values from {_e(acc["values_from"])}</p>')
@@ -188,11 +245,6 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
                              _g(r["max_rel"]), _g(r["cosine"], 6),
                              "pass" if r["passed"] else f"FAIL: {r['problem']}"]
                             for r in acc["outputs"]], left={0, 1, 2, 6}))
-    if report.get("regressions"):
-        body.append("<h2>Regressions against the baseline</h2>")
-        body.append(_table(["target", "metric", "message"],
-                           [[r["target"] or "-", r["metric"], r["message"]]
-                            for r in report["regressions"]], left={0, 1, 2}))
     body.append("<h2>Versions</h2>")
     body.append(_table(["name", "value"],
                        [[k, val] for k, val in v.items() if k != "target_descriptions"]

@@ -1,7 +1,10 @@
 """One ``neuron-eval`` run: eager reference, compile, accuracy, steady state per target.
 
 Phases, in order (each target is compiled afresh after ``torch._dynamo.reset()``):
-1. eager reference outputs (``torch.no_grad()``), timed; one more eager call under
+1. eager reference (``torch.no_grad()``): ``--warmup`` + ``--iters`` eager calls, the same
+   counts as the device figures, each on fresh input copies (copied outside the timer); the
+   reference outputs are the first call's, ``eager_time_ms`` is the p50 of the ``--iters``
+   timed calls after the warm-up (the first, cold call is reported beside it); one more eager call under
    ``FlopCounterMode`` and a live-tensor tracker gives the model's FLOPs and its peak of live
    intermediate bytes (the activation estimate);
 2. ``torch._dynamo.explain``: Dynamo graphs and graph breaks with their reasons;
@@ -15,11 +18,17 @@ Invariants
   assumed host link) + measured eager wall time of the fallback ops, from that call's profile;
   p50/p90/p99 are numpy's linear-interpolation percentiles over the ``--iters`` calls.
   Compile time is never part of it.
+- A fallback op's ``time_us`` is the mean over the ``--iters`` measured calls of its measured
+  host wall time in each call; its ``share_of_latency`` is the sum over those same calls of
+  that time divided by the sum of their latencies (= ``time_us`` / mean latency). Each call's
+  fallback time is part of that call's latency, so a share is in [0, 1], and the shares of
+  all fallback ops sum to at most 1.
 - Nothing in the model's outputs is modified; accuracy compares the compiled call's outputs
   with the eager reference of the same inputs.
 - A failure of the compiled model (Dynamo, the backend, the lowering, ``fallback="error"``)
-  raises ``CompileFailure`` naming the target; a failure of the eager model raises
-  ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``).
+  raises ``CompileFailure`` naming the target (a ``fallback="error"`` refusal is worded for the
+  command line: the ``--fallback`` flag, not the Python ``options=``); a failure of the eager
+  model raises ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``).
 - Every number in the result is JSON-ready (str/int/float/bool/None/list/dict).
 """
 from __future__ import annotations
@@ -41,6 +50,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 import neuron_compiler
 from neuron_compiler.cache import target_hash
+from neuron_compiler.errors import NeuronFallbackError
 from neuron_compiler.eval import prices
 from neuron_compiler.eval.accuracy import Thresholds, compare_outputs, dtype_name
 from neuron_compiler.eval.flops import count_host_flops, flop_share
@@ -51,13 +61,36 @@ ENGINE_NAMES = {"pe": "TensorE", "dve": "VectorE", "act": "ScalarE", "pool": "Gp
                 "dma": "DMA"}
 
 
+def _fallback_refusal(exc: BaseException) -> NeuronFallbackError | None:
+    """The ``NeuronFallbackError`` behind ``exc`` (Dynamo wraps backend errors), if any."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, NeuronFallbackError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return None
+
+
 class CompileFailure(RuntimeError):
     """The model did not compile (or its compiled form raised) for ``target``."""
 
     def __init__(self, target: str, exc: BaseException):
         self.target = target
         self.exc = exc
-        self.detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        refusal = _fallback_refusal(exc)
+        if refusal is not None:
+            self.detail = ("--fallback error: these ops cannot run on the device:\n"
+                           + "\n".join(f"  {op} (x{n}): {reason}"
+                                       for op, n, reason in refusal.entries)
+                           + "\n(run with --fallback allow, the default, to run them in eager "
+                             "PyTorch and measure what they cost)")
+        else:
+            self.detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         super().__init__(f"{target}: {self.detail}")
 
 
@@ -115,7 +148,9 @@ def versions(targets: list[str]) -> dict:
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {
-        "report_schema": 2,   # 2: device_share.by_flops counts ATen FLOPs, cost.price_status
+        # 2: device_share.by_flops counts ATen FLOPs, cost.price_status; 3: eager_time_ms is a
+        # warm p50, fallbacks' time_us/share_of_latency over the measured calls, "baseline"
+        "report_schema": 3,
         "neuron_sim": neuron_compiler.__version__,
         "neuron_sim_installed": installed,
         "git_commit": commit,
@@ -176,15 +211,23 @@ def _tensor_specs(obj: object, prefix: str) -> list[dict]:
             for n, t in flatten_outputs(obj, prefix)]
 
 
-def eager_reference(loaded: LoadedModel) -> tuple[object, dict]:
-    """(reference outputs, the report's ``model`` entry)."""
+def eager_reference(loaded: LoadedModel, warmup: int = 1,
+                    iters: int = 1) -> tuple[object, dict]:
+    """(reference outputs, the report's ``model`` entry); ``warmup`` + ``iters`` eager calls,
+    the reference is the first call's outputs, the timing the ``iters`` calls after warm-up."""
     from neuron_compiler.eval.flops import model_flop_counter
     model = loaded.model
+    times_s: list[float] = []
     try:
         with torch.no_grad():
-            t0 = time.perf_counter()
-            ref = _call(loaded, model)
-            eager_s = time.perf_counter() - t0
+            for i in range(warmup + max(1, iters)):
+                args, kwargs = _fresh(loaded.args), _fresh(loaded.kwargs)
+                t0 = time.perf_counter()
+                out = model(*args, **kwargs)
+                times_s.append(time.perf_counter() - t0)
+                if i == 0:
+                    ref = out
+                del out
             live = _LiveBytes()
             with model_flop_counter() as fc, live:
                 _call(loaded, model)
@@ -211,7 +254,10 @@ def eager_reference(loaded: LoadedModel) -> tuple[object, dict]:
                    + [s for k, v in loaded.kwargs.items() for s in _tensor_specs(v, k)]),
         "outputs": _tensor_specs(ref, "out"),
         "flops": int(fc.get_total_flops()),
-        "eager_time_ms": eager_s * 1e3,
+        "eager_time_ms": float(np.median(times_s[warmup:])) * 1e3,
+        "eager_samples_ms": [t * 1e3 for t in times_s[warmup:]],
+        "eager_warmup": warmup,
+        "eager_first_call_ms": times_s[0] * 1e3,
     }
 
 
@@ -291,11 +337,24 @@ def _memory(target: str, model_info: dict, parts: list[dict]) -> dict:
     }
 
 
-def _fallbacks(d: dict, latency_us: float) -> list[dict]:
-    return [{"op": f["op"], "count": f["count"], "reason": f["reason"],
-             "time_us": f["time_us"],
-             "share_of_latency": (f["time_us"] / latency_us if latency_us else None)}
-            for f in d["fallbacks"]]
+def fallback_rows(calls: list[dict], latencies_us: list[float]) -> list[dict]:
+    """One row per fallback (op, reason) of the measured ``calls`` (profile dicts, one per
+    call; ``latencies_us[i]`` is call i's latency): ``time_us`` the mean of its host wall time
+    per call, ``share_of_latency`` its summed time over the summed latencies of the same calls
+    (module docstring: in [0, 1]). Counts are the last call's (the graph does not change)."""
+    total = sum(latencies_us)
+    rows: dict[tuple[str, str], dict] = {}
+    for d in calls:
+        for f in d["fallbacks"]:
+            row = rows.setdefault((f["op"], f["reason"]), {
+                "op": f["op"], "count": f["count"], "reason": f["reason"], "time_us": 0.0})
+            row["count"] = f["count"]
+            row["time_us"] += f["time_us"]
+    for row in rows.values():
+        summed = row["time_us"]
+        row["time_us"] = summed / len(calls)
+        row["share_of_latency"] = summed / total if total > 0 else None
+    return list(rows.values())
 
 
 def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
@@ -364,7 +423,7 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
             "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
             **flop_share(model_flops, host_flops, program_flops),
         },
-        "fallbacks": _fallbacks(last, pct["p50"]),
+        "fallbacks": fallback_rows(dicts, lat),
         "memory": _memory(target, model_info, parts),
         "cost": prices.cost(target, pct["p50"], prices.instances_with(cfg.prices)),
         "engines": _engines(parts),
@@ -406,15 +465,21 @@ def _tensor_util(target: str, flops: int, sim_us: float) -> float | None:
     return flops / (peak * sim_us * 1e3) if sim_us > 0 else None
 
 
+def empty_report(targets: list[str], spec: str | None = None) -> dict:
+    """A report with every top-level key and nothing measured yet (a model that could not be
+    built still gets one: ``--json`` is written on exit 3)."""
+    return {"versions": versions(targets), "model": {"spec": spec} if spec else {},
+            "compile": {}, "accuracy": {}, "targets": {}, "regressions": [], "baseline": None}
+
+
 def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
     """The whole report except ``regressions`` (``baseline.py`` adds them). Raises
     ``ModelFailure`` / ``CompileFailure`` (after which the partial report is in
     ``exc.report``)."""
-    report: dict = {"versions": versions(cfg.targets), "model": {}, "compile": {},
-                    "accuracy": {}, "targets": {}, "regressions": []}
-    cfg.progress("eager reference")
+    report = empty_report(cfg.targets, loaded.spec)
+    cfg.progress(f"eager reference ({cfg.warmup} warm-up + {cfg.iters} timed calls)")
     try:
-        ref, report["model"] = eager_reference(loaded)
+        ref, report["model"] = eager_reference(loaded, cfg.warmup, cfg.iters)
         if cfg.train:
             from neuron_compiler.eval.train import eager_steps
             cfg.progress("eager training steps")
@@ -425,11 +490,13 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
                 raise ModelFailure(f"an eager training step raised {type(exc).__name__}: "
                                    f"{exc}") from exc
     except ModelFailure as exc:
-        report["compile"] = {"ok": False, "error": str(exc), "failed_target": None}
+        report["compile"] = {"ok": False, "error": str(exc), "failed_target": None,
+                             "failed_stage": "eager"}
         exc.report = report   # type: ignore[attr-defined]
         raise
     cfg.progress("torch._dynamo.explain")
-    report["compile"] = {"ok": False, "error": None, "failed_target": None, **explain(loaded),
+    report["compile"] = {"ok": False, "error": None, "failed_target": None,
+                         "failed_stage": None, **explain(loaded),
                          "targets": {}}
     rows: list[dict] = []
     report["accuracy"] = {
@@ -443,7 +510,8 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
         try:
             per_target, comp, acc = run_target(loaded, ref, report["model"], target, cfg)
         except CompileFailure as exc:
-            report["compile"].update(error=exc.detail, failed_target=target)
+            report["compile"].update(error=exc.detail, failed_target=target,
+                                     failed_stage="compile")
             exc.report = report   # type: ignore[attr-defined]
             raise
         report["targets"][target] = per_target

@@ -5,9 +5,13 @@ Invariants
   terminal shows and what the JSON holds cannot disagree; it never raises on a partial report
   (a compile failure leaves ``targets`` empty).
 - Targets are columns, side by side, in the order they were run; metrics are rows.
+- When a baseline was compared (the report's ``baseline`` entry), the terminal says so in one
+  line (file, metrics compared, thresholds, regressions or "none") just above the result;
+  without one it says nothing was compared. Sizes are printed in B/KB/MB/GB.
 """
 from __future__ import annotations
 
+from neuron_compiler.eval.baseline import describe
 from neuron_compiler.eval.prices import price_text
 from neuron_compiler.profile import _bytes, _table
 
@@ -79,11 +83,11 @@ def render(report: dict, exit_code: int | None = None) -> str:
     m, c, acc = report["model"], report["compile"], report["accuracy"]
     lines = [f"neuron-eval {m.get('spec', '?')}: {m.get('class', '?')}"
              + (f" ({m['description']})" if m.get("description") else "")]
-    if m:
+    if "parameters" in m:
         ins = ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in m["inputs"])
         lines.append(f"  {m['parameters']:,} parameters ({_bytes(m['weight_bytes'])}), "
-                     f"inputs: {ins or '-'}; eager {m['eager_time_ms']:.1f} ms, "
-                     f"{m['flops'] / 1e6:.2f} MFLOP")
+                     f"inputs: {ins or '-'}; {m['flops'] / 1e6:.2f} MFLOP")
+        lines.append(f"  eager PyTorch: {eager_text(m)}")
     if m.get("train"):
         lines.append(f"  --train: each call is one training step: {m['train']['step']}; "
                      f"{m['train']['flops'] / 1e6:.2f} MFLOP per step")
@@ -93,22 +97,27 @@ def render(report: dict, exit_code: int | None = None) -> str:
                     if v.get("git_commit") else "")
                  + f", python {v['python']}, numpy {v['numpy']}, ml_dtypes {v['ml_dtypes']}")
     breaks = c.get("graph_breaks")
-    lines.append(f"compile: {'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "
-                 f"{c.get('graphs', '-')}, graph breaks {'-' if breaks is None else breaks}")
+    if c.get("failed_stage") not in ("build", "eager"):
+        lines.append(f"compile: {'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "
+                     f"{c.get('graphs', '-')}, graph breaks {'-' if breaks is None else breaks}")
     for r in c.get("break_reasons", []):
         lines.append(f"  break: {r['reason']}" + (f" at {r['where']}" if r["where"] else ""))
     if c.get("error"):
-        lines.append(f"  {c['failed_target']}: {c['error']}")
+        lines.append(f"  {c['failed_target'] or 'model'}: {c['error']}")
     if report["targets"]:
         lines.append("")
         lines += _side_by_side(report)
     fb_rows = [("target", "op", "count", "us/call", "share", "reason")]
+    iters = {len(t["latency_us"]["samples"]) for t in report["targets"].values()}
     for name, t in report["targets"].items():
         fb_rows += [(name, f["op"], str(f["count"]), f"{f['time_us']:.1f}",
                      _pct(f["share_of_latency"]), f["reason"]) for f in t["fallbacks"]]
     if len(fb_rows) > 1:
-        lines += ["", "Fallbacks (eager PyTorch; time = measured host wall time per call, "
-                      "their host<->device copies are in 'host transfer'):"]
+        n = "/".join(str(i) for i in sorted(iters))
+        lines += ["", f"Fallbacks (eager PyTorch; us/call = mean measured host wall time over "
+                      f"the {n} measured calls; share = that time summed over those calls / "
+                      f"their summed latency; their host<->device copies are in "
+                      f"'host transfer'):"]
         lines += _table(fb_rows, left={0, 1, 5})
     if acc.get("outputs"):
         cast = acc.get("auto_cast", "none")
@@ -142,7 +151,46 @@ def render(report: dict, exit_code: int | None = None) -> str:
         lines += ["", f"Regressions against the baseline ({len(report['regressions'])}):"]
         lines += [f"  {r['target'] or '-'}: {r['metric']}: {r['message']}"
                   for r in report["regressions"]]
+    if report["targets"]:
+        lines += ["", "Baseline: " + (describe(report["baseline"]) if report.get("baseline")
+                                      else "none compared (--baseline PATH)")]
     if exit_code is not None:
-        verdict = {0: "PASS", 1: "FAIL (accuracy or regression)", 3: "FAIL (does not compile)"}
-        lines += ["", f"result: {verdict.get(exit_code, exit_code)} (exit {exit_code})"]
+        lines += ["", f"result: {verdict(report, exit_code)} (exit {exit_code})"]
     return "\n".join(lines)
+
+
+def eager_text(m: dict) -> str:
+    """How the eager baseline was measured: p50 over the timed calls, after warm-up."""
+    samples = m.get("eager_samples_ms") or []
+    text = f"p50 {_ms(m['eager_time_ms'])} over {len(samples)} call(s)"
+    if m.get("eager_warmup"):
+        text += (f" after {m['eager_warmup']} warm-up (first, cold call "
+                 f"{_ms(m['eager_first_call_ms'])})")
+    else:
+        text += " (no warm-up: the first, cold call is among them)"
+    return text + "; wall clock of this machine's CPU"
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:,.1f} us" if v < 1 else f"{v:,.2f} ms"
+
+
+def verdict(report: dict, exit_code: int | None) -> str:
+    """The result in words, for the terminal and the HTML (exit codes: cli.py)."""
+    if exit_code == 0:
+        return "PASS"
+    if exit_code == 1:
+        acc = not report["accuracy"].get("passed", True)
+        regs = bool(report.get("regressions"))
+        return "FAIL (" + " and ".join(w for w, on in (("accuracy", acc),
+                                                      ("regression against the baseline",
+                                                       regs)) if on) + ")"
+    if exit_code == 3:
+        c = report["compile"]
+        stage = c.get("failed_stage")
+        if stage == "build":
+            return "FAIL (the model could not be built: its factory or module raised)"
+        if stage == "eager":
+            return "FAIL (the model does not run in eager PyTorch)"
+        return f"FAIL (the model does not compile or run on {c.get('failed_target')})"
+    return f"exit {exit_code}"

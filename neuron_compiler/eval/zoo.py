@@ -6,8 +6,13 @@
 
 Invariants
 - ``factory()`` takes no arguments and returns ``(model, args_tuple)`` or
-  ``(model, kwargs_dict)`` (DESIGN.md); anything else, an unknown zoo name, a module or file
-  that cannot be loaded, or a missing factory raises ``ModelSpecError`` (a usage error: exit 2).
+  ``(model, kwargs_dict)`` (DESIGN.md). A MODEL that does not resolve to such a factory (no
+  ``:``, an unknown zoo name, a file that does not exist, a module that is not found, a
+  missing or non-callable factory, a factory that returns something else) raises
+  ``ModelSpecError``: a usage error, exit 2.
+- Code of the model that raises (the factory, a zoo builder, or the user's module while it is
+  imported) raises ``ModelBuildError``: the model's own failure, exit 3. Its message is one
+  paragraph naming the factory, the exception and the innermost frame it came from.
 - The transformers models keep ``use_cache`` at its default (the cache object is not compared;
   only tensor outputs are).
 - Built-in models are deterministic: each builder seeds ``torch.manual_seed(0)`` before it makes
@@ -30,6 +35,23 @@ from torch import nn
 
 class ModelSpecError(ValueError):
     """MODEL could not be resolved into a model and its inputs (a usage error)."""
+
+
+class ModelBuildError(RuntimeError):
+    """The model's own code raised while it was built (a factory or its module's import)."""
+
+    def __init__(self, spec: str, what: str, exc: BaseException):
+        self.spec, self.exc = spec, exc
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = (f" (at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in "
+                 f"{tb.tb_frame.f_code.co_name})" if tb is not None else "")
+        first = (str(exc).strip().splitlines() or [""])[0]
+        super().__init__(
+            f"{spec}: {what} raised {type(exc).__name__}: {first}{where}. This is a failure of "
+            f"the model's own code, before anything was compiled: fix it, or run it in Python "
+            f"to see the whole traceback")
 
 
 @dataclass
@@ -119,14 +141,20 @@ def _load_module(ref: str) -> object:
             spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(name, None)
-            raise ModelSpecError(f"importing {ref!r} raised {type(exc).__name__}: {exc}") from exc
+            raise ModelBuildError(ref, "importing it", exc) from exc
         return module
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())   # as `python -m` would: modules beside the caller
     try:
         return importlib.import_module(ref)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (ref == exc.name or ref.startswith(exc.name + ".")):
+            raise ModelSpecError(f"cannot import module {ref!r}: no module named "
+                                 f"{exc.name!r} (the current directory and PYTHONPATH were "
+                                 f"searched)") from exc
+        raise ModelBuildError(ref, "importing it", exc) from exc
     except Exception as exc:
-        raise ModelSpecError(f"cannot import module {ref!r}: {type(exc).__name__}: {exc}") from exc
+        raise ModelBuildError(ref, "importing it", exc) from exc
 
 
 def _check(spec: str, made: object) -> LoadedModel:
@@ -145,15 +173,27 @@ def _check(spec: str, made: object) -> LoadedModel:
                          f"{type(inputs).__name__}")
 
 
+def _build(spec: str, fn: Callable[[], object], what: str) -> object:
+    """``fn()``; a ``ModelSpecError`` (zoo: transformers missing) passes, anything else the
+    factory raises becomes ``ModelBuildError``."""
+    try:
+        return fn()
+    except ModelSpecError:
+        raise
+    except Exception as exc:
+        raise ModelBuildError(spec, what, exc) from exc
+
+
 def load_model(spec: str) -> LoadedModel:
-    """Resolve MODEL (module docstring); raises ``ModelSpecError`` on every usage problem."""
+    """Resolve MODEL (module docstring); raises ``ModelSpecError`` on every usage problem and
+    ``ModelBuildError`` when the model's own code raises."""
     if spec.startswith("zoo:"):
         name = spec[4:]
         if name not in ZOO:
             raise ModelSpecError(f"unknown built-in model {spec!r}; choose from "
                                  + ", ".join(f"zoo:{n}" for n in ZOO))
         build, description = ZOO[name]
-        loaded = _check(spec, build())
+        loaded = _check(spec, _build(spec, build, f"the built-in factory {build.__name__}()"))
         loaded.description = description
         return loaded
     ref, sep, factory = spec.rpartition(":")
@@ -164,10 +204,6 @@ def load_model(spec: str) -> LoadedModel:
     fn = getattr(module, factory, None)
     if fn is None or not callable(fn):
         raise ModelSpecError(f"{ref!r} has no callable {factory!r}")
-    try:
-        made = fn()
-    except Exception as exc:
-        raise ModelSpecError(f"{spec}: the factory raised {type(exc).__name__}: {exc}") from exc
-    loaded = _check(spec, made)
+    loaded = _check(spec, _build(spec, fn, f"the factory {factory}()"))
     loaded.description = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
     return loaded
