@@ -60,18 +60,13 @@ from dataclasses import dataclass
 
 from lowering.errors import Unsupported
 from lowering.kir import ConvKAttrs, KOp
-from lowering.tir.affine import Affine, aff
+from lowering.tiling.conv_plan import FREE_MAX, P, STAGE_ROW_BYTES, ConvPlan, plan_conv
+from lowering.tir.affine import Affine, AffineLike, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
 F32 = DType.FP32
-P = 128
-FREE_MAX = 512      # moving free size of one matmul = one fp32 PSUM bank
-W_SHARE = 1 / 3     # of an SBUF partition for one super-group's weights
-X_SHARE = 1 / 4     # for the input tiles (all their slots)
-X_BUFS = 4          # input tile slots: the next block loads while this one computes
 OUT_BUFS = 3        # evacuated tiles: one computed, one held by its store, one free
-STAGE_ROW_BYTES = 2048   # input rows shorter than this are staged (a DMA chunk costs ~256 B)
 
 
 @dataclass(frozen=True)
@@ -115,58 +110,10 @@ def runs(n_out: int, blk: int, s: int, d: int, k: int, p: int, n_in: int,
     return out
 
 
-def groups_per_block(groups: int, cig: int, cog: int) -> int:
-    """Groups packed into one 128-row contraction (1 when a group fills it already)."""
-    cap = P // max(cig, cog)
-    if groups == 1 or cap < 2:
-        return 1
-    return max(g for g in range(1, min(cap, groups) + 1) if groups % g == 0)
-
-
 def _dims(*pairs: tuple[int, int]) -> tuple[tuple[int, int], ...]:
     """(stride, size) pairs without the size-1 ones (at least one)."""
     d = tuple(pr for pr in pairs if pr[1] > 1)
     return d or ((1, 1),)
-
-
-def _blocks(Ho: int, Wo: int, free_max: int) -> tuple[int, int]:
-    """Output block (rows, cols), rows*cols <= free_max, balanced so the tails are not tiny."""
-    if Wo <= free_max:
-        rmax = max(1, min(Ho, free_max // Wo))
-        nb = -(-Ho // rmax)
-        return -(-Ho // nb), Wo
-    nb = -(-Wo // free_max)
-    return 1, -(-Wo // nb)
-
-
-@dataclass(frozen=True)
-class _Geo:
-    """One CONV kernel's blocking: super-groups of ``cin`` -> ``cout`` channels, ``nci`` chunks
-    of 128 input channels, ``stack`` copies of the input tile (copy ``s`` shifted ``s*dh`` rows,
-    on partitions ``s*pitch ..``: 32 or 64, the engines' partition alignment; the partitions
-    between copies hold zeros) so that one product contracts ``stack`` kernel rows at once;
-    ``units``: the products per chunk as (first kernel row, rows, kernel column)."""
-
-    cin: int
-    cout: int
-    nci: int
-    stack: int
-    pitch: int
-    units: tuple[tuple[int, int, int], ...]
-    R: int
-    Cw: int
-
-    def kparts(self, rows: int, cc: int) -> int:
-        """Contraction partitions of a product over ``rows`` stacked kernel rows."""
-        return (rows - 1) * self.pitch + cc
-
-    @property
-    def parts(self) -> int:
-        return min(self.kparts(self.stack, self.cin), P)
-
-    @property
-    def gaps(self) -> bool:
-        return self.stack > 1 and self.pitch > self.cin
 
 
 def tile_conv(b: TirBuilder, k: KOp) -> None:
@@ -180,111 +127,120 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
     else:                                # w is the forward weight [Co', Ci'/G, Kh', Kw']
         Co, Cig, Kh, Kw = w.shape[1] * a.groups, w.shape[0] // a.groups, len(a.dgrad[0]), len(a.dgrad[1])
     Ho, Wo = a.out_hw
-    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
     G = a.groups
     if N == 0 or Co == 0 or Ho <= 0 or Wo <= 0:
         return
     op = ",".join(k.origin) or "convolution"
     if Cig == 0:
         raise Unsupported(op, "convolution with 0 input channels per group is not lowered")
-    Cog = Co // G
-    gpb = groups_per_block(G, Cig, Cog)
-    cin, cout, SG = gpb * Cig, gpb * Cog, G // gpb
-    nci = -(-cin // P)
-    pitch = 32 if cin <= 32 else 64 if cin <= 64 else cin
-    stack = min(Kh, P // pitch) if nci == 1 else 1
-    units = tuple((kh0, min(stack, Kh - kh0), kw) for kh0 in range(0, Kh, stack) for kw in range(Kw))
-    dt, isz = x.dtype, x.dtype.itemsize
-    part = b.target.sbuf_bytes_per_partition
-    wbytes = nci * len(units) * cout * isz
-    if wbytes * (2 if SG > 1 else 1) > part * W_SHARE:
-        raise Unsupported(op, f"weight block of {cin} input x {cout} output channels x {Kh * Kw} "
-                          f"taps needs {wbytes} B per SBUF partition (limit {int(part * W_SHARE)})")
-    free_max = FREE_MAX
-    while True:
-        R, Cw = _blocks(Ho, Wo, free_max)
-        rin, cinw = (R - 1) * sh + (Kh - 1) * dh + 1, (Cw - 1) * sw + (Kw - 1) * dw + 1
-        if nci * rin * cinw * isz * X_BUFS <= part * X_SHARE:
-            break
-        if free_max == 1:
-            raise Unsupported(op, f"input tile of {nci} x {rin}x{cinw} needs "
-                              f"{nci * rin * cinw * isz * X_BUFS} B per SBUF partition "
-                              f"(limit {int(part * X_SHARE)})")
-        free_max //= 2
-    g = _Geo(cin, cout, nci, stack, pitch, units, R, Cw)
     H, W = a.in_hw
-    rruns = runs(Ho, R, sh, dh, Kh, ph, H, tuple(s * dh for s in range(stack)))
-    cruns = runs(Wo, Cw, sw, dw, Kw, pw, W)
+    dt = x.dtype
+    g = plan_conv(op, b.target.sbuf_bytes_per_partition, dt.itemsize, Co=Co, Cig=Cig, Kh=Kh,
+                  Kw=Kw, Ho=Ho, Wo=Wo, W=W, stride=a.stride, dilation=a.dilation, groups=G,
+                  dgrad_taps=0 if a.dgrad is None else w.shape[2] * w.shape[3])
+    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
+    rruns = runs(Ho, g.R, sh, dh, Kh, ph, H, tuple(s * dh for s in range(g.stack)))
+    cruns = runs(Wo, g.Cw, sw, dw, Kw, pw, W)
     b.note(f"conv [{N}x{x.shape[1]}x{H}x{W}] * [{Co}x{Cig}x{Kh}x{Kw}] -> [{Ho}x{Wo}] {dt.value}: "
-           f"groups {G} ({gpb} per 128-row block, {SG} blocks), {stack} kernel rows per product, "
-           f"output blocks {R}x{Cw}, {len(rruns)}x{len(cruns)} runs, {nci * len(units)} "
-           f"products per block and 128 output channels")
-    with b.loop(SG, "sg") as sg:
-        wT = (_weights(b, w, sg, g, gpb, Cog) if a.dgrad is None
-              else _weights_dgrad(b, w, sg, g, gpb, Cig, a.dgrad))
-        bt = _bias(b, bias, sg, cout) if bias is not None else None
-        with b.loop(N, "n") as n:
-            for rr in rruns:
-                with b.loop(rr.count, "rb") as vr:
-                    for cr in cruns:
-                        with b.loop(cr.count, "cb") as vc:
-                            _block(b, k, g, wT, bt, n, sg, vr, vc, rr, cr)
+           f"groups {G} ({g.gpb} per 128-row block, {g.SG} blocks), {g.stack} kernel rows per "
+           f"product, {g.passes} weight passes of {g.cob} output channels, output blocks "
+           f"{g.R}x{g.Cw}, {len(rruns)}x{len(cruns)} runs, input tiles "
+           f"{'per 128-channel chunk' if g.per_chunk else 'of every chunk'} ({g.xbufs} slots), "
+           f"{g.nci * len(g.units)} products per block and 128 output channels")
+    with b.loop(g.SG, "sg") as sg:
+        for pa, cob in b.tiled(g.cout, g.cob, "wp"):
+            wT = (_weights(b, w, sg, g, Cig, Cog=Co // G, pa=pa, cob=cob) if a.dgrad is None
+                  else _weights_dgrad(b, w, sg, g, Cig, a.dgrad, pa, cob))
+            bt = _bias(b, bias, sg * g.cout + pa, cob) if bias is not None else None
+            with b.loop(N, "n") as n:
+                for rr in rruns:
+                    with b.loop(rr.count, "rb") as vr:
+                        for cr in cruns:
+                            with b.loop(cr.count, "cb") as vc:
+                                _block(b, k, g, wT, bt, n, sg, pa, cob, vr, vc, rr, cr)
 
 
-def _stationaries(b: TirBuilder, g: _Geo, dt):
-    """The [contraction, (chunk, unit, out)] weight tile, zeroed where stacked copies leave gaps."""
-    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * len(g.units) * g.cout, dt, 2)
+def _stationaries(b: TirBuilder, g: ConvPlan, cob: int, dt):
+    """The [contraction, (chunk, unit, out)] weight tile of one pass, zeroed where stacked copies
+    leave gaps."""
+    wT = b.tile("wT", Memory.SBUF, g.parts, g.nci * len(g.units) * cob, dt, 2)
     if g.gaps:
         b.memset(wT.ap(), 0.0)
     return wT
 
 
-def _weights(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cog: int):
-    """wT[s*pitch + ci, (chunk * units + u) * cout + co] = w[sg*cout + co, ci - grp(co)*Cig,
+def _weights(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cig: int, Cog: int, pa: AffineLike,
+             cob: int):
+    """wT[s*pitch + ci, (chunk * units + u) * cob + co] = w[sg*cout + pa + co, ci - grp*Cig,
     kh0(u) + s, kw(u)] inside the block diagonal (0 elsewhere, and between stacked copies): one
-    stationary per unit."""
+    stationary per unit. The rows are loaded per 128 output channels and ``krows`` kernel rows,
+    of every input channel or per 128 (``rows_all``), then transposed on TensorE."""
     dt = w.dtype
-    s0, s1, s2, s3 = w.strides
-    Co, Cig, Kh, Kw = w.shape
-    taps, nu, cin, cout = Kh * Kw, len(g.units), g.cin, g.cout
-    wT = _stationaries(b, g, dt)
-    for o0, ow in b.tiled(cout, P, "wo"):
-        src = hbm_ap(w.buffer, dt, w.offset + (sg * cout + o0) * s0, ow, s0,
-                     ((Cig, s1), (Kh, s2), (Kw, s3)))
-        rows = b.tile("wrows", Memory.SBUF, ow, cin * taps, dt, 2)
-        if gpb == 1:
-            b.dma(rows.ap(), src)
-        else:                            # spread over the block diagonal: rows * mask[co, g]
-            plain = b.tile("wplain", Memory.SBUF, ow, Cig * taps, dt, 1)
-            b.dma(plain.ap(), src)
-            _spread(b, rows, plain, 0, ow, gpb, Cog, Cig * taps)
-        for c0, cc in b.tiled(cin, P, "wc"):
-            for u, (kh0, rs, kw) in enumerate(g.units):
-                if not g.gaps:           # every stacked row in one transpose
-                    kp = g.kparts(rs, cc)
-                    tp = b.tile("wtps", Memory.PSUM, kp, P, F32, 2)
-                    b.transpose(tp.ap(kp, dims=((1, ow),)),
-                                rows.ap(ow, elem_offset=c0 * taps + kh0 * Kw + kw,
-                                        dims=_dims((Kw, rs), (taps, cc))))
-                    b.tensor_copy(wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0,
-                                        dims=((1, ow),)), tp.ap(kp, dims=((1, ow),)))
-                    continue
-                tp = b.tile("wtps", Memory.PSUM, g.kparts(rs, cc), P, F32, 2)
-                for s in range(rs):      # one per stacked row, onto its aligned partitions
-                    b.transpose(tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)),
-                                rows.ap(ow, elem_offset=c0 * taps + (kh0 + s) * Kw + kw,
-                                        dims=_dims((taps, cc))))
-                    b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
-                                        elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),)),
-                                  tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
+    Kh, Kw = w.shape[2:]
+    nu, cin = len(g.units), g.cin
+    wT = _stationaries(b, g, cob, dt)
+    for o0, ow in b.tiled(cob, P, "wo"):
+        for r0 in range(0, Kh, g.krows):
+            nr = min(g.krows, Kh - r0)
+            rl = nr * Kw                         # elements of one channel's rows in the tile
+            rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (0, cin), r0, nr) \
+                if g.rows_all else None
+            for c0, cc in b.tiled(cin, P, "wc"):
+                if not g.rows_all:
+                    rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (c0, cc), r0, nr)
+                chan = c0 * rl if g.rows_all else 0
+                for u, (kh0, rs, kw) in enumerate(g.units):
+                    if not r0 <= kh0 < r0 + nr:
+                        continue
+                    col = (c0 // P * nu + u) * cob + o0
+                    at = chan + (kh0 - r0) * Kw + kw
+                    if not g.gaps:               # every stacked row in one transpose
+                        kp = g.kparts(rs, cc)
+                        tp = b.tile("wtps", Memory.PSUM, kp, P, F32, 2)
+                        b.transpose(tp.ap(kp, dims=((1, ow),)),
+                                    rows.ap(ow, elem_offset=at, dims=_dims((Kw, rs), (rl, cc))))
+                        b.tensor_copy(wT.ap(kp, elem_offset=col, dims=((1, ow),)),
+                                      tp.ap(kp, dims=((1, ow),)))
+                        continue
+                    tp = b.tile("wtps", Memory.PSUM, g.kparts(rs, cc), P, F32, 2)
+                    for s in range(rs):          # one per stacked row, onto its aligned partitions
+                        b.transpose(tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)),
+                                    rows.ap(ow, elem_offset=at + s * Kw, dims=_dims((rl, cc))))
+                        b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch, elem_offset=col,
+                                            dims=((1, ow),)),
+                                      tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
     return wT
 
 
-def _spread(b: TirBuilder, rows, plain, p0: int, pn: int, gpb: int, gsize: int, n: int) -> None:
-    """rows[p, g*n + j] = plain[p, j] if partition ``p`` (counted from ``p0``) is in group ``g``
-    (``p // gsize == g``), else 0: a 0/1 mask from ``iota`` times the broadcast rows."""
+def _weight_rows(b: TirBuilder, w, g: ConvPlan, sg: Affine, o0: AffineLike, ow: int, Cig: int,
+                 Cog: int, chans: tuple[AffineLike, int], r0: int, nr: int):
+    """rows[co, c * nr*Kw + (kh - r0)*Kw + kw] = w[sg*cout + o0 + co, c0 + c, kh, kw] for the
+    channels ``chans = (c0, count)`` of the super-group and kernel rows ``r0 .. r0+nr-1``
+    (contiguous runs of ``nr * Kw`` elements); with groups packed, spread over the block
+    diagonal (the other groups' channels 0)."""
+    dt = w.dtype
+    s0, s1, s2, s3 = w.strides
+    Kw = w.shape[3]
+    c0, cc = chans
+    rl = nr * Kw
+    rows = b.tile("wrows", Memory.SBUF, ow, cc * rl, dt, 2)
+    first = w.offset + (sg * g.cout + o0) * s0 + r0 * s2
+    if g.gpb == 1:
+        b.dma(rows.ap(), hbm_ap(w.buffer, dt, first + c0 * s1, ow, s0, ((cc, s1), (nr, s2), (Kw, s3))))
+    else:                                        # rows * mask[co, group]
+        plain = b.tile("wplain", Memory.SBUF, ow, Cig * rl, dt, 1)
+        b.dma(plain.ap(), hbm_ap(w.buffer, dt, first, ow, s0, ((Cig, s1), (nr, s2), (Kw, s3))))
+        _spread(b, rows, plain, 0, ow, g.gpb, Cog, Cig * rl, base=o0)
+    return rows
+
+
+def _spread(b: TirBuilder, rows, plain, p0: int, pn: int, gpb: int, gsize: int, n: int,
+            base: AffineLike = 0) -> None:
+    """rows[p, g*n + j] = plain[p, j] if partition ``p`` (counted from ``p0``, plus ``base``)
+    is in group ``g`` (``(base + p) // gsize == g``), else 0: a 0/1 mask from ``iota`` times
+    the broadcast rows."""
     iv = b.tile("wmask_i", Memory.SBUF, P, gpb, F32, 1)
-    b.iota(iv.ap(pn, partition_start=p0), 0, 1, (-gsize,))       # p - gsize*g: in [0, gsize) on the diagonal
+    b.iota(iv.ap(pn, partition_start=p0), base, 1, (-gsize,))   # in [0, gsize) on the diagonal
     ge = b.tile("wmask_ge", Memory.SBUF, P, gpb, F32, 1)
     b.tensor_scalar(ge.ap(pn, partition_start=p0), iv.ap(pn, partition_start=p0), AluOp.IS_GE, 0.0)
     lt = b.tile("wmask_lt", Memory.SBUF, P, gpb, F32, 1)
@@ -298,105 +254,132 @@ def _spread(b: TirBuilder, rows, plain, p0: int, pn: int, gpb: int, gsize: int, 
                     m.ap(pn, partition_start=p0, dims=((1, gpb), (0, n))), AluOp.MULTIPLY)
 
 
-def _weights_dgrad(b: TirBuilder, w, sg: Affine, g: _Geo, gpb: int, Cg: int, taps_of):
+def _weights_dgrad(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cg: int, taps_of,
+                   pa: AffineLike, cob: int):
     """The stationaries of a data-gradient (transposed) convolution from the forward weight
     ``w [Co', Ci'/G, Kh', Kw']``: the contraction runs over the forward's output channels, which
-    are ``w``'s rows, so no transpose is needed: wT[s*pitch + c, (chunk * units + u) * cout + o]
-    = w[sg*cin + c, o - grp(o)*Ci'/G, taps_of[0][kh0(u) + s], taps_of[1][kw(u)]] when ``c`` and
-    ``o`` share a group (``Cg`` forward output channels per group), else 0. One contiguous DMA
-    per 128 rows (per stacked copy), one strided copy per (unit, stacked row)."""
+    are ``w``'s rows, so no transpose is needed: wT[s*pitch + c, (chunk * units + u) * cob + o]
+    = w[sg*cin + c, pa + o - grp(o)*Ci'/G, taps_of[0][kh0(u) + s], taps_of[1][kw(u)]] when
+    ``c`` and ``o`` share a group (``Cg`` forward output channels per group), else 0 (with
+    groups packed, one pass covers every column). One DMA per 128 rows (per stacked copy), one
+    strided copy per (unit, stacked row)."""
     dt = w.dtype
     s0, s1, s2, s3 = w.strides
     _, ci_g, kh_f, kw_f = w.shape
-    taps, nu, cin, cout = kh_f * kw_f, len(g.units), g.cin, g.cout
-    wT = _stationaries(b, g, dt)
+    taps, nu, cin = kh_f * kw_f, len(g.units), g.cin
+    wT = _stationaries(b, g, cob, dt)
     for c0, cc in b.tiled(cin, P, "wc"):
-        rows = b.tile("wrows", Memory.SBUF, g.parts, cout * taps, dt, 2)   # [c, o*taps + tap]
-        src = hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0, cc, s0,
-                     ((ci_g, s1), (kh_f, s2), (kw_f, s3)))
+        rows = b.tile("wrows", Memory.SBUF, g.parts, cob * taps, dt, 2)   # [c, o*taps + tap]
         for s in range(g.stack):
-            if gpb == 1:
-                b.dma(rows.ap(cc, partition_start=s * g.pitch), src)
+            if g.gpb == 1:
+                b.dma(rows.ap(cc, partition_start=s * g.pitch),
+                      hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0 + pa * s1, cc, s0,
+                             ((cob, s1), (kh_f, s2), (kw_f, s3))))
             else:
                 plain = b.tile("wplain", Memory.SBUF, g.parts, ci_g * taps, dt, 1)
-                b.dma(plain.ap(cc, partition_start=s * g.pitch), src)
-                _spread(b, rows, plain, s * g.pitch, cc, gpb, Cg, ci_g * taps)
+                b.dma(plain.ap(cc, partition_start=s * g.pitch),
+                      hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0, cc, s0,
+                             ((ci_g, s1), (kh_f, s2), (kw_f, s3))))
+                _spread(b, rows, plain, s * g.pitch, cc, g.gpb, Cg, ci_g * taps)
         for u, (kh0, rs, kw) in enumerate(g.units):
             for s in range(rs):
                 tap = taps_of[0][kh0 + s] * kw_f + taps_of[1][kw]
                 b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
-                                    elem_offset=(c0 // P * nu + u) * cout, dims=((1, cout),)),
+                                    elem_offset=(c0 // P * nu + u) * cob, dims=((1, cob),)),
                               rows.ap(cc, partition_start=s * g.pitch, elem_offset=tap,
-                                      dims=((taps, cout),)))
+                                      dims=((taps, cob),)))
     return wT
 
 
-def _bias(b: TirBuilder, bias, sg: Affine, cout: int):
-    """bias[sg*cout + co] as column ``co // 128`` of a [min(cout, 128), chunks] tile."""
-    nco = -(-cout // P)
-    bt = b.tile("bias", Memory.SBUF, min(cout, P), nco, bias.dtype, 2)
+def _bias(b: TirBuilder, bias, first: AffineLike, cob: int):
+    """bias[first + co] as column ``co // 128`` of a [min(cob, 128), chunks] tile."""
+    nco = -(-cob // P)
+    bt = b.tile("bias", Memory.SBUF, min(cob, P), nco, bias.dtype, 2)
     st = bias.strides[0]
-    for o0, ow in b.tiled(cout, P, "bo"):
+    for o0, ow in b.tiled(cob, P, "bo"):
         b.dma(bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)),
-              hbm_ap(bias.buffer, bias.dtype, bias.offset + (sg * cout + o0) * st, ow, st, ()))
+              hbm_ap(bias.buffer, bias.dtype, bias.offset + (first + o0) * st, ow, st, ()))
     return bt
 
 
-def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Affine, vc: Affine,
-           rr: Run, cr: Run) -> None:
-    """One output block: its input tile (``stack`` shifted copies), then per 128 output channels
-    the products, the evacuation (bias, cast) and the store."""
+def _load_x(b: TirBuilder, k: KOp, g: ConvPlan, n: Affine, sg: Affine, oy0, ox0, rr: Run,
+            cr: Run, chunk: tuple[AffineLike, int] | None):
+    """The block's input tile: ``stack`` shifted copies of its receptive field (with the halo),
+    of every 128-channel chunk (``chunk`` None) or of one ``(c0, cc)``; zero padding by memset.
+    Whole input rows shorter than ``STAGE_ROW_BYTES`` are loaded into a contiguous staging tile
+    and placed by an engine copy."""
     a = k.attrs
-    x, y = k.ins[0], k.outs[0]
+    x = k.ins[0]
     H, W = a.in_hw
-    Wo = a.out_hw[1]
-    (sh, sw), (ph, pw), (dh, dw) = a.stride, a.padding, a.dilation
-    dt, cin, cout, nu = x.dtype, g.cin, g.cout, len(g.units)
+    (sh, sw), (ph, pw), dh = a.stride, a.padding, a.dilation[0]
+    dt = x.dtype
     cinw = cr.extent
     area = rr.extent * cinw
-    oy0 = (vr + rr.first) * g.R                   # first output row / column of the block
-    ox0 = (vc + cr.first) * g.Cw
-    xt = b.tile("xin", Memory.SBUF, g.parts, g.nci * area, dt, X_BUFS)
+    nch = g.nci if chunk is None else 1
+    xt = b.tile("xin", Memory.SBUF, g.parts, nch * area, dt, g.xbufs)
     if rr.padded or cr.padded or g.gaps:
         b.memset(xt.ap(), 0.0)
     sx0, sx1, sx2 = x.strides
     ix0 = ox0 * sw + (cr.lo[0] - pw)              # first input column read
     # whole input rows that the padded tile would split into short DMA chunks: load them
     # contiguously into a staging tile (one chunk per partition) and place them with a copy
-    stage = (cr.valid() == W and cinw != W and sx2 == 1 and W * x.dtype.itemsize < STAGE_ROW_BYTES)
-    st = b.tile("xstage", Memory.SBUF, g.parts, g.nci * rr.extent * W, dt, X_BUFS) if stage else None
-    for s in range(g.stack):                      # copy s: the tile s*dh rows further down
-        vr = rr.valid(s)
-        if not (vr and cr.valid()):
-            continue
-        iy0 = oy0 * sh + (rr.lo[s] - ph + s * dh)
-        for c0, cc in b.tiled(cin, P, "xc"):
-            src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * cin + c0) * sx1
+    stage = (cr.valid() == W and cinw != W and sx2 == 1 and W * dt.itemsize < STAGE_ROW_BYTES)
+    st = b.tile("xstage", Memory.SBUF, g.parts, nch * rr.extent * W, dt, g.xbufs) if stage else None
+    chunks = b.tiled(g.cin, P, "xc") if chunk is None else iter((chunk,))
+    for c0, cc in chunks:
+        ci = c0 // P if chunk is None else 0     # the chunk's place in the tile
+        for s in range(g.stack):                  # copy s: the tile s*dh rows further down
+            vr = rr.valid(s)
+            if not (vr and cr.valid()):
+                continue
+            iy0 = oy0 * sh + (rr.lo[s] - ph + s * dh)
+            src = hbm_ap(x.buffer, dt, x.offset + n * sx0 + (sg * g.cin + c0) * sx1
                          + (iy0 * W + ix0) * sx2, cc, sx1, ((vr, W * sx2), (cr.valid(), sx2)))
             dst = xt.ap(cc, partition_start=s * g.pitch,
-                        elem_offset=c0 // P * area + rr.lo[s] * cinw + cr.lo[0],
+                        elem_offset=ci * area + rr.lo[s] * cinw + cr.lo[0],
                         dims=_dims((cinw, vr), (1, cr.valid())))
             if st is None:
                 b.dma(dst, src)
                 continue
-            rows = st.ap(cc, partition_start=s * g.pitch, elem_offset=c0 // P * rr.extent * W,
+            rows = st.ap(cc, partition_start=s * g.pitch, elem_offset=ci * rr.extent * W,
                          dims=_dims((W, vr), (1, W)))
             b.dma(rows, src)
             b.tensor_copy(dst, rows)
+    return xt
+
+
+def _block(b: TirBuilder, k: KOp, g: ConvPlan, wT, bt, n: Affine, sg: Affine, pa: AffineLike,
+           cob: int, vr: Affine, vc: Affine, rr: Run, cr: Run) -> None:
+    """One output block of one weight pass: its input tile (once, or per 128 output and input
+    channels with ``per_chunk``), then per 128 output channels the products, the evacuation
+    (bias, cast) and the store."""
+    a = k.attrs
+    y = k.outs[0]
+    Wo = a.out_hw[1]
+    (sh, sw), dh, dw = a.stride, a.dilation[0], a.dilation[1]
+    cinw = cr.extent
+    area = rr.extent * cinw
+    nu = len(g.units)
+    oy0 = (vr + rr.first) * g.R                   # first output row / column of the block
+    ox0 = (vc + cr.first) * g.Cw
+    xt = None if g.per_chunk else _load_x(b, k, g, n, sg, oy0, ox0, rr, cr, None)
     pix = rr.size * cr.size
     if y.rank == 4:                  # a strided view (a phase of a data gradient)
         so0, so1, soh, so2 = y.strides
     else:
         so0, so1, so2 = y.strides
         soh = Wo * so2
-    for o0, ow in b.tiled(cout, P, "co"):
+    for o0, ow in b.tiled(cob, P, "co"):
         acc = b.tile("acc", Memory.PSUM, ow, FREE_MAX, F32, 2)
-        for c0, cc in b.tiled(cin, P, "ci"):
+        for c0, cc in b.tiled(g.cin, P, "ci"):
+            if g.per_chunk:
+                xt = _load_x(b, k, g, n, sg, oy0, ox0, rr, cr, (c0, cc))
+            base = 0 if g.per_chunk else c0 // P * area
             for u, (kh0, rs, kw) in enumerate(g.units):
                 kp = g.kparts(rs, cc)
-                mov = xt.ap(kp, elem_offset=c0 // P * area + kh0 * dh * cinw + kw * dw,
+                mov = xt.ap(kp, elem_offset=base + kh0 * dh * cinw + kw * dw,
                             dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
-                stat = wT.ap(kp, elem_offset=(c0 // P * nu + u) * cout + o0, dims=((1, ow),))
+                stat = wT.ap(kp, elem_offset=(c0 // P * nu + u) * cob + o0, dims=((1, ow),))
                 b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov,
                          start_when=(c0,) if u == 0 else (1,))
         res = b.tile("yout", Memory.SBUF, ow, pix, y.dtype, OUT_BUFS)
@@ -406,6 +389,6 @@ def _block(b: TirBuilder, k: KOp, g: _Geo, wT, bt, n: Affine, sg: Affine, vr: Af
                          bias_ap=bt.ap(ow, elem_offset=o0 // P, dims=((1, 1),)))
         else:
             b.tensor_copy(res.ap(), src)
-        dst = hbm_ap(y.buffer, y.dtype, y.offset + n * so0 + (sg * cout + o0) * so1
+        dst = hbm_ap(y.buffer, y.dtype, y.offset + n * so0 + (sg * g.cout + pa + o0) * so1
                      + oy0 * soh + ox0 * so2, ow, so1, ((rr.size, soh), (cr.size, so2)))
         b.dma(dst, res.ap())

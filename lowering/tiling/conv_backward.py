@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from lowering.errors import Unsupported
 from lowering.kir import ConvWgradKAttrs, KOp
-from lowering.tiling.conv import Run, _blocks, _dims, runs
+from lowering.tiling.conv import Run, _dims, runs
+from lowering.tiling.conv_plan import blocks as _blocks
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
