@@ -16,6 +16,12 @@ What is logged, at which level
 - Artifacts (``trace_structured("artifact", ...)``): ``neuron_compiler_graph`` once per compiled
   ATen graph (JSON: partition table and fallback table); ``neuron_compiler_partition`` once per
   partition specialisation (JSON: compile time, instructions per queue, cache hit).
+- Each artifact carries the compile id (``[frame/compile]`` in tlparse) of the Dynamo compile
+  its graph came from. The graph artifact is emitted inside that compile, where
+  ``torch._guards.CompileContext`` holds the id. A partition is compiled lazily at its first
+  call, after Dynamo's compile has returned (no context then, and tlparse would file it under
+  ``[-/-]``): its owner takes ``current_compile_id()`` when the graph is compiled and passes it
+  as ``artifact(..., compile_id=...)``. A compile context active at emission wins over it.
 
 Invariants
 - Registering is idempotent (``register_log`` only when the alias is unknown) and tolerant of
@@ -60,8 +66,20 @@ def _register() -> bool:
 REGISTERED = _register()
 
 
-def artifact(name: str, payload: Callable[[], object]) -> None:
-    """Emit a JSON tlparse artifact ``name``; ``payload`` is called only when tracing is on."""
+def current_compile_id() -> object | None:
+    """The ``torch._guards.CompileId`` of the Dynamo compile running now (None outside one).
+    Take it while a graph is compiled and hand it to ``artifact`` for what is emitted later."""
+    try:
+        from torch._guards import CompileContext
+    except ImportError:  # pragma: no cover - torch without torch._guards
+        return None
+    return CompileContext.current_compile_id()
+
+
+def artifact(name: str, payload: Callable[[], object], compile_id: object | None = None) -> None:
+    """Emit a JSON tlparse artifact ``name``; ``payload`` is called only when tracing is on.
+    ``compile_id`` (a ``CompileId`` from ``current_compile_id()``) files it under that compile
+    when no compile context is active (a lazily compiled partition)."""
     try:
         from torch._logging import trace_structured
     except ImportError:  # pragma: no cover
@@ -71,4 +89,5 @@ def artifact(name: str, payload: Callable[[], object]) -> None:
         metadata_fn=lambda: {"name": name, "encoding": "json"},
         payload_fn=lambda: json.dumps(payload(), sort_keys=True),
         expect_trace_id=False,
+        compile_id=compile_id,  # type: ignore[arg-type]
     )
