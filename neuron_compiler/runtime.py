@@ -22,22 +22,6 @@ Invariants
   ``NeuronInternalError`` naming the graph, the partition, the signature and the op(s) (a bug;
   never a fallback).
 
-Program cache (``PROGRAM_CACHE``, process-wide)
-- Key: a structural hash of the specialised partition graph (node order, ops, arguments with
-  node references as positions, every node's shape/stride/dtype, the bytes of ``get_attr``
-  tensors; not node names), the input specs, the target, every option except the run-time-only
-  ``dump_dir``/``sim_mode``/``fallback``, and the lowering entry point itself. Equal keys lower
-  to the same program, so identical partitions (BERT's 12 layers) are lowered once; an
-  ``Unsupported`` result is cached the same way.
-- Entries live as long as some partition uses them (weak values): no program outlives the
-  models that use it. A dumped compile replays the cached stage files into its own dump
-  directory (plus ``cache_hit.txt``); an entry lowered without a dump is lowered again when a
-  dump is asked for (so dumps are complete).
-- On a miss, the on-disk compile cache (``cache_dir``, ``neuron_compiler.cache``) is asked
-  next, keyed on the same structure plus the target description and the compiler's versions;
-  a graph whose key holds object ids (``call_module``, non-tensor ``get_attr``) never uses
-  it. A program lowered here is stored there; its stage files travel with it, so a dump of a
-  disk hit is complete too (an entry stored without them is lowered again when a dump asks).
 
 Residency (``RESIDENCY``, process-wide): where the current data of each live tensor is
 - A tensor is identified by its Python object (weakly referenced) and its data by its
@@ -71,8 +55,6 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
 """
 from __future__ import annotations
 
-import hashlib
-import operator
 import os
 import re
 import time
@@ -90,15 +72,21 @@ from torch.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from neuron_compiler.cache import CacheEntry, DiskCache, cache_key, disk_cache
+from neuron_compiler.cache import DiskCache, cache_key, disk_cache
 from neuron_compiler.dump import instructions_per_queue
-from neuron_compiler.errors import NeuronFallbackError, NeuronInternalError
+from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
+                                    NeuronInternalError, NeuronRunError)
 from neuron_compiler.logs import artifact, log
 from neuron_compiler.options import NeuronOptions
 from neuron_compiler.partition import is_compute_node, lowering_api, op_name
+from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
+                                           _process_local, _Program, _to_disk,
+                                           program_cache_info, program_key)  # noqa: F401 (re-export)
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
                                      active_profiles, graph_call)
 from runtime_sim.costs import host_transfer_ns
+from runtime_sim.errors import MachineError
+from runtime_sim.isa import Memory
 from runtime_sim.targets import get_target
 
 Signature = tuple
@@ -176,6 +164,24 @@ def describe_signature(sig: Signature) -> str:
     for kind, *rest in sig:
         parts.append(f"{rest[1]}{list(rest[0])}" if kind == "T" else f"{rest[0]!r}")
     return "(" + ", ".join(parts) + ")"
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+# HBM per chip, hardware.md "Generations" table (ARCH1/ARCH2/ARCH3 there): trn1 32 GiB, trn2
+# 96 GiB, trn3 144 GiB, shared by the chip's NeuronCores. ``runtime_sim.targets.Target`` has no
+# capacity field (yet); when it gets ``hbm_bytes_per_core``, that is used instead.
+_HBM_BYTES_PER_CHIP = {"trn1": 32 << 30, "trn2": 96 << 30, "trn3": 144 << 30}
+
+
+def hbm_capacity_bytes(target: object) -> int:
+    """HBM bytes one NeuronCore of ``target`` may use: its chip's HBM / cores per chip."""
+    own = getattr(target, "hbm_bytes_per_core", None)
+    if own is not None:
+        return int(own)
+    return _HBM_BYTES_PER_CHIP[target.name] // target.cores_per_chip  # type: ignore[attr-defined]
 
 
 # ---- graph surgery -----------------------------------------------------------------------------
@@ -342,138 +348,6 @@ def read_on_host(value: object, profs: tuple) -> None:
                 _charge_out(producer, t, profs)
 
 
-# ---- process-wide program cache ----------------------------------------------------------------
-_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_dir"})
-
-
-@dataclass(eq=False)
-class _Program:
-    """One lowering result, shared by every identical partition specialisation."""
-
-    origin: str                                   # "<graph>/<partition> <signature>"
-    stage_files: list[tuple[str, str]] | None     # dump files of that lowering (None: no dump)
-    compiled: object | None = None                # lowering CompiledGraph
-    unsupported: Exception | None = None          # or the Unsupported it raised
-    on_disk: set[str] = field(default_factory=set)  # cache directories that hold it
-
-
-class ProgramCache:
-    """Structural key -> ``_Program``, held weakly (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple, need_stage_files: bool = False) -> _Program | None:
-        prog = self._entries.get(key)
-        if prog is None or (need_stage_files and prog.stage_files is None):
-            self.misses += 1
-            return None
-        self.hits += 1
-        return prog
-
-    def put(self, key: tuple, prog: _Program) -> None:
-        self._entries[key] = prog
-
-    def info(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries)}
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.hits = self.misses = 0
-
-
-PROGRAM_CACHE = ProgramCache()
-
-
-def program_cache_info() -> dict[str, int]:
-    """Process-wide program-cache counts: ``hits``, ``misses`` and live ``entries``."""
-    return PROGRAM_CACHE.info()
-
-
-class _Ref:
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-    def __repr__(self) -> str:
-        return f"%{self.i}"
-
-
-def _val_key(v: object) -> object:
-    if isinstance(v, torch.Tensor):
-        return ("T", tuple(str(s) for s in v.shape), tuple(str(s) for s in v.stride()),
-                str(v.dtype))
-    if isinstance(v, (tuple, list)):
-        return tuple(_val_key(x) for x in v)
-    return repr(v)
-
-
-def _target_key(gm: GraphModule, n: Node) -> object:
-    if n.op == "call_function":
-        t = n.target
-        if isinstance(t, torch._ops.OpOverload):
-            return str(t)
-        return f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', repr(t))}"
-    if n.op == "get_attr":
-        value = operator.attrgetter(str(n.target))(gm)
-        if isinstance(value, torch.Tensor):
-            digest = hashlib.sha256(to_numpy(value).tobytes()).hexdigest()
-            return ("tensor", tuple(value.shape), str(value.dtype), digest)
-        return ("object", id(gm), str(n.target))   # never shared across graph modules
-    if n.op in ("call_module", "call_method"):
-        return (n.op, id(gm), str(n.target))
-    return None                                     # placeholder/output: position is enough
-
-
-def _process_local(gm: GraphModule) -> bool:
-    """True when ``program_key`` keys ``gm`` by object ids (see ``_target_key``)."""
-    for n in gm.graph.nodes:
-        if n.op in ("call_module", "call_method"):
-            return True
-        if n.op == "get_attr" and not isinstance(operator.attrgetter(str(n.target))(gm),
-                                                 torch.Tensor):
-            return True
-    return False
-
-
-def _to_disk(prog: _Program) -> CacheEntry:
-    exc = prog.unsupported
-    return CacheEntry(prog.origin, prog.compiled,
-                      None if exc is None else (str(getattr(exc, "op", "?")),
-                                                str(getattr(exc, "reason", exc))),
-                      prog.stage_files)
-
-
-def _from_disk(entry: CacheEntry | None, api: object, need_stage_files: bool) -> _Program | None:
-    """The ``_Program`` of a disk entry (None: no entry, or no stage files when a dump needs
-    them: then it is lowered again, and stored again with them)."""
-    if entry is None or (need_stage_files and entry.stage_files is None):
-        return None
-    prog = _Program(entry.origin, entry.stage_files, entry.compiled)
-    if entry.unsupported is not None:
-        prog.unsupported = api.Unsupported(*entry.unsupported)  # type: ignore[attr-defined]
-    return prog
-
-
-def program_key(gm: GraphModule, specs: list, options: NeuronOptions,
-                compiler: object) -> tuple:
-    """The structural key of a specialised partition (see the module docstring)."""
-    h = hashlib.sha256()
-    index: dict[Node, int] = {}
-    for n in gm.graph.nodes:
-        index[n] = len(index)
-        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _Ref(index[a]))
-        h.update(repr((n.op, _target_key(gm, n), args, _val_key(n.meta.get("val")))).encode())
-        h.update(b"\n")
-    opts = tuple(sorted((k, repr(v)) for k, v in options.to_dict().items()
-                        if k not in _RUNTIME_ONLY_OPTIONS))
-    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype), s.resident) for s in specs), opts,
-            compiler)
-
-
 # ---- eager fallback ----------------------------------------------------------------------------
 def _is_view_op(op: object) -> bool:
     return isinstance(op, torch._ops.OpOverload) and bool(getattr(op, "is_view", False))
@@ -559,6 +433,8 @@ class DevicePartition(torch.nn.Module):
 
     def _forward(self, args: tuple) -> object:
         sig = signature(args)
+        if self.options.sim_mode == "functional":
+            self._check_inputs(args)             # before the compile: it needs no program
         entry = self._cache.get(sig)
         if entry is None:
             # the compile runs without the caller's dispatch modes: AOTAutograd's first-call
@@ -567,6 +443,8 @@ class DevicePartition(torch.nn.Module):
             with _disable_current_modes():
                 entry = self._prepare(sig, args)
             self._cache[sig] = entry
+        if self.options.sim_mode == "functional" and entry.failure is None:
+            self._check_fits(entry)
         profs = active_profiles()
         if entry.failure is not None:
             for p in profs:
@@ -576,18 +454,10 @@ class DevicePartition(torch.nn.Module):
         compiled = entry.compiled
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         sent, sent_bytes = self._inputs_to_device(tensors, profs, compiled.input_layouts)
-        if self.options.sim_mode == "timing":
-            out = self.sub(*args)
-            _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]
-            outs = list(out) if self.returns_tuple else [out]
-        else:
-            arrays = [to_numpy(a) for a in tensors]
-            outs_np, result = compiled.run(arrays, mode="functional")  # type: ignore[union-attr]
-            if len(outs_np) != len(entry.out_meta):
-                raise RuntimeError(f"{self.graph.name}/{self.name}: program returned "
-                                   f"{len(outs_np)} outputs, graph has {len(entry.out_meta)}")
-            outs = [from_numpy(a, m) for a, m in zip(outs_np, entry.out_meta)]
-            out = tuple(outs) if self.returns_tuple else outs[0]
+        try:
+            out, outs, result = self._run(entry, args, tensors)
+        except MachineError as exc:   # the program breaks a machine rule: a compiler bug
+            raise self._internal_error(exc, self.sub, sig, NeuronRunError) from exc
         if self.dump is not None and not entry.stats_dumped:
             entry.stats_dumped = True
             self.dump.write_partition_stats(self.name, sig, result.stats)  # type: ignore
@@ -603,6 +473,60 @@ class DevicePartition(torch.nn.Module):
                 if not RESIDENCY.produced(o, self.target.name, producer):
                     _charge_out(producer, o, profs)    # untracked: it leaves the device at once
         return out
+
+    def _input_names(self) -> list[str]:
+        return [n.name for n in self.sub.graph.nodes if n.op == "placeholder"]
+
+    def _check_inputs(self, args: tuple) -> None:
+        """Functional mode needs every input's values on the host, and all of them in HBM."""
+        where = f"device partition {self.graph.name}/{self.name}"
+        named = [(n, a) for n, a in zip(self._input_names(), args) if isinstance(a, torch.Tensor)]
+        for name, a in named:
+            if a.device.type != "cpu":
+                raise NeuronInputError(
+                    f"{where}: input {name} ({_describe(a)}) is on the {a.device.type} device; "
+                    f"sim_mode='functional' computes values from the input's data, so it needs "
+                    f"CPU tensors (sim_mode='timing' times the program without reading them)")
+        self._check_capacity("its inputs", [(f"{n} ({_describe(a)})", tensor_bytes(a))
+                                            for n, a in named])
+
+    def _check_fits(self, entry: _Compiled) -> None:
+        """The program's HBM buffers (inputs, outputs, temporaries) must fit the target's HBM
+        before the simulator allocates and runs them."""
+        self._check_capacity(
+            "its program's HBM buffers (inputs, outputs, temporaries)",
+            [(f"buffer {b.name}", b.partitions * b.bytes_per_partition)
+             for b in entry.compiled.program.buffers  # type: ignore[union-attr]
+             if b.memory is Memory.HBM])
+
+    def _check_capacity(self, what: str, items: list[tuple[str, int]]) -> None:
+        """Raise ``NeuronInputError`` when ``items`` ((name, bytes), all in HBM at once) exceed
+        one NeuronCore's HBM; the message names the largest three."""
+        total, capacity = sum(b for _, b in items), hbm_capacity_bytes(self.target)
+        if total <= capacity:
+            return
+        largest = ", ".join(f"{n}: {b:,} bytes" for n, b in sorted(items, key=lambda i: -i[1])[:3])
+        raise NeuronInputError(
+            f"device partition {self.graph.name}/{self.name}: {what} need {total:,} bytes of "
+            f"HBM, more than the {capacity:,} bytes of one {self.target.name} NeuronCore "
+            f"(largest: {largest}); sim_mode='functional' refuses it before simulating "
+            f"(sim_mode='timing' still times the program)")
+
+    def _run(self, entry: _Compiled, args: tuple, tensors: list[torch.Tensor]) -> tuple:
+        """Run ``entry``'s program on ``args``: (out as the graph returns it, its list, the
+        simulation result)."""
+        compiled = entry.compiled
+        if self.options.sim_mode == "timing":
+            out = self.sub(*args)
+            _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]
+            return out, list(out) if self.returns_tuple else [out], result
+        arrays = [to_numpy(a) for a in tensors]
+        outs_np, result = compiled.run(arrays, mode="functional")  # type: ignore[union-attr]
+        if len(outs_np) != len(entry.out_meta):
+            raise RuntimeError(f"{self.graph.name}/{self.name}: program returned "
+                               f"{len(outs_np)} outputs, graph has {len(entry.out_meta)}")
+        outs = [from_numpy(a, m) for a, m in zip(outs_np, entry.out_meta)]
+        return tuple(outs) if self.returns_tuple else outs[0], outs, result
 
     def _inputs_to_device(self, tensors: list[torch.Tensor], profs: tuple,
                           layouts: tuple = ()) -> tuple[int, int]:
@@ -750,14 +674,21 @@ class DevicePartition(torch.nn.Module):
             raise err from exc
         return prog
 
-    def _internal_error(self, exc: Exception, gm: GraphModule,
-                        sig: Signature) -> NeuronInternalError:
+    def _internal_error(self, exc: Exception, gm: GraphModule, sig: Signature,
+                        kind: type[NeuronInternalError] = NeuronInternalError
+                        ) -> NeuronInternalError:
+        """``exc`` as a ``kind`` naming the ATen nodes involved: those of the failing
+        instruction's tag (``k<i>:<kernel kind>:<node>,<node>...``, set by the lowering) when
+        the error names an instruction, else those its message mentions, else every op."""
+        tag = getattr(getattr(exc, "instr", None), "tag", "") or ""
+        tagged = set(tag.rsplit(":", 1)[-1].split(",")) if tag else set()
         msg = str(exc)
-        named = [f"{op_name(n)} (node {n.name})" for n in gm.graph.nodes if is_compute_node(n)
-                 and re.search(rf"(?<![\w.]){re.escape(n.name)}(?!\w)", msg)]
+        nodes = [n for n in gm.graph.nodes if is_compute_node(n)]
+        named = [n for n in nodes if n.name in tagged] or [
+            n for n in nodes if re.search(rf"(?<![\w.]){re.escape(n.name)}(?!\w)", msg)]
         every = [f"{op} x{c}" for op, c in sorted(self.ops.items())]
-        return NeuronInternalError(self.graph.name, self.name, describe_signature(sig),
-                                   named or every, every, exc)
+        return kind(self.graph.name, self.name, describe_signature(sig),
+                    [f"{op_name(n)} (node {n.name})" for n in named] or every, every, exc)
 
     def _node_reason(self, node: Node, exc: Exception, sig: Signature) -> str:
         if op_name(node) == str(getattr(exc, "op", "")):
