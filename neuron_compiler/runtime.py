@@ -9,7 +9,12 @@
 - ``FallbackOp`` replaces each eager fallback node and measures its host wall time.
 - ``torch.profiler`` sees each device-partition call as a ``record_function`` range named
   ``neuron partition: <graph>/<partition>`` (its compile, when it is the first call, included)
-  and each fallback op as ``neuron fallback: <aten op>``.
+  and each fallback op as ``neuron fallback: <aten op>``. A partition range lasts the HOST time
+  of the call (the simulator's CPU time, or eager PyTorch's in timing mode), not the device's:
+  so inside it, once the program has run, a second, instantaneous range is opened whose name
+  carries the simulated device time of that call: ``neuron device time: <graph>/<partition>
+  <us> us simulated on <target>`` (the same figure as the profile's ``simulated_time_us`` for
+  the call). Its own duration is meaningless (~0); read the figure from its name.
 - ``NeuronGraph`` is the callable handed back to AOTAutograd; each call runs inside
   ``profile.graph_call`` (counted, filed as warm-up or steady state).
 
@@ -90,6 +95,7 @@ from runtime_sim.isa import Memory
 from runtime_sim.targets import get_target
 
 Signature = tuple
+DEVICE_TIME_RANGE = "neuron device time: "   # prefix of the profiler range of simulated time
 
 _BITCAST: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
     torch.bfloat16: (torch.int16, np.dtype(ml_dtypes.bfloat16)),
@@ -458,6 +464,11 @@ class DevicePartition(torch.nn.Module):
             out, outs, result = self._run(entry, args, tensors)
         except MachineError as exc:   # the program breaks a machine rule: a compiler bug
             raise self._internal_error(exc, self.sub, sig, NeuronRunError) from exc
+        if torch.autograd._profiler_enabled():
+            us = result.stats.total_ns / 1e3
+            with record_function(f"{DEVICE_TIME_RANGE}{self.graph.name}/{self.name} {us:.3f} us "
+                                 f"simulated on {self.target.name}"):
+                pass
         if self.dump is not None and not entry.stats_dumped:
             entry.stats_dumped = True
             self.dump.write_partition_stats(self.name, sig, result.stats)  # type: ignore

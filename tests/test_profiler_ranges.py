@@ -3,10 +3,13 @@ as AWS's Neuron profiler names the engines."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 import torch
 
 import neuron_compiler
+from neuron_compiler.runtime import DEVICE_TIME_RANGE
 from runtime_sim.trace import track_label
 
 
@@ -55,3 +58,23 @@ def test_track_label():
     assert [track_label(q) for q in ("pe", "dve", "act", "pool", "dma12", "other")] == [
         "pe (TensorE)", "dve (VectorE)", "act (ScalarE)", "pool (GpSimdE)",
         "dma12 (DMA queue 12)", "other"]
+
+
+def test_partition_range_carries_the_simulated_device_time():
+    """The partition's range lasts the simulator's host time; a range inside it names the
+    simulated device time of the call (the profile's figure), much smaller here."""
+    f = _compile(lambda x, w: torch.softmax(x @ w, dim=-1))
+    x, w = torch.randn(64, 96), torch.randn(96, 80)
+    f(x, w)
+    with torch.profiler.profile() as prof, neuron_compiler.profile() as ours:
+        f(x, w)
+    (part,) = ours.to_dict()["partitions"]
+    events = list(prof.events())
+    (outer,) = [e for e in events if e.name == f"neuron partition: {part['name']}"]
+    (inner,) = [e for e in events if e.name.startswith(DEVICE_TIME_RANGE)]
+    match = re.fullmatch(rf"{DEVICE_TIME_RANGE}(\S+) ([\d.]+) us simulated on trn2", inner.name)
+    assert match and match.group(1) == part["name"], inner.name
+    assert float(match.group(2)) == pytest.approx(part["simulated_time_us"], abs=1e-3)
+    start, end = outer.time_range.start, outer.time_range.end
+    assert start <= inner.time_range.start <= inner.time_range.end <= end   # nested in it
+    assert outer.cpu_time_total > 10 * part["simulated_time_us"]    # host time >> device time
