@@ -1,7 +1,12 @@
 """``neuron-eval --html``: one self-contained file, no network resource, rendered in headless
-Chromium (skipped where no Chromium is installed) and the screenshot is not blank."""
+Chromium (skipped where no Chromium is installed) and the screenshot is not blank; regressions
+at the top of the page, equal percentiles said in words instead of three equal bars, sizes in
+human units."""
 from __future__ import annotations
 
+import copy
+import html
+import json
 import re
 import shutil
 import struct
@@ -11,6 +16,7 @@ import zlib
 import pytest
 import torch
 
+from neuron_compiler.eval.baseline import Limits, compare
 from neuron_compiler.eval.cli import main
 from neuron_compiler.eval.html_report import render_html
 
@@ -21,9 +27,65 @@ def page(tmp_path_factory):
     d = tmp_path_factory.mktemp("html")
     path = d / "report.html"
     assert main(["--quiet", "zoo:mlp", "--targets", "trn2,trn3", "--iters", "2",
-                 "--html", str(path)]) == 0
+                 "--html", str(path), "--json", str(d / "report.json")]) == 0
     torch._dynamo.reset()
     return path
+
+
+@pytest.fixture
+def report(page):
+    return json.loads((page.parent / "report.json").read_text())
+
+
+def _bar_titles(text: str) -> list[str]:
+    return re.findall(r"<rect [^>]*><title>([^<:]+):", text)
+
+
+def test_equal_percentiles_are_said_not_drawn_as_three_bars(page, report):
+    text = page.read_text()
+    for t in ("trn2", "trn3"):   # no fallback: every call has the same simulated time
+        lat = report["targets"][t]["latency_us"]
+        assert lat["p50"] == lat["p90"] == lat["p99"]
+        assert f"{t}: p50 = p90 = p99 = {lat['p50']:,.2f} us over 2 measured call(s)" in text
+    titles = _bar_titles(text)
+    assert titles.count("p50 = p90 = p99") == 2 and "p90" not in titles and "p99" not in titles
+    spread = copy.deepcopy(report)   # a target with a spread keeps its three bars
+    spread["targets"]["trn3"]["latency_us"].update(p90=2e3, p99=3e3)
+    titles = _bar_titles(render_html(spread, 0))
+    assert titles.count("p50 = p90 = p99") == 1
+    assert {"p50", "p90", "p99"} <= set(titles)
+
+
+def test_regressions_are_at_the_top_of_the_page(report):
+    hbm = report["targets"]["trn2"]["memory"]["hbm_bytes"]
+    report["regressions"] = [{"target": "trn2", "metric": "memory.hbm_bytes",
+                              "baseline": hbm // 2, "current": hbm, "change": 1.0,
+                              "threshold": 0.1, "message": "HBM grew (test)"}]
+    report["baseline"] = {"path": "ci/base.json", "metrics_compared": 9, "targets": ["trn2"],
+                          "limits": {"max_slowdown": 0.1, "max_memory_growth": 0.1,
+                                     "max_share_drop": 0.0, "max_compile_slowdown": None},
+                          "regressions": 1, "versions": {"torch": "2.13.0"}}
+    text = render_html(report, 1)
+    top = text.index('<div class="alert">')
+    assert top < text.index("Regressions against the baseline (1)") < text.index("<svg")
+    assert text.index("HBM grew (test)") < text.index("<svg")
+    assert text.index("Baseline: compared with ci/base.json") < text.index("<svg")
+    assert "regression against the baseline" in text[:top]   # the verdict says why
+
+
+def test_html_prints_sizes_in_human_units(report):
+    """The page, with the regressions a baseline of half the HBM and latency gives."""
+    baseline = copy.deepcopy(report)
+    for t in baseline["targets"].values():
+        t["memory"]["hbm_bytes"] //= 2
+        t["latency_us"]["p50"] /= 2
+    report["regressions"] = compare(report, baseline, Limits())
+    assert {r["metric"] for r in report["regressions"]} >= {"memory.hbm_bytes"}
+    text = html.unescape(re.sub(r"<[^>]+>", " ", render_html(report, 1)))
+    assert not re.search(r"\d\.?\d*e\+\d\d", text)
+    assert re.search(r"HBM \d+\.\d\d KB -> \d+\.\d\d KB", text)
+    assert re.search(r"p50 latency \d+\.\d\d us -> \d+\.\d\d us", text)
+    assert re.search(r"\d+\.\d\d [KMG]B / \d+\.\d\d GB", text)   # HBM used / core capacity
 
 
 def test_html_is_self_contained(page):

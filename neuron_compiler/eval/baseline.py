@@ -71,11 +71,13 @@ def _get(d: dict, dotted: str) -> float | None:
 
 def fmt_value(metric: str, v: float) -> str:
     """``v`` of ``metric`` for a person: bytes in B/KB/MB/GB, times in us or s, shares in %."""
-    if metric.endswith("_bytes"):
+    unit = next((u for u in ("_bytes", "_us", "_s") if any(part.endswith(u) for part
+                                                          in metric.split("."))), None)
+    if unit == "_bytes":
         return _bytes(v)
-    if metric.endswith("_us"):
+    if unit == "_us":
         return f"{v:,.2f} us"
-    if metric.endswith("_s"):
+    if unit == "_s":
         return f"{v:,.2f} s"
     if metric.startswith("device_share"):
         return f"{100 * v:.1f}%"

@@ -4,9 +4,9 @@ Phases, in order (each target is compiled afresh after ``torch._dynamo.reset()``
 1. eager reference (``torch.no_grad()``): ``--warmup`` + ``--iters`` eager calls, the same
    counts as the device figures, each on fresh input copies (copied outside the timer); the
    reference outputs are the first call's, ``eager_time_ms`` is the p50 of the ``--iters``
-   timed calls after the warm-up (the first, cold call is reported beside it); one more eager call under
-   ``FlopCounterMode`` and a live-tensor tracker gives the model's FLOPs and its peak of live
-   intermediate bytes (the activation estimate);
+   timed calls after the warm-up (the first, cold call is reported beside it); one more
+   eager call under ``FlopCounterMode`` and a live-tensor tracker gives the model's FLOPs
+   and its peak of live intermediate bytes (the activation estimate);
 2. ``torch._dynamo.explain``: Dynamo graphs and graph breaks with their reasons;
 3. per target: ``--warmup`` calls (the first compiles), then ``--iters`` calls, each inside
    its own ``neuron_compiler.profile()``; every call gets fresh copies of the inputs, so it pays
