@@ -21,17 +21,24 @@ Property testing (hypothesis; ``pip install hypothesis``, part of the ``test`` e
 - ``assert_matches_eager(fn, *args, ...)``: compile ``fn`` with the backend, run it on the
   simulated device, run it in eager, fail unless it ran on the device (``min_device_fraction``
   of the ATen compute nodes) and every output (and every argument ``fn`` mutates) matches.
-- ``TOLERANCES`` / ``assert_close``: the per-dtype comparison it uses.
+- ``TOLERANCES`` / ``CANCELLATION`` / ``assert_close``: the per-element comparison it uses.
 
 Invariants
 - ``ensure_backends_registered`` only registers ``neuron``/``neuron_sim`` with Dynamo when they
   cannot already be resolved (e.g. running from a source checkout that is not pip-installed);
   it never replaces a registered backend.
-- Tolerances are per dtype (``|actual - expected| <= atol + rtol * |expected|``), ``atol`` scaled
-  by the mean magnitude of the expected result (at least 1) unless given: never by the size of
-  the computation, so a halved, zeroed or negated reduction and a matmul that drops a K tile fail
-  in fp32 and in bf16 (``tests/test_testing_helpers.py`` proves it by injecting such lowerings). NaN must be NaN where eager has NaN; infinities must coincide with
-  their sign; integer and bool results must be equal.
+- Tolerances hold element by element: ``|a - e| <= atol + rtol * |e|`` with the dtype's
+  ``rtol`` (``TOLERANCES``) and, unless ``atol`` is given, the floor
+  ``default_atol(e) = max(atol_dtype, CANCELLATION[dtype] * mean |e|)``: a near-zero element may
+  be a cancellation of terms as large as the typical result, whose rounding noise is a few ulps
+  of that magnitude (fp32: 1e-5 of it; bf16/fp16: about one ulp). Never scaled by the size of
+  the computation, so a halved, zeroed or negated reduction and a matmul that drops a K tile
+  fail in fp32 and in bf16, and a single wrong small element among large ones fails once its
+  error passes the floor (``tests/test_testing_helpers.py`` injects each). NaN must be NaN
+  where eager has NaN; infinities must coincide with their sign; integer and bool results must
+  be equal; with ``check_zero_sign=True`` each zero must have eager's sign.
+- Arguments are copied by ``clone_as_given``: same sizes, strides and storage offset, storage
+  of their own, so ``fn`` sees a transposed or sliced argument as the caller gave it.
 - ``assert_matches_eager`` resets Dynamo (``torch._dynamo.reset()``) before compiling, so every
   call compiles ``fn`` afresh for the shapes it is given (no recompile limit, no stale guard):
   other functions compiled in the process recompile on their next call.
@@ -57,6 +64,19 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
     torch.float8_e4m3fn: (0.125, 2.0 ** -9),   # one ulp (3 mantissa bits); smallest subnormal
     torch.float8_e5m2: (0.25, 2.0 ** -16),
+}
+# The cancellation floor per dtype, as a fraction of the result's mean magnitude: an element near
+# zero may be the difference of terms about as large as the result's typical element, so its
+# rounding noise is a few units in the last place of THAT magnitude, not of its own. fp32 results
+# are accumulated at their own precision (a different summation order shows as ~sqrt(n) ulps of
+# the terms at a long sum's near-zero elements): 1e-5 is about 84 ulps. bf16/fp16 results are
+# accumulated in fp32 and rounded once: about one ulp (1.3 and 1.0). fp8: the atol above.
+CANCELLATION: dict[torch.dtype, float] = {
+    torch.float32: 1e-5,
+    torch.bfloat16: 1e-2,
+    torch.float16: 1e-3,
+    torch.float8_e4m3fn: 2.0 ** -9,
+    torch.float8_e5m2: 2.0 ** -16,
 }
 
 
@@ -113,14 +133,37 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, (0.0, 0.0))
 
 
+def default_atol(expected: torch.Tensor) -> float:
+    """The absolute floor ``assert_close`` uses when no ``atol`` is given:
+    ``max(atol, CANCELLATION[dtype] * mean |expected|)`` over the finite elements (see
+    ``CANCELLATION``). It is the same for every element; each element's own magnitude enters
+    only through ``rtol``, so a small element next to large ones is checked at the floor, not at
+    the large ones' tolerance."""
+    _, a0 = tolerance(expected.dtype)
+    e = expected.detach().cpu().double()
+    fin = e[e.isfinite()]
+    mean = float(fin.abs().mean()) if fin.numel() else 0.0
+    return max(a0, CANCELLATION.get(expected.dtype, 0.0) * mean)
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(x) for x in mask.nonzero()[0].tolist())
+
+
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | None = None,
-                 rtol: float | None = None, what: str = "output") -> None:
+                 rtol: float | None = None, check_zero_sign: bool = False,
+                 what: str = "output") -> None:
     """Fail unless ``actual`` matches ``expected``: same shape and dtype; NaN exactly where
-    ``expected`` has NaN; the same infinities; elsewhere ``|a - e| <= atol + rtol * |e|`` with the
-    dtype's ``TOLERANCES`` unless given (integers and bool: equal). The default ``atol`` is the
-    table's times ``max(1, mean |e|)`` (a long sum's rounding grows with its magnitude); an
-    ``atol`` given is absolute. Either way a halved, zeroed or negated result fails: its largest
-    element is off by at least half of itself, far above ``rtol`` and ``atol``."""
+    ``expected`` has NaN; the same infinities; elsewhere, element by element,
+    ``|a - e| <= atol + rtol * |e|``, with the dtype's ``TOLERANCES`` ``rtol`` unless given and
+    ``default_atol(expected)`` unless ``atol`` is given (an ``atol`` given is absolute).
+    Integers and bool: equal. ``check_zero_sign``: where eager has a zero, the sign of the zero
+    must be the same (-0.0 vs 0.0 fails; ``1 / x`` tells them apart).
+
+    A halved, zeroed or negated result fails: its large elements are off by half of themselves,
+    far above ``rtol``. A single wrong element fails when its error exceeds the floor plus
+    ``rtol`` of its own magnitude, whatever its neighbours' magnitude (fp32: a 0.5 returned as
+    50.5 among 1e6 values fails: the floor is 10)."""
     if not isinstance(actual, torch.Tensor):
         raise AssertionError(f"{what}: expected a tensor, got {type(actual).__name__}")
     if tuple(actual.shape) != tuple(expected.shape):
@@ -131,46 +174,70 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, atol: float | 
     if not e.dtype.is_floating_point:
         bad = a != e
         if bool(bad.any()):
-            i = bad.nonzero()[0].tolist()
+            i = _first(bad)
             raise AssertionError(f"{what}: {int(bad.sum())} of {e.numel()} elements differ; first "
-                                 f"at {i}: {a[tuple(i)].item()} vs eager {e[tuple(i)].item()}")
+                                 f"at {list(i)}: {a[i].item()} vs eager {e[i].item()}")
         return
-    r0, a0 = tolerance(e.dtype)
-    rtol = r0 if rtol is None else rtol
+    rtol = tolerance(e.dtype)[0] if rtol is None else rtol
+    atol = default_atol(e) if atol is None else atol
     a, e = a.double(), e.double()
-    if atol is None:   # relative to the result's typical magnitude (a sum of many terms)
-        fin_e = e[e.isfinite()]
-        atol = a0 * max(1.0, float(fin_e.abs().mean()) if fin_e.numel() else 1.0)
     nan_a, nan_e = a.isnan(), e.isnan()
     if not torch.equal(nan_a, nan_e):
-        i = (nan_a != nan_e).nonzero()[0].tolist()
+        i = _first(nan_a != nan_e)
         raise AssertionError(f"{what}: NaN in {int(nan_a.sum())} elements, eager in "
-                             f"{int(nan_e.sum())}; first mismatch at {i}: {a[tuple(i)].item()} vs "
-                             f"eager {e[tuple(i)].item()}")
+                             f"{int(nan_e.sum())}; first mismatch at {list(i)}: {a[i].item()} vs "
+                             f"eager {e[i].item()}")
     inf_e = e.isinf()
     if not torch.equal(a.isinf(), inf_e) or not torch.equal(a[inf_e], e[inf_e]):
-        bad = (a.isinf() != inf_e) | (inf_e & (a != e))
-        i = bad.nonzero()[0].tolist()
-        raise AssertionError(f"{what}: infinities differ; first at {i}: {a[tuple(i)].item()} vs "
-                             f"eager {e[tuple(i)].item()}")
+        i = _first((a.isinf() != inf_e) | (inf_e & (a != e)))
+        raise AssertionError(f"{what}: infinities differ; first at {list(i)}: {a[i].item()} vs "
+                             f"eager {e[i].item()}")
     fin = ~(nan_e | inf_e)
     err = torch.where(fin, (a - e).abs(), torch.zeros_like(a))
-    excess = err - (atol + rtol * e.abs())
-    bad = fin & (excess > 0)
+    allowed = atol + rtol * e.abs()
+    bad = fin & (err > allowed)
     if bool(bad.any()):
-        i = torch.unravel_index(torch.argmax(torch.where(bad, excess, -math.inf)), e.shape)
-        i = tuple(int(x) for x in i)
+        # the worst element relative to its own allowance (not the largest absolute error)
+        ratio = torch.where(bad, err / allowed.clamp_min(1e-300), -math.inf)
+        i = tuple(int(x) for x in torch.unravel_index(torch.argmax(ratio), e.shape))
         raise AssertionError(
             f"{what}: {int(bad.sum())} of {int(fin.sum())} elements out of tolerance "
-            f"(rtol={rtol:g}, atol={atol:g}); worst at {list(i)}: {a[i].item()!r} vs eager "
-            f"{e[i].item()!r} (max abs error {float(err.max()):g})")
+            f"(|a - e| <= atol + rtol * |e| per element, rtol={rtol:g}, atol={atol:g}); worst at "
+            f"{list(i)}: {a[i].item()!r} vs eager {e[i].item()!r} (error {err[i].item():g}, "
+            f"allowed {allowed[i].item():g}; max abs error {float(err.max()):g})")
+    if check_zero_sign:
+        zero = fin & (e == 0)
+        bad = zero & (a == 0) & (torch.signbit(a) != torch.signbit(e))
+        if bool(bad.any()):
+            i = _first(bad)
+            raise AssertionError(f"{what}: {int(bad.sum())} of {int(zero.sum())} zeros have the "
+                                 f"other sign; first at {list(i)}: {a[i].item()!r} vs eager "
+                                 f"{e[i].item()!r}")
 
 
-def _clone(x: object) -> object:
-    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+def clone_as_given(x: object) -> object:
+    """A copy of every tensor in ``x`` (a pytree) with the same values, sizes, strides and
+    storage offset, in storage of its own (detached): a transposed, sliced or expanded
+    argument reaches ``fn`` as it was given, and eager and compiled runs never share memory.
+    (``Tensor.clone`` would make a sliced tensor contiguous.)"""
+    def one(t: object) -> object:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach()
+        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+        base = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device=t.device)
+        out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        src, dst = t, out
+        for dim, (n, s) in enumerate(zip(t.shape, t.stride())):
+            if s == 0 and n > 1:          # an expanded dim: its elements share one location
+                src, dst = src.narrow(dim, 0, 1), dst.narrow(dim, 0, 1)
+        dst.copy_(src)
+        return out
+    return pytree.tree_map(one, x)
 
 
-def _assert_tree_close(actual: object, expected: object, atol, rtol, what: str) -> None:
+def _assert_tree_close(actual: object, expected: object, atol, rtol, check_zero_sign: bool,
+                       what: str) -> None:
     la, sa = pytree.tree_flatten(actual)
     le, se = pytree.tree_flatten(expected)
     if sa != se:
@@ -178,28 +245,33 @@ def _assert_tree_close(actual: object, expected: object, atol, rtol, what: str) 
     for k, (a, e) in enumerate(zip(la, le)):
         w = what if len(le) == 1 else f"{what}[{k}]"
         if isinstance(e, torch.Tensor):
-            assert_close(a, e, atol=atol, rtol=rtol, what=w)
+            assert_close(a, e, atol=atol, rtol=rtol, check_zero_sign=check_zero_sign, what=w)
         elif a != e and not (isinstance(e, float) and math.isnan(e) and math.isnan(a)):
             raise AssertionError(f"{w}: {a!r} != eager {e!r}")
 
 
 def assert_matches_eager(fn: Callable, *args: object, options: Mapping[str, object] | None = None,
                          atol: float | None = None, rtol: float | None = None,
-                         min_device_fraction: float = 1.0) -> dict:
+                         min_device_fraction: float = 1.0, check_zero_sign: bool = False) -> dict:
     """Compile ``fn`` with the neuron backend, run it on the simulated device and in eager
-    PyTorch (each on its own copy of ``args``), and fail unless it ran on the device (at least
-    ``min_device_fraction`` of its ATen compute nodes) and every output, and every argument
-    ``fn`` mutates, matches eager (``assert_close``: per-dtype ``TOLERANCES`` unless ``atol`` /
-    ``rtol`` are given). Returns ``profile().to_dict()`` of the device run."""
-    expected = fn(*_clone(args))
-    eager_args = _clone(args)
+    PyTorch, and fail unless it ran on the device (at least ``min_device_fraction`` of its ATen
+    compute nodes) and every output, and every argument ``fn`` mutates, matches eager.
+
+    Each run gets its own copy of ``args`` made by ``clone_as_given``: same sizes, strides and
+    storage offset, so a transposed or sliced argument is tested as given. The comparison is
+    ``assert_close``, element by element: ``|a - e| <= atol + rtol * |e|`` with the dtype's
+    ``rtol`` and the floor ``default_atol(e) = max(atol_dtype, CANCELLATION[dtype] * mean |e|)``
+    unless ``atol`` / ``rtol`` are given; ``check_zero_sign=True`` also requires each zero's
+    sign to be eager's. Returns ``profile().to_dict()`` of the device run."""
+    expected = fn(*clone_as_given(args))
+    eager_args = clone_as_given(args)
     fn(*eager_args)                      # the arguments as eager leaves them (in-place ops)
     torch._dynamo.reset()
-    dev_args = _clone(args)
+    dev_args = clone_as_given(args)
     out, prof = run_on_device(compile_for_neuron(fn, options), *dev_args)
     d = assert_ran_on_device(prof, min_device_fraction)
-    _assert_tree_close(out, expected, atol, rtol, "output")
-    _assert_tree_close(dev_args, eager_args, atol, rtol, "argument")
+    _assert_tree_close(out, expected, atol, rtol, check_zero_sign, "output")
+    _assert_tree_close(dev_args, eager_args, atol, rtol, check_zero_sign, "argument")
     return d
 
 

@@ -20,8 +20,8 @@ from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, const
 from lowering.registry import REGISTRY
 from lowering.tiling import TILERS
 from neuron_compiler.runtime import PROGRAM_CACHE
-from neuron_compiler.testing import (TILE_EDGES, assert_close, assert_matches_eager, make_tensor,
-                                     shapes, tensors)
+from neuron_compiler.testing import (TILE_EDGES, assert_close, assert_matches_eager,
+                                     clone_as_given, default_atol, make_tensor, shapes, tensors)
 
 aten = torch.ops.aten
 DTYPES = [torch.float32, torch.bfloat16]
@@ -107,9 +107,81 @@ def test_assert_close_rules():
     with pytest.raises(AssertionError, match="dtype"):
         assert_close(e.double(), e)
     big = torch.full((1000,), 100.0)
-    assert_close(big + 0.015, big)                        # atol scales with the mean magnitude
-    with pytest.raises(AssertionError):
-        assert_close(big + 0.015, big, atol=1e-4)         # an explicit atol is absolute
+    assert_close(big + 0.0105, big)                       # rtol of each element's own magnitude
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_close(big + 0.012, big)
+    assert_close(big + 0.012, big, atol=0.01)             # an explicit atol is absolute
+
+
+@pytest.mark.parametrize("dtype, large, floor", [(torch.float32, 1e6, 10.0),
+                                                 (torch.bfloat16, 1e3, 10.0)])
+def test_a_single_wrong_small_element_among_large_ones_fails(dtype, large, floor):
+    """The floor is CANCELLATION x the mean magnitude (fp32 1e-5, bf16 1e-2), not the old
+    atol x mean (fp32 1e-4 x 1e6 = 100: a 0.5 returned as 50.5 passed)."""
+    e = torch.full((1000,), large, dtype=dtype)
+    e[3] = 0.5
+    assert default_atol(e) == pytest.approx(floor, rel=0.01)
+    a = e.clone()
+    a[3] = 50.5
+    with pytest.raises(AssertionError, match=r"worst at \[3\]: 50.5 vs eager 0.5"):
+        assert_close(a, e)
+    a[3] = 0.5 + 0.9 * floor                             # within the floor: passes
+    assert_close(a, e)
+
+
+def test_a_single_wrong_small_element_fails_the_helper():
+    """End to end: the compiled function (only) corrupts one small element among 1e6 values."""
+    def fn(x):
+        y = x * 2.0
+        if torch.compiler.is_compiling():                 # traced only by torch.compile
+            y = y + (torch.arange(y.shape[0]) == 3).to(y.dtype) * 50.0
+        return y
+    x = torch.full((256,), 5e5)
+    x[3] = 0.25
+    with pytest.raises(AssertionError, match=r"1 of 256 elements out of tolerance.*worst at \[3\]"):
+        assert_matches_eager(fn, x)
+    assert_matches_eager(lambda x: x * 2.0, x)
+
+
+def test_zero_signs_are_compared_when_asked():
+    def fn(x):
+        y = x * 0.0                                       # -0.0 where x < 0
+        if torch.compiler.is_compiling():
+            y = y + 0.0                                   # -0.0 + 0.0 = +0.0: the sign is lost
+        return y
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+    assert_matches_eager(fn, x)                           # by default zeros compare equal
+    with pytest.raises(AssertionError, match="2 of 4 zeros have the other sign; first at \\[0\\]"):
+        assert_matches_eager(fn, x, check_zero_sign=True)
+    assert_matches_eager(lambda x: x * 0.0, x, check_zero_sign=True)
+    with pytest.raises(AssertionError, match="other sign"):
+        assert_close(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]), check_zero_sign=True)
+
+
+@pytest.mark.parametrize("view", ["transposed", "sliced"])
+def test_strided_arguments_are_passed_as_given(view):
+    base = make_tensor((129, 130), torch.float32, 5)
+    x = base.t() if view == "transposed" else base[1:, 3::2]
+    seen: list[tuple] = []
+
+    def fn(x):
+        seen.append((tuple(x.stride()), x.storage_offset()))   # eager, and while Dynamo traces
+        return x.exp() * 2.0
+
+    assert_matches_eager(fn, x)
+    assert seen and all(s == (x.stride(), x.storage_offset()) for s in seen), (seen, x.stride())
+    c = clone_as_given(x)
+    assert c.stride() == x.stride() and c.storage_offset() == x.storage_offset()
+    assert torch.equal(c, x) and c.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_clone_as_given_keeps_expanded_and_empty_tensors():
+    for t in (torch.randn(1, 5).expand(4, 5), torch.randn(3, 4)[None].expand(2, 3, 4),
+              torch.empty(0, 3), torch.randn(4, 6)[:, 1:4].t()):
+        c = clone_as_given(t)
+        assert (c.shape, c.stride(), c.storage_offset()) == (t.shape, t.stride(),
+                                                              t.storage_offset())
+        assert torch.equal(c, t)
 
 
 def test_strategies_cross_tile_edges_and_draw_special_values():
