@@ -46,7 +46,9 @@ def test_equal_percentiles_are_said_not_drawn_as_three_bars(page, report):
     for t in ("trn2", "trn3"):   # no fallback: every call has the same simulated time
         lat = report["targets"][t]["latency_us"]
         assert lat["p50"] == lat["p90"] == lat["p99"]
-        assert f"{t}: p50 = p90 = p99 = {lat['p50']:,.2f} us over 2 measured call(s)" in text
+        assert f"{t} {lat['p50']:,.2f} us" in text and f"{lat['p50']:,.2f} (all three equal)" \
+            in text
+    assert "p50 = p90 = p99 (trn2 " in text and "2 measured call(s)): every measured call" in text
     titles = _bar_titles(text)
     assert titles.count("p50 = p90 = p99") == 2 and "p90" not in titles and "p99" not in titles
     spread = copy.deepcopy(report)   # a target with a spread keeps its three bars

@@ -9,8 +9,9 @@ steady state per target), ``accuracy`` (per-output metrics and per-dtype thresho
 ``report`` (terminal table), ``html_report`` (``--html``), ``cli`` (flags, exit codes). The JSON schema is in docs/eval.md.
 
 Invariants
-- Exit codes (DESIGN.md): 0 all holds, 1 accuracy failure or regression, 2 usage error,
-  3 the model does not compile.
+- Exit codes (DESIGN.md, docs/eval.md, ``cli.py``): 0 all holds, 1 accuracy failure or
+  regression, 2 usage error, 3 the model fails (its factory raises, or it does not run or
+  compile), 4 a bug of neuron-eval.
 - Importing this package imports neither transformers nor the lowering.
 """
 from __future__ import annotations

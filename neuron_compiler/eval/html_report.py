@@ -109,14 +109,9 @@ def _charts(report: dict) -> list[str]:
     out = [bar_chart("Steady-state latency per target (us)",
                      [(t, _percentile_bars(d["latency_us"])) for t, d in targets.items()],
                      " us")]
-    same = [f"{t}: p50 = p90 = p99 = {d['latency_us']['p50']:,.2f} us over "
-            f"{len(d['latency_us']['samples'])} measured call(s)"
-            + (" (one call: no spread to show)" if len(d["latency_us"]["samples"]) == 1 else
-               " (every call took the same time: the simulated device time is deterministic "
-               "and no eager fallback added noise)")
-            for t, d in targets.items() if _all_equal(d["latency_us"])]
+    same = [t for t, d in targets.items() if _all_equal(d["latency_us"])]
     if same:
-        out.append(f'<p class="note">{"<br>".join(_e(x) for x in same)}</p>')
+        out.append(f'<p class="note">{_e(_equal_note(targets, same))}</p>')
     out += [bar_chart("Where the p50 latency goes (us)",
                      [(t, [("simulated device", d["latency_us"]["simulated_us"]),
                            ("host transfer", d["latency_us"]["transfer_us"]),
@@ -150,6 +145,17 @@ def _charts(report: dict) -> list[str]:
 def _all_equal(lat: dict) -> bool:
     p50 = lat["p50"]
     return all(abs(lat[k] - p50) <= 1e-9 * max(abs(p50), 1e-30) for k in ("p90", "p99"))
+
+
+def _equal_note(targets: dict, same: list[str]) -> str:
+    """Says which targets have p50 = p90 = p99, their value, and why."""
+    calls = {len(targets[t]["latency_us"]["samples"]) for t in same}
+    values = ", ".join(f"{t} {targets[t]['latency_us']['p50']:,.2f} us" for t in same)
+    why = ("one measured call: there is no spread to show" if calls == {1} else
+           "every measured call took the same time (the simulated device time is "
+           "deterministic; only eager fallbacks and host noise vary)")
+    n = "/".join(str(c) for c in sorted(calls))
+    return f"p50 = p90 = p99 ({values}; {n} measured call(s)): {why}."
 
 
 def _percentile_bars(lat: dict) -> list[tuple[str, float]]:
@@ -202,8 +208,10 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
     comp_t = c.get("targets", {})
     rows = []
     for label, fn in (
-            ("latency p50 / p90 / p99 us", lambda d, n: " / ".join(
-                f"{d['latency_us'][k]:,.2f}" for k in ("p50", "p90", "p99"))),
+            ("latency p50 / p90 / p99 us", lambda d, n: (
+                f"{d['latency_us']['p50']:,.2f} (all three equal)"
+                if _all_equal(d["latency_us"]) else " / ".join(
+                    f"{d['latency_us'][k]:,.2f}" for k in ("p50", "p90", "p99")))),
             ("throughput /s", lambda d, n: f"{d['throughput_per_s']:,.0f}"),
             ("device share nodes / FLOPs / time", lambda d, n: " / ".join(
                 "-" if d["device_share"][k] is None else f"{100 * d['device_share'][k]:.1f}%"
