@@ -57,6 +57,7 @@ Cost (what this moves and computes)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 from lowering.errors import Unsupported
 from lowering.kir import ConvKAttrs, KOp
@@ -160,6 +161,23 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
                                 _block(b, k, g, wT, bt, n, sg, pa, cob, vr, vc, rr, cr)
 
 
+def _unit_loops(b: TirBuilder, g: ConvPlan, Kh: int, Kw: int, r0: int = 0,
+                nr: int | None = None) -> Iterator[tuple[AffineLike, AffineLike, int, AffineLike]]:
+    """``(u, kh0, rows, kw)`` of the product units whose first kernel row is in ``r0 ..
+    r0+nr-1`` (``r0`` a multiple of ``stack``), as loops: one nest (kernel-row groups x kernel
+    columns) per run of equal stacked rows, so a kernel of many taps is a loop, not a body that
+    grows with it (``u = kh0 / stack * Kw + kw`` is affine in the loop variables)."""
+    S = g.stack
+    end = Kh if nr is None else min(Kh, r0 + nr)
+    nfull, tail = divmod(end - r0, S)            # a tail only at the last kernel rows
+    for first, count, rs in ((r0, nfull, S), (r0 + nfull * S, 1 if tail else 0, tail)):
+        if count == 0:
+            continue
+        with b.loop(count, "ku") as i:
+            with b.loop(Kw, "kw") as j:
+                yield (first // S + i) * Kw + j, i * S + first, rs, j
+
+
 def _stationaries(b: TirBuilder, g: ConvPlan, cob: int, dt):
     """The [contraction, (chunk, unit, out)] weight tile of one pass, zeroed where stacked copies
     leave gaps."""
@@ -189,9 +207,7 @@ def _weights(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cig: int, Cog: int, pa: 
                 if not g.rows_all:
                     rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (c0, cc), r0, nr)
                 chan = c0 * rl if g.rows_all else 0
-                for u, (kh0, rs, kw) in enumerate(g.units):
-                    if not r0 <= kh0 < r0 + nr:
-                        continue
+                for u, kh0, rs, kw in _unit_loops(b, g, Kh, Kw, r0, nr):
                     col = (c0 // P * nu + u) * cob + o0
                     at = chan + (kh0 - r0) * Kw + kw
                     if not g.gaps:               # every stacked row in one transpose
@@ -375,13 +391,12 @@ def _block(b: TirBuilder, k: KOp, g: ConvPlan, wT, bt, n: Affine, sg: Affine, pa
             if g.per_chunk:
                 xt = _load_x(b, k, g, n, sg, oy0, ox0, rr, cr, (c0, cc))
             base = 0 if g.per_chunk else c0 // P * area
-            for u, (kh0, rs, kw) in enumerate(g.units):
+            for u, kh0, rs, kw in _unit_loops(b, g, *a.kernel):
                 kp = g.kparts(rs, cc)
                 mov = xt.ap(kp, elem_offset=base + kh0 * dh * cinw + kw * dw,
                             dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
                 stat = wT.ap(kp, elem_offset=(c0 // P * nu + u) * cob + o0, dims=((1, ow),))
-                b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov,
-                         start_when=(c0,) if u == 0 else (1,))
+                b.matmul(acc.ap(ow, dims=((1, pix),)), stat, mov, start_when=(c0, u))
         res = b.tile("yout", Memory.SBUF, ow, pix, y.dtype, OUT_BUFS)
         src = acc.ap(ow, dims=((1, pix),))
         if bt is not None:

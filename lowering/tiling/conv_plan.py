@@ -106,8 +106,10 @@ def _units(Kh: int, Kw: int, stack: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def _balanced(total: int, most: int, unit: int) -> int:
-    """A width <= ``most`` (a multiple of ``unit`` when ``most`` is) splitting ``total`` into
-    the fewest, most even passes."""
+    """A width <= ``most`` (a multiple of ``unit`` when ``most >= unit``) splitting ``total``
+    into the fewest, most even passes."""
+    if most >= unit:
+        most = most // unit * unit
     n = -(-total // most)
     w = -(-total // n)
     return min(most, -(-w // unit) * unit) if most >= unit else w
