@@ -10,7 +10,8 @@ Layout (every file is plain text or JSON, readable and diffable)::
         fx_graph_partitioned.py        the outer graph calling fused_N submodules
         partitions.txt                 device partitions (ops) vs fallback ops (reasons)
         fused_0.s0/                    device partition fused_0, input signature number 0
-          signature.txt                input shapes and dtypes
+          signature.txt                the inputs, one per line: ``arg0: float32[8, 16]``
+                                       (``(parameter)`` after a parameter; a scalar's value)
           fx_graph_readable.py         the partition specialised on those shapes
           <stage files>                whatever the lowering passes to the dump callback
                                        (ir_pre_fusion.txt, program.txt, ...)
@@ -94,9 +95,8 @@ class CompileDump:
     def partition_writer(self, partition: str, sig: tuple,
                          gm: GraphModule) -> Callable[[str, str], None]:
         """The ``dump(filename, text)`` callback handed to ``lowering.api.compile_graph``."""
-        from neuron_compiler.runtime import describe_signature
         sub = self.partition_subdir(partition, sig)
-        self.write("signature.txt", describe_signature(sig) + "\n", sub)
+        self.write("signature.txt", format_signature(sig), sub)
         self.write("fx_graph_readable.py", readable(gm), sub)
 
         def dump(filename: str, text: str) -> None:
@@ -142,7 +142,43 @@ class CompileDump:
         write_index(os.path.dirname(self.path))
 
 
+def format_signature(sig: tuple) -> str:
+    """``signature.txt``: one input per line, ``arg<i>: <dtype>[<shape>]`` (`` (parameter)``
+    after a parameter), ``arg<i>: <value>`` for a scalar, ``arg<i>: <type name>`` otherwise.
+    ``sig`` is ``runtime.signature(args)``: ``("T", shape, dtype, is_parameter)``,
+    ``("S", value)`` or ``("O", type name)`` per argument."""
+    lines = []
+    for i, (kind, *rest) in enumerate(sig):
+        if kind == "T":
+            shape, dtype, *param = rest
+            text = f"{dtype}{list(shape)}" + (" (parameter)" if param and param[0] else "")
+        else:
+            text = repr(rest[0]) if kind == "S" else str(rest[0])
+        lines.append(f"arg{i}: {text}")
+    return "".join(f"{ln}\n" for ln in lines) or "(no inputs)\n"
+
+
 # ---- reading a dump (shared by index.md and neuron-dump) ----------------------------------------
+def signature_lines(text: str) -> list[str]:
+    """The inputs of a ``signature.txt``, one string each (``float32[8, 16]``); an older dump's
+    one-line ``(float32[8, 16], ...)`` form is read as it was written: one line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines == ["(no inputs)"]:
+        return []
+    return [ln.split(": ", 1)[1] if re.match(r"arg\d+: ", ln) else ln for ln in lines]
+
+
+def signature_summary(text: str, width: int = 60) -> str:
+    """A table cell for a ``signature.txt``: the inputs joined by ``, `` when that fits in
+    ``width`` characters, else ``N inputs (signature.txt)``: never a silently cut line."""
+    inputs = signature_lines(text)
+    joined = ", ".join(inputs)
+    if not inputs:
+        return "-"
+    return joined if len(joined) <= width else f"{len(inputs)} inputs (signature.txt)"
+
+
+
 def read_text(path: str) -> str:
     try:
         with open(path) as f:

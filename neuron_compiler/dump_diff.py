@@ -14,6 +14,11 @@ Invariants
   to ``device``.
 - Simulated times compare exactly (the simulator is deterministic: the same program has the
   same time), shown with their relative change.
+- Nothing is cut silently. A cell longer than ``CELL`` characters ends in ``...`` and, when
+  its row changed, both whole values are printed beneath the row; changed input signatures
+  are printed as a line diff, one input per line. The graph diff shows every changed line
+  with ``full=True`` (``--full``), else the first ``GRAPH_LINES`` and ``... N more changed
+  lines`` with the command that shows them all.
 """
 from __future__ import annotations
 
@@ -22,7 +27,11 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from neuron_compiler.dump import compiles, load_json, partition_dirs, partition_status, read_text
+from neuron_compiler.dump import (compiles, load_json, partition_dirs, partition_status,
+                                  read_text, signature_lines, signature_summary)
+
+CELL = 60            # widest table cell; a longer value ends in "..." (never cut silently)
+GRAPH_LINES = 40     # changed graph lines shown without --full
 
 
 @dataclass
@@ -46,7 +55,8 @@ def _collect(root: str) -> list[_Compile]:
             c.programs[p] = {
                 # where the program came from (lowered or a cache) is not a change of it
                 "status": partition_status(pdir).replace(" (cache hit)", ""),
-                "signature": read_text(os.path.join(pdir, "signature.txt")).strip(),
+                "signature": tuple(signature_lines(read_text(os.path.join(pdir,
+                                                                          "signature.txt")))),
                 "queues": comp.get("instructions_per_queue", {}),
                 "sim_us": stats["total_ns"] / 1e3 if "total_ns" in stats else None,
                 "roofline_us": stats["roofline_ns"] / 1e3 if "roofline_ns" in stats else None,
@@ -85,7 +95,25 @@ def _change(va: object, vb: object) -> str:
 def _show(v: object) -> str:
     if v is None:
         return "-"
+    if isinstance(v, tuple):           # a signature: its inputs
+        return signature_summary("\n".join(v), CELL) if v else "(no inputs)"
     return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _details(name: str, va: object, vb: object) -> list[str]:
+    """What a changed row's cells cannot show: a signature's inputs as a line diff, or both
+    whole values when a cell had to be cut."""
+    if isinstance(va, tuple) or isinstance(vb, tuple):
+        return _line_diff(list(va or ()), list(vb or ()))
+    if max(len(_show(va)), len(_show(vb))) > CELL:
+        return [f"A: {_show(va)}", f"B: {_show(vb)}"]
+    return []
+
+
+def _line_diff(a: list[str], b: list[str]) -> list[str]:
+    """The changed lines of ``a`` -> ``b`` (``-`` in A only, ``+`` in B only)."""
+    return [x for x in difflib.unified_diff(a, b, "A", "B", lineterm="", n=0)
+            if x[:1] in "+-" and x[:3] not in ("+++", "---")]
 
 
 def _rows_for(ca: _Compile | None, cb: _Compile | None) -> list[tuple[str, object, object]]:
@@ -124,41 +152,55 @@ def _rows_for(ca: _Compile | None, cb: _Compile | None) -> list[tuple[str, objec
     return rows
 
 
-def _graph_diff(ca: _Compile | None, cb: _Compile | None) -> tuple[str, list[str]]:
+def _graph_diff(ca: _Compile | None, cb: _Compile | None,
+                full: bool) -> tuple[str, list[str]]:
     if ca is None or cb is None:
         return "", []
     if ca.graph == cb.graph:
         return "same", []
-    lines = list(difflib.unified_diff(ca.graph.splitlines(), cb.graph.splitlines(),
-                                      "A", "B", lineterm="", n=0))
-    plus = sum(1 for x in lines if x.startswith("+") and not x.startswith("+++"))
-    minus = sum(1 for x in lines if x.startswith("-") and not x.startswith("---"))
-    shown = [x for x in lines if x[:1] in "+-" and x[:3] not in ("+++", "---")][:8]
-    return f"changed (+{plus} -{minus} lines)", shown
+    lines = _line_diff(ca.graph.splitlines(), cb.graph.splitlines())
+    plus = sum(1 for x in lines if x.startswith("+"))
+    summary = f"changed (+{plus} -{len(lines) - plus} lines)"
+    if full or len(lines) <= GRAPH_LINES:
+        return summary, lines
+    return summary, lines[:GRAPH_LINES] + [
+        f"... {len(lines) - GRAPH_LINES} more changed lines (all of them: neuron-dump diff --full "
+        "DIR_A DIR_B)"]
 
 
-def diff_dumps(dir_a: str, dir_b: str) -> tuple[str, bool]:
-    """The side-by-side comparison of two dump directories and whether anything differs."""
+def _cell(text: str) -> str:
+    return text if len(text) <= CELL else text[:CELL - 4] + " ..."
+
+
+def diff_dumps(dir_a: str, dir_b: str, full: bool = False) -> tuple[str, bool]:
+    """The side-by-side comparison of two dump directories and whether anything differs;
+    ``full``: every changed line of the graphs (else the first ``GRAPH_LINES``)."""
     a, b = _collect(dir_a), _collect(dir_b)
     out = [f"A: {dir_a} ({len(a)} compiles)", f"B: {dir_b} ({len(b)} compiles)"]
-    changed = False
+    changed = cut = False
     for label, ca, cb in _pair(a, b):
         out += ["", f"== {label}" + ("" if ca and cb else
                                     f"  (only in {'A' if cb is None else 'B'})")]
         changed |= ca is None or cb is None
-        gsum, gshown = _graph_diff(ca, cb)
-        rows = [("", "A", "B", "change")]
+        gsum, gshown = _graph_diff(ca, cb, full)
+        rows: list[tuple[tuple[str, str, str, str], list[str]]] = [(("", "A", "B", "change"), [])]
         if gsum:
-            rows.append(("graph", "", "", "" if gsum == "same" else gsum))
+            rows.append((("graph", "", "", "" if gsum == "same" else gsum), gshown))
             changed |= gsum != "same"
         for name, va, vb in _rows_for(ca, cb):
             ch = "" if name == "directory" else _change(va, vb)
             changed |= bool(ch)
-            rows.append((name, _show(va), _show(vb), ch))
-        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(4)]
-        for r in rows:
-            mark = "*" if r[3] else " "
-            out.append(f"{mark} " + "  ".join(c[:60].ljust(w) for c, w in zip(r, widths)).rstrip())
-        out += [f"      {x}" for x in gshown]
+            cells = (name, _show(va), _show(vb), ch)
+            cut |= any(len(c) > CELL for c in cells)
+            rows.append((cells, _details(name, va, vb) if ch else []))
+        widths = [max(len(_cell(r[i])) for r, _ in rows) for i in range(4)]
+        for k, (r, details) in enumerate(rows):
+            mark = "*" if r[3] and k else " "          # row 0 is the header
+            line = "  ".join(_cell(c).ljust(w) for c, w in zip(r, widths))
+            out.append(f"{mark} {line}".rstrip())
+            out += [f"      {x}" for x in details]
+    if cut:
+        out += ["", f"(a cell ending in '...' was cut at {CELL} characters; a changed row's whole "
+                    "values are printed beneath it; `neuron-dump DIR COMPILE` shows one dump's)"]
     out += ["", "different (rows marked *)" if changed else "same"]
     return "\n".join(out), changed

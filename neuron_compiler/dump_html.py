@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from neuron_compiler.dump import (STAGE_FILES, compiles, load_json, partition_dirs,
-                                  partition_status, read_text)
+                                  partition_status, read_text, signature_summary)
 from neuron_compiler.dump_views import decisions, decisions_markdown, memory_plan_svg
 from neuron_compiler.eval.html_report import _CSS, _e, _table, bar_chart
 
@@ -78,7 +78,8 @@ def _partition_section(cdir: str, p: str) -> str:
     pdir = os.path.join(cdir, p)
     status = partition_status(pdir)
     parts = [f"<h3>{_e(os.path.basename(cdir))} / {_e(p)}: {_e(status)}</h3>",
-             f'<p class="note">inputs {_e(read_text(os.path.join(pdir, "signature.txt")))}</p>']
+             f'<p class="note">inputs</p><pre>{_e(read_text(os.path.join(pdir, "signature.txt")))}'
+             '</pre>']
     error = read_text(os.path.join(pdir, "error.txt"))
     if error:
         parts.append(f'<pre class="error">{_e(error)}</pre>')
@@ -118,7 +119,7 @@ def _compile_section(root: str, d: str) -> str:
         stats = load_json(os.path.join(pdir, "stats.json")) or {}
         per_q = comp.get("instructions_per_queue", {})
         sim, roof = stats.get("total_ns"), stats.get("roofline_ns")
-        rows.append([p, read_text(os.path.join(pdir, "signature.txt")).strip(),
+        rows.append([p, signature_summary(read_text(os.path.join(pdir, "signature.txt"))),
                      sum(per_q.values()) if comp else "-",
                      f"{sim / 1e3:,.2f}" if sim is not None else "-",
                      f"{roof / 1e3:,.2f}" if roof is not None else "-",

@@ -19,6 +19,11 @@ Invariants
   fusion that did not happen), shown with where the tensor lives between them (resident in
   SBUF, per ``tir.txt``, or through HBM) and the WhyNoFuse reason the lowering recorded for it;
   where it recorded none, the view says so instead of inventing one.
+- Each reason is stated once: ``decisions.md`` lists the boundaries by tensor (one entry per
+  tensor, its readers beneath it); a WhyNoFuse line naming a tensor and its reader
+  (``WhyNoFuse p -> c at <producer nodes> -> <reader nodes>: %t: why``) goes to that one
+  edge, a reason shared by every reader of a tensor is given once for the tensor, and a line
+  naming no tensor (a refused attention fusion) is listed once, numbered, and referred to.
 - The SVG is self-contained (no fonts, scripts or links) and its size does not depend on the
   number of buffers beyond one rectangle each.
 """
@@ -28,6 +33,8 @@ import html
 import re
 from dataclasses import dataclass, field
 
+_WHY_EDGE_RE = re.compile(r"^WhyNoFuse \w+ -> \w+ at (?P<prod>\S+) -> (?P<cons>\S+): "
+                          r"%(?P<buf>[\w.]+): (?P<why>.*)$")
 _KERNEL_RE = re.compile(r"^(?P<outs>%.*?) = (?P<kind>\w+)\[(?P<attrs>.*)\]\((?P<ins>.*)\)"
                         r"\s+#\s*(?P<origin>\S+)\s*$")
 _BUF_RE = re.compile(r"^buffer %(\w+): (\d+) x (\w+) \((\w+)\)")
@@ -66,13 +73,19 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Boundary:
-    """Tensor ``buffer`` written by kernel ``producer`` and read by kernel ``consumer``."""
+    """Tensor ``buffer`` written by kernel ``producer`` and read by kernel ``consumer``; ``why``:
+    the WhyNoFuse lines recorded for this edge (whole lines, as the lowering wrote them)."""
 
     buffer: str
     producer: Kernel
     consumer: Kernel
     resident: bool
     why: tuple[str, ...]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """``why`` without the prefix that names the pair (the view names it already)."""
+        return tuple(m.group("why") if (m := _WHY_EDGE_RE.match(w)) else w for w in self.why)
 
 
 @dataclass(frozen=True)
@@ -151,14 +164,21 @@ def decisions(texts: dict[str, str]) -> Decisions:
             prod = writer.get(buf)
             if prod is None or prod is k or roles.get(buf) != "temp":
                 continue
-            names = set(prod.origin) | set(k.origin)
-            # a line naming a tensor (``...: %buf: reason``) belongs to that tensor's boundary;
-            # one without (a refused attention fusion) to every boundary of the nodes it names
-            why = tuple(n for n in d.why_no_fuse
-                        if (f": %{buf}:" in n if re.search(r": %[\w.]+:", n) else
-                            names & set(re.findall(r"[\w.]+", n.split(":", 1)[0]))))
-            d.boundaries.append(Boundary(buf, prod, k, buf in d.resident, why))
+            d.boundaries.append(Boundary(buf, prod, k, buf in d.resident,
+                                         _why_for(d.why_no_fuse, buf, prod, k)))
     return d
+
+
+def _why_for(lines: list[str], buf: str, prod: Kernel, cons: Kernel) -> tuple[str, ...]:
+    """The WhyNoFuse lines of the edge ``prod -> cons`` through ``buf``: a line naming the
+    tensor belongs to the edge whose reader nodes it names (to every edge of the tensor when it
+    names no reader the view knows); a line naming no tensor to every edge whose nodes it names."""
+    of_buf = [(n, m) for n in lines if (m := _WHY_EDGE_RE.match(n)) and m.group("buf") == buf]
+    exact = tuple(n for n, m in of_buf if set(m.group("cons").split(",")) == set(cons.origin))
+    names = set(prod.origin) | set(cons.origin)
+    untargeted = tuple(n for n in lines if not re.search(r": %[\w.]+:", n)
+                       and names & set(re.findall(r"[\w.]+", n.split(":", 1)[0])))
+    return (exact or tuple(n for n, _ in of_buf)) + untargeted
 
 
 def decisions_markdown(d: Decisions, title: str = "") -> str:
@@ -172,17 +192,19 @@ def decisions_markdown(d: Decisions, title: str = "") -> str:
     else:
         out.append("Fused: nothing (every kernel computes one ATen node).")
     out.append("")
+    shared = list(dict.fromkeys(w for b in d.boundaries for w in b.why
+                                if not _WHY_EDGE_RE.match(w)))      # named by node, numbered
     if d.boundaries:
-        out.append("Not fused (a tensor passes from one kernel to the next):")
-        for b in d.boundaries:
-            where = "stays in SBUF (resident)" if b.resident else "goes through HBM"
-            why = "; ".join(b.why) if b.why else "not recorded"
-            out.append(f"- %{b.buffer}: {b.producer.short} -> {b.consumer.short}: {where}; "
-                       f"why not fused: {why}")
+        out.append("Not fused (a tensor passes from one kernel to the next), by tensor:")
+        out += _boundary_lines(d.boundaries, shared)
         if any(not b.why for b in d.boundaries):
             out += ["", "(\"not recorded\": no WhyNoFuse line of the lowering names this pair.)"]
     else:
         out.append("Not fused: no tensor passes between kernels.")
+    if shared:
+        out += ["", "Refused fusions recorded by the lowering for several kernels (referred to "
+                    "above as [R1], [R2], ...):"]
+        out += [f"- [R{i + 1}] {n}" for i, n in enumerate(shared)]
     other = [n for n in d.why_no_fuse if not any(n in b.why for b in d.boundaries)]
     if other:
         out += ["", "Refused fusions recorded by the lowering:"] + [f"- {n}" for n in other]
@@ -210,6 +232,31 @@ def decisions_markdown(d: Decisions, title: str = "") -> str:
     out += ["", "Resident in SBUF between kernels: "
             + (", ".join(f"%{r}" for r in d.resident) if d.resident else "nothing"), ""]
     return "\n".join(out)
+
+
+def _boundary_lines(boundaries: list[Boundary], shared: list[str]) -> list[str]:
+    """One entry per tensor (where it lives, its writer), its readers beneath; a reason common
+    to every reader is given once on the tensor's line."""
+    def said(b: Boundary) -> str:
+        parts = [r for w, r in zip(b.why, b.reasons) if w not in shared]
+        parts += [f"[R{shared.index(w) + 1}]" for w in b.why if w in shared]
+        return "; ".join(dict.fromkeys(parts)) or "not recorded"
+
+    by_buf: dict[str, list[Boundary]] = {}
+    for b in boundaries:
+        by_buf.setdefault(b.buffer, []).append(b)
+    out = []
+    for buf, bs in by_buf.items():
+        where = "stays in SBUF (resident)" if bs[0].resident else "goes through HBM"
+        head = f"- %{buf}: written by {bs[0].producer.short}, {where}"
+        whys = {said(b) for b in bs}
+        if len(bs) == 1 or len(whys) == 1:
+            readers = ", ".join(b.consumer.short for b in bs)
+            out.append(f"{head}; read by {readers}; why not fused: {whys.pop()}")
+        else:
+            out.append(f"{head}; why not fused, per reader:")
+            out += [f"  - {b.consumer.short}: {said(b)}" for b in bs]
+    return out
 
 
 # ---- memory plan picture -----------------------------------------------------------------------

@@ -12,6 +12,7 @@
     neuron-dump DIR --html report.html  the whole dump as one self-contained HTML page
     neuron-dump diff DIR_A DIR_B        what changed: graphs, partitions, fallbacks,
                                         instruction counts, simulated times (exit 1 if any)
+    neuron-dump diff --full DIR_A DIR_B  the same with every changed line of the graphs
 
 A compile may be named by its number (``0``, ``000``) or its directory name.
 
@@ -34,6 +35,7 @@ from neuron_compiler.dump import load_json as _load_json
 from neuron_compiler.dump import partition_dirs as _partition_dirs
 from neuron_compiler.dump import partition_status
 from neuron_compiler.dump import read_text as _read
+from neuron_compiler.dump import signature_summary
 
 
 def _find_compile(root: str, name: str) -> str | None:
@@ -73,7 +75,7 @@ def summarize(cdir: str) -> str:
     rows = [("program", "inputs", "instrs", "per queue", "sim us", "roofline us", "status")]
     for d in _partition_dirs(cdir):
         pdir = os.path.join(cdir, d)
-        sig = _read(os.path.join(pdir, "signature.txt")).strip() or "-"
+        sig = signature_summary(_read(os.path.join(pdir, "signature.txt")))
         comp = _load_json(os.path.join(pdir, "compiled.json"))
         stats = _load_json(os.path.join(pdir, "stats.json"))
         per_q = comp.get("instructions_per_queue", {}) if comp else {}
@@ -138,13 +140,16 @@ def _diff_main(argv: list[str]) -> int:
         "(exit 0 when the same, 1 when different).")
     parser.add_argument("dir_a")
     parser.add_argument("dir_b")
+    parser.add_argument("--full", action="store_true",
+                        help="show every changed line of the graphs (default: the first "
+                             "40, then how many more)")
     args = parser.parse_args(argv)
     for d in (args.dir_a, args.dir_b):
         if not os.path.isdir(d):
             print(f"neuron-dump diff: {d!r} is not a directory", file=sys.stderr)
             return 2
     from neuron_compiler.dump_diff import diff_dumps
-    text, changed = diff_dumps(args.dir_a, args.dir_b)
+    text, changed = diff_dumps(args.dir_a, args.dir_b, full=args.full)
     print(text)
     return 1 if changed else 0
 

@@ -44,7 +44,7 @@ def test_dump_files(tmp_path):
     assert meta["kind"] == "inference" and meta["target"] == "trn2"
     assert meta["fallbacks"][0]["op"] == "aten._fft_r2c.default"
     pdir = cdir / "fused_0.s0"
-    assert (pdir / "signature.txt").read_text().strip() == "(float32[8, 16], float32[16, 32])"
+    assert (pdir / "signature.txt").read_text() == "arg0: float32[8, 16]\narg1: float32[16, 32]\n"
     assert (pdir / "compiled.json").is_file() and (pdir / "stats.json").is_file()
     assert (pdir / "program.txt").is_file()
     stage_files = set(os.listdir(pdir)) - {"signature.txt", "fx_graph_readable.py",

@@ -73,8 +73,8 @@ def test_decisions_and_memory_plan_picture(tmp_path):
     text = open(os.path.join(pdir, "decisions.md")).read()
     fusion = text.split("## Fusion")[1].split("## Matmul blocking")[0]
     assert "k0 matmul (addmm, gelu)" in fusion                  # the epilogue was fused
-    assert re.search(r"%t\d+: k\d matmul .* -> k\d (matmul|layer_norm) .*: "
-                     r"(stays in SBUF \(resident\)|goes through HBM); why not fused: ", fusion)
+    assert re.search(r"%t\d+: written by k\d matmul .*, (stays in SBUF \(resident\)|goes "
+                     r"through HBM); read by k\d (matmul|layer_norm) .*; why not fused: ", fusion)
     blocking = text.split("## Matmul blocking")[1].split("## Other")[0]
     assert blocking.count("- chosen: resident=") == 2
     assert re.search(r"why: lowest of \d+ fitting candidates; next best ", blocking)
@@ -172,6 +172,7 @@ def test_diff(tmp_path, capsys):
     out = capsys.readouterr().out
     changed = {line.split("  ")[0].lstrip("* ").strip() for line in out.splitlines()
                if line.startswith("* ")}
+    assert "" not in changed                                   # the header row is not marked
     assert "graph" in changed
     assert any(c.endswith(" instructions") for c in changed), changed
     assert any(c.endswith(" simulated us") for c in changed), changed
