@@ -37,6 +37,20 @@ def make_eager_raises():
     return f, (torch.randn(4, 8),)
 
 
+class Classify(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).argmax(-1)     # trainable, but no float output to build a loss
+
+
+def make_int_output():
+    torch.manual_seed(0)
+    return Classify().eval(), (torch.randn(4, 8),)
+
+
 def make_cumsum():
     torch.manual_seed(0)
     lin = nn.Linear(16, 16)
@@ -105,6 +119,13 @@ def test_model_spec_that_does_not_resolve_exits_2(spec, words, models, capsys):
     assert code == EXIT_USAGE == 2, err
     _one_paragraph(err)
     assert words in err and "usage error" in err and "(exit 2)" in err
+
+
+def test_train_on_a_model_without_float_output_exits_2(models, capsys):
+    code, _, err = _run(capsys, f"{models}:make_int_output", "--train")
+    assert code == 2, err
+    _one_paragraph(err)
+    assert "no floating-point tensor" in err and "usage error" in err
 
 
 def test_model_that_raises_in_eager_exits_3(models, tmp_path, capsys):

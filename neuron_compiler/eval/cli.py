@@ -192,6 +192,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail("usage error", exc, EXIT_USAGE)
     try:
         report = evaluate(loaded, cfg)
+    except ModelSpecError as exc:   # --train on a model with no float output
+        return _fail("usage error", exc, EXIT_USAGE)
     except ModelFailure as exc:
         _outputs(args, exc.report, EXIT_COMPILE)   # type: ignore[attr-defined]
         return _fail("the model does not run", exc, EXIT_COMPILE)

@@ -28,7 +28,9 @@ Invariants
 - A failure of the compiled model (Dynamo, the backend, the lowering, ``fallback="error"``)
   raises ``CompileFailure`` naming the target (a ``fallback="error"`` refusal is worded for the
   command line: the ``--fallback`` flag, not the Python ``options=``); a failure of the eager
-  model raises ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``).
+  model raises ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``),
+  except one found only by running: ``--train`` on a model with no floating-point output
+  raises ``ModelSpecError`` from the eager training step (exit 2, never wrapped).
 - Every number in the result is JSON-ready (str/int/float/bool/None/list/dict).
 """
 from __future__ import annotations
@@ -54,7 +56,7 @@ from neuron_compiler.errors import NeuronFallbackError
 from neuron_compiler.eval import prices
 from neuron_compiler.eval.accuracy import Thresholds, compare_outputs, dtype_name
 from neuron_compiler.eval.flops import count_host_flops, flop_share
-from neuron_compiler.eval.zoo import LoadedModel
+from neuron_compiler.eval.zoo import LoadedModel, ModelSpecError
 
 # runtime_sim engine keys -> the names AWS's profiler uses
 ENGINE_NAMES = {"pe": "TensorE", "dve": "VectorE", "act": "ScalarE", "pool": "GpSimdE",
@@ -486,6 +488,8 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
             try:
                 ref, report["model"]["train"] = eager_steps(loaded, cfg.warmup + cfg.iters,
                                                             _LiveBytes)
+            except ModelSpecError:
+                raise
             except Exception as exc:
                 raise ModelFailure(f"an eager training step raised {type(exc).__name__}: "
                                    f"{exc}") from exc
