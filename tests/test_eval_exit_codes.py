@@ -77,8 +77,9 @@ def _one_paragraph(err: str) -> None:
 
 
 def test_factory_that_raises_exits_3_naming_factory_and_exception(models, tmp_path, capsys):
-    report = tmp_path / "r.json"
-    code, out, err = _run(capsys, f"{models}:make_raises", "--json", str(report))
+    report, page = tmp_path / "r.json", tmp_path / "r.html"
+    code, out, err = _run(capsys, f"{models}:make_raises", "--json", str(report), "--html",
+                          str(page))
     assert code == EXIT_COMPILE == 3, err
     _one_paragraph(err)
     assert "make_raises()" in err and "FileNotFoundError: weights.pt is missing" in err
@@ -87,6 +88,9 @@ def test_factory_that_raises_exits_3_naming_factory_and_exception(models, tmp_pa
     assert tuple(data) == TOP_LEVEL_KEYS
     assert data["compile"]["failed_stage"] == "build" and not data["compile"]["ok"]
     assert "could not be built" in out
+    text = page.read_text()   # the failure in the red box at the top; no empty chart sections
+    assert text.index('<div class="alert">') < text.index("weights.pt is missing")
+    assert "<svg" not in text and "<h2>Charts</h2>" not in text and "None" not in text
 
 
 def test_zoo_model_that_fails_to_build_exits_3_not_1(monkeypatch, capsys):

@@ -32,6 +32,7 @@ body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width:
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 .pass { color: #2a7a3a; font-weight: 600; } .fail { color: #b3261e; font-weight: 600; }
 .note { color: #555; font-size: 12px; } svg { display: block; margin: 6px 0 14px; }
@@ -177,7 +178,8 @@ def _top(report: dict) -> list[str]:
                                 left={0, 1, 2}))
         if c.get("error"):
             inner.append("<h2>The model failed</h2>")
-            inner.append(f"<pre>{_e(c.get('failed_target') or 'model')}: {_e(c['error'])}</pre>")
+            where = f"{c['failed_target']}: " if c.get("failed_target") else ""
+            inner.append(f"<pre>{_e(where)}{_e(c['error'])}</pre>")
         out.append('<div class="alert">' + "\n".join(inner) + "</div>")
     if base:
         out.append(f'<p class="{"note" if regs else "ok"}">Baseline: {_e(describe(base))}</p>')
@@ -186,26 +188,10 @@ def _top(report: dict) -> list[str]:
     return out
 
 
-def render_html(report: dict, exit_code: int | None = None) -> str:
-    m, c, acc, v = report["model"], report["compile"], report["accuracy"], report["versions"]
-    words = verdict(report, exit_code)
-    body = [f"<h1>neuron-eval {_e(m.get('spec', '?'))}</h1>",
-            f'<p>result: <span class="{"pass" if exit_code == 0 else "fail"}">{_e(words)}'
-            f"</span> (exit {_e(exit_code)})</p>"]
-    body += _top(report)
-    if "parameters" in m:
-        body.append(_table(["model", "parameters", "weights", "inputs", "MFLOP"],
-                           [[f"{m['class']} {m['description']}", f"{m['parameters']:,}",
-                             _bytes(m["weight_bytes"]),
-                             ", ".join(f"{i['name']} {i['dtype']}{i['shape']}"
-                                       for i in m["inputs"]),
-                             f"{m['flops'] / 1e6:.2f}"]]))
-        body.append(f'<p class="note">eager PyTorch: {_e(eager_text(m))}</p>')
-    body.append("<h2>Charts</h2>")
-    body += _charts(report)
-    body.append("<h2>Targets</h2>")
+def _targets_table(report: dict) -> str:
+    """Targets side by side: latency, throughput, device share, HBM, cost, first call."""
     names = list(report["targets"])
-    comp_t = c.get("targets", {})
+    comp_t = report["compile"].get("targets", {})
     rows = []
     for label, fn in (
             ("latency p50 / p90 / p99 us", lambda d, n: (
@@ -224,11 +210,33 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
             ("first call (compile) s",
              lambda d, n: f"{comp_t.get(n, {}).get('first_call_s', 0):.2f}")):
         rows.append([label] + [fn(report["targets"][n], n) for n in names])
-    if names:
-        body.append(_table(["metric", *names], rows, left={0}))
-    body.append("<h2>Compile</h2>")
-    body.append(f"<p>{'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs {_e(c.get('graphs'))}, "
-                f"graph breaks {_e(c.get('graph_breaks'))}</p>")
+    return _table(["metric", *names], rows, left={0})
+
+
+def render_html(report: dict, exit_code: int | None = None) -> str:
+    m, c, acc, v = report["model"], report["compile"], report["accuracy"], report["versions"]
+    words = verdict(report, exit_code)
+    body = [f"<h1>neuron-eval {_e(m.get('spec', '?'))}</h1>",
+            f'<p>result: <span class="{"pass" if exit_code == 0 else "fail"}">{_e(words)}'
+            f"</span> (exit {_e(exit_code)})</p>"]
+    body += _top(report)
+    if "parameters" in m:
+        body.append(_table(["model", "parameters", "weights", "inputs", "MFLOP"],
+                           [[f"{m['class']} {m['description']}", f"{m['parameters']:,}",
+                             _bytes(m["weight_bytes"]),
+                             ", ".join(f"{i['name']} {i['dtype']}{i['shape']}"
+                                       for i in m["inputs"]),
+                             f"{m['flops'] / 1e6:.2f}"]]))
+        body.append(f'<p class="note">eager PyTorch: {_e(eager_text(m))}</p>')
+    if report["targets"]:
+        body.append("<h2>Charts</h2>")
+        body += _charts(report)
+        body.append("<h2>Targets</h2>")
+        body.append(_targets_table(report))
+    if c.get("failed_stage") not in ("build", "eager"):
+        body.append("<h2>Compile</h2>")
+        body.append(f"<p>{'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "
+                    f"{_e(c.get('graphs'))}, graph breaks {_e(c.get('graph_breaks'))}</p>")
     if c.get("break_reasons"):
         body.append(_table(["graph break reason", "where"],
                            [[r["reason"], r["where"] or "-"] for r in c["break_reasons"]],
@@ -255,7 +263,8 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
                             for r in acc["outputs"]], left={0, 1, 2, 6}))
     body.append("<h2>Versions</h2>")
     body.append(_table(["name", "value"],
-                       [[k, val] for k, val in v.items() if k != "target_descriptions"]
+                       [[k, "-" if val is None else val] for k, val in v.items()
+                        if k != "target_descriptions"]
                        + [[f"target {t}", h] for t, h in v["target_descriptions"].items()],
                        left={0, 1}))
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>neuron-eval "

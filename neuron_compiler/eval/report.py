@@ -81,7 +81,7 @@ def _side_by_side(report: dict) -> list[str]:
 
 def render(report: dict, exit_code: int | None = None) -> str:
     m, c, acc = report["model"], report["compile"], report["accuracy"]
-    lines = [f"neuron-eval {m.get('spec', '?')}: {m.get('class', '?')}"
+    lines = [f"neuron-eval {m.get('spec', '?')}" + (f": {m['class']}" if "class" in m else "")
              + (f" ({m['description']})" if m.get("description") else "")]
     if "parameters" in m:
         ins = ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in m["inputs"])
@@ -103,7 +103,8 @@ def render(report: dict, exit_code: int | None = None) -> str:
     for r in c.get("break_reasons", []):
         lines.append(f"  break: {r['reason']}" + (f" at {r['where']}" if r["where"] else ""))
     if c.get("error"):
-        lines.append(f"  {c['failed_target'] or 'model'}: {c['error']}")
+        lines.append(f"  {c['failed_target'] + ': ' if c.get('failed_target') else ''}"
+                     f"{c['error']}")
     if report["targets"]:
         lines.append("")
         lines += _side_by_side(report)
