@@ -161,10 +161,20 @@ def format_signature(sig: tuple) -> str:
 # ---- reading a dump (shared by index.md and neuron-dump) ----------------------------------------
 def signature_lines(text: str) -> list[str]:
     """The inputs of a ``signature.txt``, one string each (``float32[8, 16]``); an older dump's
-    one-line ``(float32[8, 16], ...)`` form is read as it was written: one line."""
+    one-line ``(float32[8, 16], 3)`` form is split at its top-level commas."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if lines == ["(no inputs)"]:
+    if lines == ["(no inputs)"] or lines == ["()"]:
         return []
+    if len(lines) == 1 and lines[0].startswith("(") and lines[0].endswith(")"):
+        parts, depth, cur = [], 0, ""
+        for ch in lines[0][1:-1]:
+            depth += (ch in "[(") - (ch in "])")
+            if ch == "," and depth == 0:
+                parts.append(cur.strip())
+                cur = ""
+            else:
+                cur += ch
+        return parts + [cur.strip()]
     return [ln.split(": ", 1)[1] if re.match(r"arg\d+: ", ln) else ln for ln in lines]
 
 
@@ -175,7 +185,8 @@ def signature_summary(text: str, width: int = 60) -> str:
     joined = ", ".join(inputs)
     if not inputs:
         return "-"
-    return joined if len(joined) <= width else f"{len(inputs)} inputs (signature.txt)"
+    many = f"{len(inputs)} input{'s' if len(inputs) > 1 else ''} (signature.txt)"
+    return joined if len(joined) <= width else many
 
 
 

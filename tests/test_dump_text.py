@@ -31,7 +31,8 @@ def test_signature_is_one_input_per_line():
     assert signature_summary(text) == "22 inputs (signature.txt)"
     short = format_signature((("T", (8, 16), "float32", False),))
     assert signature_summary(short) == "float32[8, 16]"
-    assert signature_lines("(float32[8, 16], float32[16])\n") == ["(float32[8, 16], float32[16])"]
+    old = "(float32[2, 100, 64], float32[64], 3)\n"                 # an older dump's one line
+    assert signature_lines(old) == ["float32[2, 100, 64]", "float32[64]", "3"]
     assert format_signature(()) == "(no inputs)\n" and signature_summary("(no inputs)\n") == "-"
 
 
