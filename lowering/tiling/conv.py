@@ -161,10 +161,19 @@ def tile_conv(b: TirBuilder, k: KOp) -> None:
                                 _block(b, k, g, wT, bt, n, sg, pa, cob, vr, vc, rr, cr)
 
 
+def _tap_groups(g: ConvPlan, Kh: int, Kw: int) -> list[tuple[int, int, int, int]]:
+    """The kernel taps whose weight rows are loaded together, ``(r0, nr, k0, nk)``: rows ``r0 ..
+    r0+nr-1`` x columns ``k0 .. k0+nk-1``. The products iterate the same groups (one loop nest
+    each), so every matmul instruction reads stationaries that one instruction wrote."""
+    return [(r, min(g.krows, Kh - r), k, min(g.kcols, Kw - k))
+            for r in range(0, Kh, g.krows) for k in range(0, Kw, g.kcols)]
+
+
 def _unit_loops(b: TirBuilder, g: ConvPlan, Kh: int, Kw: int, r0: int = 0,
-                nr: int | None = None) -> Iterator[tuple[AffineLike, AffineLike, int, AffineLike]]:
+                nr: int | None = None, k0: int = 0, nk: int | None = None
+                ) -> Iterator[tuple[AffineLike, AffineLike, int, AffineLike]]:
     """``(u, kh0, rows, kw)`` of the product units whose first kernel row is in ``r0 ..
-    r0+nr-1`` (``r0`` a multiple of ``stack``), as loops: one nest (kernel-row groups x kernel
+    r0+nr-1`` (``r0`` a multiple of ``stack``) and kernel column in ``k0 .. k0+nk-1``, as loops: one nest (kernel-row groups x kernel
     columns) per run of equal stacked rows, so a kernel of many taps is a loop, not a body that
     grows with it (``u = kh0 / stack * Kw + kw`` is affine in the loop variables)."""
     S = g.stack
@@ -174,8 +183,8 @@ def _unit_loops(b: TirBuilder, g: ConvPlan, Kh: int, Kw: int, r0: int = 0,
         if count == 0:
             continue
         with b.loop(count, "ku") as i:
-            with b.loop(Kw, "kw") as j:
-                yield (first // S + i) * Kw + j, i * S + first, rs, j
+            with b.loop(Kw - k0 if nk is None else nk, "kw") as j:
+                yield (first // S + i) * Kw + k0 + j, i * S + first, rs, j + k0
 
 
 def _stationaries(b: TirBuilder, g: ConvPlan, cob: int, dt):
@@ -198,30 +207,30 @@ def _weights(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cig: int, Cog: int, pa: 
     nu, cin = len(g.units), g.cin
     wT = _stationaries(b, g, cob, dt)
     for o0, ow in b.tiled(cob, P, "wo"):
-        for r0 in range(0, Kh, g.krows):
-            nr = min(g.krows, Kh - r0)
-            rl = nr * Kw                         # elements of one channel's rows in the tile
-            rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (0, cin), r0, nr) \
+        for r0, nr, k0, nk in _tap_groups(g, Kh, Kw):
+            rl = nr * nk                         # elements of one channel's rows in the tile
+            taps = (r0, nr, k0, nk)
+            rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (0, cin), taps) \
                 if g.rows_all else None
             for c0, cc in b.tiled(cin, P, "wc"):
                 if not g.rows_all:
-                    rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (c0, cc), r0, nr)
+                    rows = _weight_rows(b, w, g, sg, pa + o0, ow, Cig, Cog, (c0, cc), taps)
                 chan = c0 * rl if g.rows_all else 0
-                for u, kh0, rs, kw in _unit_loops(b, g, Kh, Kw, r0, nr):
+                for u, kh0, rs, kw in _unit_loops(b, g, Kh, Kw, r0, nr, k0, nk):
                     col = (c0 // P * nu + u) * cob + o0
-                    at = chan + (kh0 - r0) * Kw + kw
+                    at = chan + (kh0 - r0) * nk + kw - k0
                     if not g.gaps:               # every stacked row in one transpose
                         kp = g.kparts(rs, cc)
                         tp = b.tile("wtps", Memory.PSUM, kp, P, F32, 2)
                         b.transpose(tp.ap(kp, dims=((1, ow),)),
-                                    rows.ap(ow, elem_offset=at, dims=_dims((Kw, rs), (rl, cc))))
+                                    rows.ap(ow, elem_offset=at, dims=_dims((nk, rs), (rl, cc))))
                         b.tensor_copy(wT.ap(kp, elem_offset=col, dims=((1, ow),)),
                                       tp.ap(kp, dims=((1, ow),)))
                         continue
                     tp = b.tile("wtps", Memory.PSUM, g.kparts(rs, cc), P, F32, 2)
                     for s in range(rs):          # one per stacked row, onto its aligned partitions
                         b.transpose(tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)),
-                                    rows.ap(ow, elem_offset=at + s * Kw, dims=_dims((rl, cc))))
+                                    rows.ap(ow, elem_offset=at + s * nk, dims=_dims((rl, cc))))
                         b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch, elem_offset=col,
                                             dims=((1, ow),)),
                                       tp.ap(cc, partition_start=s * g.pitch, dims=((1, ow),)))
@@ -229,23 +238,23 @@ def _weights(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cig: int, Cog: int, pa: 
 
 
 def _weight_rows(b: TirBuilder, w, g: ConvPlan, sg: Affine, o0: AffineLike, ow: int, Cig: int,
-                 Cog: int, chans: tuple[AffineLike, int], r0: int, nr: int):
-    """rows[co, c * nr*Kw + (kh - r0)*Kw + kw] = w[sg*cout + o0 + co, c0 + c, kh, kw] for the
-    channels ``chans = (c0, count)`` of the super-group and kernel rows ``r0 .. r0+nr-1``
-    (contiguous runs of ``nr * Kw`` elements); with groups packed, spread over the block
+                 Cog: int, chans: tuple[AffineLike, int], taps: tuple[int, int, int, int]):
+    """rows[co, (c * nr + kh - r0) * nk + kw - k0] = w[sg*cout + o0 + co, c0 + c, kh, kw] for the
+    channels ``chans = (c0, count)`` of the super-group and the kernel taps ``taps = (r0, nr,
+    k0, nk)`` (rows ``r0 ..``, columns ``k0 ..``); with groups packed, spread over the block
     diagonal (the other groups' channels 0)."""
     dt = w.dtype
     s0, s1, s2, s3 = w.strides
-    Kw = w.shape[3]
     c0, cc = chans
-    rl = nr * Kw
+    r0, nr, k0, nk = taps
+    rl = nr * nk
     rows = b.tile("wrows", Memory.SBUF, ow, cc * rl, dt, 2)
-    first = w.offset + (sg * g.cout + o0) * s0 + r0 * s2
+    first = w.offset + (sg * g.cout + o0) * s0 + r0 * s2 + k0 * s3
     if g.gpb == 1:
-        b.dma(rows.ap(), hbm_ap(w.buffer, dt, first + c0 * s1, ow, s0, ((cc, s1), (nr, s2), (Kw, s3))))
+        b.dma(rows.ap(), hbm_ap(w.buffer, dt, first + c0 * s1, ow, s0, ((cc, s1), (nr, s2), (nk, s3))))
     else:                                        # rows * mask[co, group]
         plain = b.tile("wplain", Memory.SBUF, ow, Cig * rl, dt, 1)
-        b.dma(plain.ap(), hbm_ap(w.buffer, dt, first, ow, s0, ((Cig, s1), (nr, s2), (Kw, s3))))
+        b.dma(plain.ap(), hbm_ap(w.buffer, dt, first, ow, s0, ((Cig, s1), (nr, s2), (nk, s3))))
         _spread(b, rows, plain, 0, ow, g.gpb, Cog, Cig * rl, base=o0)
     return rows
 
@@ -391,7 +400,8 @@ def _block(b: TirBuilder, k: KOp, g: ConvPlan, wT, bt, n: Affine, sg: Affine, pa
             if g.per_chunk:
                 xt = _load_x(b, k, g, n, sg, oy0, ox0, rr, cr, (c0, cc))
             base = 0 if g.per_chunk else c0 // P * area
-            for u, kh0, rs, kw in _unit_loops(b, g, *a.kernel):
+            for u, kh0, rs, kw in (t for grp in _tap_groups(g, *a.kernel)
+                                    for t in _unit_loops(b, g, *a.kernel, *grp)):
                 kp = g.kparts(rs, cc)
                 mov = xt.ap(kp, elem_offset=base + kh0 * dh * cinw + kw * dw,
                             dims=_dims((sh * cinw, rr.size), (sw, cr.size)))
