@@ -143,15 +143,17 @@ def test_model_that_raises_in_eager_exits_3(models, tmp_path, capsys):
 
 
 def test_fallback_error_exits_3_and_names_the_cli_flag(models, tmp_path, capsys):
-    report = tmp_path / "r.json"
+    report, base = tmp_path / "r.json", tmp_path / "base.json"
+    base.write_text(json.dumps(dict.fromkeys(TOP_LEVEL_KEYS[:-1], {})))
     code, out, err = _run(capsys, f"{models}:make_cumsum", "--fallback", "error",
-                          "--json", str(report))
+                          "--json", str(report), "--baseline", str(base))
     assert code == 3, err
     for text in (out, err, json.loads(report.read_text())["compile"]["error"]):
         assert "aten.logcumsumexp.default" in text
         assert "--fallback allow" in text
         assert "options=" not in text, text      # the Python API's hint, not the CLI's
     assert "does not compile or run on trn2" in out
+    assert "Baseline: not compared: the model failed before the comparison" in out
 
 
 def test_a_bug_of_neuron_eval_exits_4_with_its_traceback(monkeypatch, capsys):

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import html
 
-from neuron_compiler.eval.baseline import describe
 from neuron_compiler.eval.prices import price_text
-from neuron_compiler.eval.report import eager_text, verdict
+from neuron_compiler.eval.report import baseline_text, eager_text, verdict
 from neuron_compiler.profile import _bytes
 
 PALETTE = ("#3b6fb6", "#e08a2c", "#4a9a5b", "#b6443b", "#7d5ba6", "#8c6d46", "#d06aa8")
@@ -181,10 +180,8 @@ def _top(report: dict) -> list[str]:
             where = f"{c['failed_target']}: " if c.get("failed_target") else ""
             inner.append(f"<pre>{_e(where)}{_e(c['error'])}</pre>")
         out.append('<div class="alert">' + "\n".join(inner) + "</div>")
-    if base:
-        out.append(f'<p class="{"note" if regs else "ok"}">Baseline: {_e(describe(base))}</p>')
-    elif report["targets"]:
-        out.append('<p class="note">Baseline: none compared (--baseline PATH)</p>')
+    out.append(f'<p class="{"ok" if base and not regs else "note"}">Baseline: '
+               f"{_e(baseline_text(report))}</p>")
     return out
 
 

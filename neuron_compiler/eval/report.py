@@ -7,7 +7,8 @@ Invariants
 - Targets are columns, side by side, in the order they were run; metrics are rows.
 - When a baseline was compared (the report's ``baseline`` entry), the terminal says so in one
   line (file, metrics compared, thresholds, regressions or "none") just above the result;
-  without one it says nothing was compared. Sizes are printed in B/KB/MB/GB.
+  without one it says nothing was compared, and after a failure that the comparison did not
+  run. Sizes are printed in B/KB/MB/GB.
 """
 from __future__ import annotations
 
@@ -152,12 +153,19 @@ def render(report: dict, exit_code: int | None = None) -> str:
         lines += ["", f"Regressions against the baseline ({len(report['regressions'])}):"]
         lines += [f"  {r['target'] or '-'}: {r['metric']}: {r['message']}"
                   for r in report["regressions"]]
-    if report["targets"]:
-        lines += ["", "Baseline: " + (describe(report["baseline"]) if report.get("baseline")
-                                      else "none compared (--baseline PATH)")]
+    lines += ["", "Baseline: " + baseline_text(report)]
     if exit_code is not None:
         lines += ["", f"result: {verdict(report, exit_code)} (exit {exit_code})"]
     return "\n".join(lines)
+
+
+def baseline_text(report: dict) -> str:
+    """Whether and how a baseline was compared (never silent about it)."""
+    if report.get("baseline"):
+        return describe(report["baseline"])
+    if report["compile"].get("error"):
+        return "not compared: the model failed before the comparison"
+    return "none compared (--baseline PATH)"
 
 
 def eager_text(m: dict) -> str:
