@@ -11,7 +11,7 @@ Invariants
     1  an output fails its accuracy thresholds, or a metric regressed against ``--baseline``;
     2  usage error: a bad flag or value, a MODEL that does not resolve to a factory
        (``zoo.ModelSpecError``), an unreadable baseline, ``--train`` on a model without
-       trainable parameters;
+       trainable parameters or without a floating-point output;
     3  the model fails: its factory or module raises (``zoo.ModelBuildError``), it raises in
        eager PyTorch, or it does not compile or run on some target;
     4  neuron-eval itself failed (a bug): the traceback is printed.
