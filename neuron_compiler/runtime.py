@@ -5,7 +5,9 @@
   program from the process-wide ``PROGRAM_CACHE`` or lowers it with
   ``lowering.api.compile_graph``. ``sim_mode="functional"``: output values come from the
   simulator; ``"timing"``: from running the partition eagerly, while the (data-independent,
-  cached) simulated timing is recorded.
+  cached) simulated timing is recorded. A partition that computes in bf16/fp16/fp8 runs in
+  fp32 there, its outputs rounded to their dtypes (``neuron_compiler.upcast``: CPU-speed
+  values that differ from eager low-precision PyTorch only by rounding).
 - ``FallbackOp`` replaces each eager fallback node and measures its host wall time.
 - ``torch.profiler`` sees each device-partition call as a ``record_function`` range named
   ``neuron partition: <graph>/<partition>`` (its compile, when it is the first call, included)
@@ -89,6 +91,7 @@ from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
                                            program_cache_info, program_key)  # noqa: F401 (re-export)
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
                                      active_profiles, graph_call)
+from neuron_compiler.upcast import needs_upcast, run_upcast, upcast_graph
 from runtime_sim.costs import host_transfer_ns
 from runtime_sim.errors import MachineError
 from runtime_sim.isa import Memory
@@ -432,6 +435,7 @@ class DevicePartition(torch.nn.Module):
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
+        self._upcast: GraphModule | None = None   # timing mode's value graph (upcast.py)
 
     def forward(self, *args: object) -> object:
         with record_function(f"neuron partition: {self.graph.name}/{self.name}"):
@@ -528,7 +532,13 @@ class DevicePartition(torch.nn.Module):
         simulation result)."""
         compiled = entry.compiled
         if self.options.sim_mode == "timing":
-            out = self.sub(*args)
+            if self._upcast is None:           # built once: the fp32 copy, or the graph
+                self._upcast = (needs_upcast(self.sub) and upcast_graph(self.sub)) or self.sub
+            if self._upcast is self.sub:
+                out = self.sub(*args)
+            else:
+                out = run_upcast(self._upcast, args, [getattr(m, "dtype", None)
+                                                      for m in entry.out_meta], self.returns_tuple)
             _, result = compiled.run(None, mode="timing")  # type: ignore[union-attr]
             return out, list(out) if self.returns_tuple else [out], result
         arrays = [to_numpy(a) for a in tensors]
