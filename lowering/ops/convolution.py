@@ -35,7 +35,9 @@ from lowering.kir import (ConvKAttrs, EOp, Expr, KKind, KOp, PointwiseAttrs, Ten
                           contiguous_strides, view_as)
 from lowering.ops.elementwise import EW_DTYPES, _torch_dtype_of
 from lowering.ops.views import apply_view, materialize
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry import FLOAT_DTYPES, op_name, register
+from lowering.tiling.conv_plan import plan_conv
+from runtime_sim.targets import TARGETS
 
 aten = torch.ops.aten
 
@@ -56,6 +58,32 @@ def _check_convolution(node: fx.Node) -> str | None:
     transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
     if transposed:
         return "transposed convolution (transposed=True) is not lowered"
+    return fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[5], int(node.args[8]))
+
+
+def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
+    """Why the CONV kernel of a forward convolution (input ``x``, weight ``w`` [Co, Ci/groups,
+    k...]) cannot be tiled within the SBUF of the smallest target (``tiling/conv_plan.py``),
+    or None: checked here so that such a node falls back before its partition is tiled."""
+    y = node.meta.get("val")
+    if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
+        return None
+    try:
+        shapes = [tuple(int(d) for d in t.shape) for t in (x, w, y)]
+    except (TypeError, ValueError):       # symbolic sizes: the tiler checks the concrete ones
+        return None
+    (xs, ws, ys), nsp = shapes, x.dim() - 2
+    if nsp == 1:
+        xs, ws, ys = (s[:2] + (1,) + s[2:] for s in (xs, ws, ys))
+    if 0 in xs or 0 in ws or 0 in ys:
+        return None
+    part = min(t.sbuf_bytes_per_partition for t in TARGETS.values())
+    try:
+        plan_conv(op_name(node.target), part, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2],
+                  Kw=ws[3], Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
+                  dilation=_pairs(dilation, nsp, 1), groups=groups)
+    except Unsupported as e:
+        return e.reason
     return None
 
 

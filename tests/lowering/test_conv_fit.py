@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lowering.api import why_unsupported
 from lowering.errors import Unsupported
 from lowering.tiling.conv_plan import plan_conv
-from lowering_helpers import assert_close, check, rand
+from lowering_helpers import assert_close, check, rand, trace
 from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, run_on_device
 from runtime_sim.targets import TARGETS
 
@@ -120,6 +121,19 @@ def test_plan_fits_every_target():
                                           r"\(limit \d+\)"):
         plan_conv("conv", 192 * 1024, 4, Co=8, Cig=128, Kh=1, Kw=100000, Ho=1, Wo=8, W=8,
                   stride=(1, 1), dilation=(1, 1), groups=1)
+
+
+def test_registry_refuses_what_cannot_fit():
+    """The registry's check asks the same plan (for the smallest target), so a convolution that
+    cannot fit falls back with the reason before its partition is tiled; one that fits by
+    splitting is accepted."""
+    def node(xs, ws, **kw):
+        gm = trace(lambda x, w: F.conv2d(x, w, **kw), torch.empty(*xs), torch.empty(*ws))
+        return next(n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default)
+    assert why_unsupported(node((1, 3, 64, 64), (768, 3, 16, 16), stride=16)) is None
+    assert why_unsupported(node((1, 960, 25, 25), (256, 960, 3, 3), padding=12, dilation=12)) is None
+    reason = why_unsupported(node((1, 4, 8, 8), (8, 4, 1, 100000), padding=(0, 50000)))
+    assert reason and "100000 taps need 800000 B per SBUF partition" in reason, reason
 
 
 def test_patch_embedding_through_torch_compile():
