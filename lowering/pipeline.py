@@ -100,12 +100,14 @@ def _tile_with_residency(kp, t):
         resident = choose_resident(kp, t.sbuf_bytes_per_partition, frozenset(dropped), narrow)
         try:
             return tile_program(kp, t, resident)
-        except NotResident as e:
-            if e.buffer in dropped or e.buffer not in resident:
-                raise
-            narrow[e.buffer] = narrow.get(e.buffer, 0) + 1
-            if narrow[e.buffer] >= len(lengths.get(e.buffer, ())):
-                dropped.add(e.buffer)
+        except NotResident as first:
+            # every tensor refused in this pass at once (one narrowing step each)
+            for name in dict.fromkeys(e.buffer for e in (first,) + first.also):
+                if name in dropped or name not in resident:
+                    raise
+                narrow[name] = narrow.get(name, 0) + 1
+                if narrow[name] >= len(lengths.get(name, ())):
+                    dropped.add(name)
 
 
 def _torch_dtype(dt):

@@ -149,7 +149,9 @@ def contiguous_run_elems(dims: tuple[tuple[int, int], ...]) -> int:
 
 # ---- static checks --------------------------------------------------------------------------
 
-def _align_error(start: int, n: int) -> str | None:
+def alignment_error(start: int, n: int) -> str | None:
+    """Why an SBUF/PSUM access of ``n`` partitions from ``start`` is not aligned (engines
+    address partition groups of 32), or None when it is."""
     if n > 64:
         return None if start == 0 else f"Pattern accesses {n} (> 64) partitions starting at partition {start}; must start at 0"
     if n > 32:
@@ -222,7 +224,7 @@ def check_ap_layout(ap: AP, bufs: dict[str, Buffer], role: str) -> Buffer:
         if ap.partitions < 1 or ap.partition_start < 0 or ap.partition_start + ap.partitions > buf.partitions:
             raise BoundsError(f"{role} {ap}: partitions [{ap.partition_start}, {ap.partition_start + ap.partitions}) "
                               f"outside buffer {buf.name!r} with {buf.partitions} partitions")
-        msg = _align_error(ap.partition_start, ap.partitions)
+        msg = alignment_error(ap.partition_start, ap.partitions)
         if msg:
             raise AlignmentError(f"{role} {ap}: {msg}")
     return buf

@@ -18,6 +18,7 @@ from lowering.tiling.scan import tile_scan
 from lowering.tiling.scatter import tile_scatter
 from lowering.tiling.select import tile_select
 from lowering.tir.builder import TirBuilder
+from lowering.tir.resident import NotResident
 from lowering.tir.ir import TProgram
 from runtime_sim.targets import Target
 
@@ -49,10 +50,23 @@ def tile_program(kp: KProgram, target: Target, resident: dict | None = None) -> 
     for h in kp.buffers.values():
         b.hbm_tensor(h.name, h.bytes, h.dtype, h.role.value, resident.get(h.name))
     b.live = {r.buffer for k in kp.kernels for r in k.ins} | {r.buffer for r in kp.outputs}
+    refused: list[NotResident] = []
     for i, k in enumerate(kp.kernels):
         b.tag = f"k{i}:{k.kind.value}:{','.join(k.origin)}"
         b.prefix = f"k{i}."
-        TILERS[k.kind](b, k)
+        try:
+            TILERS[k.kind](b, k)
+        except NotResident as e:
+            # the program is tiled again without it; the kernels after this one are still
+            # tiled (and thrown away) to find every other refusal in the same pass
+            refused.append(e)
+        except Exception:
+            if not refused:
+                raise
+            break                     # possibly a consequence of the refused kernels' state
+    if refused:
+        refused[0].also = tuple(refused[1:])
+        raise refused[0]
     if resident:
         b.notes.append("resident in SBUF: " + ", ".join(
             f"{n} ({r.rows}x{r.cols}, {r.bytes_per_partition} B/partition)" for n, r in resident.items()))

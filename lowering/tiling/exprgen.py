@@ -43,25 +43,6 @@ ALU_OF: dict[EOp, AluOp] = {
     EOp.GE: AluOp.IS_GE, EOp.AND: AluOp.LOGICAL_AND, EOp.OR: AluOp.LOGICAL_OR,
     EOp.XOR: AluOp.LOGICAL_XOR, EOp.MOD: AluOp.MOD,
 }
-_PY = {
-    EOp.ADD: lambda a, b: a + b, EOp.SUB: lambda a, b: a - b, EOp.MUL: lambda a, b: a * b,
-    EOp.DIV: lambda a, b: a / b if b else math.copysign(math.inf, a) if a else math.nan,
-    EOp.MAX: max, EOp.MIN: min, EOp.POW: lambda a, b: a ** b,
-    EOp.EQ: lambda a, b: float(a == b), EOp.NE: lambda a, b: float(a != b),
-    EOp.LT: lambda a, b: float(a < b), EOp.LE: lambda a, b: float(a <= b),
-    EOp.GT: lambda a, b: float(a > b), EOp.GE: lambda a, b: float(a >= b),
-    EOp.XOR: lambda a, b: float((a != 0) != (b != 0)),
-    EOp.MOD: lambda a, b: _mod(a, b),
-}
-
-
-def _mod(a: float, b: float) -> float:
-    """The ALU's floor modulo on fp32 values (semantics.ALU[MOD])."""
-    import numpy as np
-    with np.errstate(all="ignore"):
-        return float(np.mod(np.float32(a), np.float32(b)))
-
-
 def count_intermediates(expr: Expr) -> int:
     """Distinct non-leaf sub-expressions (each needs a tile), plus two for casts/constants."""
     seen: set[Expr] = set()
@@ -202,22 +183,24 @@ def _round_const(v: float, dt: DType) -> float:
 
 
 def _fold(x: Expr, args: list[float]) -> float:
+    """An operation on constants, computed by the machine's own semantics (fp32, as the engine
+    would compute it): every op the tile code can emit can also be folded."""
+    import numpy as np
+    from runtime_sim.semantics import ACT_FUNCS, ALU
     op = x.op
-    if op in _PY:
-        return float(_PY[op](*args))
+    if op in ALU_OF:
+        a, b = (np.asarray([v], dtype=np.float32) for v in args)
+        with np.errstate(all="ignore"):
+            return float(ALU[ALU_OF[op]](a, b)[0])
     if op is EOp.WHERE:
         return args[1] if args[0] else args[2]
     if op is EOp.CAST:
         return args[0]
     if op is EOp.NEG:
         return -args[0]
-    if op in UNARY_OPS:
-        import numpy as np
-        from runtime_sim.semantics import ACT_FUNCS
-        f = ACT_FUNCS[ACT_OF[op]] if op in ACT_OF else None
-        if f is None:
-            if op is EOp.LOGICAL_NOT:
-                return float(args[0] == 0)
-            raise LoweringError(f"cannot fold {op}")
-        return float(f(np.asarray([args[0]], dtype=np.float32))[0])
-    raise LoweringError(f"cannot fold {op}")
+    if op is EOp.LOGICAL_NOT:
+        return float(args[0] == 0)
+    if op in ACT_OF:
+        with np.errstate(all="ignore"):
+            return float(ACT_FUNCS[ACT_OF[op]](np.asarray([args[0]], dtype=np.float32))[0])
+    raise LoweringError(f"cannot fold {op}: no tile code for it either")

@@ -39,6 +39,13 @@ SBUF_SHARE = 0.92   # of a partition for one matmul kernel (the rest: the neighb
 STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
 
 
+# a machine dtype of each element size (the probe's transfers cost by bytes, not by type): every
+# size a tensor can have, 8-byte ones included (an int64 mask read by an epilogue)
+_OF_SIZE: dict[int, DType] = {}
+for _d in DType:
+    _OF_SIZE.setdefault(_d.itemsize, _d)
+
+
 def staged(form: str, F: int, K: int, isz: int, t: Target) -> bool:
     """A TensorE-transposed operand (PE_T) loads its rows once per block or group, all of K at
     a time ([128 rows, K] per DMA: K x itemsize bytes per partition, not a [128, 128] tile's 256
@@ -150,7 +157,7 @@ class _Probe:
         key = (p, f, isz, transpose, run)
         c = self._dma.get(key)
         if c is None:
-            d = {1: DType.UINT8, 2: DType.BF16, 4: DType.FP32}[isz]
+            d = _OF_SIZE[isz]
             if transpose:
                 src = AP("h", Memory.HBM, 0, 1, 0, ((p, f), (1, p)), d)
                 ins = Instr(Op.DMA_COPY, AP("s", Memory.SBUF, 0, p, 0, ((1, f),), d), (src,), DmaAttrs(True))

@@ -22,6 +22,7 @@ tile's loads overlap this tile's work.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from contextlib import ExitStack
@@ -141,10 +142,21 @@ def _load_shared(b: TirBuilder, x, reg: Region, base: Affine, slot: int, c0, fsz
 def _bytes_per_elem(b: TirBuilder, k: KOp) -> int:
     """SBUF bytes per free element of the loop nest's pools: every tile one row tile's
     expression takes (inputs, intermediates, casts, constants, the result) times its slots."""
-    s = _scratch_tile(b, k, 1, 1)
+    return _bytes_per_elem_of(b.target, *_signature(k))
+
+
+def _signature(k: KOp) -> tuple[Expr, tuple[DType, ...], DType]:
+    """What a tile's expression code depends on: the expression and the dtypes it reads and
+    writes (never the shapes, views or buffers)."""
+    return k.attrs.expr, tuple(r.dtype for r in k.ins), k.outs[0].dtype
+
+
+@functools.lru_cache(maxsize=4096)
+def _bytes_per_elem_of(t, expr: Expr, in_dtypes: tuple[DType, ...], out_dtype: DType) -> int:
+    s = _scratch_tile(t, expr, in_dtypes, out_dtype, 1, 1)
     bufs = {"in": IN_BUFS, "y": OUT_BUFS}
-    return sum(t.slot_bytes * bufs.get(t.name.rstrip("0123456789"), INTER_BUFS)
-               for t in s.buffers.values() if t.memory is Memory.SBUF)
+    return sum(x.slot_bytes * bufs.get(x.name.rstrip("0123456789"), INTER_BUFS)
+               for x in s.buffers.values() if x.memory is Memory.SBUF)
 
 
 def _chunk(b: TirBuilder, k: KOp, reg: Region, used, slot_of, trans, shared, fmax: int) -> int:
@@ -180,32 +192,40 @@ def _chunk(b: TirBuilder, k: KOp, reg: Region, used, slot_of, trans, shared, fma
     return choose_chunk(b.target, n, segments, repeat, streams, compute, fmax)
 
 
-def _scratch_tile(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset = frozenset()) -> TirBuilder:
+def _scratch_tile(t, expr: Expr, in_dtypes: tuple[DType, ...], out_dtype: DType, p: int, f: int,
+                  rows: frozenset = frozenset()) -> TirBuilder:
     """The expression of one [p, f] tile emitted into a scratch builder (for estimates);
     ``rows``: the inputs that hold one value per row."""
-    out = k.outs[0]
-    with scratch(b.target) as s:
+    with scratch(t) as s:
         def leaf(x: Expr) -> TAP:
             if x.op is EOp.LOAD:
-                return s.tile(f"in{x.index}", Memory.SBUF, p, f, k.ins[x.index].dtype).ap()
-            t = s.tile("idx", Memory.SBUF, p, f, x.dtype).ap()
-            s.iota(t, 0, 0, (1,))
-            return t
+                return s.tile(f"in{x.index}", Memory.SBUF, p, f, in_dtypes[x.index]).ap()
+            tl = s.tile("idx", Memory.SBUF, p, f, x.dtype).ap()
+            s.iota(tl, 0, 0, (1,))
+            return tl
 
         def row_leaf(x: Expr) -> TAP | None:
             if x.op is EOp.LOAD and x.index in rows:
-                return s.tile(f"in{x.index}", Memory.SBUF, p, 1, k.ins[x.index].dtype).ap()
+                return s.tile(f"in{x.index}", Memory.SBUF, p, 1, in_dtypes[x.index]).ap()
             return None
 
         ExprGen(s, p, (f,), leaf, row_leaf=row_leaf).tile_of(
-            k.attrs.expr, out.dtype, out=s.tile("y", Memory.SBUF, p, f, out.dtype).ap())
+            expr, out_dtype, out=s.tile("y", Memory.SBUF, p, f, out_dtype).ap())
     return s
 
 
-def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset) -> tuple[float, float]:
-    """(busiest engine's work, makespan) in ns of the expression on one [p, f] tile."""
-    busy, span = profile(_scratch_tile(b, k, p, f, rows))
+@functools.lru_cache(maxsize=16384)
+def _compute_ns_of(t, expr: Expr, in_dtypes: tuple[DType, ...], out_dtype: DType, p: int, f: int,
+                   rows: frozenset) -> tuple[float, float]:
+    """(busiest engine's work, makespan) in ns of the expression on one [p, f] tile: a pure
+    function of its arguments, remembered (a model's layers repeat their expressions, and a
+    partition tiled again after a residency change asks for the same ones)."""
+    busy, span = profile(_scratch_tile(t, expr, in_dtypes, out_dtype, p, f, rows))
     return (max(busy.values(), default=0.0), span)
+
+
+def _compute_ns(b: TirBuilder, k: KOp, p: int, f: int, rows: frozenset) -> tuple[float, float]:
+    return _compute_ns_of(b.target, *_signature(k), p, f, rows)
 
 
 def _copied_load(expr: Expr, dtype: DType) -> Expr | None:

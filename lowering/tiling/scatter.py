@@ -23,7 +23,6 @@ from __future__ import annotations
 from lowering.kir import KOp, ScatterKAttrs
 from lowering.tiling.gather import ROW_BUFS, row_chunks
 from lowering.tir.builder import TirBuilder
-from lowering.tir.resident import NotResident
 from runtime_sim.isa import DmaScatterAttrs, EngineKind, Memory, Op
 
 
@@ -33,8 +32,6 @@ def tile_scatter(b: TirBuilder, k: KOp) -> None:
     table = k.outs[0]
     n = k.attrs.axis
     assert n == index.rank and table.shape[n] == k.attrs.bound, (k.attrs, table, index)
-    if b.is_resident(table.buffer):
-        raise NotResident(table.buffer, "a scatter updates it by indirect DMA, which addresses HBM")
     if index.numel == 0 or data.numel == 0:
         return
     attrs = DmaScatterAttrs(k.attrs.accumulate)

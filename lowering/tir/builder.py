@@ -24,6 +24,7 @@ from typing import Iterator
 from lowering.errors import LoweringError
 from lowering.tir.affine import Affine, AffineLike, aff
 from lowering.tir.ir import Loop, Stmt, TAP, TBuf, TInstr, TProgram
+from runtime_sim.checks import alignment_error
 from runtime_sim.isa import (ActivationAttrs, BnAggrAttrs, BnStatsAttrs, DmaAttrs, DType,
                              EngineKind, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
                              SelectAttrs, TensorCopyAttrs, TensorReduceAttrs, TensorScalarAttrs,
@@ -285,6 +286,21 @@ class TirBuilder:
         b = self.buffers.get(a.buf)
         if b is None:
             raise LoweringError(f"{self.tag}: access to unknown buffer {a.buf}")
+        if a.buf in self.resident:
+            # its bytes live in SBUF: only ``dma`` maps an HBM access onto them; an instruction
+            # that addresses the HBM tensor itself (an indirect DMA's table) would read bytes
+            # nobody wrote, so the tensor goes back to HBM and the partition is tiled again
+            from lowering.tir.resident import NotResident
+            raise NotResident(a.buf, f"{self.tag} addresses it in HBM")
+        if b.memory is not Memory.HBM:
+            why = alignment_error(a.partition_start, a.partitions)
+            if why is not None:
+                owner = next((t for t, (_, rb) in self.resident.items() if rb == a.buf), None)
+                if owner is not None:     # rows of a resident tensor that start mid-group
+                    from lowering.tir.resident import NotResident
+                    raise NotResident(owner, f"{self.tag} reads rows from partition "
+                                             f"{a.partition_start}: {why}")
+                raise LoweringError(f"{self.tag}: access {a}: {why}")
         if b.memory is not Memory.HBM and b.scope is not None and b.scope not in self._open:
             raise LoweringError(f"{self.tag}: uses tile {b.name} outside its loop {b.scope} "
                                 f"(its slot belongs to newer allocations); give the value a "

@@ -31,6 +31,7 @@ class NotResident(LoweringError):
     def __init__(self, buffer: str, why: str):
         super().__init__(f"tensor {buffer} cannot stay in SBUF: {why}")
         self.buffer = buffer
+        self.also: tuple[NotResident, ...] = ()   # more refusals found in the same tiling pass
 
 
 def map_ap(res, tbuf: str, a: TAP, counts: dict[str, int]) -> TAP:
