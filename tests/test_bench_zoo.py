@@ -61,7 +61,8 @@ def test_unknown_row_is_a_usage_error():
 def test_compare_fails_on_wrong_values():
     ref = {"logits": torch.randn(2, 16, 8), "hidden": (torch.randn(3, 4),)}
     same = {"logits": ref["logits"].clone(), "hidden": (ref["hidden"][0] + 1e-6,)}
-    assert zoo.compare(same, ref, "fp32")["match"] is True
+    good = zoo.compare(same, ref, "fp32")
+    assert good["match"] is True and good["ref_max_abs"] == float(ref["logits"].abs().max())
     halved = {"logits": ref["logits"] / 2, "hidden": ref["hidden"]}
     r = zoo.compare(halved, ref, "fp32")
     assert r["match"] is False and r["detail"] == "out.logits" and r["max_abs_err"] > 0.01
@@ -74,6 +75,9 @@ def test_compare_fails_on_wrong_values():
     short = {"logits": ref["logits"][:, :8], "hidden": ref["hidden"]}
     assert zoo.compare(short, ref, "fp32")["match"] is False
     assert zoo.compare({"logits": ref["logits"]}, ref, "fp32")["match"] is False
+    zeros = {"logits": torch.zeros(2, 3)}       # an output that any program matches is flagged
+    row = {"mode": "fp32", "status": "ok", **zoo.compare(zeros, zeros, "fp32")}
+    assert zoo._match(row) == "pass 0.0e+00 (eager output ~0)"
 
 
 def test_classify_tells_compiler_bugs_from_torch_errors():
