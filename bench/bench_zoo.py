@@ -360,6 +360,30 @@ def _commit() -> str:
         return "unknown"
 
 
+def render(paths: list[str], md_path: str | None, json_path: str | None) -> int:
+    """Rows of saved runs merged in the order they first appear; the header names each run."""
+    merged: dict = {}
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            run = json.load(f)
+        runs.append(f"commit `{run['commit']}` {run['date']} ({len(run['rows'])} rows, timeout "
+                    f"{run['timeout_s']:.0f} s)")
+        for row in run["rows"]:
+            merged[(row["name"], row["mode"])] = row
+    rows = list(merged.values())
+    for row in rows:
+        print(text_line(row))
+    print(summary(rows))
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(markdown(rows, "Runs: " + "; then ".join(runs) + "."))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"runs": runs, "rows": rows}, f, indent=1)
+    return 1 if any(failed(r) for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", help="comma-separated row names (see --list)")
@@ -368,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the table as Markdown here")
     p.add_argument("--list", action="store_true", help="list the rows and exit")
+    p.add_argument("--render", help="JSON[,JSON]: no run; merge saved --json files (a later "
+                                    "file's row replaces an earlier one's) into --markdown/--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -376,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(row, f)
         return 0
+    if a.render:
+        return render(a.render.split(","), a.markdown, a.json)
     archs = registry()
     if a.only:
         names = [n.strip() for n in a.only.split(",") if n.strip()]
