@@ -57,8 +57,14 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   host lays it out while sending), and sent again if the plain layout is wanted elsewhere.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
   bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
-  ``runtime_sim.targets``); bytes are ``numel x element size``. HBM capacity is not modelled:
-  everything that was sent stays resident while its tensor lives.
+  ``runtime_sim.targets``); bytes are ``numel x element size``. Residency across partitions
+  is not limited by HBM capacity: everything that was sent stays resident while its tensor
+  lives. (One partition is: in functional mode, inputs or a program whose HBM buffers exceed
+  one NeuronCore's HBM, ``hbm_capacity_bytes``, are refused with ``NeuronInputError`` before
+  the simulator allocates them; meta-device inputs too, since their values do not exist.)
+- A machine error the simulator raises while running a program (``MachineError``: race,
+  bounds, alignment, deadlock, uninitialised read) is raised as ``NeuronRunError`` naming the
+  graph, the partition, the signature, the instruction and the ATen op(s) of its tag.
 """
 from __future__ import annotations
 
