@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.fx as fx
 
-from lowering.errors import Unsupported
 from lowering.frontend import LowerCtx
 from lowering.kir import TensorRef
 from lowering.ops.conv_backward import _as_2d, _flat, _grad_input, phase_taps
-from lowering.ops.convolution import _pairs
-from lowering.registry import op_name
-from lowering.tiling.conv_plan import plan_conv
-from runtime_sim.targets import TARGETS
+from lowering.ops.convolution import _pairs, conv_shapes, plan_reason
 
 
 def phase_kernel(k: int, s: int, p: int, d: int) -> tuple[int, int]:
@@ -43,31 +38,18 @@ def phase_kernel(k: int, s: int, p: int, d: int) -> tuple[int, int]:
 def transposed_fit_reason(node: fx.Node, x, w, stride, padding, dilation, groups: int) -> str | None:
     """Why the largest phase convolution of a transposed convolution cannot be tiled within the
     smallest target's SBUF, or None (see ``ops/convolution.fit_reason``)."""
-    y = node.meta.get("val")
-    if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
+    shapes = conv_shapes(node, x, w)
+    if shapes is None:
         return None
-    try:
-        xs, ws, ys = (tuple(int(d) for d in t.shape) for t in (x, w, y))
-    except (TypeError, ValueError):
-        return None
-    nsp = len(xs) - 2
-    if nsp == 1:
-        xs, ws, ys = (s[:2] + (1,) + s[2:] for s in (xs, ws, ys))
-    if 0 in xs or 0 in ws or 0 in ys:
-        return None
+    xs, ws, ys = shapes
+    nsp = x.dim() - 2
     st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
     (kh, gh), (kw, gw) = (phase_kernel(ws[2 + i], st[i], pd[i], dl[i]) for i in range(2))
     if not (kh and kw):
         return None
-    part = min(t.sbuf_bytes_per_partition for t in TARGETS.values())
-    try:
-        plan_conv(op_name(node.target), part, x.element_size(), Co=ws[1] * groups,
-                  Cig=ws[0] // groups, Kh=kh, Kw=kw, Ho=-(-ys[2] // st[0]),
-                  Wo=-(-ys[3] // st[1]), W=xs[3], stride=(1, 1), dilation=(gh, gw),
-                  groups=groups, dgrad_taps=ws[2] * ws[3])
-    except Unsupported as e:
-        return e.reason
-    return None
+    return plan_reason(node, x.element_size(), Co=ws[1] * groups, Cig=ws[0] // groups, Kh=kh,
+                       Kw=kw, Ho=-(-ys[2] // st[0]), Wo=-(-ys[3] // st[1]), W=xs[3],
+                       stride=(1, 1), dilation=(gh, gw), groups=groups, dgrad_taps=ws[2] * ws[3])
 
 
 def convolution_transposed(ctx: LowerCtx, x: TensorRef, w: TensorRef, bias: TensorRef | None,

@@ -65,30 +65,44 @@ def _check_convolution(node: fx.Node) -> str | None:
     return fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[5], int(node.args[8]))
 
 
-def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
-    """Why the CONV kernel of a forward convolution (input ``x``, weight ``w`` [Co, Ci/groups,
-    k...]) cannot be tiled within the SBUF of the smallest target (``tiling/conv_plan.py``),
-    or None: checked here so that such a node falls back before its partition is tiled."""
+def conv_shapes(node: fx.Node, x, w) -> tuple[tuple[int, ...], ...] | None:
+    """The concrete 4-d (a 1-d conv with H = 1) shapes of a convolution node's input, weight and
+    output, or None when one is missing, symbolic or empty (the tiler checks those)."""
     y = node.meta.get("val")
     if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
         return None
     try:
         shapes = [tuple(int(d) for d in t.shape) for t in (x, w, y)]
-    except (TypeError, ValueError):       # symbolic sizes: the tiler checks the concrete ones
+    except (TypeError, ValueError):
         return None
-    (xs, ws, ys), nsp = shapes, x.dim() - 2
-    if nsp == 1:
-        xs, ws, ys = (s[:2] + (1,) + s[2:] for s in (xs, ws, ys))
-    if 0 in xs or 0 in ws or 0 in ys:
-        return None
+    if x.dim() == 3:
+        shapes = [s[:2] + (1,) + s[2:] for s in shapes]
+    return None if any(0 in s for s in shapes) else tuple(shapes)
+
+
+def plan_reason(node: fx.Node, itemsize: int, **sizes) -> str | None:
+    """Why ``tiling/conv_plan.plan_conv(**sizes)`` finds no blocking within the SBUF of the
+    smallest target, or None: checked here so that such a node falls back before its
+    partition is tiled."""
     part = min(t.sbuf_bytes_per_partition for t in TARGETS.values())
     try:
-        plan_conv(op_name(node.target), part, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2],
-                  Kw=ws[3], Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
-                  dilation=_pairs(dilation, nsp, 1), groups=groups)
+        plan_conv(op_name(node.target), part, itemsize, **sizes)
     except Unsupported as e:
         return e.reason
     return None
+
+
+def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
+    """Why the CONV kernel of a forward convolution (input ``x``, weight ``w`` [Co, Ci/groups,
+    k...]) cannot be tiled within the smallest target's SBUF (``plan_reason``), or None."""
+    shapes = conv_shapes(node, x, w)
+    if shapes is None:
+        return None
+    xs, ws, ys = shapes
+    nsp = x.dim() - 2
+    return plan_reason(node, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2], Kw=ws[3],
+                       Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
+                       dilation=_pairs(dilation, nsp, 1), groups=groups)
 
 
 def _pairs(v, n: int, unit: int) -> tuple[int, int]:

@@ -4,6 +4,8 @@ dilation, groups and depthwise, with and without bias, over 128-channel edges (c
 and output chunks) and output maps larger than one PSUM bank (512 pixels). Every case runs
 through ``lowering_helpers.check`` (all nodes lowered, instructions executed);
 ``test_tolerance_catches_wrong_results`` feeds known-wrong results to the same comparison.
+Through ``torch.compile``: ``tests/test_cnn_models.py::test_inference_convolutions_fit_on_device``
+(a decoder of transposed convolutions, every node on the device).
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import torch.nn.functional as F
 
 from lowering.api import why_unsupported
 from lowering_helpers import assert_close, check, rand, trace
-from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, run_on_device
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -101,20 +102,3 @@ def test_3d_transposed_falls_back_with_reason():
     conv = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
     assert conv and "3-d convolution" in why_unsupported(conv[0])
 
-
-def test_decoder_through_torch_compile():
-    """A small decoder (ConvTranspose2d -> ReLU -> ConvTranspose2d) under torch.compile: every
-    node on the device."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1),
-                                torch.nn.ReLU(),
-                                torch.nn.ConvTranspose2d(8, 3, 3, stride=2, padding=1,
-                                                         output_padding=1)).eval()
-    x = torch.randn(2, 16, 7, 6)
-    with torch.no_grad():
-        out, prof = run_on_device(compile_for_neuron(model), x)
-        want = model(x)
-    d = assert_ran_on_device(prof)
-    assert d["fallback_nodes"] == 0 and not d["fallbacks"], d["fallbacks"]
-    assert_close(out, want)
