@@ -53,7 +53,8 @@ with warnings.catch_warnings(record=True) as caught:
 with torch.no_grad():
     ref = model(x)
 d = prof.to_dict()
-print(json.dumps({"cache": d["cache"], "compile_time_s": d["compile_time_s"],
+print(json.dumps({"cache": d["cache"], "program_cache": d["program_cache"],
+                  "compile_time_s": d["compile_time_s"],
                   "device_nodes": d["device_nodes"], "partitions": len(d["partitions"]),
                   "max_err": (y - ref).abs().max().item(),
                   "matches": torch.allclose(y, ref, atol=1e-4, rtol=1e-3),
@@ -99,6 +100,7 @@ def test_second_process_hits_truncated_entries_recompile(script, tmp_path):
 
     second = _result(_run(script, cache, tmp_path))
     assert second["cache"] == {"hits": first["cache"]["misses"], "misses": 0}, second
+    assert second["program_cache"]["disk_hits"] == first["cache"]["misses"], second
     assert second["matches"] and second["max_err"] == first["max_err"]
     assert "on-disk compile cache" in second["summary"] and "hits" in second["summary"]
     speedup = first["compile_time_s"] / second["compile_time_s"]
