@@ -6,15 +6,16 @@ function of the convolution's sizes and the target's bytes per SBUF partition.
   over *output-channel passes* of ``cob`` channels (a multiple of 128 when possible, fewer when
   even 128 columns exceed the share: a 16x16 patch embedding's 64 stacked units x 768 outputs);
   each pass re-reads the input;
-- the weight rows loaded to be transposed: over groups of ``krows`` kernel rows (whole stacked
-  units), and fewer stacked rows per product when one unit's rows do not fit;
+- the weight rows loaded to be transposed: every input channel at once, else per 128; over
+  groups of ``krows`` kernel rows (whole stacked units), fewer stacked rows per product when one
+  unit's rows do not fit, and groups of ``kcols`` kernel columns when one row does not;
 - the input tile (the output block's receptive field): first smaller output blocks (not below
   128 pixels, where a product's fixed cost starts to dominate), then one tile per 128-channel
   chunk instead of every chunk at once (``per_chunk``: loaded inside the output-channel loop,
   so once per 128 output channels; a dilated conv's halo on many channels), then smaller blocks
   down to one pixel, then fewer slots (``xbufs``).
 The shares are fractions of the partition (``W_SHARE``, ``ROWS_SHARE``, ``X_SHARE``), never
-shape constants. A convolution whose single kernel row, or single weight column per product,
+shape constants. A convolution whose single kernel tap of weight rows, or single weight column per product,
 or single-pixel input window does not fit is ``Unsupported`` (the registry's check asks the
 same function for the smallest target, so such a node falls back before tiling starts).
 
@@ -22,7 +23,8 @@ Invariants
 - ``nci * len(units) * cob * itemsize * wbufs <= part * W_SHARE``.
 - ``xbufs * (tile + staging) <= part * X_SHARE`` for the chosen block, with ``tile`` holding
   ``1 if per_chunk else nci`` chunks of ``rin x cinw`` elements.
-- ``units`` cover every kernel tap exactly once; ``krows`` is a multiple of ``stack`` (or ``Kh``).
+- ``units`` cover every kernel tap exactly once; ``krows`` is a multiple of ``stack`` (or ``Kh``);
+  ``kcols < Kw`` only with ``krows == stack == 1``.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class ConvPlan:
     super-group, ``SG`` super-groups); ``nci`` chunks of 128 input channels; ``stack`` copies of
     the input tile ``pitch`` partitions apart; ``units`` (first kernel row, rows, kernel column)
     per product; output blocks ``R x Cw``; ``cob`` output channels per weight pass; weight rows
-    loaded ``krows`` kernel rows at a time, of every input channel at once (``rows_all``) or per
+    loaded ``krows`` kernel rows of ``kcols`` columns at a time, of every input channel at once (``rows_all``) or per
     128-channel chunk; input tiles of one chunk (``per_chunk``) or all,
     ``xbufs`` slots."""
 
@@ -62,6 +64,7 @@ class ConvPlan:
     Cw: int
     cob: int
     krows: int
+    kcols: int
     rows_all: bool
     per_chunk: bool
     xbufs: int
@@ -134,17 +137,21 @@ def plan_conv(op: str, part: int, isz: int, *, Co: int, Cig: int, Kh: int, Kw: i
     rows_b = int(part * ROWS_SHARE)
     cc = min(cin, P)
     # weight rows: whole stacked units per load (forward), fewer stacked rows if needed
-    krows, rows_all = Kh, True
+    krows, kcols, rows_all = Kh, Kw, True
     if not dgrad_taps and cin * Kh * Kw * isz * 2 + (Cig * Kh * Kw * isz if gpb > 1 else 0) > rows_b:
         rows_all = False
         row = cc * Kw * isz * 2 + (Cig * Kw * isz if gpb > 1 else 0)     # one kernel row, all slots
         while stack > 1 and row * stack > rows_b:
             stack -= 1
-        if row > rows_b:
-            raise Unsupported(op, f"weight rows of {cc} channels x {Kw} kernel columns need "
-                              f"{row} B per SBUF partition (limit {rows_b})")
-        krows = max(stack, rows_b // row // stack * stack)
-        krows = min(krows, -(-Kh // stack) * stack)
+        if row > rows_b:                         # one kernel row in column groups
+            per_col = row // Kw
+            kcols, krows = rows_b // per_col, 1
+            if kcols < 1:
+                raise Unsupported(op, f"weight rows of {cc} channels need {per_col} B per SBUF "
+                                  f"partition for one kernel tap (limit {rows_b})")
+        else:
+            krows = max(stack, rows_b // row // stack * stack)
+            krows = min(krows, -(-Kh // stack) * stack)
     units = _units(Kh, Kw, stack)
     # weights: output-channel passes
     w_b = int(part * W_SHARE)
@@ -187,7 +194,7 @@ def plan_conv(op: str, part: int, isz: int, *, Co: int, Cig: int, Kh: int, Kw: i
             nb, R, Cw = need(fm, 1 if per_chunk else nci, bufs)
             if nb <= x_b:
                 return ConvPlan(gpb, cin, cout, SG, nci, stack, pitch, units, R, Cw, cob, krows,
-                                rows_all, per_chunk, bufs)
+                                kcols, rows_all, per_chunk, bufs)
     nb, R, Cw = need(1, 1, 2)
     rin, cinw = (Kh - 1) * dh + 1, (Kw - 1) * dw + 1
     raise Unsupported(op, f"input window of {rin}x{cinw} for one output pixel needs {nb} B per "
