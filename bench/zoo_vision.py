@@ -16,7 +16,8 @@ installed there (``pip install --no-deps --target ...``, see docs/zoo.md) so tha
 the environment sees a torchvision it cannot import (transformers imports it when present).
 This module is only imported by the sweep's worker process of a torchvision/timm row.
 
-Models: weights random (``weights=None``; ``pretrained=False``), seeded. ``fp32``: 32 px images
+Models: weights random (``weights=None``; ``pretrained=False``), seeded, batch-norm statistics
+calibrated on a random batch (``calibrate``: else the outputs vanish). ``fp32``: 32 px images
 (vit_b_16 and the timm ViT/Mixer at 64 px: their patch grids need it), batch 1, 10 classes.
 ``bf16``: 64 px, batch 1, 1000 classes: the real channel widths and depths (the layer shapes of
 the public models), at a small image size.
@@ -74,6 +75,38 @@ def _image(mode: str, fp32_px: int = 32, bf16_px: int = 64) -> torch.Tensor:
     return torch.randn(1, 3, px, px, generator=torch.Generator().manual_seed(6))
 
 
+def calibrate(model: torch.nn.Module, mode: str, fp32_px: int = 32) -> torch.nn.Module:
+    """Batch-norm running statistics set to those of a random batch of 4 images.
+
+    With random weights and the initial statistics (mean 0, variance 1), eval-mode batch norm
+    normalises nothing and the activations of a deep CNN shrink layer after layer (torchvision's
+    mobilenet_v3_small ends near 1e-16, shufflenet at exactly 0): every comparison would pass.
+    A trained model's statistics normalise its activations; these do the same for the random
+    weights (one train-mode forward with a cumulative average, ``momentum=None``).
+
+    Zero-initialised weights (torchvision's ViT head, timm's Mixer head) are drawn from
+    N(0, 0.02) first: a zero head makes every output 0, which any program would match."""
+    with torch.no_grad():
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and not w.any():
+                w.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(8))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model.eval()
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    px = fp32_px if mode == "fp32" else 64
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(4, 3, px, px, generator=torch.Generator().manual_seed(7)))
+    for m, momentum in zip(norms, saved):
+        m.momentum = momentum
+    return model.eval()
+
+
 def _tv(fn: str, fp32_px: int = 32, **extra):
     def build(mode: str) -> tuple[torch.nn.Module, tuple]:
         tvm = load_torchvision().models
@@ -82,7 +115,7 @@ def _tv(fn: str, fp32_px: int = 32, **extra):
         if fn == "vit_b_16":
             kw["image_size"] = fp32_px if mode == "fp32" else 64
         model = getattr(tvm, fn)(weights=None, num_classes=10 if mode == "fp32" else 1000, **kw)
-        return model, (_image(mode, fp32_px),)
+        return calibrate(model, mode, fp32_px), (_image(mode, fp32_px),)
     return build
 
 
@@ -102,7 +135,7 @@ def _deeplab(mode: str) -> tuple[torch.nn.Module, tuple]:
     torch.manual_seed(0)
     model = seg.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None,
                                              num_classes=4 if mode == "fp32" else 21)
-    return _SegOut(model), (_image(mode),)
+    return calibrate(_SegOut(model), mode), (_image(mode),)
 
 
 def _timm(name: str, fp32_px: int = 32, **extra):
@@ -114,7 +147,7 @@ def _timm(name: str, fp32_px: int = 32, **extra):
             kw["img_size"] = fp32_px if mode == "fp32" else 64
         model = timm.create_model(name, pretrained=False,
                                   num_classes=10 if mode == "fp32" else 1000, **kw)
-        return model, (_image(mode, fp32_px),)
+        return calibrate(model, mode, fp32_px), (_image(mode, fp32_px),)
     return build
 
 

@@ -27,16 +27,37 @@ Invariants
   header names the key asked for, before unpickling. A corrupted or truncated entry is
   reported in a ``NeuronCacheWarning`` naming the file and what was wrong, removed, and counted
   as a miss: the partition is compiled again and the entry rewritten.
+- An entry is checked against the request after loading: it carries the request it was
+  written for (``request(...)``: graph hash, input specs, options, target description,
+  versions, code fingerprint; the key is the sha256 of exactly that), which must hash to the
+  key asked for, and its program's input specs must be the requested ones. Another graph's
+  valid entry copied under this key (header rewritten or not) is reported, removed and
+  recompiled like a corrupt one. (The sha256 sits in the same file: it catches corruption,
+  not tampering; these checks catch a misplaced entry.)
+- Loading executes nothing from the directory: the payload is read by a restricted unpickler
+  (``_EntryUnpickler``) that resolves only the classes of the modules that hold a program's
+  data (``_DATA_MODULES``: ``CacheEntry``, ``lowering.compiled``, ``runtime_sim``'s ISA, loops
+  and statistics), torch dtypes, numpy arrays/dtypes, ``ml_dtypes`` scalar types and a few
+  builtin containers; any other global (``os.system``, ``builtins.eval``, a function of the
+  project, ...) makes the entry unreadable: reported, removed, recompiled, never called. An
+  entry is only stored when it reads back under the same rules.
+- What an entry holds, and why reusing it is safe: the lowered program (``CompiledGraph``) of one
+  partition specialisation, or its ``Unsupported`` reason, plus its dump stage files; and, once
+  the program has been timed, its timing statistics (``SimStats``: a timing result depends only
+  on the program, ``lowering.compiled``), so a warm process's timing-mode first call does not
+  simulate again. Values computed by a functional run are never stored. Everything in it is a
+  pure function of the key's request.
 - A cache directory that cannot be written (read-only, disk full) costs a warning, never a
   failed compile.
-- Entries are pickles: point ``cache_dir`` only at a directory you trust (as with Inductor's
-  cache). Nothing here evicts entries; delete the directory to clear it.
+- Nothing here evicts entries; delete the directory to clear it.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import hashlib
+import importlib
+import io
 import json
 import os
 import pickle
@@ -64,6 +85,8 @@ class CacheEntry:
     compiled: object | None                       # lowering CompiledGraph, or None
     unsupported: tuple[str, str] | None           # (op, reason) of an Unsupported, or None
     stage_files: list[tuple[str, str]] | None     # dump stage files, when it was dumped
+    request: dict | None = None                   # what it was lowered for: ``request(...)``
+    timing: object | None = None                  # the program's timing SimStats, once timed
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,6 +121,18 @@ def target_hash(name: str) -> str:
 
 def cache_key(graph_hash: str, specs: tuple, options: tuple, target: str) -> str:
     """The entry key (module docstring): hex sha256 of everything a lowering depends on."""
+    return request_key(request(graph_hash, specs, options, target))
+
+
+def request_key(parts: dict) -> str:
+    """The key of request ``parts``: sha256 of its canonical JSON."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def request(graph_hash: str, specs: tuple, options: tuple, target: str) -> dict:
+    """Everything a lowering depends on, JSON-ready: the graph's structural hash, the input
+    specs (shape, dtype, resident), the options, the target description and the versions."""
     import torch
 
     import neuron_compiler
@@ -111,8 +146,7 @@ def cache_key(graph_hash: str, specs: tuple, options: tuple, target: str) -> str
         "torch": torch.__version__,
         "code": code_fingerprint(),
     }
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json.loads(json.dumps(parts, sort_keys=True, default=str))   # plain JSON values
 
 
 class DiskCache:
@@ -144,6 +178,8 @@ class DiskCache:
             self._corrupt(path, f"cannot be read ({exc})")
             return None
         problem, entry = _decode(data, key)
+        if problem is None:
+            problem = _mismatch(entry, key)  # type: ignore[arg-type]
         if problem is not None:
             self._corrupt(path, problem)
             return None
@@ -158,7 +194,9 @@ class DiskCache:
         try:
             payload = pickle.dumps(dataclasses.replace(entry, compiled=compiled),
                                    protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            _EntryUnpickler(io.BytesIO(payload)).load()   # it must read back under the rules
+        except (pickle.PicklingError, pickle.UnpicklingError, TypeError,
+                AttributeError) as exc:
             log.warning("compile cache: %s cannot be stored: %s", entry.origin, exc)
             return None
         header = json.dumps({"key": key, "bytes": len(payload),
@@ -190,8 +228,8 @@ class DiskCache:
         return path
 
     def _corrupt(self, path: str, problem: str) -> None:
-        msg = (f"neuron compile cache: entry {path} is corrupt ({problem}); it is removed "
-               f"and the partition compiled again")
+        msg = (f"neuron compile cache: entry {path} is corrupt or misplaced ({problem}); it is "
+               f"removed and the partition compiled again")
         warnings.warn(msg, NeuronCacheWarning, stacklevel=3)
         log.info("%s", msg)      # the warning is what the user sees; this is for TORCH_LOGS
         try:
@@ -222,12 +260,69 @@ def _decode(data: bytes, key: str) -> tuple[str | None, CacheEntry | None]:
     if got_sha != want_sha:
         return f"payload sha256 {got_sha[:16]}..., expected {want_sha[:16]}...", None
     try:
-        entry = pickle.loads(payload)
-    except Exception as exc:   # a checksummed payload that does not unpickle: code changed
+        entry = _EntryUnpickler(io.BytesIO(payload)).load()
+    except Exception as exc:   # a forbidden global, or the code changed
         return f"the payload does not unpickle: {type(exc).__name__}: {exc}", None
     if not isinstance(entry, CacheEntry):
         return f"the payload is a {type(entry).__name__}, expected a CacheEntry", None
     return None, entry
+
+
+def _mismatch(entry: CacheEntry, key: str) -> str | None:
+    """Why ``entry`` was not written for ``key`` (None: it was)."""
+    if not isinstance(entry.request, dict):
+        return "it records no request"
+    if request_key(entry.request) != key:
+        graph = str(entry.request.get("graph", "?"))[:16]
+        return (f"it was written for another request (graph {graph}..., "
+                f"{entry.request.get('specs')}): its request hashes to "
+                f"{request_key(entry.request)[:16]}..., not to this key")
+    specs = getattr(entry.compiled, "input_specs", None)
+    if specs is not None:
+        got = [[list(s.shape), str(s.dtype)] for s in specs]
+        want = [spec[:2] for spec in entry.request.get("specs", [])]
+        if got != want:
+            return f"its program takes inputs {got}, the request has {want}"
+    return None
+
+
+# modules whose classes hold a program's data (no behaviour at construction)
+_DATA_MODULES = frozenset({"neuron_compiler.cache", "lowering.compiled", "runtime_sim.isa",
+                           "runtime_sim.loops", "runtime_sim.stats"})
+_NUMPY = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+          ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+          ("numpy._core.multiarray", "scalar")}
+_BUILTINS = frozenset({"set", "frozenset", "slice", "complex", "range", "bytearray"})
+
+
+class _EntryUnpickler(pickle.Unpickler):
+    """Resolves only the globals a cache entry may hold (module docstring); anything else is
+    an ``UnpicklingError`` naming it, raised before the object is ever called."""
+
+    def find_class(self, module: str, name: str) -> object:
+        import numpy as np
+        import torch
+        if module in _DATA_MODULES and "." not in name:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) in _NUMPY or (module.startswith("numpy") and name == "dtype"):
+            return super().find_class(module, name)
+        elif module.startswith("numpy.dtypes") and "." not in name:
+            obj = getattr(np.dtypes, name, None)
+            if isinstance(obj, type) and issubclass(obj, np.dtype):
+                return obj
+        elif module == "ml_dtypes" and "." not in name:
+            import ml_dtypes
+            obj = getattr(ml_dtypes, name, None)
+            if isinstance(obj, type) and issubclass(obj, np.generic):
+                return obj
+        elif module == "builtins" and name in _BUILTINS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the entry references {module}.{name}, which a cache "
+                                     f"entry may not load")
 
 
 @functools.lru_cache(maxsize=16)

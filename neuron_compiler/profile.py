@@ -31,7 +31,8 @@ Invariants
   graph: one inference, or one forward + backward step).
 - ``compiles`` counts partition specialisations prepared inside the profile (a new input
   signature of a partition), ``program_cache`` splits them into process-wide program-cache
-  hits (an identical partition was already lowered) and misses (lowered now). ``cache`` counts
+  hits (an identical partition was already lowered) and misses (not in memory: lowered now, or
+  read from disk, counted again as ``disk_hits``). ``cache`` counts
   the on-disk compile cache (``cache_dir``), asked only after a program-cache miss: hits
   (read from disk) and misses (lowered, then stored; a corrupt entry is a miss). Without a
   ``cache_dir`` both stay 0.
@@ -279,7 +280,8 @@ class Profile:
                                 if device_nodes + fallback_nodes else None),
             "compiles": self.compiles,
             "compile_time_s": self.compile_time_s,
-            "program_cache": {"hits": self.cache_hits, "misses": self.cache_misses},
+            "program_cache": {"hits": self.cache_hits, "misses": self.cache_misses,
+                              "disk_hits": self.disk_hits},
             "cache": {"hits": self.disk_hits, "misses": self.disk_misses},
             "graphs": [{"name": names[gid], "kind": g.kind, "target": g.target,
                         "calls": self._graph_calls[gid],
@@ -328,7 +330,8 @@ class Profile:
                            else ""),
             f"  graphs: {len(d['graphs'])}   compiles: {d['compiles']} "
             f"({d['compile_time_s']:.2f} s; program cache {d['program_cache']['hits']} hits, "
-            f"{d['program_cache']['misses']} misses)",
+            f"{d['program_cache']['misses']} misses, {d['program_cache']['disk_hits']} of "
+            f"them read from disk)",
         ]
         if d["cache"]["hits"] or d["cache"]["misses"]:
             lines.append(f"  on-disk compile cache : {d['cache']['hits']} hits, "

@@ -30,6 +30,7 @@ from torch.fx import GraphModule, Node
 
 from neuron_compiler.cache import CacheEntry
 from neuron_compiler.options import NeuronOptions
+from runtime_sim.stats import SimResult
 
 
 def tensor_data(t: torch.Tensor) -> bytes:
@@ -50,6 +51,8 @@ class _Program:
     compiled: object | None = None                # lowering CompiledGraph
     unsupported: Exception | None = None          # or the Unsupported it raised
     on_disk: set[str] = field(default_factory=set)  # cache directories that hold it
+    request: dict | None = None                   # its on-disk request (``cache.request``)
+    timed_on_disk: set[str] = field(default_factory=set)  # directories holding its timing
 
 
 class ProgramCache:
@@ -59,6 +62,7 @@ class ProgramCache:
         self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.hits = 0
         self.misses = 0
+        self.disk_hits = 0        # misses served by the on-disk compile cache (not lowered)
 
     def get(self, key: tuple, need_stage_files: bool = False) -> _Program | None:
         prog = self._entries.get(key)
@@ -72,18 +76,20 @@ class ProgramCache:
         self._entries[key] = prog
 
     def info(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries)}
+        return {"hits": self.hits, "misses": self.misses, "disk_hits": self.disk_hits,
+                "entries": len(self._entries)}
 
     def clear(self) -> None:
         self._entries.clear()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.disk_hits = 0
 
 
 PROGRAM_CACHE = ProgramCache()
 
 
 def program_cache_info() -> dict[str, int]:
-    """Process-wide program-cache counts: ``hits``, ``misses`` and live ``entries``."""
+    """Process-wide program-cache counts: ``hits``, ``misses`` (of which ``disk_hits`` were read
+    from the on-disk compile cache, the rest lowered) and live ``entries``."""
     return PROGRAM_CACHE.info()
 
 
@@ -135,11 +141,15 @@ def _process_local(gm: GraphModule) -> bool:
 
 
 def _to_disk(prog: _Program) -> CacheEntry:
+    """The disk entry of ``prog``: its program, or its Unsupported reason, its stage files,
+    its request and, once it was timed, its timing statistics (values never)."""
     exc = prog.unsupported
+    timing = getattr(prog.compiled, "_timing", None)
     return CacheEntry(prog.origin, prog.compiled,
                       None if exc is None else (str(getattr(exc, "op", "?")),
                                                 str(getattr(exc, "reason", exc))),
-                      prog.stage_files)
+                      prog.stage_files, prog.request,
+                      None if timing is None else timing.stats)
 
 
 def _from_disk(entry: CacheEntry | None, api: object, need_stage_files: bool) -> _Program | None:
@@ -147,7 +157,9 @@ def _from_disk(entry: CacheEntry | None, api: object, need_stage_files: bool) ->
     them: then it is lowered again, and stored again with them)."""
     if entry is None or (need_stage_files and entry.stage_files is None):
         return None
-    prog = _Program(entry.origin, entry.stage_files, entry.compiled)
+    prog = _Program(entry.origin, entry.stage_files, entry.compiled, request=entry.request)
+    if entry.timing is not None and entry.compiled is not None:
+        entry.compiled._timing = SimResult(entry.timing)  # type: ignore[attr-defined]
     if entry.unsupported is not None:
         prog.unsupported = api.Unsupported(*entry.unsupported)  # type: ignore[attr-defined]
     return prog

@@ -57,8 +57,14 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   host lays it out while sending), and sent again if the plain layout is wanted elsewhere.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
   bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
-  ``runtime_sim.targets``); bytes are ``numel x element size``. HBM capacity is not modelled:
-  everything that was sent stays resident while its tensor lives.
+  ``runtime_sim.targets``); bytes are ``numel x element size``. Residency across partitions
+  is not limited by HBM capacity: everything that was sent stays resident while its tensor
+  lives. (One partition is: in functional mode, inputs or a program whose HBM buffers exceed
+  one NeuronCore's HBM, ``hbm_capacity_bytes``, are refused with ``NeuronInputError`` before
+  the simulator allocates them; meta-device inputs too, since their values do not exist.)
+- A machine error the simulator raises while running a program (``MachineError``: race,
+  bounds, alignment, deadlock, uninitialised read) is raised as ``NeuronRunError`` naming the
+  graph, the partition, the signature, the instruction and the ATen op(s) of its tag.
 """
 from __future__ import annotations
 
@@ -79,7 +85,8 @@ from torch.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from neuron_compiler.cache import DiskCache, cache_key, disk_cache
+from neuron_compiler.cache import DiskCache, disk_cache, request_key
+from neuron_compiler.cache import request as cache_request
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
@@ -468,6 +475,8 @@ class DevicePartition(torch.nn.Module):
             out, outs, result = self._run(entry, args, tensors)
         except MachineError as exc:   # the program breaks a machine rule: a compiler bug
             raise self._internal_error(exc, self.sub, sig, NeuronRunError) from exc
+        if entry.program.on_disk - entry.program.timed_on_disk:  # type: ignore[union-attr]
+            self._store_timing(entry.program)                     # type: ignore[arg-type]
         if torch.autograd._profiler_enabled():
             us = result.stats.total_ns / 1e3
             with record_function(f"{DEVICE_TIME_RANGE}{self.graph.name}/{self.name} {us:.3f} us "
@@ -589,19 +598,26 @@ class DevicePartition(torch.nn.Module):
         prog = PROGRAM_CACHE.get(key, need_stage_files=need_files)
         hit = prog is not None
         disk, disk_hit = self._disk_cache(gm), None
-        disk_key = cache_key(key[0], key[1], key[2], self.options.target) if disk else ""
+        req = cache_request(key[0], key[1], key[2], self.options.target) if disk else None
+        disk_key = request_key(req) if req is not None else ""
         if prog is None and disk is not None:
             prog = _from_disk(disk.load(disk_key), api, need_files)
             disk_hit = prog is not None
             if prog is not None:
                 prog.on_disk.add(disk.root)
+                if prog.request is not None and prog.compiled is not None and \
+                        prog.compiled._timing is not None:  # type: ignore[attr-defined]
+                    prog.timed_on_disk.add(disk.root)
                 PROGRAM_CACHE.put(key, prog)
+                PROGRAM_CACHE.disk_hits += 1
         writer = (self.dump.partition_writer(self.name, sig, gm)  # type: ignore[union-attr]
                   if self.dump is not None else None)
         lowered = prog is None
         if prog is None:
             prog = self._lower(api, gm, specs, sig, writer)
             PROGRAM_CACHE.put(key, prog)
+        if req is not None and prog.request is None:
+            prog.request = req
         if disk is not None and disk.root not in prog.on_disk:
             # lowered now, or earlier in this process by a compile without this cache_dir
             # (then an entry another process wrote is kept: it may carry stage files)
@@ -636,6 +652,15 @@ class DevicePartition(torch.nn.Module):
             p.note_compile(dt, cache_hit=hit, disk_hit=disk_hit)
         self._log_compile(sig, prog, dt, hit, disk_hit)
         return entry
+
+    def _store_timing(self, prog: _Program) -> None:
+        """Rewrite ``prog``'s disk entries with its timing statistics, once it has been timed
+        (a timing result depends only on the program: see ``neuron_compiler.cache``)."""
+        if prog.request is None or getattr(prog.compiled, "_timing", None) is None:
+            return
+        for root in prog.on_disk - prog.timed_on_disk:
+            disk_cache(root).store(request_key(prog.request), _to_disk(prog))
+            prog.timed_on_disk.add(root)
 
     def _disk_cache(self, gm: GraphModule) -> DiskCache | None:
         """The on-disk cache when ``cache_dir`` is set and ``gm``'s key can be shared between

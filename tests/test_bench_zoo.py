@@ -61,7 +61,8 @@ def test_unknown_row_is_a_usage_error():
 def test_compare_fails_on_wrong_values():
     ref = {"logits": torch.randn(2, 16, 8), "hidden": (torch.randn(3, 4),)}
     same = {"logits": ref["logits"].clone(), "hidden": (ref["hidden"][0] + 1e-6,)}
-    assert zoo.compare(same, ref, "fp32")["match"] is True
+    good = zoo.compare(same, ref, "fp32")
+    assert good["match"] is True and good["ref_max_abs"] == float(ref["logits"].abs().max())
     halved = {"logits": ref["logits"] / 2, "hidden": ref["hidden"]}
     r = zoo.compare(halved, ref, "fp32")
     assert r["match"] is False and r["detail"] == "out.logits" and r["max_abs_err"] > 0.01
@@ -74,6 +75,9 @@ def test_compare_fails_on_wrong_values():
     short = {"logits": ref["logits"][:, :8], "hidden": ref["hidden"]}
     assert zoo.compare(short, ref, "fp32")["match"] is False
     assert zoo.compare({"logits": ref["logits"]}, ref, "fp32")["match"] is False
+    zeros = {"logits": torch.zeros(2, 3)}       # an output that any program matches is flagged
+    row = {"mode": "fp32", "status": "ok", **zoo.compare(zeros, zeros, "fp32")}
+    assert zoo._match(row) == "pass 0.0e+00 (eager output ~0)"
 
 
 def test_classify_tells_compiler_bugs_from_torch_errors():
@@ -136,3 +140,28 @@ def test_reports_list_failures_with_their_command(tmp_path):
     assert "1 mismatched" in zoo.summary(rows) and "1 internal errors" in zoo.summary(rows)
     assert [zoo.failed(r) for r in rows] == [True, True, False]
     json.dumps(rows)
+
+
+def test_render_merges_saved_runs(tmp_path, capsys):
+    ok = {"name": "vit", "mode": "fp32", "status": "ok", "match": True, "max_abs_err": 0.0,
+          "ref_max_abs": 1.0, "device_nodes": 5, "fallback_nodes": 0, "device_share": 1.0,
+          "fallbacks": [], "first_call_s": 1.0, "simulated_time_us": 3.0}
+    first = {"commit": "aaa", "date": "d1", "timeout_s": 120, "rows": [
+        {"name": "vit", "mode": "fp32", "status": "timeout", "error": "no result"},
+        {"name": "bert", "mode": "fp32", **{k: v for k, v in ok.items() if k not in ("name",)}}]}
+    second = {"commit": "bbb", "date": "d2", "timeout_s": 300, "rows": [ok]}
+    paths = []
+    for i, run in enumerate((first, second)):
+        paths.append(str(tmp_path / f"run{i}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(run, f)
+    md = tmp_path / "zoo.md"
+    assert zoo.main(["--render", ",".join(paths), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "commit `aaa`" in text and "commit `bbb`" in text
+    assert "| vit | fp32 | ok | pass" in text and "| vit | fp32 | timeout" not in text
+    assert text.index("| vit |") < text.index("| bert |")    # the first run's order
+    first["rows"][1]["match"] = False
+    with open(paths[0], "w") as f:
+        json.dump(first, f)
+    assert zoo.main(["--render", ",".join(paths)]) == 1     # a mismatch left in a saved run

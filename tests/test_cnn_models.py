@@ -148,3 +148,78 @@ def test_cnn_training_step_on_device(make, labels, must_run):
     out = _train_step(make(), x, torch.tensor(labels))
     _assert_matches(*out[:4], out[5])
     _assert_flops_on_device(out[4], must_run)
+
+
+class PatchEmbedViT(nn.Module):
+    """ViT-B/16's stem: a 16x16 stride-16 patch embedding 3 -> 768 (its weights need passes:
+    ``tiling/conv_plan.py``), class token, position embedding, one layer norm, a head."""
+
+    def __init__(self, classes: int = 10, px: int = 64):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 768, 16, 16)
+        self.cls = nn.Parameter(torch.randn(1, 1, 768) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, (px // 16) ** 2 + 1, 768) * 0.02)
+        self.norm = nn.LayerNorm(768)
+        self.head = nn.Linear(768, classes)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1) + self.pos
+        return self.head(self.norm(t)[:, 0])
+
+
+class ASPP(nn.Module):
+    """DeepLabV3's head on MobileNetV3-Large features (960 channels): 1x1, three atrous 3x3
+    (dilation 12, 24, 36: halos larger than the map), image pooling, projection."""
+
+    def __init__(self, cin: int = 960, mid: int = 256, classes: int = 21):
+        super().__init__()
+        self.branches = nn.ModuleList(
+            [nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU())]
+            + [nn.Sequential(nn.Conv2d(cin, mid, 3, padding=d, dilation=d, bias=False),
+                             nn.BatchNorm2d(mid), nn.ReLU()) for d in (12, 24, 36)])
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(cin, mid, 1, bias=False), nn.ReLU())
+        self.project = nn.Sequential(nn.Conv2d(5 * mid, mid, 1, bias=False), nn.BatchNorm2d(mid),
+                                     nn.ReLU(), nn.Conv2d(mid, classes, 1))
+
+    def forward(self, x):
+        ys = [b(x) for b in self.branches]
+        ys.append(self.pool(x).expand(-1, -1, x.shape[2], x.shape[3]))
+        return self.project(torch.cat(ys, dim=1))
+
+
+class Decoder(nn.Module):
+    """A segmentation decoder: transposed convolutions (2x upsampling, output_padding) between
+    3x3 convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1)
+        self.c1 = nn.Conv2d(32, 32, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(32, 16, 3, stride=2, padding=1, output_padding=1)
+        self.out = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        y = F.relu(self.c1(F.relu(self.up1(x))))
+        return self.out(F.relu(self.up2(y)))
+
+
+@pytest.mark.parametrize("make,shape", [
+    (PatchEmbedViT, (2, 3, 64, 64)), (ASPP, (1, 960, 4, 4)), (Decoder, (1, 64, 9, 8)),
+], ids=["vit_patch16", "deeplab_aspp", "transposed_decoder"])
+def test_inference_convolutions_fit_on_device(make, shape):
+    """The layers that sent whole partitions to eager (a patch embedding's weights, atrous
+    convolutions on 960 channels) and transposed convolutions: every node on the device,
+    matching eager."""
+    ensure_backends_registered()
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(*shape)
+    cm = torch.compile(model, backend="neuron")
+    with torch.no_grad(), neuron_compiler.profile() as prof:
+        out = cm(x)
+    with torch.no_grad():
+        want = model(x)
+    d = prof.to_dict()
+    _assert_flops_on_device(d, {"aten.convolution.default"})
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -4,6 +4,7 @@ truncated, a third process warns, compiles again and still matches eager; two pr
 compiling at once leave only whole entries."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,9 +16,10 @@ import warnings
 import pytest
 import torch
 
-from neuron_compiler.cache import MAGIC, CacheEntry, DiskCache, NeuronCacheWarning, cache_key
+from neuron_compiler.cache import (MAGIC, CacheEntry, DiskCache, NeuronCacheWarning, cache_key,
+                                   request, request_key)
 from neuron_compiler.options import validate_options
-from neuron_compiler.runtime import PROGRAM_CACHE
+from neuron_compiler.runtime import PROGRAM_CACHE, program_cache_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +53,8 @@ with warnings.catch_warnings(record=True) as caught:
 with torch.no_grad():
     ref = model(x)
 d = prof.to_dict()
-print(json.dumps({"cache": d["cache"], "compile_time_s": d["compile_time_s"],
+print(json.dumps({"cache": d["cache"], "program_cache": d["program_cache"],
+                  "compile_time_s": d["compile_time_s"],
                   "device_nodes": d["device_nodes"], "partitions": len(d["partitions"]),
                   "max_err": (y - ref).abs().max().item(),
                   "matches": torch.allclose(y, ref, atol=1e-4, rtol=1e-3),
@@ -97,6 +100,7 @@ def test_second_process_hits_truncated_entries_recompile(script, tmp_path):
 
     second = _result(_run(script, cache, tmp_path))
     assert second["cache"] == {"hits": first["cache"]["misses"], "misses": 0}, second
+    assert second["program_cache"]["disk_hits"] == first["cache"]["misses"], second
     assert second["matches"] and second["max_err"] == first["max_err"]
     assert "on-disk compile cache" in second["summary"] and "hits" in second["summary"]
     speedup = first["compile_time_s"] / second["compile_time_s"]
@@ -133,12 +137,13 @@ def test_two_processes_compiling_at_once(script, tmp_path):
 
 
 # ---- the file format, in process ---------------------------------------------------------------
+REQUEST = request("0" * 64, (((4, 4), "torch.float32"),), (("target", "'trn2'"),), "trn2")
 KEY = cache_key("0" * 64, (((4, 4), "torch.float32"),), (("target", "'trn2'"),), "trn2")
 
 
 def _entry() -> CacheEntry:
     return CacheEntry("g/fused_0 (float32[4, 4])", None, ("aten.foo.default", "no reason"),
-                      [("ir_pre_fusion.txt", "text\n")])
+                      [("ir_pre_fusion.txt", "text\n")], REQUEST)
 
 
 def test_round_trip_and_layout(tmp_path):
@@ -258,3 +263,117 @@ def test_program_lowered_without_a_cache_dir_is_stored_when_one_is_asked(tmp_pat
     d = prof.to_dict()
     assert d["program_cache"]["hits"] == 1 and d["cache"] == {"hits": 0, "misses": 0}
     assert len(_entries(tmp_path)) == 1
+
+
+# ---- entries turned against their user -----------------------------------------------------
+def _compile_in_a_fresh_process(fn, x, cache_dir, mode="functional"):
+    """``fn(x)`` compiled as a new process would: no program in memory, Dynamo reset."""
+    import neuron_compiler
+    torch._dynamo.reset()
+    PROGRAM_CACHE.clear()
+    f = torch.compile(fn, backend="neuron", options={"cache_dir": str(cache_dir),
+                                                     "sim_mode": mode})
+    with warnings.catch_warnings(record=True) as caught, neuron_compiler.profile() as prof:
+        warnings.simplefilter("always")
+        y = f(x)
+    torch._dynamo.reset()
+    return y, prof.to_dict(), [str(w.message) for w in caught
+                               if issubclass(w.category, NeuronCacheWarning)]
+
+
+def _relu_affine(x):
+    return torch.relu(x * 3.0 + 1.0)
+
+
+def _tanh_matmul(x):
+    return torch.tanh(x @ x.t()).sum(-1)
+
+
+def _rewrite(path: str, payload: bytes) -> None:
+    """Write ``payload`` under the entry at ``path`` with a valid header for its key."""
+    key = os.path.basename(path).removesuffix(".neuron")
+    header = json.dumps({"key": key, "bytes": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+    with open(path, "wb") as f:
+        f.write(MAGIC + header + b"\n" + payload)
+
+
+@pytest.mark.parametrize("header", ["copied", "rewritten"])
+def test_another_graphs_entry_under_this_key_is_detected(tmp_path, header):
+    x = torch.randn(33, 65)
+    _compile_in_a_fresh_process(_relu_affine, x, tmp_path / "a")
+    _compile_in_a_fresh_process(_tanh_matmul, x, tmp_path / "b")
+    (theirs,), (ours,) = _entries(tmp_path / "a"), _entries(tmp_path / "b")
+    data = open(theirs, "rb").read()
+    if header == "copied":                  # the file as it is: its header names its own key
+        with open(ours, "wb") as f:
+            f.write(data)
+    else:                                   # header rewritten for our key: only the payload tells
+        _rewrite(ours, data[data.index(b"\n", len(MAGIC)) + 1:])
+    y, d, warned = _compile_in_a_fresh_process(_tanh_matmul, x, tmp_path / "b")
+    assert len(warned) == 1 and "is corrupt or misplaced" in warned[0], warned
+    if header == "rewritten":
+        assert "written for another request" in warned[0], warned
+    assert d["cache"] == {"hits": 0, "misses": 1}
+    torch.testing.assert_close(y, _tanh_matmul(x), rtol=1e-4, atol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeuronCacheWarning)   # recompiled and rewritten whole
+        assert DiskCache(str(tmp_path / "b")).load(
+            os.path.basename(ours).removesuffix(".neuron")) is not None
+
+
+class _Hostile:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("where", ["payload", "inside an entry"])
+def test_a_hostile_entry_runs_nothing(tmp_path, where):
+    x = torch.randn(33, 65)
+    _compile_in_a_fresh_process(_relu_affine, x, tmp_path)
+    (path,) = _entries(tmp_path)
+    marker = tmp_path / "pwned"
+    evil = _Hostile(str(marker))
+    if where == "payload":
+        payload = pickle.dumps(evil)
+    else:
+        key = os.path.basename(path).removesuffix(".neuron")
+        good = DiskCache(str(tmp_path)).load(key)
+        payload = pickle.dumps(dataclasses.replace(good, stage_files=[("x.txt", evil)]))
+    _rewrite(path, payload)
+    y, d, warned = _compile_in_a_fresh_process(_relu_affine, x, tmp_path)
+    assert not marker.exists()                               # the command never ran
+    assert len(warned) == 1 and "system, which a cache entry may not load" in warned[0], warned
+    assert d["cache"] == {"hits": 0, "misses": 1}
+    torch.testing.assert_close(y, _relu_affine(x))
+    assert b"system" not in open(path, "rb").read()          # rewritten by the recompile
+
+
+def test_disk_hits_show_in_the_profile_and_the_program_cache_counter(tmp_path):
+    x = torch.randn(33, 65)
+    _, cold, _ = _compile_in_a_fresh_process(_relu_affine, x, tmp_path)
+    assert cold["program_cache"]["disk_hits"] == 0 and cold["cache"]["misses"] == 1
+    _, warm, warned = _compile_in_a_fresh_process(_relu_affine, x, tmp_path)
+    assert not warned
+    assert warm["cache"] == {"hits": 1, "misses": 0}
+    assert warm["program_cache"] == {"hits": 0, "misses": 1, "disk_hits": 1}
+    assert program_cache_info()["disk_hits"] == 1
+
+
+def test_a_warm_timing_mode_call_does_not_simulate_again(tmp_path, monkeypatch):
+    """The program's timing statistics travel with the entry: a warm process's timing-mode
+    call takes them (same figures) instead of simulating the program."""
+    x = torch.randn(100, 130)
+    _, cold, _ = _compile_in_a_fresh_process(_tanh_matmul, x, tmp_path, mode="timing")
+    import lowering.compiled
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated again")
+    monkeypatch.setattr(lowering.compiled, "simulate", no_simulation)
+    y, warm, warned = _compile_in_a_fresh_process(_tanh_matmul, x, tmp_path, mode="timing")
+    assert not warned and warm["cache"] == {"hits": 1, "misses": 0}
+    assert warm["simulated_time_us"] == cold["simulated_time_us"] > 0
+    torch.testing.assert_close(y, _tanh_matmul(x))

@@ -75,11 +75,21 @@ def _zero(ctx: LowerCtx, view: TensorRef) -> None:
         ctx.emit(KOp(KKind.POINTWISE, (view,), (), PointwiseAttrs(Expr(EOp.CAST, (const(0.0),), view.dtype))))
 
 
-def _grad_input(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, pd, dl, G: int):
+def _fill_bias(ctx: LowerCtx, view: TensorRef, bias: TensorRef) -> None:
+    """view[n, c, h, w] = bias[c] (a phase no kernel tap reaches, of a transposed convolution)."""
+    src = TensorRef(bias.buffer, bias.dtype, view.shape, (0, bias.strides[0], 0, 0), bias.offset)
+    expr = Expr(EOp.CAST, (Expr(EOp.LOAD, (), bias.dtype, 0),), view.dtype)
+    ctx.emit(KOp(KKind.POINTWISE, (view,), (src,), PointwiseAttrs(expr)))
+
+
+def _grad_input(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, pd, dl, G: int,
+                bias: TensorRef | None = None):
     """The phase convolutions. One phase (stride 1) writes grad_input directly; with strides each
     phase writes its rows contiguously into a phase-major tensor ``[N, Ci, sh, Mh, sw, Mw]``
     (a strided store of single elements would cost one DMA descriptor chunk per element), and
-    one RESAMPLE kernel of strided copies interleaves the phases into grad_input."""
+    one RESAMPLE kernel of strided copies interleaves the phases into grad_input. ``bias`` (a
+    transposed convolution's, per output channel) is added by every phase's evacuation, and is
+    the value of a phase that no tap reaches."""
     N, Ci, H, W = xshape
     sh, sw = st
     Mh, Mw = -(-H // sh), -(-W // sw)
@@ -107,14 +117,17 @@ def _grad_input(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, 
             khs = phase_taps(rh, pd[0], w.shape[2], sh, dl[0])
             kws = phase_taps(rw, pd[1], w.shape[3], sw, dl[1])
             if not (khs and kws):
-                _zero(ctx, view)
+                if bias is None:
+                    _zero(ctx, view)
+                else:
+                    _fill_bias(ctx, view, bias)
                 continue
             eh = [(rh + pd[0] - kh * dl[0]) // sh for kh in khs]
             ew = [(rw + pd[1] - kw * dl[1]) // sw for kw in kws]
             attrs = ConvKAttrs(ohw, (mh, mw), (len(khs), len(kws)), (1, 1), (-eh[0], -ew[0]),
                                (eh[1] - eh[0] if len(eh) > 1 else 1, ew[1] - ew[0] if len(ew) > 1 else 1),
-                               G, False, dgrad=(tuple(khs), tuple(kws)))
-            ctx.emit(KOp(KKind.CONV, (view,), (g3, w), attrs))
+                               G, bias is not None, dgrad=(tuple(khs), tuple(kws)))
+            ctx.emit(KOp(KKind.CONV, (view,), (g3, w) + ((bias,) if bias is not None else ()), attrs))
     if not phased:
         return gi
     maps = (AxisMap(sh * Mh, H, tuple((i, (i % sh) * Mh + i // sh, 1.0, i % sh) for i in range(H))),

@@ -10,9 +10,11 @@
   on ScalarE while PSUM is evacuated. Any stride, padding, dilation and groups (depthwise
   included: groups are packed block-diagonally into one 128x128 stationary). A 1-d conv is the
   2-d one with H = 1. The patch (im2col) matrix is never materialised.
-- Falls back (with the reason): ``transposed=True``, 3-d convolutions (5-d input), a weight
-  block for one group that does not fit its SBUF share (checked on concrete sizes by the
-  tiler). ``padding_mode='reflect'/'replicate'/'circular'`` in ``nn.Conv`` are separate pad ops
+- ``transposed=True`` (``conv_transpose1d/2d``): ``ops/conv_transpose.py``, the data-gradient
+  phase convolutions of ``ops/conv_backward.py`` over the input, plus the bias.
+- Falls back (with the reason): 3-d convolutions (5-d input), and a convolution whose blocking
+  cannot fit the smallest target's SBUF even split (``tiling/conv_plan.py``: weight passes,
+  weight-row groups, per-chunk input tiles; checked here on concrete sizes). ``padding_mode='reflect'/'replicate'/'circular'`` in ``nn.Conv`` are separate pad ops
   before a zero-padding convolution: the convolution still runs on the device.
 - ``constant_pad_nd(x, pad, value)``: the output's border slabs are filled with ``value`` by
   POINTWISE constant kernels (each element written once) and ``x`` (cropped by negative pads,
@@ -47,8 +49,8 @@ def _val(a: object):
 
 
 def _check_convolution(node: fx.Node) -> str | None:
-    """Forward 1-d/2-d convolution, any stride/padding/dilation/groups; ``transposed=True`` and
-    3-d convolutions fall back."""
+    """1-d/2-d convolutions, forward and transposed, any stride/padding/dilation/groups (and
+    output_padding); 3-d convolutions and those that cannot fit SBUF even split fall back."""
     x = _val(node.args[0])
     if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
         dim = x.dim() if isinstance(x, torch.Tensor) else x
@@ -57,34 +59,50 @@ def _check_convolution(node: fx.Node) -> str | None:
                 f"(input rank {dim})")
     transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
     if transposed:
-        return "transposed convolution (transposed=True) is not lowered"
+        from lowering.ops.conv_transpose import transposed_fit_reason   # imports this module
+        return transposed_fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[4],
+                                     node.args[5], int(node.args[8]))
     return fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[5], int(node.args[8]))
 
 
-def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
-    """Why the CONV kernel of a forward convolution (input ``x``, weight ``w`` [Co, Ci/groups,
-    k...]) cannot be tiled within the SBUF of the smallest target (``tiling/conv_plan.py``),
-    or None: checked here so that such a node falls back before its partition is tiled."""
+def conv_shapes(node: fx.Node, x, w) -> tuple[tuple[int, ...], ...] | None:
+    """The concrete 4-d (a 1-d conv with H = 1) shapes of a convolution node's input, weight and
+    output, or None when one is missing, symbolic or empty (the tiler checks those)."""
     y = node.meta.get("val")
     if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
         return None
     try:
         shapes = [tuple(int(d) for d in t.shape) for t in (x, w, y)]
-    except (TypeError, ValueError):       # symbolic sizes: the tiler checks the concrete ones
+    except (TypeError, ValueError):
         return None
-    (xs, ws, ys), nsp = shapes, x.dim() - 2
-    if nsp == 1:
-        xs, ws, ys = (s[:2] + (1,) + s[2:] for s in (xs, ws, ys))
-    if 0 in xs or 0 in ws or 0 in ys:
-        return None
+    if x.dim() == 3:
+        shapes = [s[:2] + (1,) + s[2:] for s in shapes]
+    return None if any(0 in s for s in shapes) else tuple(shapes)
+
+
+def plan_reason(node: fx.Node, itemsize: int, **sizes) -> str | None:
+    """Why ``tiling/conv_plan.plan_conv(**sizes)`` finds no blocking within the SBUF of the
+    smallest target, or None: checked here so that such a node falls back before its
+    partition is tiled."""
     part = min(t.sbuf_bytes_per_partition for t in TARGETS.values())
     try:
-        plan_conv(op_name(node.target), part, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2],
-                  Kw=ws[3], Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
-                  dilation=_pairs(dilation, nsp, 1), groups=groups)
+        plan_conv(op_name(node.target), part, itemsize, **sizes)
     except Unsupported as e:
         return e.reason
     return None
+
+
+def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
+    """Why the CONV kernel of a forward convolution (input ``x``, weight ``w`` [Co, Ci/groups,
+    k...]) cannot be tiled within the smallest target's SBUF (``plan_reason``), or None."""
+    shapes = conv_shapes(node, x, w)
+    if shapes is None:
+        return None
+    xs, ws, ys = shapes
+    nsp = x.dim() - 2
+    return plan_reason(node, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2], Kw=ws[3],
+                       Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
+                       dilation=_pairs(dilation, nsp, 1), groups=groups)
 
 
 def _pairs(v, n: int, unit: int) -> tuple[int, int]:
@@ -98,12 +116,13 @@ def _pairs(v, n: int, unit: int) -> tuple[int, int]:
 @register(aten.convolution.default, dtypes=FLOAT_DTYPES, check=_check_convolution)
 def convolution(ctx: LowerCtx, node: fx.Node, x: TensorRef, w: TensorRef, bias: TensorRef | None,
                 stride, padding, dilation, transposed: bool, output_padding, groups: int) -> TensorRef:
-    if transposed:
-        raise Unsupported(ctx.op, "transposed convolution (transposed=True) is not lowered")
     nsp = x.rank - 2
     if w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         raise Unsupported(ctx.op, f"input, weight and bias must share a dtype, got {x.dtype.value}, "
                           f"{w.dtype.value}, {bias.dtype.value if bias is not None else '-'}")
+    if transposed:
+        from lowering.ops.conv_transpose import convolution_transposed   # imports this module
+        return convolution_transposed(ctx, x, w, bias, stride, padding, dilation, groups)
     st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
     if nsp == 1:
         x = TensorRef(x.buffer, x.dtype, x.shape[:2] + (1,) + x.shape[2:],

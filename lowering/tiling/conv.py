@@ -306,14 +306,36 @@ def _weights_dgrad(b: TirBuilder, w, sg: Affine, g: ConvPlan, Cg: int, taps_of,
                       hbm_ap(w.buffer, dt, w.offset + (sg * cin + c0) * s0, cc, s0,
                              ((ci_g, s1), (kh_f, s2), (kw_f, s3))))
                 _spread(b, rows, plain, s * g.pitch, cc, g.gpb, Cg, ci_g * taps)
-        for u, (kh0, rs, kw) in enumerate(g.units):
+        for u, kh0, rs, kw in _dgrad_units(b, g, taps_of):
             for s in range(rs):
-                tap = taps_of[0][kh0 + s] * kw_f + taps_of[1][kw]
+                tap = _at(taps_of[0], kh0 + s) * kw_f + _at(taps_of[1], kw)
                 b.tensor_copy(wT.ap(cc, partition_start=s * g.pitch,
                                     elem_offset=(c0 // P * nu + u) * cob, dims=((1, cob),)),
                               rows.ap(cc, partition_start=s * g.pitch, elem_offset=tap,
                                       dims=((taps, cob),)))
     return wT
+
+
+def _step(seq) -> int | None:
+    """The common difference of an arithmetic sequence (0 for one element), else None."""
+    d = {b - a for a, b in zip(seq, seq[1:])}
+    return 0 if not d else d.pop() if len(d) == 1 else None
+
+
+def _at(seq, i: AffineLike) -> AffineLike:
+    """``seq[i]`` of an arithmetic sequence, affine in ``i``."""
+    return seq[0] + i * _step(seq) if _step(seq) else seq[0] if len(seq) == 1 else seq[i]
+
+
+def _dgrad_units(b: TirBuilder, g: ConvPlan, taps_of):
+    """The product units of a data-gradient kernel: loops when both axes' forward taps are
+    arithmetic sequences (the phase taps are: every ``s / gcd(s, d)``-th kernel index), else
+    one statement per unit."""
+    if _step(taps_of[0]) is not None and _step(taps_of[1]) is not None:
+        yield from _unit_loops(b, g, len(taps_of[0]), len(taps_of[1]))
+        return
+    for u, (kh0, rs, kw) in enumerate(g.units):
+        yield u, kh0, rs, kw
 
 
 def _bias(b: TirBuilder, bias, first: AffineLike, cob: int):

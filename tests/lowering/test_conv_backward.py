@@ -97,6 +97,17 @@ def test_output_mask(mask):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_grad_input_weight_passes(dtype):
+    """grad_input whose stationaries (300 outputs x 49 taps of the forward weight's rows) exceed
+    the rows share: weight passes over the output channels (``tiling/conv_plan.py``), the
+    note says so; and a 16x16/16 patch embedding's input and weight gradients."""
+    low = run((1, 300, 9, 9), (129, 300, 7, 7), dict(padding=3), dtype, mask=(True, False, False))
+    note = next(ln for ln in low.dumps["tir.txt"].splitlines() if "conv [" in ln)
+    assert ("7 weight passes of 43" if dtype == torch.float32 else "4 weight passes of 75") in note
+    run((1, 3, 32, 32), (768, 3, 16, 16), dict(stride=16), dtype, mask=(True, True, False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_tolerance_catches_wrong_results(dtype):
     xs, ws, kw = (2, 5, 9, 11), (130, 5, 3, 3), dict(stride=2, padding=1)
     g, x, w = _inputs(xs, ws, kw, dtype)

@@ -6,6 +6,8 @@ Each case asserts, from the tiler's note in the dump, that the split it is meant
 was taken (so a change of budgets cannot silently turn the test into a plain one), and every
 case goes through ``lowering_helpers.check``: all nodes lowered, instructions executed.
 ``test_tolerance_catches_a_lost_pass`` feeds known-wrong results to the same comparison.
+Through ``torch.compile``: ``tests/test_cnn_models.py`` (ViT-B/16 patch embedding, DeepLabV3's
+atrous head on 960 channels).
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from lowering.api import why_unsupported
 from lowering.errors import Unsupported
 from lowering.tiling.conv_plan import plan_conv
 from lowering_helpers import assert_close, check, rand, trace
-from neuron_compiler.testing import assert_ran_on_device, compile_for_neuron, run_on_device
 from runtime_sim.targets import TARGETS
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -135,18 +136,3 @@ def test_registry_refuses_what_cannot_fit():
     reason = why_unsupported(node((1, 4, 8, 8), (8, 4, 1, 100000), padding=(0, 50000)))
     assert reason and "100000 taps need 800000 B per SBUF partition" in reason, reason
 
-
-def test_patch_embedding_through_torch_compile():
-    """A ViT patch embedding (conv 16x16/16, flatten, transpose) under torch.compile: every node
-    on the device (it fell back with the whole partition before the split)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(3, 768, 16, stride=16).eval()
-    model = lambda x: conv(x).flatten(2).transpose(1, 2)
-    x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
-        out, prof = run_on_device(compile_for_neuron(model), x)
-        want = model(x)
-    d = assert_ran_on_device(prof)
-    assert d["fallback_nodes"] == 0 and not d["fallbacks"], d["fallbacks"]
-    assert_close(out, want)
