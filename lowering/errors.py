@@ -10,10 +10,15 @@ from __future__ import annotations
 
 
 class Unsupported(Exception):
-    def __init__(self, op: str, reason: str):
+    """``nodes``: the FX nodes of the partition that cannot run (set by the frontend for a rule,
+    by the pipeline for a tiler: a kernel's origin nodes); the caller may take them out and
+    compile the rest of the partition again."""
+
+    def __init__(self, op: str, reason: str, nodes: tuple[str, ...] = ()):
         super().__init__(f"{op}: {reason}")
         self.op = op
         self.reason = reason
+        self.nodes = nodes
 
 
 class LoweringError(RuntimeError):

@@ -166,7 +166,8 @@ def build_kir(gm: fx.GraphModule, input_specs: list[TensorSpec]) -> KProgram:
             rule = get_rule(n.target)
             try:
                 env[n] = rule.lower(ctx, n, *args, **kwargs)
-            except Unsupported:
+            except Unsupported as e:
+                e.nodes = e.nodes or (n.name,)
                 raise
             except Exception as e:  # an internal bug: crash with the node as context
                 raise LoweringError(f"lowering {n.format_node()} failed: {e}") from e

@@ -74,8 +74,9 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
         queues = schedule(tp, t, st)
         plan = plan_memory(tp, t, st)
     except Unsupported as e:  # name the ATen op (tilers know node names)
-        first = e.op.split(",")[0]
-        raise Unsupported(op_of.get(first, e.op), e.reason) from e
+        names = e.op.split(",")
+        raise Unsupported(op_of.get(names[0], e.op), e.reason,
+                          e.nodes or tuple(x for x in names if x in op_of)) from e
     emit("memory_plan.txt", lambda: plan.text(tp, t))
     sync = synchronize(tp, queues, plan, st)
     emit("sync.txt", sync.text)

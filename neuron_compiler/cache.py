@@ -83,7 +83,7 @@ class CacheEntry:
 
     origin: str                                   # "<graph>/<partition> <signature>"
     compiled: object | None                       # lowering CompiledGraph, or None
-    unsupported: tuple[str, str] | None           # (op, reason) of an Unsupported, or None
+    unsupported: tuple | None                     # (op, reason, nodes) of an Unsupported, or None
     stage_files: list[tuple[str, str]] | None     # dump stage files, when it was dumped
     request: dict | None = None                   # what it was lowered for: ``request(...)``
     timing: object | None = None                  # the program's timing SimStats, once timed

@@ -206,3 +206,33 @@ def format_plan(plan: PartitionPlan, title: str = "") -> str:
     for name, reason in plan.node_reasons.items():
         lines.append(f"  {name}: {reason}")
     return "\n".join(lines) + "\n"
+
+
+class _AllBut(OperatorSupport):
+    """Every node of a device partition except ``bad`` (and the getitems of those)."""
+
+    def __init__(self, bad: frozenset[str]) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def is_node_supported(self, submodules: dict, node: Node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem and isinstance(node.args[0], Node):
+            return node.args[0].name not in self.bad
+        return node.name not in self.bad
+
+
+def split_out(gm: GraphModule, bad: frozenset[str], prefix: str) -> tuple[GraphModule, dict[str, Counter]]:
+    """``gm`` (a device partition's graph, modified in place) with the nodes named in ``bad``
+    left in the outer graph and every connected region of the others fused into a submodule
+    ``<prefix><i>``: (the graph, per submodule its op counts). The nodes' order and data flow
+    are kept (the partitioner never fuses across a left-out node into a cycle)."""
+    partitioner = CapabilityBasedPartitioner(gm, _AllBut(bad), allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions()
+                  if any(is_compute_node(n) for n in p.nodes)]
+    fused = partitioner.fuse_partitions(partitions, prefix=prefix)
+    parts = {str(n.target): Counter(op_name(x) for x in getattr(fused, str(n.target)).graph.nodes
+                                    if is_compute_node(x))
+             for n in fused.graph.nodes if n.op == "call_module" and str(n.target).startswith(prefix)}
+    return fused, parts

@@ -147,7 +147,8 @@ def _to_disk(prog: _Program) -> CacheEntry:
     timing = getattr(prog.compiled, "_timing", None)
     return CacheEntry(prog.origin, prog.compiled,
                       None if exc is None else (str(getattr(exc, "op", "?")),
-                                                str(getattr(exc, "reason", exc))),
+                                                str(getattr(exc, "reason", exc)),
+                                                tuple(getattr(exc, "nodes", ()))),
                       prog.stage_files, prog.request,
                       None if timing is None else timing.stats)
 

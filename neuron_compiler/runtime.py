@@ -90,9 +90,9 @@ from neuron_compiler.cache import request as cache_request
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
-from neuron_compiler.logs import artifact, log
+from neuron_compiler.logs import artifact, current_compile_id, log
 from neuron_compiler.options import NeuronOptions
-from neuron_compiler.partition import is_compute_node, lowering_api, op_name
+from neuron_compiler.partition import is_compute_node, lowering_api, op_name, split_out
 from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
                                            _process_local, _Program, _to_disk,
                                            program_cache_info, program_key)  # noqa: F401 (re-export)
@@ -189,15 +189,9 @@ def _describe(t: torch.Tensor) -> str:
 # HBM per chip, hardware.md "Generations" table (ARCH1/ARCH2/ARCH3 there): trn1 32 GiB, trn2
 # 96 GiB, trn3 144 GiB, shared by the chip's NeuronCores. ``runtime_sim.targets.Target`` has no
 # capacity field (yet); when it gets ``hbm_bytes_per_core``, that is used instead.
-_HBM_BYTES_PER_CHIP = {"trn1": 32 << 30, "trn2": 96 << 30, "trn3": 144 << 30}
-
-
 def hbm_capacity_bytes(target: object) -> int:
     """HBM bytes one NeuronCore of ``target`` may use: its chip's HBM / cores per chip."""
-    own = getattr(target, "hbm_bytes_per_core", None)
-    if own is not None:
-        return int(own)
-    return _HBM_BYTES_PER_CHIP[target.name] // target.cores_per_chip  # type: ignore[attr-defined]
+    return int(target.hbm_bytes_per_core)  # type: ignore[attr-defined]
 
 
 # ---- graph surgery -----------------------------------------------------------------------------
@@ -443,6 +437,8 @@ class DevicePartition(torch.nn.Module):
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
         self._upcast: GraphModule | None = None   # timing mode's value graph (upcast.py)
+        # the Dynamo compile this graph belongs to (the partition compiles lazily, outside it)
+        self.compile_id = current_compile_id()
 
     def forward(self, *args: object) -> object:
         with record_function(f"neuron partition: {self.graph.name}/{self.name}"):
@@ -635,14 +631,22 @@ class DevicePartition(torch.nn.Module):
         entry = _Compiled(sig, program=prog, out_meta=out_meta)
         if prog.unsupported is not None:
             exc = prog.unsupported
-            entries = self._failure_entries(exc, sig)
+            recut = self._recut(exc)
+            if recut is not None:              # only the refused nodes leave the device
+                gm_cut, bad = recut
+                entries = self._failure_entries(exc, sig, bad)
+            else:
+                entries = self._failure_entries(exc, sig)
             if self.options.fallback == "error":
                 raise NeuronFallbackError([(e.op, e.count, e.reason) for e in entries]) from exc
             entry.failure = PartitionFailure(self.graph, self.name, entries)
-            reasons = {n.name: self._node_reason(n, exc, sig) for n in self.sub.graph.nodes
-                       if is_compute_node(n)}
-            entry.eager = wrap_fallback_nodes(clone_graph_module(self.sub), reasons, self.graph,
-                                              str(exc))
+            if recut is not None:
+                entry.eager = gm_cut
+            else:
+                reasons = {n.name: self._node_reason(n, exc, sig) for n in self.sub.graph.nodes
+                           if is_compute_node(n)}
+                entry.eager = wrap_fallback_nodes(clone_graph_module(self.sub), reasons,
+                                                  self.graph, str(exc))
         elif self.dump is not None:
             self.dump.write_compiled(self.name, sig, prog.compiled)  # type: ignore
         if self.dump is not None:
@@ -692,7 +696,7 @@ class DevicePartition(torch.nn.Module):
             "signature": describe_signature(sig), "compile_time_s": dt, "cache_hit": hit,
             "disk_cache_hit": disk_hit,
             "unsupported": None if prog.unsupported is None else str(prog.unsupported),
-            "instructions_per_queue": queues})
+            "instructions_per_queue": queues}, compile_id=self.compile_id)
 
     def _lower(self, api: object, gm: GraphModule, specs: list, sig: Signature,
                writer: object | None) -> _Program:
@@ -741,10 +745,33 @@ class DevicePartition(torch.nn.Module):
             return str(exc)
         return f"in device partition {self.name}, which could not be lowered: {exc}"
 
-    def _failure_entries(self, exc: Exception, sig: Signature) -> tuple[FallbackEntry, ...]:
+    def _failure_entries(self, exc: Exception, sig: Signature,
+                         only: frozenset[str] | None = None) -> tuple[FallbackEntry, ...]:
         counts: Counter = Counter((op_name(n), self._node_reason(n, exc, sig))
-                                  for n in self.sub.graph.nodes if is_compute_node(n))
+                                  for n in self.sub.graph.nodes if is_compute_node(n)
+                                  and (only is None or n.name in only))
         return tuple(FallbackEntry(op, c, r) for (op, r), c in sorted(counts.items()))
+
+    def _recut(self, exc: Exception) -> tuple[GraphModule, frozenset[str]] | None:
+        """The partition without the nodes the lowering refused (``Unsupported.nodes``): those
+        run in eager PyTorch with the refusal as their reason, every other connected region is a
+        device partition of its own (``<name>_r<i>``, compiled at its first call, and cut again
+        if it too is refused). None when the refusal names no node of this partition, or all of
+        them (then the whole partition falls back)."""
+        compute = {n.name for n in self.sub.graph.nodes if is_compute_node(n)}
+        bad = frozenset(getattr(exc, "nodes", ()) or ()) & compute
+        if not bad or bad == compute:
+            return None
+        gm = clone_graph_module(self.sub)
+        fused, parts = split_out(gm, bad, f"{self.name}_r")
+        for pname, ops in parts.items():
+            setattr(fused, pname, DevicePartition(getattr(fused, pname), pname, self.graph,
+                                                  self.options, self.dump, ops))
+        reasons = {name: str(exc) for name in bad}
+        log.info("%s/%s: %s refused by the lowering (%s); the other %d nodes go on in %d "
+                 "device partitions", self.graph.name, self.name, ", ".join(sorted(bad)), exc,
+                 len(compute) - len(bad), len(parts))
+        return wrap_fallback_nodes(fused, reasons, self.graph, str(exc)), bad
 
 
 class NeuronGraph:

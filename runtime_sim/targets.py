@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 KIB = 1024
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Target:
 
     # --- HBM and DMA ------------------------------------------------------------------------
     hbm_bytes_per_ns: float      # per chip
+    hbm_bytes_per_chip: int      # capacity
     dma_engines: int             # per core
     dma_queues_per_engine: int
     dma_engine_bytes_per_ns: float
@@ -127,6 +129,11 @@ class Target:
         return self.sbuf_partitions * self.sbuf_bytes_per_partition
 
     @property
+    def hbm_bytes_per_core(self) -> int:
+        """HBM capacity one NeuronCore may use: its chip's, shared evenly by its cores."""
+        return self.hbm_bytes_per_chip // self.cores_per_chip
+
+    @property
     def hbm_bytes_per_ns_per_core(self) -> float:
         return self.hbm_bytes_per_ns / self.cores_per_chip
 
@@ -166,6 +173,7 @@ TRN1 = Target(
     sbuf_partitions=128, sbuf_bytes_per_partition=192 * KIB,             # ARCH1: 24 MiB
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH1: 2 MiB, 8 x 2 KiB
     hbm_bytes_per_ns=820.0,                                              # ARCH1: 820 GB/s per chip
+    hbm_bytes_per_chip=32 * GIB,                                         # ARCH1: 32 GiB per chip (hardware.md)
     dma_engines=16, dma_queues_per_engine=16,                            # ARCH1
     dma_engine_bytes_per_ns=17.0,                                        # DMA: 272 GB/s per core (ARCH1: 27 GiB/s)
     dma_fixed_latency_ns=1300.0,                                         # DMA: ~1.3 us per transfer
@@ -198,6 +206,7 @@ TRN2 = Target(
     sbuf_partitions=128, sbuf_bytes_per_partition=224 * KIB,             # ARCH2: 28 MiB
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH2
     hbm_bytes_per_ns=2900.0,                                             # ARCH2: 2.9 TB/s (NKI guide: 3 TB/s)
+    hbm_bytes_per_chip=96 * GIB,                                         # ARCH2: 96 GiB per chip (hardware.md)
     dma_engines=16, dma_queues_per_engine=16,                            # ARCH2
     dma_engine_bytes_per_ns=23.0,                                        # DMA: 368 GB/s per core; 32 KiB in 1,416 ns
     dma_fixed_latency_ns=1300.0,                                         # DMA
@@ -220,6 +229,7 @@ TRN3 = Target(
     sbuf_partitions=128, sbuf_bytes_per_partition=256 * KIB,             # ARCH3: 32 MiB
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH3
     hbm_bytes_per_ns=4900.0,                                             # ARCH3: 4.9 TB/s (NKI guide: 4.7 TB/s)
+    hbm_bytes_per_chip=144 * GIB,                                        # ARCH3: 144 GiB per chip (hardware.md)
     dma_engines=16, dma_queues_per_engine=16,                            # ARCH3
     dma_engine_bytes_per_ns=33.0,                                        # DMA: 528 GB/s per core
     dma_fixed_latency_ns=1300.0,                                         # DMA

@@ -107,9 +107,6 @@ def _trace_events(trace_dir: Path) -> list[tuple[dict, str]]:
     return [(m, "\n".join(p)) for m, p in events]
 
 
-@pytest.mark.xfail(strict=True, reason="needs DevicePartition to pass its compile id "
-                   "(runtime.py: self.compile_id = current_compile_id(); "
-                   "artifact(..., compile_id=self.compile_id)); remove this mark with it")
 def test_artifacts_carry_the_compile_id_of_their_dynamo_compile(traced):
     _, trace_dir = traced
     ours = [(m, json.loads(p)) for m, p in _trace_events(trace_dir)
