@@ -289,14 +289,17 @@ def _can_overlap(diff: Affine, win: tuple[int, ...], dom: dict[str, int]) -> boo
 
 def _separating(diff: Affine, yv: str, xv: str, win: tuple[int, int], dom: dict[str, int]) -> bool | None:
     """``diff = c*(yv - xv) + rest`` with the same ``c`` on both: True when only ``yv == xv``
-    can overlap, None when not even that can (never overlaps), False otherwise."""
+    can overlap, None when no pair of iterations can (never overlaps), False otherwise."""
     c = diff.coef(yv)
     if c == 0 or diff.coef(xv) != -c:
         return False
     rest = diff - Affine.var(yv) * c + Affine.var(xv) * c
     rlo, rhi = rest.bounds(dom)
     if not (rlo <= win[1] and rhi >= win[0]):
-        return None
+        # yv == xv never overlaps; yv == xv + d may (same stride, another start: a copy loop
+        # that wrote rows 3..4 of what a product loop reads as rows 0..4)
+        lo, hi = diff.bounds(dom)
+        return None if not (lo <= win[1] and hi >= win[0]) else False
     c = abs(c)
     return c + rlo > win[1] and -c + rhi < win[0]
 
