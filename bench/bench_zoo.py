@@ -152,9 +152,9 @@ def compare(out, ref, mode: str) -> dict:
     return {"match": ok, "max_abs_err": worst, "detail": worst_at, "ref_max_abs": scale}
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:limit]
 
 
 def classify(exc: BaseException) -> dict:
@@ -180,7 +180,7 @@ def classify(exc: BaseException) -> dict:
              for fr in tb if any(f"{os.sep}{p}{os.sep}" in fr.filename for p in OUR_PACKAGES)]
     return {"status": "internal error" if ours else "torch error",
             "error": _first_line(root),
-            "context": _first_line(internal[0]) if internal else _first_line(chain[0]),
+            "context": _first_line(internal[0] if internal else chain[0], 4000),
             "where": where[-3:]}
 
 
@@ -330,10 +330,23 @@ def markdown(rows: list[dict], header: str) -> str:
         for r in bad:
             what = (f"mismatch, max abs err {r.get('max_abs_err')} at {r.get('detail')}"
                     if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}")
-            ctx = f" (in {r['context']})" if r.get("context") and r["context"] != r.get("error") else ""
+            ctx = _where(r)
             lines.append(f"- `{r['name']}` {r['mode']}: {esc(what)}{esc(ctx)}  \n"
                          f"  `python bench/bench_zoo.py --only {r['name']} --mode {r['mode']}`")
     return "\n".join(lines) + "\n"
+
+
+def _where(row: dict) -> str:
+    """The partition and the op(s) an internal error names, from its outermost message."""
+    ctx = row.get("context") or ""
+    if ctx == row.get("error") or not ctx:
+        return ""
+    words = ctx.split()
+    part = next((w for w in words if "/fused_" in w), "")
+    at = ctx.find("(op: ")
+    ops = ctx[at + 5:].split(";")[0].split("):")[0] if at >= 0 else ""
+    ops = ops if len(ops) <= 160 else ops[:157] + "..."
+    return f" (partition {part}{', op: ' + ops if ops else ''})" if part or ops else ""
 
 
 def summary(rows: list[dict]) -> str:
