@@ -11,10 +11,9 @@ Errors name the kernel or instruction and what was expected.
 """
 from __future__ import annotations
 
-import gc
-
 from lowering.errors import LoweringError
 from lowering.kir import KKind, KProgram, MatmulKAttrs, PointwiseAttrs, Role, TensorRef
+from lowering.tir.analysis import without_cyclic_gc
 from runtime_sim.isa import Program
 
 
@@ -68,13 +67,8 @@ def verify_kir(kp: KProgram) -> None:
             raise LoweringError(f"output {r} is never written")
 
 
+@without_cyclic_gc
 def verify_program(program: Program) -> None:
     from runtime_sim.checks import check_program
     from runtime_sim.targets import get_target
-    was_enabled = gc.isenabled()
-    gc.disable()            # no cycles; spares a rescan of the process's heap (see emit)
-    try:
-        check_program(program, get_target(program.target))
-    finally:
-        if was_enabled:
-            gc.enable()
+    check_program(program, get_target(program.target))

@@ -6,6 +6,11 @@ current one, an affine function of its loop variables) and the top-level stateme
 to. For every SBUF/PSUM buffer: the loop that allocates it and the *allocation number* of an
 access (executions of the scope loop's body so far, over all enclosing loops).
 
+``without_cyclic_gc`` runs a pass with Python's cyclic garbage collector paused: the passes
+after tiling build many small long-lived objects and no reference cycles, so a collection
+would only rescan the process's heap (in a process holding a model and Dynamo's graphs, a
+full collection costs about a second).
+
 Invariants
 - ``flat`` of an instruction is ``sum(var_l * prod(count_m for m inner to l))`` over its loops:
   the n-th execution (0-based) has flat index n, so its semaphore count after it completes is n+1.
@@ -14,6 +19,8 @@ Invariants
 """
 from __future__ import annotations
 
+import functools
+import gc
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +28,21 @@ from functools import cached_property
 from lowering.tir.affine import Affine
 from lowering.tir.ir import Loop, Stmt, TBuf, TInstr, TProgram
 from runtime_sim.isa import Memory
+
+
+def without_cyclic_gc(fn):
+    """``fn`` with the cyclic GC paused while it runs (re-enabled after, if it was on); it
+    changes no result: only when unreachable cycles are freed (none are made here)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return run
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ Invariants
 """
 from __future__ import annotations
 
-import gc
 import math
 from collections import defaultdict
 from dataclasses import replace
@@ -33,7 +32,8 @@ import numpy as np
 
 from lowering.errors import LoweringError
 from lowering.tir.affine import Affine
-from lowering.tir.analysis import InstrInfo, Structure, common_loops, flat_of, precedes_in_body
+from lowering.tir.analysis import (InstrInfo, Structure, common_loops, flat_of, precedes_in_body,
+                                   without_cyclic_gc)
 from lowering.tir.ir import Loop, Stmt, TAP, TInstr, TProgram
 from lowering.tir.plan import MemPlan
 from lowering.tir.sync import SyncPlan, Wait
@@ -146,21 +146,10 @@ def _check_order_exactly(x: InstrInfo, y: InstrInfo, w: Wait, before: Affine) ->
             f"{before.eval(at)} precede it")
 
 
+@without_cyclic_gc
 def emit_program(tp: TProgram, queues: dict[int, Queue], plan: MemPlan, sync: SyncPlan,
                  st: Structure | None = None) -> Program:
-    # many small long-lived objects and no cycles: the cyclic GC would only rescan the
-    # process's heap (in a process holding a model, that costs several times the pass itself)
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _emit(tp, queues, plan, sync, st or Structure(tp))
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _emit(tp: TProgram, queues: dict[int, Queue], plan: MemPlan, sync: SyncPlan,
-          st: Structure) -> Program:
+    st = st or Structure(tp)
     items: dict[int, Item] = {}
     for sid, inf in st.info.items():
         items[sid] = _item(tp, st, plan, sync, inf.ins)

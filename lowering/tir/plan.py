@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from lowering.errors import Unsupported
 from lowering.memory import lower_bound
 from lowering.memory.packing import PackingError, pack_offsets
-from lowering.tir.analysis import Structure, kernel_key
+from lowering.tir.analysis import Structure, kernel_key, without_cyclic_gc
 from lowering.tir.ir import Loop, TBuf, TProgram
 from runtime_sim.isa import Memory
 from runtime_sim.targets import Target
@@ -207,6 +207,7 @@ def slot_stride(b: TBuf, target: Target) -> int:
     return -(-b.slot_bytes // SBUF_ALIGN) * SBUF_ALIGN
 
 
+@without_cyclic_gc
 def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> MemPlan:
     st = st or Structure(tp)
     plan = MemPlan()

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from lowering.tir.analysis import Structure, kernel_key
+from lowering.tir.analysis import Structure, kernel_key, without_cyclic_gc
 from lowering.tir.ir import TAP, TInstr, TProgram
 from runtime_sim.costs import clock_ghz, instr_cost
 from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
@@ -79,6 +79,7 @@ def _occupancy(probe: Instr, q: Queue, target: Target) -> float:
     return c.issue_ns if q.engine is EngineKind.DMA else c.busy_ns
 
 
+@without_cyclic_gc
 def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[int, Queue]:
     st = st or Structure(tp)
     lanes = tuple(dma_queues(target, i) for i in range(1 + PREFETCH_LANES))

@@ -41,7 +41,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from lowering.tir.affine import Affine
-from lowering.tir.analysis import InstrInfo, Structure, common_loops, flat_of, precedes_in_body
+from lowering.tir.analysis import (InstrInfo, Structure, common_loops, flat_of, precedes_in_body,
+                                   without_cyclic_gc)
 from lowering.tir.ir import TAP, TBuf, TProgram
 from lowering.tir.plan import MemPlan
 from runtime_sim.isa import Memory, Queue
@@ -141,6 +142,7 @@ def _rename(a: Affine) -> Affine:
     return Affine(a.const, tuple((_y(v), c) for v, c in a.terms))
 
 
+@without_cyclic_gc
 def synchronize(tp: TProgram, queues: dict[int, Queue], plan: MemPlan,
                 st: Structure | None = None) -> SyncPlan:
     st = st or Structure(tp)
