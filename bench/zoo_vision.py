@@ -76,7 +76,7 @@ def _image(mode: str, fp32_px: int = 32, bf16_px: int = 64) -> torch.Tensor:
 
 
 def calibrate(model: torch.nn.Module, mode: str, fp32_px: int = 32) -> torch.nn.Module:
-    """Batch-norm running statistics set to those of a random batch of 4 images.
+    """Batch-norm running statistics set to those of a random batch of 16 images.
 
     With random weights and the initial statistics (mean 0, variance 1), eval-mode batch norm
     normalises nothing and the activations of a deep CNN shrink layer after layer (torchvision's
@@ -101,7 +101,7 @@ def calibrate(model: torch.nn.Module, mode: str, fp32_px: int = 32) -> torch.nn.
     px = fp32_px if mode == "fp32" else 64
     model.train()
     with torch.no_grad():
-        model(torch.randn(4, 3, px, px, generator=torch.Generator().manual_seed(7)))
+        model(torch.randn(16, 3, px, px, generator=torch.Generator().manual_seed(7)))
     for m, momentum in zip(norms, saved):
         m.momentum = momentum
     return model.eval()
