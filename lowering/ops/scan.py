@@ -6,7 +6,8 @@ Tiling: rows on partitions, the scanned dim along the free axis in chunks that c
 running value; any shape and strides.
 
 Invariants
-- Float inputs only (an integer scan is int64 in eager, beyond fp32's exact range).
+- Float inputs, or (cumsum) a bool mask counted exactly in fp32 (length below 2**24); other
+  integer scans fall back (an integer scan is int64 in eager, beyond fp32's exact range).
 - ``dtype=`` narrower than the input rounds the input first (one POINTWISE cast), as eager does.
 """
 from __future__ import annotations
@@ -18,9 +19,13 @@ from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, ScanKAttrs, ScanOp, TensorRef, load
 from lowering.ops.elementwise import _torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry import FLOAT_DTYPES, MASK_DTYPES, register
+from runtime_sim.isa import DType
 
 aten = torch.ops.aten
+
+
+EXACT_FP32 = 1 << 24     # fp32 holds every integer up to this exactly
 
 
 def _float_scan(node: fx.Node) -> str | None:
@@ -32,23 +37,54 @@ def _float_scan(node: fx.Node) -> str | None:
     return None
 
 
+def _count_scan(node: fx.Node) -> str | None:
+    """cumsum: float inputs, or a bool input counted into integers (transformers' position ids
+    and packed-sequence checks): exact in the engine's fp32 while the scanned length stays
+    below 2**24; other integer inputs fall back (their sums may leave fp32's exact range)."""
+    x, dim = node.args[0], node.args[1]
+    v = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(v, torch.Tensor) or v.dtype.is_floating_point:
+        return _float_scan(node)
+    if v.dtype is not torch.bool:
+        return f"input dtype {v.dtype} (integer scans fall back: sums may leave fp32's exact range)"
+    n = v.shape[dim % v.dim()] if v.dim() else 1
+    if not isinstance(n, int) or n >= EXACT_FP32:
+        return f"a count over {n} elements (exact in fp32 below {EXACT_FP32})"
+    return None
+
+
 def emit_scan(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp) -> TensorRef:
     v = ctx.out_val
     odt = machine_dtype(v.dtype, ctx.op)
     if x.rank == 0:
         x = apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
+    if not x.dtype.is_float:            # a count of a bool mask: scanned in fp32, exact
+        f = _cast(ctx, x, DType.FP32)
+        counts = emit_scan_of(ctx, f, dim, op, DType.FP32, tuple(v.shape))
+        return _cast(ctx, counts, odt)
     if odt != x.dtype and odt.itemsize < x.dtype.itemsize:
         c = ctx.new_tensor(x.shape, odt)
         ctx.emit(KOp(KKind.POINTWISE, (c,), (x,), PointwiseAttrs(Expr(EOp.CAST, (load(0, x.dtype),), odt))))
         x = c
-    out = ctx.new_tensor(tuple(v.shape), odt)
+    return emit_scan_of(ctx, x, dim, op, odt, tuple(v.shape))
+
+
+def emit_scan_of(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp, odt, shape) -> TensorRef:
+    out = ctx.new_tensor(shape, odt)
     o = out if out.rank else apply_view(out, _torch_dtype_of(out), lambda t: t.view(1))
     if x.numel:
         ctx.emit(KOp(KKind.SCAN, (o,), (x,), ScanKAttrs(dim % x.rank, op)))
     return out
 
 
-@register(aten.cumsum.default, dtypes=FLOAT_DTYPES, check=_float_scan)
+def _cast(ctx: LowerCtx, x: TensorRef, dt) -> TensorRef:
+    c = ctx.new_tensor(x.shape, dt)
+    ctx.emit(KOp(KKind.POINTWISE, (c,), (x,), PointwiseAttrs(Expr(EOp.CAST, (load(0, x.dtype),), dt))))
+    return c
+
+
+@register(aten.cumsum.default, dtypes=FLOAT_DTYPES | MASK_DTYPES | frozenset({torch.int64}),
+          check=_count_scan)
 def _cumsum(ctx, node, x, dim, *, dtype=None):
     """cumsum: VectorE/GpSimdE ``tensor_tensor_scan`` (add); any shape."""
     return emit_scan(ctx, x, dim, ScanOp.SUM)
