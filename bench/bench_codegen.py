@@ -1,6 +1,7 @@
 """Generated code against the physical floor, per target, and cold compile time against Inductor.
 
-    python bench/bench_codegen.py                      # everything: ~20 min on 2 cores today
+    python bench/bench_codegen.py                      # everything: ~20 min on 2 cores for parts 1-2,
+                                                       # part 3 ~30 min more (Inductor's cold compiles)
     python bench/bench_codegen.py --cases quick --targets trn2 --skip-inductor
     python bench/bench_codegen.py --cases mm2048,bert,cold_bert --json rows.json
     python bench/bench_codegen.py --cases first_mobilenet_v3_small,first_gpt2 --repeat 1
