@@ -31,7 +31,7 @@ from lowering.passes.norm_fold import fold_norm_affine
 from lowering.passes.residency import choose_resident, row_lengths
 from lowering.registry import op_name
 from lowering.tiling import tile_program
-from lowering.tir.analysis import Structure
+from lowering.tir.analysis import Structure, without_cyclic_gc
 from lowering.tir.emit import emit_program
 from lowering.tir.plan import plan_memory
 from lowering.tir.resident import NotResident
@@ -44,6 +44,7 @@ from runtime_sim.targets import get_target
 Dump = Callable[[str, str], None]
 
 
+@without_cyclic_gc          # tiling's many small objects: a collection only rescans the heap
 def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str = "trn2",
                   dump: Dump | None = None, name: str | None = None) -> CompiledGraph:
     t = get_target(target)

@@ -46,6 +46,9 @@ from torch.fx.node import map_aggregate
 LOW_PRECISION = frozenset({torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
                            torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 _BIT_VIEWS = frozenset({torch.ops.aten.view.dtype})
+# ops defined only on low-precision operands (fp8 products with scales): a graph holding one
+# keeps its types and runs natively
+_LOW_PRECISION_ONLY = frozenset({torch.ops.aten._scaled_mm.default})
 _TO_COPY = torch.ops.aten._to_copy.default
 
 
@@ -100,14 +103,15 @@ def _upcast_input(t: torch.Tensor) -> torch.Tensor:
 
 def upcast_graph(gm: GraphModule) -> GraphModule | None:
     """A copy of ``gm`` computing in fp32 wherever ``gm`` computes in a low-precision float
-    type (module docstring); None when it reinterprets low-precision bits."""
+    type (module docstring); None when it reinterprets low-precision bits or calls an op that
+    takes only low-precision operands (``_scaled_mm``)."""
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
     new = GraphModule(gm, graph)
     for n in list(new.graph.nodes):
         if n.op == "call_function":
-            if n.target in _BIT_VIEWS:
+            if n.target in _BIT_VIEWS or n.target in _LOW_PRECISION_ONLY:
                 return None
             n.args = map_aggregate(n.args, _up)
             n.kwargs = map_aggregate(n.kwargs, _up)
