@@ -35,6 +35,14 @@ def _assert_on_device(d, allowed: frozenset[str] = frozenset()):
         assert f["op"] in allowed and f["reason"], f
 
 
+def _check_model(model, kwargs, field: str, allowed: frozenset[str] = frozenset()):
+    """Compiled against eager: on the device (only ``allowed`` ops may fall back, with a
+    reason), output ``field`` within 1e-4."""
+    ref, out, d = _compiled_run(model.eval(), kwargs)
+    _assert_on_device(d, allowed)
+    torch.testing.assert_close(getattr(out, field), getattr(ref, field), rtol=1e-4, atol=1e-4)
+
+
 def _ids():
     torch.manual_seed(0)
     ids = torch.randint(0, 100, (2, 19))
@@ -64,11 +72,8 @@ def test_electra_with_padding_mask(fresh_dynamo):
                                      intermediate_size=96)
     torch.manual_seed(0)
     ids, mask = _ids()
-    ref, out, d = _compiled_run(transformers.ElectraModel(cfg).eval(),
-                                dict(input_ids=ids, attention_mask=mask))
-    _assert_on_device(d)
-    assert d["fallback_nodes"] == 0
-    torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+    _check_model(transformers.ElectraModel(cfg), dict(input_ids=ids, attention_mask=mask),
+                 "last_hidden_state")
 
 
 def test_clip_two_towers_with_padding_mask(fresh_dynamo):
@@ -79,12 +84,10 @@ def test_clip_two_towers_with_padding_mask(fresh_dynamo):
                            num_attention_heads=4, image_size=32, patch_size=8))
     torch.manual_seed(0)
     ids, mask = _ids()
-    ref, out, d = _compiled_run(transformers.CLIPModel(cfg).eval(),
-                                dict(input_ids=ids, attention_mask=mask,
-                                     pixel_values=torch.randn(2, 3, 32, 32)))
     # the pooled text token is found by argmax over int64 ids (recorded as a fallback)
-    _assert_on_device(d, allowed=frozenset({"aten.argmax.default"}))
-    torch.testing.assert_close(out.logits_per_image, ref.logits_per_image, rtol=1e-4, atol=1e-4)
+    _check_model(transformers.CLIPModel(cfg),
+                 dict(input_ids=ids, attention_mask=mask, pixel_values=torch.randn(2, 3, 32, 32)),
+                 "logits_per_image", allowed=frozenset({"aten.argmax.default"}))
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -94,23 +97,17 @@ def test_mistral_sliding_window_with_mask(impl, fresh_dynamo):
                                      sliding_window=8, attn_implementation=impl)
     torch.manual_seed(0)
     ids, mask = _ids()
-    ref, out, d = _compiled_run(transformers.MistralForCausalLM(cfg).eval(),
-                                dict(input_ids=ids, attention_mask=mask))
-    _assert_on_device(d)
-    assert d["fallback_nodes"] == 0
-    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    _check_model(transformers.MistralForCausalLM(cfg), dict(input_ids=ids, attention_mask=mask),
+                 "logits")
 
 
 def test_gpt2_without_cache(fresh_dynamo):
-    """transformers' packed-sequence check: int64 diff(prepend=...) of an arange."""
+    """transformers' packed-sequence check: int64 diff(prepend=...) of an arange, and a cumsum
+    of a bool mask."""
     cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=100, n_positions=64)
     torch.manual_seed(0)
     ids, _ = _ids()
-    ref, out, d = _compiled_run(transformers.GPT2LMHeadModel(cfg).eval(),
-                                dict(input_ids=ids, use_cache=False))
-    _assert_on_device(d)
-    assert d["fallback_nodes"] == 0
-    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    _check_model(transformers.GPT2LMHeadModel(cfg), dict(input_ids=ids, use_cache=False), "logits")
 
 
 @pytest.mark.parametrize("shape", [(3, 300), (129, 5), (1, 128)])
