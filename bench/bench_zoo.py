@@ -374,7 +374,8 @@ def _commit() -> str:
 
 
 def render(paths: list[str], md_path: str | None, json_path: str | None) -> int:
-    """Rows of saved runs merged in the order they first appear; the header names each run."""
+    """Rows of saved runs merged (fp32 rows first, each mode in registry order); the header
+    names each run."""
     merged: dict = {}
     runs = []
     for path in paths:
@@ -384,7 +385,8 @@ def render(paths: list[str], md_path: str | None, json_path: str | None) -> int:
                     f"{run['timeout_s']:.0f} s)")
         for row in run["rows"]:
             merged[(row["name"], row["mode"])] = row
-    rows = list(merged.values())
+    order = {a.name: i for i, a in enumerate(registry())}
+    rows = sorted(merged.values(), key=lambda r: (r["mode"] != "fp32", order.get(r["name"], 1 << 30)))
     for row in rows:
         print(text_line(row))
     print(summary(rows))
