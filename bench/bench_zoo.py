@@ -173,7 +173,8 @@ def classify(exc: BaseException) -> dict:
         if mod.split(".")[0] in OUR_PACKAGES or any(
                 f"{os.sep}{p}{os.sep}" in fr.filename for fr in frames for p in OUR_PACKAGES):
             ours = True
-    internal = [e for e in chain if type(e).__name__ == "NeuronInternalError"]
+    from neuron_compiler.errors import NeuronInternalError   # NeuronRunError is one too
+    internal = [e for e in chain if isinstance(e, NeuronInternalError)]
     root = chain[-1]
     tb = traceback.extract_tb(root.__traceback__)
     where = [f"{os.path.relpath(fr.filename, os.path.dirname(HERE))}:{fr.lineno} {fr.name}"

@@ -1,25 +1,17 @@
 """Smoke test of bench/bench_codegen.py on one tiny case (the full sizes live in the bench only)."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 import torch
 
+from script_loader import load_script
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load("bench_codegen", os.path.join(ROOT, "bench", "bench_codegen.py"))
+bench = load_script("bench_codegen", os.path.join(ROOT, "bench", "bench_codegen.py"))
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +44,7 @@ def test_peaks_agree_with_floors_py():
     path = os.path.join(ROOT, "..", "shared", "tools", "floors.py")
     if not os.path.exists(path):
         pytest.skip("../shared/tools/floors.py not present")
-    floors = _load("floors", path)
+    floors = load_script("floors", path)
     assert bench.PEAK == floors.PEAK
     for t in bench.PEAK:
         for work in ({"flops": 1e12}, {"nbytes": 1e9}, {"transcendentals": 1e9},

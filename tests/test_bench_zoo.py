@@ -3,7 +3,6 @@ its registry, its comparison (which must fail on wrong values), its error classi
 per-row subprocess (a row end to end, a timeout, a row that cannot be built) and its reports."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -11,19 +10,13 @@ import sys
 import pytest
 import torch
 
+from script_loader import load_script
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 BENCH = os.path.join(ROOT, "bench")
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-zoo = _load("bench_zoo", os.path.join(BENCH, "bench_zoo.py"))
+zoo = load_script("bench_zoo", os.path.join(BENCH, "bench_zoo.py"))
 
 
 def _arch(name: str):
@@ -59,6 +52,7 @@ def test_unknown_row_is_a_usage_error():
 
 
 def test_compare_fails_on_wrong_values():
+    torch.manual_seed(0)
     ref = {"logits": torch.randn(2, 16, 8), "hidden": (torch.randn(3, 4),)}
     same = {"logits": ref["logits"].clone(), "hidden": (ref["hidden"][0] + 1e-6,)}
     good = zoo.compare(same, ref, "fp32")
