@@ -108,9 +108,9 @@ def _bert() -> tuple[nn.Module, dict]:
 def _llama() -> tuple[nn.Module, dict]:
     T = _transformers()
     torch.manual_seed(0)
-    # 4 kv heads (no GQA): with 2, the fused attention's lowering fails (a compiler bug).
+    # grouped-query attention, as Llama 3 has it: 2 key/value heads for 4 query heads
     cfg = T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                        num_key_value_heads=4, intermediate_size=128, vocab_size=_VOCAB,
+                        num_key_value_heads=2, intermediate_size=128, vocab_size=_VOCAB,
                         max_position_embeddings=64, **_TOKEN_IDS)
     return T.LlamaForCausalLM(cfg).eval(), _ids()
 
@@ -121,7 +121,7 @@ ZOO: dict[str, tuple[Callable[[], tuple], str]] = {
                     "input_ids [1,32]"),
     "bert": (_bert, "transformers BertModel, 2 layers, d=64, 4 heads, vocab 512, "
                     "input_ids [1,32]"),
-    "llama": (_llama, "transformers LlamaForCausalLM, 2 layers, d=64, 4 heads, "
+    "llama": (_llama, "transformers LlamaForCausalLM, 2 layers, d=64, 4 heads (2 kv), "
                       "vocab 512, input_ids [1,32]"),
 }
 
