@@ -38,6 +38,8 @@ def _attention(q, k, v, mask, kind: str):
         s = s + m[None, None].expand(N, 1, Sq, Sk)
     elif kind == "additive":                  # a mask tensor read by the score expression
         s = s + mask
+    elif kind == "query_rows":                # one value per query row (stride 0 along keys)
+        s = s + mask[..., :1]
     elif kind == "head_bias":                 # a bias from the head index (ALiBi-like)
         slopes = 2.0 ** (-(torch.arange(H, dtype=torch.float32) + 1) / H)
         dist = (torch.arange(Sk)[None, :] - torch.arange(Sq)[:, None]).float()
@@ -49,7 +51,7 @@ def _attention(q, k, v, mask, kind: str):
 CASES = [(4, 4), (4, 2), (4, 1), (6, 3)]
 
 
-@pytest.mark.parametrize("kind", ["causal", "causal_min", "additive", "head_bias", "none"])
+@pytest.mark.parametrize("kind", ["causal", "causal_min", "additive", "query_rows", "head_bias", "none"])
 @pytest.mark.parametrize("heads,kv_heads", CASES)
 def test_written_out_attention_matches_eager(heads, kv_heads, kind, fresh_dynamo):
     torch.manual_seed(heads * 10 + kv_heads)

@@ -258,8 +258,12 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
             if x.index not in loads:
                 r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
                 tl = b.tile(f"mask{x.index}", Memory.SBUF, qr, kw, r.dtype, 2)
-                b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, _boff(r, bidx) + q0 * r.strides[-2]
-                                      + k0 * r.strides[-1], qr, r.strides[-2], ((kw, r.strides[-1]),)))
+                base = _boff(r, bidx) + q0 * r.strides[-2] + k0 * r.strides[-1]
+                if r.strides[-1] == 0 and kw > 1:
+                    _row_broadcast(b, tl.ap(), r, base, qr, kw, x.index)
+                else:
+                    b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, base, qr, r.strides[-2],
+                                          ((kw, r.strides[-1]),)))
                 loads[x.index] = tl.ap()
             return loads[x.index]
         tl = b.tile("idx", Memory.SBUF, qr, kw, x.dtype, 2).ap()
@@ -275,6 +279,23 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
     if a.score is not None:
         res = ExprGen(b, qr, (kw,), leaf).tile_of(a.score, F32)
     return res
+
+
+def _row_broadcast(b: TirBuilder, dst: TAP, r, base, qr: int, kw: int, i: int) -> None:
+    """``dst`` [qr, kw] of an operand equal along the key axis (a per-query value, e.g. position
+    ids of a packed-sequence mask): one element per row by DMA (a stride-0 transfer would move
+    it element by element, kw times), then copied along the row on GpSimdE (integer types take
+    its exact path; an int64 row moves as its two int32 words)."""
+    col = b.tile(f"mrow{i}", Memory.SBUF, qr, 1, r.dtype, 2).ap()
+    b.dma(col, hbm_ap(r.buffer, r.dtype, base, qr, r.strides[-2], ((1, 1),)))
+    if r.dtype is DType.INT64:
+        w = DType.INT32
+        b.tensor_copy(replace(dst, dims=((2, kw), (1, 2)), dtype=w),
+                      replace(col, dims=((0, kw), (1, 2)), dtype=w), engines=(EngineKind.GPSIMD,))
+    else:
+        b.tensor_copy(dst, replace(col, dims=((0, kw),)),
+                      engines=(EngineKind.GPSIMD,) if not r.dtype.is_float else
+                      (EngineKind.VECTOR, EngineKind.GPSIMD))
 
 
 def _finish(b: TirBuilder, k: KOp, state, par: int, bidx, q0: Affine, qr: int, Dv: int) -> None:
