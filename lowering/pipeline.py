@@ -104,9 +104,10 @@ def _tile_with_residency(kp, t):
             return tile_program(kp, t, resident)
         except NotResident as first:
             # every tensor refused in this pass at once (one narrowing step each)
-            for name in dict.fromkeys(e.buffer for e in (first,) + first.also):
+            refused = {e.buffer: e for e in reversed((first,) + first.also)}
+            for name, e in refused.items():
                 if name in dropped or name not in resident:
-                    raise
+                    raise e
                 narrow[name] = narrow.get(name, 0) + 1
                 if narrow[name] >= len(lengths.get(name, ())):
                     dropped.add(name)

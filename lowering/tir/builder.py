@@ -24,6 +24,7 @@ from typing import Iterator
 from lowering.errors import LoweringError
 from lowering.tir.affine import Affine, AffineLike, aff
 from lowering.tir.ir import Loop, Stmt, TAP, TBuf, TInstr, TProgram
+from lowering.tir.resident import NotResident
 from runtime_sim.checks import alignment_error
 from runtime_sim.isa import (ActivationAttrs, BnAggrAttrs, BnStatsAttrs, DmaAttrs, DType,
                              EngineKind, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
@@ -290,14 +291,12 @@ class TirBuilder:
             # its bytes live in SBUF: only ``dma`` maps an HBM access onto them; an instruction
             # that addresses the HBM tensor itself (an indirect DMA's table) would read bytes
             # nobody wrote, so the tensor goes back to HBM and the partition is tiled again
-            from lowering.tir.resident import NotResident
             raise NotResident(a.buf, f"{self.tag} addresses it in HBM")
         if b.memory is not Memory.HBM:
             why = alignment_error(a.partition_start, a.partitions)
             if why is not None:
                 owner = next((t for t, (_, rb) in self.resident.items() if rb == a.buf), None)
                 if owner is not None:     # rows of a resident tensor that start mid-group
-                    from lowering.tir.resident import NotResident
                     raise NotResident(owner, f"{self.tag} reads rows from partition "
                                              f"{a.partition_start}: {why}")
                 raise LoweringError(f"{self.tag}: access {a}: {why}")
