@@ -66,32 +66,44 @@ DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/si
   parallelized up to 16 DMA engines, depending on the shape"; a [4, 4096] tile uses one engine).
   The SBUF side is the destination when it is in SBUF, else the source; HBM->HBM copies spread
   over every engine. The queue index only names the in-order instruction stream.
-- Descriptor generation: ``dma_descriptor_ns`` (~600 ns on NC-v3+, 0 on trn1 where the compiler
-  pre-builds descriptors) occupies the *queue*; the queue can issue its next DMA after it.
-- Data phase: on each of its engines, the transfer starts when descriptors are ready and that
-  engine is free (an engine runs one transfer at a time, in issue order, whatever the queue) and
-  takes ``(b + c * dma_chunk_overhead_bytes) / (dma_engine_bytes_per_ns * dma_efficiency)``,
-  where ``b`` is the bytes of the busiest engine (bytes x its partitions / all partitions) and
-  ``c`` its contiguous chunks (a chunk is the shorter of the source's and destination's
-  innermost contiguous runs). DMA transposes run at ``dma_transpose_efficiency`` (from HBM) or
-  ``dma_transpose_sbuf_efficiency`` (SBUF->SBUF) of that rate instead. Every engine of the
-  transfer is charged the busiest engine's time (exact when partitions are multiples of 8).
+- Fixed phase: each transfer occupies its *queue* for ``dma_transfer_ns`` (descriptor setup,
+  synchronisation, semaphore-to-start: ~1300 ns on NC-v2, nki-dma-bandwidth-guide.rst L39-41;
+  the hardware DGE's ~600 ns per instruction on NC-v3, nki-dge.rst L124 and
+  trainium2_arch.rst L364; NC-v4 ASSUMED as NC-v3), then its data phase follows. The queue
+  issues its next DMA when the fixed phase ends, so the next transfer's fixed phase overlaps the
+  previous one's data phase: one queue streams one transfer per max(fixed, data), the shape of
+  the DMA overview's efficiency-versus-size figure (hardware-sources.md, "DMA cost per
+  transfer"). Transfers of different queues take their fixed phases side by side. On NC-v3 a
+  fixed phase of 1300 ns (the guide's figure, no generation given) contradicts the trn2
+  tutorial profiles (tests/machine/test_dma_model.py).
+- Data phase: on each of its engines, the transfer's data starts when its fixed phase is done
+  and that engine's previous data phase has ended (an engine runs one data phase at a time, in
+  issue order, whatever the queue), and takes ``sum over contiguous chunks of
+  max(chunk bytes, dma_min_chunk_bytes) / dma_engine_bytes_per_ns`` for the busiest engine's
+  share (bytes x its partitions / all partitions; a chunk is the shorter of the source's and
+  destination's innermost contiguous runs; ``dma_min_chunk_bytes`` is ASSUMED, targets.py). No
+  efficiency factor: data moves at the documented per-engine rate. DMA transposes run at
+  ``dma_transpose_efficiency`` (from HBM) or ``dma_transpose_sbuf_efficiency`` (SBUF->SBUF)
+  of that rate instead. Every engine of the transfer is charged the busiest engine's time
+  (exact when partitions are multiples of 8).
 - HBM: every DMA that reads or writes HBM also passes its HBM bytes (HBM->HBM counts twice)
   through one FIFO fluid server of the core's share of HBM bandwidth
   (``hbm_bytes_per_ns / cores_per_chip``); the data phase ends no earlier than that reservation.
-- Fixed latency: ``dma_fixed_latency_ns`` (~1.3 us: descriptor setup, synchronisation and the
-  semaphore write) is added after the data phase before the DMA completes. It is latency, not
-  occupancy: it overlaps other transfers on every engine, which is how one trn2 engine moves
-  32 KiB in 1,416 ns in steady state (hardware.md) although a lone transfer takes ~1.3 us more.
+- Completion: at the end of the data phase (the semaphore write is part of the fixed phase's
+  figure; nki-dma-overview.rst L153 shows it inside the transfer). So a lone transfer takes fixed + data, and one trn2 engine moving 32 KiB shows a
+  1,425 ns data phase (published: 1,416 ns, nki-dma-overview.rst L153).
 - A queue's DMAs complete (signal their semaphores) in issue order.
 - Indirect DMA (``dma_gather`` / ``dma_scatter``): the same engine spread (by the SBUF data
-  side's partitions), HBM server and fixed latency as a copy; one descriptor per contiguous run
-  of each looked-up row (a contiguous row is one descriptor), each charged
-  ``dma_chunk_overhead_bytes`` of engine time like any chunk, so rows < 256 B are
-  overhead-bound; descriptor generation (software DGE) occupies the queue for
-  ``dma_swdge_ns`` per instruction (ASSUMED, targets.py). ``accumulate`` scatter reads and writes
-  each row (its bytes and descriptors count twice on the engines and on HBM). The index read
-  (a few bytes per lookup, SBUF) and GpSimd's time generating descriptors are not modelled.
+  side's partitions), HBM server and completion as a copy; one descriptor per contiguous run of
+  each looked-up row (a contiguous row is one descriptor), each moving at least
+  ``dma_min_chunk_bytes`` of engine time like any chunk; descriptor generation (software DGE)
+  occupies the queue for ``dma_swdge_ns`` (ASSUMED, targets.py) before the fixed phase.
+  ``accumulate`` scatter reads and writes each row (its bytes and descriptors count twice on the
+  engines and on HBM). The index read (a few bytes per lookup, SBUF) and GpSimd's time
+  generating descriptors are not modelled.
+- ``dma_data_ns``, ``dma_tile_data_ns``, ``dma_transfer_ns`` and ``dma_stream_ns`` below are the
+  same rules for callers that price a transfer before it exists (the compiler's estimators):
+  there is one DMA formula.
 """
 from __future__ import annotations
 
@@ -109,7 +121,7 @@ class Cost(NamedTuple):
     busy_ns: float      # compute: queue occupancy. DMA: data phase on its DMA engine
     latency_ns: float   # after busy until completion (access overhead / DMA fixed latency)
     work_ns: float      # streaming time for the roofline (compute engines only)
-    issue_ns: float = 0.0   # DMA: descriptor generation, occupies the queue
+    issue_ns: float = 0.0   # DMA: the fixed phase (and software DGE), occupies the queue
     hbm_ns: float = 0.0     # DMA: time on the core's share of HBM bandwidth
     engine_lo: int = 0      # DMA: the engines [engine_lo, engine_hi) that carry the transfer
     engine_hi: int = 0
@@ -123,6 +135,23 @@ def clock_ghz(eng: EngineKind, t: Target) -> float:
     if eng is EngineKind.SCALAR:
         return t.scalar_clock_ghz
     return t.gpsimd_clock_ghz
+
+
+def min_ii_ns(eng: EngineKind, t: Target) -> float:
+    """The minimum initiation interval of a Vector/Scalar/GpSimd instruction, in ns."""
+    return t.min_ii_cycles / clock_ghz(eng, t)
+
+
+def static_busy(busy: dict[EngineKind, float], t: Target) -> dict[EngineKind, float]:
+    """Per-engine busy time of work that runs side by side, with ``SharedPorts``' rule applied
+    statically (NC-v2, ``Target.shared_ports``: VectorE and GpSimdE cannot touch SBUF at the
+    same time, so each waits while the other runs: both take their sum). For estimators that
+    price a body before it is simulated."""
+    out = dict(busy)
+    if t.shared_ports and (EngineKind.VECTOR in out or EngineKind.GPSIMD in out):
+        both = out.get(EngineKind.VECTOR, 0.0) + out.get(EngineKind.GPSIMD, 0.0)
+        out[EngineKind.VECTOR] = out[EngineKind.GPSIMD] = both
+    return out
 
 
 def _two_byte(aps: tuple[AP, ...]) -> bool:
@@ -300,32 +329,68 @@ def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return Cost(0.0, 0.0, 0.0)
 
 
+def dma_data_ns(engine_bytes: float, run_bytes: float, t: Target) -> float:
+    """Data phase of ``engine_bytes`` on one DMA engine moved in contiguous chunks of
+    ``run_bytes``: each chunk moves at least ``dma_min_chunk_bytes`` (module docstring)."""
+    per = max(run_bytes, 1.0)
+    return engine_bytes * max(per, t.dma_min_chunk_bytes) / per / t.dma_engine_bytes_per_ns
+
+
+def dma_tile_data_ns(partitions: int, bytes_per_partition: float, run_bytes: float,
+                     t: Target) -> float:
+    """Data phase of one transfer of ``partitions`` x ``bytes_per_partition`` (SBUF side from
+    partition 0) in runs of ``run_bytes``: its busiest engine's share, and no faster than the
+    core's share of HBM."""
+    if bytes_per_partition <= 0:
+        return 0.0
+    eb = min(partitions, t.dma_partitions_per_engine) * bytes_per_partition
+    return max(dma_data_ns(eb, run_bytes, t),
+               partitions * bytes_per_partition / t.hbm_bytes_per_ns_per_core)
+
+
+def dma_transfer_ns(engine_bytes: float, run_bytes: float, t: Target) -> float:
+    """Time of one lone transfer on an idle engine: its fixed phase, then its data phase."""
+    return t.dma_transfer_ns + dma_data_ns(engine_bytes, run_bytes, t)
+
+
+def dma_stream_ns(transfers: int, engine_bytes: float, run_bytes: float, t: Target) -> float:
+    """``transfers`` back-to-back transfers of ``engine_bytes`` per engine from one queue: the
+    first one's fixed phase, then one per max(fixed, data) (each fixed phase overlaps the
+    previous transfer's data phase)."""
+    if transfers <= 0:
+        return 0.0
+    data = dma_data_ns(engine_bytes, run_bytes, t)
+    return t.dma_transfer_ns + data + (transfers - 1) * max(t.dma_transfer_ns, data)
+
+
+def _engines(side: AP | None, t: Target) -> tuple[int, int, float]:
+    """(first engine, end engine, the busiest engine's share of the bytes) of a transfer whose
+    SBUF side is ``side`` (None: HBM->HBM, every engine an equal share)."""
+    if side is None:
+        return 0, t.dma_engines, 1.0 / t.dma_engines
+    ppe = t.dma_partitions_per_engine
+    p0, p1 = side.partition_start, side.partition_start + side.partitions
+    lo, hi = p0 // ppe, min(t.dma_engines, (p1 - 1) // ppe + 1)
+    most = max(min(p1, (e + 1) * ppe) - max(p0, e * ppe) for e in range(lo, hi))
+    return lo, hi, most / side.partitions
+
+
 def c_dma(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     s, d = ins.srcs[0], ins.dst
     assert d is not None and isinstance(ins.attrs, DmaAttrs)
     nbytes = s.bytes
     side = d if d.memory is Memory.SBUF else s if s.memory is Memory.SBUF else None
-    ppe = t.dma_partitions_per_engine
-    if side is None:                     # HBM->HBM: every engine takes an equal share
-        lo, hi = 0, t.dma_engines
-        share = 1.0 / t.dma_engines
-    else:
-        p0, p1 = side.partition_start, side.partition_start + side.partitions
-        lo, hi = p0 // ppe, min(t.dma_engines, (p1 - 1) // ppe + 1)
-        most = max(min(p1, (e + 1) * ppe) - max(p0, e * ppe) for e in range(lo, hi))
-        share = most / side.partitions
-    bw = t.dma_engine_bytes_per_ns * t.dma_efficiency
+    lo, hi, share = _engines(side, t)
     eb = nbytes * share
     if ins.attrs.transpose:
         eff = t.dma_transpose_efficiency if s.memory is Memory.HBM else t.dma_transpose_sbuf_efficiency
-        data = eb / (bw * max(eff, 1e-9))
+        data = eb / (t.dma_engine_bytes_per_ns * max(eff, 1e-9))
     else:
         run = min(contiguous_run_elems(s.dims) * s.dtype.itemsize,
                   contiguous_run_elems(d.dims) * d.dtype.itemsize)
-        data = (eb + eb / max(run, 1) * t.dma_chunk_overhead_bytes) / bw
+        data = dma_data_ns(eb, run, t)
     hbm = nbytes * ((s.memory is Memory.HBM) + (d.memory is Memory.HBM))
-    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_descriptor_ns, hbm / t.hbm_bytes_per_ns_per_core,
-                lo, hi)
+    return Cost(data, 0.0, 0.0, t.dma_transfer_ns, hbm / t.hbm_bytes_per_ns_per_core, lo, hi)
 
 
 def indirect_bytes(ins: Instr) -> tuple[int, int, int]:
@@ -349,14 +414,9 @@ def c_dma_indirect(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     side = ins.srcs[0] if ins.op is Op.DMA_SCATTER else ins.dst
     assert side is not None
     nbytes, desc, hbm = indirect_bytes(ins)
-    ppe = t.dma_partitions_per_engine
-    p0, p1 = side.partition_start, side.partition_start + side.partitions
-    lo, hi = p0 // ppe, min(t.dma_engines, (p1 - 1) // ppe + 1)
-    most = max(min(p1, (e + 1) * ppe) - max(p0, e * ppe) for e in range(lo, hi))
-    share = most / side.partitions
-    bw = t.dma_engine_bytes_per_ns * t.dma_efficiency
-    data = (nbytes * share + desc * share * t.dma_chunk_overhead_bytes) / bw
-    return Cost(data, t.dma_fixed_latency_ns, 0.0, t.dma_swdge_ns, hbm / t.hbm_bytes_per_ns_per_core,
+    lo, hi, share = _engines(side, t)
+    data = dma_data_ns(nbytes * share, nbytes / max(desc, 1), t)
+    return Cost(data, 0.0, 0.0, t.dma_swdge_ns + t.dma_transfer_ns, hbm / t.hbm_bytes_per_ns_per_core,
                 lo, hi)
 
 
@@ -406,7 +466,8 @@ def instr_cost(ins: Instr, queue: Queue, t: Target, prev: Instr | None = None) -
 
 
 class DmaModel:
-    """Dynamic DMA state: per-engine free time and the HBM fluid server's backlog.
+    """Dynamic DMA state: per-engine end of the last data phase and the HBM fluid server's
+    backlog (module docstring, "DMA model"); the queue's fixed phase is ``Cost.issue_ns``.
 
     ``free`` holds the engines' free times; while every engine has the same free time ``uni`` is
     True and only ``free_all`` is meaningful (the common case of 128-partition transfers on all
@@ -545,8 +606,9 @@ class SharedPorts:
 
 def host_transfer_ns(nbytes: int, t: Target, transfers: int = 1) -> float:
     """Host <-> device HBM copy time: ``transfers`` DMA transfers over the host link, each
-    paying the DMA fixed latency, the bytes at ``host_link_bytes_per_ns`` (an assumption, see
-    targets.py: hardware.md gives no host-link figure)."""
+    paying one transfer's fixed phase (``dma_transfer_ns``), the bytes at
+    ``host_link_bytes_per_ns`` (an assumption, see targets.py: hardware.md gives no host-link
+    figure)."""
     if nbytes <= 0:
         return 0.0
-    return transfers * t.dma_fixed_latency_ns + nbytes / t.host_link_bytes_per_ns
+    return transfers * t.dma_transfer_ns + nbytes / t.host_link_bytes_per_ns

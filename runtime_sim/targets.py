@@ -8,8 +8,8 @@ override any field with ``dataclasses.replace(get_target("trn2"), field=value)``
 Invariants
 - A ``Target`` is frozen; the simulator, the cost table and the compiler read numbers only from it.
 - Clocks are in GHz (cycles per ns); bandwidths in bytes per ns (== GB/s); sizes in bytes.
-- A number fitted to measurements (not read from a document) says ``FITTED`` and what it was
-  fitted on.
+- No number is fitted to a measurement. A number no document gives says ``ASSUMED`` and why;
+  ``python -m runtime_sim.calibrate --sensitivity`` prints every row's sensitivity to each one.
 """
 from __future__ import annotations
 
@@ -60,34 +60,35 @@ class Target:
     dma_engines: int             # per core
     dma_queues_per_engine: int
     dma_engine_bytes_per_ns: float
-    dma_fixed_latency_ns: float  # setup + semaphore write per transfer
-    dma_descriptor_ns: float     # hardware descriptor generation per instruction (NC-v3+)
+    dma_transfer_ns: float       # fixed time of one transfer on each of its DMA engines (see below)
     dma_partitions_per_engine: int
     dma_transpose_efficiency: float  # HBM->SBUF DMA transpose throughput / plain throughput
 
     # --- host link (not in hardware.md) -----------------------------------------------------
     host_link_bytes_per_ns: float
 
-    # --- DMA efficiency model (defaulted; used by runtime_sim.costs) ------------------------
-    # Each contiguous chunk of a transfer costs as much engine time as this many extra bytes.
-    # FITTED to a reading, not to a measurement (runtime_sim.calibration.fit, constant
-    # ``dma_chunk_overhead_bytes``: a 1-d root search on a [128, 256 B] stream probe): the DMA
-    # guide's "< 256 B per partition: severely overhead-bound" read as "a 256 B chunk costs as
-    # much engine time as its payload" (50% at 256 B). Then 2 KiB chunks run at 89% and 4 KiB at
-    # 94% ("approaches peak", "saturates": the suite's two bound rows). Unfitted (0), the one DMA
-    # measurement it touches, one trn2 engine moving 32 KiB in 1,416 ns (nki-dma-overview.rst),
-    # would be 1.006x instead of 1.04x; the trn1 matmul steps show no per-chunk dependence
-    # (docs/simulator.md, section 5: sensitivities and leave-one-out).
-    dma_chunk_overhead_bytes: float = 256.0
-    # SBUF->SBUF DMA transpose throughput / plain throughput (DMA: "SBUF->SBUF up to 50%").
+    # --- DMA cost per transfer (runtime_sim.costs, "DMA model") ------------------------------
+    # Each transfer (one DMA instruction's share on one DMA engine) takes ``dma_transfer_ns`` of
+    # fixed time on its engine (descriptor setup, synchronisation, semaphore-to-start), then its
+    # data phase at ``dma_engine_bytes_per_ns``. The fixed phase of the next transfer on an engine
+    # overlaps the data phase of the previous one, so a stream of transfers runs at one per
+    # max(fixed, data): the shape of the DMA guide's efficiency-versus-size figure (flat time per
+    # transfer up to ~2 KiB per partition, linear above; hardware-sources.md, "DMA cost per
+    # transfer"). No per-byte efficiency factor: data moves at the documented per-engine rate.
+    #
+    # Each contiguous chunk of a transfer moves at least this many bytes of engine time. ASSUMED:
+    # no document gives the cost of a fragmented transfer (the DMA guide says only that "small
+    # fragmented transfers underperform badly", nki-dma-bandwidth-guide.rst L13-16); 64 B is one
+    # access of the memory interfaces' usual burst size, taken so that element-wise strided
+    # transfers cost what their accesses would, not what their payload would. Calibrate prints
+    # every row's sensitivity to it.
+    dma_min_chunk_bytes: float = 64.0
+    # SBUF->SBUF DMA transpose throughput / plain throughput (ARCH2 L340: "up to 50%").
     dma_transpose_sbuf_efficiency: float = 0.5
-    # Sustained fraction of dma_engine_bytes_per_ns that DMA data phases reach (1.0: the
-    # documented figure is the sustained rate). FITTED on trn1, see TRN1 below.
-    dma_efficiency: float = 1.0
     # Indirect DMA (dma_gather / dma_scatter): its descriptors depend on index values in SBUF, so
     # they are generated at run time by software DGE on GpSimd (nki-dge.rst: "swdge is the only
     # mode that supports indirect (gather/scatter) operations"), one descriptor per lookup row
-    # (each pays dma_chunk_overhead_bytes in the data phase, like any contiguous chunk).
+    # (each moves at least dma_min_chunk_bytes of engine time, like any contiguous chunk).
     # ASSUMED (no published software-DGE figure; nki-dge.rst only says it "consumes GpSimd
     # cycles"): generation occupies the queue as long as hardware DGE's documented ~600 ns per
     # instruction (nki-dge.rst, hardware.md DMA), on every target (trn1's pre-built descriptors
@@ -158,7 +159,9 @@ class Target:
 #  ARCH1 = nki/guides/architecture/trainium_inferentia2_arch.rst
 #  ARCH2 = nki/guides/architecture/trainium2_arch.rst, about-neuron/arch/neuron-hardware/neuron-core-v3.rst
 #  ARCH3 = nki/guides/architecture/trainium3_arch.rst, about-neuron/arch/neuron-hardware/neuron-core-v4.rst
-#  DMA   = nki/deep-dives/nki-dma-bandwidth-guide.rst
+#  DMA   = nki/deep-dives/nki-dma-bandwidth-guide.rst (DG), nki/get-started/about/nki-dma-overview.rst
+#          (DO: engines, queues, the 17 / 23 / 33 B/ns per engine table L43-63)
+#  DGE   = nki/deep-dives/nki-dge.rst (aws-neuron-sdk@81ce03a)
 #  ISA   = sdk@2.26:general/nki/api/nki/isa/__init__.py ("Estimated instruction cost" notes)
 
 TRN1 = Target(
@@ -174,23 +177,12 @@ TRN1 = Target(
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH1: 2 MiB, 8 x 2 KiB
     hbm_bytes_per_ns=820.0,                                              # ARCH1: 820 GB/s per chip
     hbm_bytes_per_chip=32 * GIB,                                         # ARCH1: 32 GiB per chip (hardware.md)
-    dma_engines=16, dma_queues_per_engine=16,                            # ARCH1
-    dma_engine_bytes_per_ns=17.0,                                        # DMA: 272 GB/s per core (ARCH1: 27 GiB/s)
-    dma_fixed_latency_ns=1300.0,                                         # DMA: ~1.3 us per transfer
-    dma_descriptor_ns=0.0,                                               # software DGE on NC-v2
-    dma_partitions_per_engine=8,                                         # DMA
-    dma_transpose_efficiency=0.0,                                        # no DMA transpose on trn1
+    dma_engines=16, dma_queues_per_engine=16,                            # DO L7, L29
+    dma_engine_bytes_per_ns=17.0,                                        # DO L43-63, DG L58-64: 272 GB/s per core
+    dma_transfer_ns=1300.0,        # DG L39-41: "~1300 ns" per transfer (pre-built descriptors)
+    dma_partitions_per_engine=8,                                         # DO L34: eight partitions each
+    dma_transpose_efficiency=0.0,                                        # ARCH2 L321: DMA transpose is NC-v3+
     host_link_bytes_per_ns=32.0,  # ASSUMED (not in hardware.md): PCIe Gen4 x16 ~32 GB/s
-    # FITTED on one row (runtime_sim.calibration.fit, constant ``trn1.dma_efficiency``: a 1-d
-    # root search over this value, everything else as stored): the NKI matmul tutorial's step
-    # "loads hoisted out of the inner loop" (sdk@2.26 matrix_multiplication.rst, trn1, bf16,
-    # 42.96 ms). Evidence for a per-byte factor (docs/simulator.md, section 5): the three
-    # DMA-bound steps move 5.4 / 4.4 / 2.2 GB in 51.8 / 43.0 / 22.1 ms, 105 / 103 / 103 GB/s per
-    # core (0.38-0.39 of the documented 16 x 17 GB/s) whether the contiguous runs are 256 B or
-    # 1 KiB; with the 256 B per-chunk overhead above charged on top, the data phases run at
-    # 0.478 of the documented per-engine rate. The tiled and blocked steps share the hoisted
-    # step's DMA bottleneck: they confirm this number, not independently of it.
-    dma_efficiency=0.478,
     shared_ports=True,                                                   # ARCH1: NC-v2 port limits
 )
 
@@ -207,12 +199,14 @@ TRN2 = Target(
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH2
     hbm_bytes_per_ns=2900.0,                                             # ARCH2: 2.9 TB/s (NKI guide: 3 TB/s)
     hbm_bytes_per_chip=96 * GIB,                                         # ARCH2: 96 GiB per chip (hardware.md)
-    dma_engines=16, dma_queues_per_engine=16,                            # ARCH2
-    dma_engine_bytes_per_ns=23.0,                                        # DMA: 368 GB/s per core; 32 KiB in 1,416 ns
-    dma_fixed_latency_ns=1300.0,                                         # DMA
-    dma_descriptor_ns=600.0,                                             # DMA: hardware DGE ~600 ns/instr
-    dma_partitions_per_engine=8,                                         # DMA
-    dma_transpose_efficiency=0.9,                                        # DMA: HBM->SBUF transpose up to 90%
+    dma_engines=16, dma_queues_per_engine=16,                            # DO L7, L29
+    dma_engine_bytes_per_ns=23.0,                                        # DO L43-63: 368 GB/s; DO L153: 32 KiB in 1,416 ns
+    # DGE L124, ARCH2 L364: each hardware-DGE DMA instruction takes ~600 ns on NC-v3. The DMA
+    # guide's ~1300 ns (no generation given) as a per-transfer occupancy contradicts the trn2
+    # tutorial profiles (tests/machine/test_dma_model.py)
+    dma_transfer_ns=600.0,
+    dma_partitions_per_engine=8,                                         # DO L34: eight partitions each
+    dma_transpose_efficiency=0.9,                                        # ARCH2 L321: up to 90%
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
     pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
 )
@@ -230,12 +224,12 @@ TRN3 = Target(
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH3
     hbm_bytes_per_ns=4900.0,                                             # ARCH3: 4.9 TB/s (NKI guide: 4.7 TB/s)
     hbm_bytes_per_chip=144 * GIB,                                        # ARCH3: 144 GiB per chip (hardware.md)
-    dma_engines=16, dma_queues_per_engine=16,                            # ARCH3
-    dma_engine_bytes_per_ns=33.0,                                        # DMA: 528 GB/s per core
-    dma_fixed_latency_ns=1300.0,                                         # DMA
-    dma_descriptor_ns=600.0,                                             # DMA
-    dma_partitions_per_engine=8,                                         # DMA
-    dma_transpose_efficiency=0.9,                                        # DMA (trn2 figure; none published for trn3)
+    dma_engines=16, dma_queues_per_engine=16,                            # DO L7, L29
+    dma_engine_bytes_per_ns=33.0,                                        # DO L43-63, DG L58-64: 528 GB/s per core
+    # ASSUMED as NC-v3's ~600 ns (DGE L124): no NC-v4 figure is published
+    dma_transfer_ns=600.0,
+    dma_partitions_per_engine=8,                                         # DO L34: eight partitions each
+    dma_transpose_efficiency=0.9,                                        # ASSUMED: ARCH2 L321's trn2 figure; none for trn3
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
     pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
 )

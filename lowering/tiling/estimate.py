@@ -17,7 +17,8 @@ simulator.
 Invariants
 - DMA transfers are not counted: their time does not depend on how compute is spread.
 - On a target with shared SBUF ports (NC-v2: VectorE and GpSimdE cannot touch SBUF at the same
-  time) both engines report their sum in ``busy``: one waits while the other runs.
+  time) both engines report their sum in ``busy`` (``runtime_sim.costs.static_busy``).
+- Every cost comes from ``runtime_sim.costs``; nothing here prices an instruction itself.
 - A scratch builder shares nothing with the builder of the program being tiled.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Iterator
 from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TAP
 from lowering.tir.schedule import probe_instr, schedule
-from runtime_sim.costs import instr_cost
+from runtime_sim.costs import instr_cost, static_busy
 from runtime_sim.isa import EngineKind, Instr, Queue
 from runtime_sim.targets import Target
 
@@ -88,7 +89,4 @@ def profile(b: TirBuilder) -> tuple[dict[EngineKind, float], float]:
         makespan = max(makespan, end)
         for a in ins.writes:
             done[a.buf].append((_extent(a), end))
-    if b.target.shared_ports and (EngineKind.VECTOR in busy or EngineKind.GPSIMD in busy):
-        both = busy.get(EngineKind.VECTOR, 0.0) + busy.get(EngineKind.GPSIMD, 0.0)
-        busy[EngineKind.VECTOR] = busy[EngineKind.GPSIMD] = both
-    return dict(busy), makespan
+    return static_busy(busy, b.target), makespan

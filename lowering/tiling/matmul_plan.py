@@ -153,7 +153,7 @@ class _Probe:
         self._dma: dict[tuple, tuple[float, float, float]] = {}
 
     def dma(self, p: int, f: int, isz: int, transpose: bool = False, run: int | None = None):
-        """(engine time, HBM time, descriptor time) of one [p, f] HBM->SBUF transfer."""
+        """(engine time, HBM time, queue time: the fixed phase) of one [p, f] HBM->SBUF transfer."""
         key = (p, f, isz, transpose, run)
         c = self._dma.get(key)
         if c is None:
@@ -235,7 +235,7 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
         pe += str_n * -(-str_f // 128) * pr.tp_trip
     evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
     # exposed: the first block's first loads; single-buffered blocks wait for the previous block
-    fill = 2 * (t.dma_fixed_latency_ns + t.dma_descriptor_ns)
+    fill = 2 * t.dma_transfer_ns
     block_load = (r[0] / max(res_n, 1)) * rk
     group_time = group_mm * pr.mm
     exposed = 0.0
@@ -243,7 +243,7 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
         exposed = (nblocks - 1) * B * max(0.0, block_load - group_time)
     # a streamed tile is in flight for its whole DMA latency: with ``stream_bufs`` slots the
     # loads sustain at most stream_bufs transfers per latency
-    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    lat = t.dma_transfer_ns
     q1 = q[0] / max(str_n, 1)
     dma = max(dma, str_n * (lat + q1) / max(1, c.stream_bufs))
     # every execution of one static transfer goes through its queue, whose descriptor
@@ -297,7 +297,7 @@ def _estimate_outres(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tupl
     chunks = -(-Kt // c.kacc)
     evac = (n_out * chunks * pr.acc_add + n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles)
             + a[4] + q[4]) / 2
-    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    lat = t.dma_transfer_ns
     # fill: the first chunk of both sides; drain: the last block's epilogue
     fill = lat + (a[0] + q[0]) / max(1, B * nmb * nnb * chunks)
     drain = c.block * c.group * (sum(pr.evac) / len(pr.evac) + oe) + lat
@@ -315,7 +315,7 @@ def stream_slots(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> int:
     str_f = min(c.group * 512, s.N) if c.resident == "A" else min(c.group * 128, s.M)
     data = pr.dma(min(128, s.K), str_f, isz)[0]
     work = max(data, c.block * c.group * pr.mm)
-    lat = t.dma_fixed_latency_ns + t.dma_descriptor_ns
+    lat = t.dma_transfer_ns
     return max(3, min(8, -(-int(lat + data) // max(1, int(work))) + 1))
 
 

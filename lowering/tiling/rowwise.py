@@ -36,7 +36,9 @@ from lowering.tiling.rowwise_chunked import tile_layer_norm_chunked, tile_softma
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from lowering.tir.plan import SBUF_ALIGN
-from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
+from runtime_sim.costs import dma_tile_data_ns, instr_cost
+from runtime_sim.isa import (AP, ActFunc, AluOp, DType, EngineKind, Instr, Memory, Op, Queue,
+                             TensorCopyAttrs)
 from runtime_sim.targets import Target
 
 F32 = DType.FP32
@@ -103,13 +105,23 @@ def broadcast_row(b: TirBuilder, w, dims, C: int, dtype: DType):
 
 def pe_broadcast_pays(t: Target, C: int, itemsize: int) -> bool:
     """The stride-0 DMA's data phase (every DMA engine writes its partitions' copies, each row
-    one contiguous run paying the per-run overhead, at the sustained rate) outlasts ScalarE's
-    copies out of PSUM (one element per cycle, a minimum initiation interval per 512 columns)."""
+    one contiguous run; ``runtime_sim.costs.dma_tile_data_ns``) outlasts ScalarE's copies out of
+    PSUM (one [128, <= 512] copy per PSUM bank of the row, ``runtime_sim.costs.instr_cost``).
+    Both ways load the row by one DMA, so its fixed phase is left out of both."""
     run = C * itemsize
-    dma_ns = (t.sbuf_partitions * (run + t.dma_chunk_overhead_bytes)
-              / (t.dma_bytes_per_ns * t.dma_efficiency))
-    copy_ns = (C + -(-C // 512) * t.min_ii_cycles) / t.scalar_clock_ghz
+    dma_ns = dma_tile_data_ns(t.sbuf_partitions, run, run, t)
+    full, rest = divmod(C, 512)
+    copy_ns = full * _psum_copy_ns(t, 512) + (_psum_copy_ns(t, rest) if rest else 0.0)
     return dma_ns > copy_ns
+
+
+def _psum_copy_ns(t: Target, n: int) -> float:
+    """ScalarE's time to copy a [128, n] fp32 PSUM tile to SBUF."""
+    P = t.sbuf_partitions
+    src = AP("p", Memory.PSUM, 0, P, 0, ((1, n),), DType.FP32)
+    dst = AP("s", Memory.SBUF, 0, P, 0, ((1, n),), DType.FP32)
+    ins = Instr(Op.TENSOR_COPY, dst, (src,), TensorCopyAttrs())
+    return instr_cost(ins, Queue(EngineKind.SCALAR), t).busy_ns
 
 
 def free_of(plan, slot: int) -> tuple[tuple[int, int], ...]:

@@ -5,23 +5,21 @@ through loads, compute and stores is scored by its busiest resource, each charge
 plus the part of one tile's chain it cannot overlap:
 
 - DMA engines: ``M x (loads + stores)`` of one tile (loads and stores share the engines), idle
-  only for the first descriptor and the last store's fixed latency;
-- DMA queues: each transfer's queue generates one descriptor per tile, so the last tile's
-  loads issue ``(M - 1)`` descriptor generations after the first, then its whole chain follows;
+  only for the first transfer's fixed phase;
+- DMA queues: each transfer's queue spends one fixed phase per tile, so the last tile's loads
+  issue ``(M - 1)`` fixed phases after the first, then its whole chain follows;
 - the busiest compute engine: ``M x`` its time for one tile, plus the first tile's loads and
   the last tile's stores with their fixed costs and the rest of one tile's compute makespan;
 - a partial last chunk (``n % f`` columns) runs after the loop, alone (its tiles reuse the
   loop's slots), once per row tile.
 
-The data phase of one ``[p, f]`` transfer follows the simulator's DMA model
-(``runtime_sim.costs``): the busiest DMA engine's bytes plus ``dma_chunk_overhead_bytes`` per
-contiguous run, at ``dma_engine_bytes_per_ns * dma_efficiency``, and no faster than the core's
-share of HBM; a transfer's fixed cost is ``dma_descriptor_ns + dma_fixed_latency_ns``. The
-compute estimate comes from the caller (the cost table, ``estimate.py``).
+The data phase of one ``[p, f]`` transfer is the simulator's (``runtime_sim.costs.
+dma_tile_data_ns``), and a transfer's fixed phase is ``Target.dma_transfer_ns``, on its queue,
+as there: one DMA model. The compute estimate comes from the caller (the cost table,
+``estimate.py``).
 
-Small chunks pay the per-run overhead, the descriptor generation and the minimum initiation
-interval on every tile; large ones expose the first tile's loads and the last tile's stores
-around the compute.
+Small chunks pay a transfer's fixed phase and the minimum initiation interval on every tile;
+large ones expose the first tile's loads and the last tile's stores around the compute.
 ``choose_chunk`` scores splits of the free axis into ``k`` chunks and returns the best.
 
 Invariants
@@ -33,19 +31,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from runtime_sim.costs import dma_tile_data_ns
 from runtime_sim.targets import Target
 
 
 def dma_ns(t: Target, p: int, nbytes_per_partition: float, run_bytes: float) -> float:
     """Data phase of one transfer of ``p`` partitions x ``nbytes_per_partition`` whose
-    contiguous runs are ``run_bytes`` long."""
-    if nbytes_per_partition <= 0:
-        return 0.0
-    eb = min(p, t.dma_partitions_per_engine) * nbytes_per_partition
-    data = (eb + eb / max(run_bytes, 1.0) * t.dma_chunk_overhead_bytes) / (
-        t.dma_engine_bytes_per_ns * t.dma_efficiency)
-    hbm = p * nbytes_per_partition / t.hbm_bytes_per_ns_per_core
-    return max(data, hbm)
+    contiguous runs are ``run_bytes`` long (``runtime_sim.costs.dma_tile_data_ns``)."""
+    return dma_tile_data_ns(p, nbytes_per_partition, run_bytes, t)
 
 
 def chunk_candidates(n: int, f_max: int) -> list[int]:
@@ -69,7 +62,7 @@ def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int
     the full ones' slots, so it runs behind them), the sequence ``repeat`` times (outer loops);
     ``streams``: (itemsize, contiguous along the free axis, is_store) per transfer of a tile;
     ``compute(f)``: (busiest engine's work, makespan) in ns of one ``[p, f]`` tile."""
-    fixed = t.dma_descriptor_ns + t.dma_fixed_latency_ns
+    fixed = t.dma_transfer_ns
 
     def parts(f: int, p: int) -> tuple[float, float, float, float]:
         """(loads, stores, busiest engine, makespan of the compute) of one tile of ``f`` columns."""
@@ -90,7 +83,7 @@ def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int
         m = tiles * full
         one = alone(f, p)
         dma = m * (loads + stores) + fixed                 # idle only before and after
-        queue = (m - 1) * t.dma_descriptor_ns + one         # one descriptor per tile and queue
+        queue = (m - 1) * fixed + one                       # one fixed phase per tile and queue
         eng = m * busiest + one - busiest                   # waits for the first load, last store
         # the partial chunk after the loop reuses the loop's slots: it runs behind it, alone
         return max(dma, queue, eng) + (tiles * alone(tail, p) if tail else 0.0)

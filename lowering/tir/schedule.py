@@ -44,7 +44,7 @@ from collections import defaultdict
 
 from lowering.tir.analysis import Structure, kernel_key, without_cyclic_gc
 from lowering.tir.ir import TAP, TInstr, TProgram
-from runtime_sim.costs import clock_ghz, instr_cost
+from runtime_sim.costs import instr_cost, min_ii_ns
 from runtime_sim.isa import AP, EngineKind, Instr, Memory, Queue, dma_queue
 from runtime_sim.targets import Target
 
@@ -194,7 +194,7 @@ def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, st
 def _choose(ins: TInstr, probe: Instr, n: int, direct: set, up: set, load, target: Target) -> Queue:
     cands = [Queue(e) for e in ins.engines]
     costs = {q: _occupancy(probe, q, target) for q in cands}
-    tiny = {q: costs[q] <= TINY_II * target.min_ii_cycles / clock_ghz(q.engine, target) for q in cands}
+    tiny = {q: costs[q] <= TINY_II * min_ii_ns(q.engine, target) for q in cands}
     stay = [q for q in cands if q.engine in direct and tiny[q]]
     if stay:
         return min(stay, key=lambda q: costs[q])

@@ -5,7 +5,7 @@
   takes 1416 ns to load 32 KiB from HBM to SBUF" (trn2). Measured here: the DMA engines' busy
   time (their data phase), the profile's bar for that transfer.
 - ``dma_stream``: ``count`` back-to-back HBM -> SBUF loads of [partitions, bytes_per_partition]
-  (fp32) from one queue into rotating tiles: the data-phase efficiency against the documented
+  (fp32) from one queue into rotating tiles: the achieved throughput against the documented
   per-engine rate, for the DMA guide's bytes-per-partition statements
   (``nki/deep-dives/nki-dma-bandwidth-guide.rst`` lines 71-85), and the sustained rate behind a
   roofline knee (TensorE peak / sustained HBM -> SBUF bytes per ns).
@@ -16,6 +16,7 @@ from ..isa import DmaAttrs, DType, Op, dma_queue
 from .builder import KernelBuilder, tile
 
 Q = dma_queue(0)
+CURVE_COUNT = 64     # transfers per stream of the throughput curve (the first fixed phase amortised)
 
 
 def dma_example1(target):

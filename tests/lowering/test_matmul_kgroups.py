@@ -11,8 +11,8 @@ from lowering_helpers import assert_close, check, rand
 
 
 @pytest.mark.parametrize("target,dtype,M,K,N,G", [
-    ("trn1", torch.float32, 100, 768, 768, 2),    # 3 KiB rows: two per run
-    ("trn1", torch.bfloat16, 100, 768, 768, 3),   # 1.5 KiB rows: three per run (4.5 KiB)
+    ("trn1", torch.bfloat16, 200, 768, 1536, 2),  # 3 KiB rows: two per run
+    ("trn1", torch.bfloat16, 200, 768, 768, 3),   # 1.5 KiB rows: three per run (4.5 KiB)
     ("trn1", torch.bfloat16, 130, 3072, 700, 3),  # partial m- and n-tiles, 24 K tiles
     ("trn1", torch.bfloat16, 100, 700, 768, 1),   # a partial K tile: no groups
 ])

@@ -1,7 +1,8 @@
 """The calibration programs compute what their tutorials compute (small shapes, functional mode,
 every check on, so the builder's semaphores are race-free); the reduced calibration (the same
 programs at smaller trip counts, published latencies scaled) reproduces every row it should and
-fails every row it declares red; the fits reproduce the stored constants; the command works.
+fails every row it declares red; no constant is fitted; the command works; the DMA fixed phase
+is per generation.
 The full-size suite is ``python -m runtime_sim.calibrate`` (a slow test here)."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from runtime_sim import DType, simulate
-from runtime_sim.calibration import CASES, DOCS, FITTED, format_table, mae, run_suite, solve
+from runtime_sim.calibration import ASSUMED, CASES, DOCS, format_table, mae, run_suite
 from runtime_sim.calibration import layernorm as ln
 from runtime_sim.calibration import mamba as mb
 from runtime_sim.calibration import mamba_spill as ms
@@ -143,18 +144,13 @@ def test_dma_probes_follow_the_cost_rules():
     t = get_target("trn2")
     st = simulate(probes.dma_example1("trn2"), mode="timing").stats
     assert st.dma_count == 1 and st.dma_bytes == 32 * 1024
-    # one engine (4 partitions), 4 contiguous 8 KiB chunks
-    assert math.isclose(st.engine_busy_ns["dma"], (32768 + 4 * t.dma_chunk_overhead_bytes) / 23.0)
+    # one engine (4 partitions), 8 KiB chunks: the documented 23 B/ns, no factor
+    assert math.isclose(st.engine_busy_ns["dma"], 32768 / 23.0)
+    # a stream of [128, 4 KiB] from one queue: 16 transfers, one fixed phase exposed, each at the
+    # slower of its engine's data phase and the core's share of HBM (here HBM: 1446 > 1425 ns)
     s2 = simulate(probes.dma_stream("trn2", 4096), mode="timing").stats
-    eff = s2.dma_bytes / (s2.engine_busy_ns["dma"] * t.dma_bytes_per_ns)
-    assert math.isclose(eff, 4096 / (4096 + t.dma_chunk_overhead_bytes), rel_tol=1e-6)
-
-
-def test_solve_finds_the_root_of_a_monotone_function():
-    x, n = solve(lambda v: math.log(v / 0.3) ** 3 + math.log(v / 0.3), 0.01, 10.0)
-    assert abs(x / 0.3 - 1) < 1e-3 and n < 40
-    with pytest.raises(ValueError, match="no root"):
-        solve(lambda v: v, 1.0, 2.0)
+    each = max(8 * 4096 / 23.0, 128 * 4096 / t.hbm_bytes_per_ns_per_core)
+    assert math.isclose(s2.total_ns, t.dma_transfer_ns + 16 * each, rel_tol=1e-9)
 
 
 def test_every_figure_names_its_source_and_role():
@@ -162,9 +158,8 @@ def test_every_figure_names_its_source_and_role():
         assert all(p.split(":")[0] in DOCS for p in c.program.split("; ")), c.name
         for f in c.figures:
             assert f.source.split(":")[0] in DOCS and re.search(r":\d", f.source), (c.name, f)
-            assert not (f.fits and f.excluded) and not (f.excluded and f.known_red), (c.name, f)
+            assert not (f.excluded and f.known_red), (c.name, f)
             assert not f.bound or f.quote, "a reading quotes the statement it reads"
-    assert {f.fits for c in CASES for f in c.figures if f.fits} == {k.name for k in FITTED}
 
 
 @pytest.fixture(scope="module")
@@ -180,18 +175,35 @@ def test_reduced_calibration_rows_are_as_declared(reduced):
            if r.gating and r.ok() == bool(r.fig.known_red)]
     assert not bad, ("rows not as declared (update the model or the declaration):\n"
                      + "\n".join(map(str, bad)) + "\n" + text)
-    assert "NOT EXPLAINED" not in text and "mean absolute error" in text and "leave-one-out" in text
-
-
-def test_reduced_calibration_fits_reproduce_the_stored_constants(reduced):
-    assert set(reduced.fits) == {k.name for k in FITTED}
-    for name, (stored, fitted, n) in reduced.fits.items():
-        assert abs(fitted / stored - 1) < 0.01 and n >= 2, (name, stored, fitted)
-    loo = [r for r in reduced.rows if r.fig.fits]
-    # a fit row refitted without itself falls back to the unfitted value: both are far off then
-    assert loo and all(r.loo is not None and not r.ok(r.loo) for r in loo)
+    assert "NOT EXPLAINED" not in text and "mean absolute error" in text and "no constant is fitted" in text
     a, na, b, nb = mae(reduced.rows)
     assert na >= 20 and nb >= 10 and a is not None and b is not None
+
+
+def test_trn2_with_the_nc_v2_fixed_phase_contradicts_the_trn2_tutorial_profiles(monkeypatch):
+    """The fixed phase is per generation: with NC-v2's ~1300 ns (the DMA guide's figure) on trn2
+    instead of the hardware DGE's ~600 ns, TensorE of the trn2 matmul walk-through's tiled,
+    hoisted and blocked steps would be ~67% active, where the published profiles show 87-99.9%;
+    with 600 ns they are within 10 points."""
+    from dataclasses import replace
+    import runtime_sim.targets as targets
+    cases = [c for c in CASES if c.name.startswith("matmul") and "fully" not in c.name]
+    rows = lambda: [r for r in run_suite(cases, reduced=True, sensitivity=False).rows
+                    if r.fig.metric == "pe" and r.fig.target == "trn2"]
+    assert len(rows()) == 3 and all(r.ok() for r in rows())
+    monkeypatch.setitem(targets.TARGETS, "trn2", replace(targets.TRN2, dma_transfer_ns=1300.0))
+    slow = rows()
+    assert all(not r.ok() and r.simulated < 75.0 for r in slow), [(r.case.name, r.simulated) for r in slow]
+
+
+def test_sensitivity_names_every_assumed_constant():
+    rep = run_suite(tuple(c for c in CASES if c.name.startswith("DMA stream")), reduced=True, sensitivity=True)
+    assert all(set(r.sens) == {a.name for a in ASSUMED if a.applies(r.fig.target)} for r in rep.rows)
+    # a [128, 256 B] stream is fixed-phase bound: its efficiency falls as the fixed phase grows
+    small = next(r for r in rep.rows if "256 B" in r.case.name)
+    assert small.sens["trn2.dma_transfer_ns"] < -0.5 and abs(small.sens["dma_min_chunk_bytes"]) < 1e-9
+    text = format_table(rep)
+    assert "sensitivity" in text and all(a.name in text for a in ASSUMED)
 
 
 def test_calibrate_command_writes_json(tmp_path):
@@ -203,14 +215,23 @@ def test_calibrate_command_writes_json(tmp_path):
     ex1 = next(r for r in doc["rows"] if r["case"].startswith("DMA Example 1"))
     assert ex1["published"] == 1416.0 and ex1["source"] == "DO:153" and "nki-dma-overview" in ex1["source_path"]
     assert 0.75 < ex1["ratio"] < 1.25 and ex1["within_tolerance"]
-    assert doc["fits"]["dma_chunk_overhead_bytes"]["stored"] == 256.0
-    assert "mean absolute error" in p.stdout and "leave-one-out" in p.stdout
+    assert set(doc["assumed"]) == {a.name for a in ASSUMED}
+    assert "mean absolute error" in p.stdout and "sensitivity" in p.stdout
 
 
-def test_fitted_constants_say_what_they_were_fitted_on():
+def test_no_constant_is_fitted_and_every_dma_field_names_its_source():
+    """targets.py fits nothing to a published result; every DMA field's line in each Target
+    names a document and a line (``L<n>``) or says ASSUMED."""
     src = (ROOT / "runtime_sim" / "targets.py").read_text()
-    assert src.count("FITTED") >= 2, "targets.py marks fitted constants"
-    assert "42.96" in src and "0.37" not in src   # dma_efficiency: fitted on the hoisted-loads kernel
+    assert "FITTED" not in src and "dma_efficiency" not in src and "chunk_overhead" not in src
+    body = src[src.index("TRN1 = Target("):]
+    lines = [ln for ln in body.splitlines() if re.match(r"\s+dma_\w+=", ln)]
+    assert len(lines) >= 15
+    for i, ln in enumerate(lines):
+        k = body.splitlines().index(ln)
+        context = "\n".join(body.splitlines()[max(0, k - 3):k + 1])
+        assert re.search(r"L\d+", ln) or "ASSUMED" in ln or (
+            re.search(r"L\d+", context) and ln.strip().startswith("dma_transfer_ns")), ln
 
 
 @pytest.mark.slow

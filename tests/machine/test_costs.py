@@ -124,13 +124,26 @@ def test_dma_cost_formula():
     q, ins = _dma(dma_queue(0), 65536, partitions=128)
     c = instr_cost(ins, q, TRN2)
     assert (c.engine_lo, c.engine_hi) == (0, 16)
-    assert c.busy_ns == pytest.approx((4096 + 8 * 256) / 23.0)
+    assert c.busy_ns == pytest.approx(4096 / 23.0)           # the documented rate, no factor
     assert c.hbm_ns == pytest.approx(65536 / (2900 / 8))
-    assert c.issue_ns == 600 and c.latency_ns == 1300
-    assert _run([(q, ins)]).stats.total_ns == pytest.approx(600 + c.busy_ns + 1300)
-    # trn1: no hardware descriptor generation; the FITTED sustained fraction of 17 B/ns
+    assert c.issue_ns == 600 and c.latency_ns == 0           # the fixed phase, on the queue
+    # the data phase ends no earlier than the core's HBM share allows (181 ns > 178 ns here)
+    assert _run([(q, ins)]).stats.total_ns == pytest.approx(600 + max(c.busy_ns, c.hbm_ns))
+    # trn1: the DMA guide's ~1300 ns per transfer, 17 B/ns
     c1 = instr_cost(ins, q, TRN1)
-    assert c1.issue_ns == 0 and c1.busy_ns == pytest.approx((4096 + 8 * 256) / (17.0 * TRN1.dma_efficiency))
+    assert c1.issue_ns == 1300 and c1.busy_ns == pytest.approx(4096 / 17.0)
+
+
+def test_dma_chunks_move_at_least_the_assumed_minimum():
+    """A chunk shorter than ``dma_min_chunk_bytes`` (ASSUMED, 64 B) costs that many bytes of
+    engine time: 2-byte runs cost 32x their payload, 64-byte runs and longer their payload."""
+    from dataclasses import replace
+    from runtime_sim.costs import dma_data_ns
+    assert dma_data_ns(4096, 2, TRN2) == pytest.approx(4096 * 32 / 23.0)
+    assert dma_data_ns(4096, 64, TRN2) == pytest.approx(4096 / 23.0)
+    assert dma_data_ns(4096, 512, TRN2) == pytest.approx(4096 / 23.0)
+    t = replace(TRN2, dma_min_chunk_bytes=128.0)
+    assert dma_data_ns(4096, 64, t) == pytest.approx(2 * 4096 / 23.0)
 
 
 @pytest.mark.parametrize("pstart,parts,engines", [(0, 4, (0, 1)), (0, 32, (0, 4)), (64, 64, (8, 16)),
@@ -140,7 +153,7 @@ def test_dma_spreads_over_the_engines_of_its_partitions(pstart, parts, engines):
     c = instr_cost(ins, q, TRN2)
     assert (c.engine_lo, c.engine_hi) == engines
     per_engine = min(parts, 8) * 8192          # each engine carries its 8 (or fewer) partitions
-    assert c.busy_ns == pytest.approx((per_engine + per_engine / 8192 * 256) / 23.0)
+    assert c.busy_ns == pytest.approx(per_engine / 23.0)
 
 
 def test_dma_one_engine_moves_32kib_like_the_measurement():
@@ -150,24 +163,40 @@ def test_dma_one_engine_moves_32kib_like_the_measurement():
 
 
 def test_dma_engines_are_shared_by_queues():
-    d = (4096 + 8 * 256) / 23.0
-    # two 128-partition DMAs on two queues share the 16 engines: data phases in sequence
+    d = 4096 / 23.0
+    h = 65536 / (2900 / 8)                     # a 64 KiB transfer's time on the core's HBM share
+    # two 128-partition DMAs on two queues: fixed phases side by side, data phases in sequence
     two_q = _run([_dma(dma_queue(0), 65536, 0, 128), _dma(dma_queue(16), 65536, 1024, 128)]).stats.total_ns
-    assert two_q == pytest.approx(600 + 2 * d + 1300)
-    # two 64-partition DMAs on disjoint partitions use disjoint engines: in parallel
-    half = (4096 + 8 * 256) / 23.0
+    assert two_q == pytest.approx(600 + 2 * max(d, h))
+    # two 64-partition DMAs on disjoint partitions use disjoint engines: in parallel, both through
+    # the core's HBM share (64 KiB together)
     par = _run([_dma(dma_queue(0), 32768, 0, 64, 0), _dma(dma_queue(1), 32768, 0, 64, 64)]).stats.total_ns
-    assert par == pytest.approx(600 + half + 1300)
-    # on one queue the descriptor stage (600 ns) is sequential, then the engines
+    assert par == pytest.approx(600 + max(d, h))
+    # on one queue the fixed phases (600 ns) are sequential, then the engines
     one_q = _run([_dma(dma_queue(0), 32768, 0, 64, 0), _dma(dma_queue(0), 32768, 0, 64, 64)]).stats.total_ns
-    assert one_q == pytest.approx(600 + 600 + half + 1300)
+    assert one_q == pytest.approx(600 + 600 + d)
 
 
-def test_dma_steady_state_hides_fixed_latency_and_completes_in_order():
-    # eight 32 KiB transfers on one engine (partitions 0-7): ~1.5 us each, 1.3 us latency paid once
+def test_one_queue_streams_one_transfer_per_max_of_fixed_and_data():
+    """The next transfer's fixed phase overlaps the previous one's data phase: a stream of small
+    transfers is fixed-phase bound, of large ones data bound (the shape of the DMA overview's
+    efficiency figure); ``costs.dma_stream_ns`` gives the same time."""
+    from runtime_sim.costs import dma_stream_ns
+    for nbytes, parts in ((128 * 512, 128), (128 * 8192, 128)):
+        dmas = [_dma(dma_queue(0), nbytes, 0, parts) for _ in range(10)]
+        eb = nbytes // 16
+        data = max(eb / 23.0, nbytes / (2900 / 8))            # engine or HBM share
+        want = 600 + data + 9 * max(600.0, data)
+        assert _run(dmas, checks=False).stats.total_ns == pytest.approx(want)
+        if data == eb / 23.0:
+            assert dma_stream_ns(10, eb, eb, TRN2) == pytest.approx(want)
+
+
+def test_dma_steady_state_hides_the_fixed_phase_and_completes_in_order():
+    # eight 32 KiB transfers on one engine (partitions 0-7): ~1.4 us each, one fixed phase exposed
     dmas = [_dma(dma_queue(0), 32768, 0, 8) for _ in range(8)]
-    d = (4096 * 8 + 8 * 256) / 23.0
-    assert _run(dmas, checks=False).stats.total_ns == pytest.approx(600 + 8 * d + 1300)
+    d = 4096 * 8 / 23.0
+    assert _run(dmas, checks=False).stats.total_ns == pytest.approx(600 + 8 * d)
     # a small DMA behind a big one on the same queue but other engines still signals after it
     from progs import B
     b = B()
@@ -190,4 +219,4 @@ def test_hbm_bandwidth_is_shared():
                                       (ap(HB, BF16, [(1, 128 * 4096)], byte_offset=e * (1 << 20)),), DmaAttrs()))
             for e in range(16)]
     total = _run(dmas, checks=False).stats.total_ns  # (all write one tile: racy on purpose)
-    assert total >= 16 * (1 << 20) / 362.5 + 600 + 1300 - 1e-6
+    assert total >= 16 * (1 << 20) / 362.5 + 600 - 1e-6

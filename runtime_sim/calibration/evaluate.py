@@ -1,15 +1,11 @@
-"""Running the suite: simulated values, tolerances, the fits of the FITTED constants, their
-leave-one-out errors, every row's sensitivity to them, the mean absolute error, the table.
+"""Running the suite: simulated values, tolerances, every row's sensitivity to the ASSUMED
+constants (and to the documented-but-approximate ones), the mean absolute error, the table.
 
-A FITTED constant (``Fitted``) is one ``Target`` field. Its fit is ``fit_constant``: a 1-d root
-search (Illinois regula falsi on log x inside a bracket) for the value at which the mean residual
-of the rows that fit it is zero (residual: ln(simulated / published) for ratio metrics,
-(simulated - published) / 100 for percentages). The table is always computed with the value
-stored in targets.py; the fit is run beside it and must reproduce that value (``stale`` when it
-does not). Leave-one-out: each fit row's error when its constant is refitted without it (with no
-row left, at the constant's ``unfitted`` value: what the documents alone give); a row that fits
-nothing has the same error either way. Sensitivity: d ln(simulated) / d ln(constant), by central
-differences at x 1.1 and / 1.1.
+No constant is fitted. An ``Assumed`` is one ``Target`` field that no document gives exactly
+(``ASSUMED`` in targets.py), or one a document gives only approximately ("~1300 ns"); its
+sensitivity is d ln(simulated) / d ln(constant) for every row, by central differences at
+x 2 and / 2 (a constant nobody can measure here may be off by that much), printed so that a
+reader sees which rows lean on which assumption.
 """
 from __future__ import annotations
 
@@ -29,28 +25,29 @@ ACTIVE_TOL = 10.0
 
 
 @dataclass(frozen=True)
-class Fitted:
+class Assumed:
     name: str
-    target: str | None      # the Target it belongs to (None: the default of every Target)
+    target: str | None      # the Target it belongs to (None: the field of every Target)
     field: str
-    unfitted: float         # the value without a fit (the documents alone)
-    bracket: tuple[float, float]
     why: str
 
-    def stored(self) -> float:
-        return getattr(get_target(self.target or "trn2"), self.field)
+    def stored(self, target: str = "trn2") -> float:
+        return getattr(get_target(self.target or target), self.field)
 
     def applies(self, target: str) -> bool:
         return self.target is None or self.target == target
 
 
-FITTED: tuple[Fitted, ...] = (
-    Fitted("trn1.dma_efficiency", "trn1", "dma_efficiency", 1.0, (0.2, 1.0),
-           "sustained fraction of the documented 17 B/ns per DMA engine on trn1"),
-    Fitted("dma_chunk_overhead_bytes", None, "dma_chunk_overhead_bytes", 0.0, (8.0, 8192.0),
-           "engine time of each contiguous DMA chunk, in bytes of payload"),
+ASSUMED: tuple[Assumed, ...] = (
+    Assumed("dma_min_chunk_bytes", None, "dma_min_chunk_bytes",
+            "ASSUMED: engine time of a contiguous DMA chunk shorter than it (targets.py)"),
+    Assumed("trn1.dma_transfer_ns", "trn1", "dma_transfer_ns",
+            "documented as \"~1300 ns\" per transfer (DG:39-41)"),
+    Assumed("trn2.dma_transfer_ns", "trn2", "dma_transfer_ns",
+            "documented as \"approximately 600 ns\" per hardware-DGE instruction (nki-dge.rst L124)"),
 )
-BY_NAME = {f.name: f for f in FITTED}
+BY_NAME = {a.name: a for a in ASSUMED}
+SENS_STEP = 2.0
 Overrides = tuple[tuple[str, float], ...]      # (constant name, value), sorted
 
 
@@ -60,7 +57,6 @@ class Row:
     fig: Figure
     simulated: float | None
     published: float                 # scaled in the reduced suite
-    loo: float | None = None         # the simulated value when its fit constant is refitted without it
     sens: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -93,12 +89,10 @@ class Row:
              "dtype": f.dtype.value if f.dtype else None, "source": f.source,
              "source_path": DOCS[f.source.split(":")[0]], "published": self.published,
              "simulated": self.simulated, "gating": self.gating, "within_tolerance": self.ok(),
-             "fits": f.fits or None, "bound": f.bound or None, "quote": f.quote or None,
+             "bound": f.bound or None, "quote": f.quote or None,
              "excluded": f.excluded or None, "known_red": f.known_red or None}
         if f.metric in RATIO_METRICS and self.simulated is not None:
             d["ratio"] = self.simulated / self.published
-        if self.loo is not None:
-            d["leave_one_out_simulated"] = self.loo
         if self.sens:
             d["sensitivity"] = dict(self.sens)
         return d
@@ -154,71 +148,34 @@ class Runner:
             return 100.0 * st.tensor_flop_utilisation(t.tensor_peak_flops_per_ns)
         if m in ("pe", "dve", "dma"):
             return 100.0 * st.busy_fraction().get(m, 0.0)
-        busy = st.engine_busy_ns.get("dma", 0.0)
         if m == "dma_engine_ns":
-            return busy
+            return st.engine_busy_ns.get("dma", 0.0)
         if m == "dma_eff":
-            return 100.0 * st.dma_bytes / (busy * t.dma_bytes_per_ns)
+            return 100.0 * st.dma_bytes / (st.total_ns * t.dma_bytes_per_ns)
+        if m == "dma_rel":
+            ref = self.reference(fig.target, ov)
+            return 100.0 * (st.dma_bytes / st.total_ns) / (ref.dma_bytes / ref.total_ns)
         if m == "knee":
-            return t.tensor_peak_flops_per_ns / (st.dma_bytes / busy)
+            return t.tensor_peak_flops_per_ns / (st.dma_bytes / st.total_ns)
         raise ValueError(f"unknown metric {m!r}")
+
+    def reference(self, target: str, ov: Overrides) -> SimStats:
+        """The 32 KiB-per-partition stream that the throughput curve is relative to."""
+        k = ("curve reference", target, None, ov)
+        if k not in self.stats:
+            from .probes import CURVE_COUNT, dma_stream
+            self.stats[k] = simulate(dma_stream(target, 32768, count=CURVE_COUNT), mode="timing",
+                                     checks="static", target=self.target(target, ov)).stats
+            self.simulations += 1
+        return self.stats[k]
 
     def published(self, case: Case, fig: Figure) -> float:
         return fig.published * (self.scale(case) if fig.metric == "latency_us" else 1.0)
-
-    def fit_rows(self, const: str, without: Figure | None = None) -> list[tuple[Case, Figure]]:
-        return [(c, f) for c in self.cases for f in c.figures if f.fits == const and f is not without]
-
-
-def residual(runner: Runner, case: Case, fig: Figure, ov: Overrides) -> float:
-    s, p = runner.value(case, fig, ov), runner.published(case, fig)
-    return math.log(s / p) if fig.metric in RATIO_METRICS else (s - p) / 100.0
-
-
-def solve(f: Callable[[float], float], lo: float, hi: float, tol: float = 2e-4, maxit: int = 40) -> tuple[float, int]:
-    """A root of a monotone ``f`` in [lo, hi]: regula falsi on log x with the Illinois step.
-    Returns (root, evaluations)."""
-    a, b = math.log(lo), math.log(hi)
-    fa, fb = f(lo), f(hi)
-    n = 2
-    if fa == 0 or fb == 0:
-        return (lo if fa == 0 else hi), n
-    if (fa > 0) == (fb > 0):
-        raise ValueError(f"no root in [{lo}, {hi}]: residuals {fa:.4g}, {fb:.4g}")
-    side = 0
-    c = a
-    for _ in range(maxit):
-        c = (a * fb - b * fa) / (fb - fa)
-        fc = f(math.exp(c))
-        n += 1
-        if abs(fc) < tol or abs(b - a) < 1e-9:
-            break
-        if (fc > 0) == (fb > 0):
-            b, fb = c, fc
-            if side == -1:
-                fa /= 2
-            side = -1
-        else:
-            a, fa = c, fc
-            if side == 1:
-                fb /= 2
-            side = 1
-    return math.exp(c), n
-
-
-def fit_constant(runner: Runner, const: Fitted, without: Figure | None = None) -> tuple[float, int]:
-    """The value of ``const`` at which its fit rows' mean residual is zero (others at their stored values)."""
-    rows = runner.fit_rows(const.name, without)
-    if not rows:
-        return const.unfitted, 0
-    f = lambda x: sum(residual(runner, c, g, ((const.name, x),)) for c, g in rows) / len(rows)
-    return solve(f, *const.bracket)
 
 
 @dataclass
 class Report:
     rows: list[Row]
-    fits: dict[str, tuple[float, float, int]]       # name -> (stored, fitted, evaluations)
     runner: Runner
     seconds: float = 0.0
 
@@ -229,40 +186,29 @@ def run_suite(cases: tuple[Case, ...] = CASES, reduced: bool = False, only: str 
     sel = tuple(c for c in cases if not only or only in c.name)
     r = Runner(cases, reduced, log)
     rows = [Row(c, f, r.value(c, f), r.published(c, f)) for c in sel for f in c.figures]
-    fits: dict[str, tuple[float, float, int]] = {}
-    for const in FITTED:
-        if not any(row.fig.fits == const.name for row in rows):
-            continue
-        val, n = fit_constant(r, const)
-        fits[const.name] = (const.stored(), val, n)
-        for row in rows:
-            if row.fig.fits == const.name:
-                v, _ = fit_constant(r, const, without=row.fig)
-                row.loo = r.value(row.case, row.fig, ((const.name, v),))
     if sensitivity:
         for row in rows:
-            for const in FITTED:
+            for const in ASSUMED:
                 if not const.applies(row.fig.target):
-                    row.sens[const.name] = 0.0
                     continue
-                x = const.stored()
-                up = r.value(row.case, row.fig, ((const.name, x * 1.1),))
-                dn = r.value(row.case, row.fig, ((const.name, x / 1.1),))
-                row.sens[const.name] = math.log(up / dn) / (2 * math.log(1.1)) if up > 0 and dn > 0 else 0.0
-    return Report(rows, fits, r, time.perf_counter() - t0)
+                x = const.stored(row.fig.target)
+                up = r.value(row.case, row.fig, ((const.name, x * SENS_STEP),))
+                dn = r.value(row.case, row.fig, ((const.name, x / SENS_STEP),))
+                row.sens[const.name] = (math.log(up / dn) / (2 * math.log(SENS_STEP))
+                                        if up > 0 and dn > 0 else 0.0)
+    return Report(rows, r, time.perf_counter() - t0)
 
 
 # ---- summary figures and the table ------------------------------------------------------------
 
-def mae(rows: list[Row], loo: bool = False, fit_rows: bool = True) -> tuple[float | None, int, float | None, int]:
+def mae(rows: list[Row]) -> tuple[float | None, int, float | None, int]:
     """(mean |ratio - 1| of the ratio rows, their count, mean |difference| in points of the
-    percentage rows, their count) over the gating numeric rows; ``loo``: fit rows at their
-    leave-one-out value; ``fit_rows=False``: validation rows only."""
+    percentage rows, their count) over the gating numeric rows."""
     rat, pts = [], []
     for row in rows:
-        if not row.gating or (row.fig.fits and not fit_rows):
+        if not row.gating:
             continue
-        e = row.error(row.loo if loo and row.loo is not None else None)
+        e = row.error()
         if e is None:
             continue
         (rat if row.fig.metric in RATIO_METRICS else pts).append(e)
@@ -298,9 +244,10 @@ def format_table(rep: Report) -> str:
     rows = rep.rows
     w = max(len(LABEL[r.fig.metric]) + 2 for r in rows)
     head = (f"{'row':{w}s} {'target':13s} {'source':12s} {'published':>10s} {'simulated':>10s} "
-            f"{'ratio/diff':>10s}  {'status':8s} fit")
+            f"{'ratio/diff':>10s}  status")
     out = [head, "-" * (len(head) + 24)]
     last = None
+    said = None                      # the last exclusion printed: a case's rows share theirs
     for r in rows:
         if r.case is not last:
             out.append(f"{r.case.name}   [program {r.case.program}]")
@@ -309,11 +256,13 @@ def format_table(rep: Report) -> str:
         tgt = f.target + ("" if f.dtype is None else " " + f.dtype.value)
         pub = "(read) " * bool(f.bound) + {">=": ">= ", "<=": "<= "}.get(f.bound, "") + _fmt(f.metric, r.published)
         out.append(f"  {LABEL[f.metric]:{w - 2}s} {tgt:13s} {f.source:12s} {pub:>10s} "
-                   f"{_fmt(f.metric, r.simulated):>10s} {_cmp(r):>10s}  {status(r):8s} {f.fits or '-'}")
+                   f"{_fmt(f.metric, r.simulated):>10s} {_cmp(r):>10s}  {status(r)}")
         if f.quote:
             out.append(f"      reads: \"{f.quote}\"")
         if f.excluded:
-            out.append(f"      excluded: {f.excluded}")
+            if f.excluded != said:
+                out.append(f"      excluded: {f.excluded}")
+            said = f.excluded
         elif not r.ok():
             out.append(f"      red: {f.known_red or 'NOT EXPLAINED (a regression, or a new mismatch to explain)'}")
     out.append("-" * (len(head) + 24))
@@ -322,23 +271,19 @@ def format_table(rep: Report) -> str:
     out.append(f"{len(gate)} gating rows: {len(gate) - len(red)} within tolerance, {len(red)} red "
                f"(latency-like +-{LATENCY_TOL:.0%}, activity +-{ACTIVE_TOL:.0f} points, bounds as read); "
                f"{len(rows) - len(gate)} excluded")
-    for loo, fr, what in ((False, True, "all gating rows"), (False, False, "validation rows (fit rows left out)"),
-                          (True, True, "leave-one-out (fit rows refitted without themselves)")):
-        a, na, b, nb = mae(rows, loo, fr)
-        out.append(f"mean absolute error, {what}: "
-                   f"{'-' if a is None else f'{100 * a:.1f}%'} over {na} latency-like rows, "
-                   f"{'-' if b is None else f'{b:.1f} points'} over {nb} activity rows")
-    for name, (stored, val, n) in rep.fits.items():
-        c = BY_NAME[name]
-        stale = abs(val / stored - 1) > 0.01 if stored else abs(val) > 1e-9
-        out.append(f"fit {name} = {val:.4g} ({n} simulations of its fit rows; stored {stored:.4g}"
-                   f"{', STALE' if stale else ''}; unfitted {c.unfitted:g}): {c.why}")
-    for r in rows:
-        if r.loo is not None:
-            out.append(f"  leave-one-out {r.case.name} {LABEL[r.fig.metric]}: refitted without it, "
-                       f"{_fmt(r.fig.metric, r.loo)} ({_cmp(r, r.loo)}, {'ok' if r.ok(r.loo) else 'RED'})")
+    a, na, b, nb = mae(rows)
+    out.append(f"mean absolute error, gating rows: "
+               f"{'-' if a is None else f'{100 * a:.1f}%'} over {na} latency-like rows, "
+               f"{'-' if b is None else f'{b:.1f} points'} over {nb} activity rows")
+    lat = [r for r in gate if r.fig.metric in RATIO_METRICS and r.error() is not None]
+    if lat:
+        within = sum(r.ok() for r in lat)
+        out.append(f"latency-like gating rows within +-{LATENCY_TOL:.0%}: {within} of {len(lat)} "
+                   f"({within / len(lat):.0%}); no constant is fitted")
     if any(r.sens for r in rows):
-        out.append("sensitivity d ln(simulated) / d ln(constant):")
+        out.append(f"sensitivity d ln(simulated) / d ln(constant), at x{SENS_STEP:g} and /{SENS_STEP:g}:")
+        for c in ASSUMED:
+            out.append(f"  {c.name}: {c.why}")
         for r in rows:
             if r.sens:
                 out.append(f"  {r.case.name[:60]:60s} {LABEL[r.fig.metric]:20s} " +
