@@ -263,6 +263,7 @@ def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.
 
 def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Callable:
     """Partition one ATen graph and return the callable that runs it (device + fallback)."""
+    from neuron_compiler.assumptions import host_assumptions
     from neuron_compiler.dump import CompileDump, readable
     from neuron_compiler.partition import format_plan, log_plan, partition_graph, plan_table
     from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
@@ -282,7 +283,8 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
     record = GraphRecord(name=name, kind=kind, target=opts.target,
                          device_nodes=plan.device_nodes, fallback_nodes=plan.fallback_nodes,
                          fallbacks=plan.fallbacks, partitions=plan.device_partitions,
-                         dump_dir=dump.path if dump is not None else None)
+                         dump_dir=dump.path if dump is not None else None,
+                         assumptions=host_assumptions(opts))
     if dump is not None:
         dump.write("fx_graph_partitioned.py", readable(plan.gm))
         dump.write("partitions.txt", format_plan(plan, title=f"{name} (target {opts.target})"))

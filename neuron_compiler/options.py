@@ -7,9 +7,15 @@ Invariants
 - ``dump_dir`` comes from ``options["dump_dir"]`` when that key is given (even as ``None``, which
   disables dumping), else from the ``NEURON_DUMP_DIR`` environment variable, else ``None``.
   ``cache_dir`` likewise, from ``NEURON_CACHE_DIR``.
+- ``host_link_gbps`` and ``call_overhead_us`` are ``None`` (not set: the default of
+  ``neuron_compiler.assumptions`` is in force, and the reports say so) or a finite float:
+  ``host_link_gbps > 0``, ``call_overhead_us >= 0``. They change only the host side of the
+  timing (copies over the host link, the per-call launch overhead), never the program.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -23,6 +29,8 @@ AUTO_CASTS: tuple[str, ...] = ("none", "matmul", "all")   # as neuron_compiler.a
 DUMP_DIR_ENV = "NEURON_DUMP_DIR"
 CACHE_DIR_ENV = "NEURON_CACHE_DIR"   # as neuron_compiler.cache
 _DIR_OPTIONS = (("dump_dir", DUMP_DIR_ENV), ("cache_dir", CACHE_DIR_ENV))
+# (key, must be > 0 (else >= 0), unit): see neuron_compiler.assumptions
+_NUMBER_OPTIONS = (("host_link_gbps", True, "GB/s"), ("call_overhead_us", False, "microseconds"))
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,11 @@ class NeuronOptions:
       all fp32 ops) in bf16, as neuronx-cc's ``--auto-cast`` (see ``neuron_compiler.autocast``).
     - ``cache_dir``: directory of the on-disk compile cache shared between processes, or
       ``None`` (default: ``$NEURON_CACHE_DIR``); see ``neuron_compiler.cache``.
+    - ``host_link_gbps``: host <-> device link bandwidth in GB/s used to time the copies of
+      inputs and outputs, or ``None`` (default: the target's ``host_link_bytes_per_ns``, an
+      ASSUMED figure); see ``neuron_compiler.assumptions``.
+    - ``call_overhead_us``: runtime launch overhead added to every device-partition call, in
+      microseconds, or ``None`` (default: 0, ASSUMED: no published figure).
     """
 
     target: str = "trn2"
@@ -49,6 +62,8 @@ class NeuronOptions:
     dump_dir: str | None = None
     auto_cast: str = "none"
     cache_dir: str | None = None
+    host_link_gbps: float | None = None
+    call_overhead_us: float | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, TARGETS)
@@ -64,6 +79,10 @@ class NeuronOptions:
                     f"option {key!r} must be a directory path (str or os.PathLike) or None, "
                     f"got {value!r} of type {type(value).__name__}")
             object.__setattr__(self, key, os.fspath(value) or None)   # "" means none
+        for key, positive, unit in _NUMBER_OPTIONS:
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, _check_number(key, value, positive, unit))
 
     @classmethod
     def valid_keys(cls) -> tuple[str, ...]:
@@ -93,7 +112,7 @@ class NeuronOptions:
                 kwargs[key] = os.environ.get(env) or None
         return cls(**kwargs)  # type: ignore[arg-type]
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> dict[str, str | float | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -102,6 +121,18 @@ def _check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
         raise NeuronOptionError(
             f"option {key!r} must be one of {', '.join(repr(a) for a in allowed)}; "
             f"got {value!r}")
+
+
+def _check_number(key: str, value: object, positive: bool, unit: str) -> float:
+    """``value`` as a float when it is a finite real number, > 0 (``positive``) or >= 0."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    number = float(value) if ok else math.nan  # type: ignore[arg-type]
+    if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
+        rule = "a positive" if positive else "a non-negative"
+        raise NeuronOptionError(
+            f"option {key!r} must be {rule} finite number ({unit}) or None for the default; "
+            f"got {value!r}" + ("" if ok else f" of type {type(value).__name__}"))
+    return number
 
 
 def validate_options(options: Mapping[str, object] | None = None) -> NeuronOptions:

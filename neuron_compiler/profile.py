@@ -21,8 +21,12 @@ Invariants
 - Times: ``simulated_time_us`` is the sum over device-partition calls of the simulated program
   time; ``transfer_time_us`` the sum of the host<->device copies the runtime charged (see
   ``runtime.py``: only where host data enters the device or a host consumer reads device data;
-  resident tensors cost nothing); ``fallback_time_us`` the measured host wall time of eager
-  fallback ops. The three are disjoint; none includes compile time.
+  resident tensors cost nothing); ``call_overhead_time_us`` the runtime's per-call launch
+  overhead, charged once per device-partition call; ``fallback_time_us`` the measured host wall
+  time of eager fallback ops. The four are disjoint; none includes compile time.
+- ``assumptions`` lists, per distinct compiled-graph setting that ran, the host-link bandwidth
+  and the per-call overhead in force, each with its source (``neuron_compiler.assumptions``:
+  ``"option"`` or the default's reason); ``summary()`` prints them.
 - Warm-up vs steady state: the first call of a compiled graph in the process is its warm-up
   (its programs are compiled, its parameters sent); every later call is steady state. Every
   record is filed under the phase of the graph call during which it happened. ``warmup`` sums
@@ -72,6 +76,7 @@ class GraphRecord:
     partitions: tuple[str, ...]   # device partition submodule names
     dump_dir: str | None = None
     calls_started: int = 0        # calls of this graph in the process (the first is warm-up)
+    assumptions: object | None = None   # neuron_compiler.assumptions.HostAssumptions
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,14 @@ class _PartitionStats:
     transfer_ns: float = 0.0          # total over calls: inputs sent in, outputs read by the host
     transfer_bytes: int = 0
     transfers: int = 0                # tensors copied
+    overhead_ns: float = 0.0          # runtime launch overhead, total over calls
 
     def total_ns(self) -> float:
         return self.stats.total_ns * self.calls
 
 
 _PHASE_KEYS = ("simulated_ns", "transfer_ns", "transfer_bytes", "transfers", "fallback_ns",
-               "compile_s")
+               "compile_s", "overhead_ns")
 
 
 @dataclass
@@ -171,8 +177,10 @@ class Profile:
     def note_partition_call(self, graph: GraphRecord, partition: str, signature: tuple,
                             input_shapes: list[list[int]], compiled: object,
                             result: SimResult, transfer_ns: float = 0.0,
-                            transfer_bytes: int = 0, transfers: int = 0) -> None:
-        """One call of a device partition; ``transfer_*``: the inputs sent to the device."""
+                            transfer_bytes: int = 0, transfers: int = 0,
+                            overhead_ns: float = 0.0) -> None:
+        """One call of a device partition; ``transfer_*``: the inputs sent to the device;
+        ``overhead_ns``: the runtime's launch overhead of the call."""
         key = (id(graph), partition, signature)
         rec = self._parts.get(key)
         if rec is None:
@@ -183,8 +191,9 @@ class Profile:
         rec.transfer_ns += transfer_ns
         rec.transfer_bytes += transfer_bytes
         rec.transfers += transfers
+        rec.overhead_ns += overhead_ns
         self._bump(simulated_ns=result.stats.total_ns, transfer_ns=transfer_ns,
-                   transfer_bytes=transfer_bytes, transfers=transfers)
+                   transfer_bytes=transfer_bytes, transfers=transfers, overhead_ns=overhead_ns)
 
     def note_transfer_out(self, producer: tuple | None, ns: float, nbytes: int,
                           transfers: int = 1) -> None:
@@ -247,6 +256,7 @@ class Profile:
                 "transfer_time_us": rec.transfer_ns / 1e3,
                 "transfer_bytes": int(rec.transfer_bytes),
                 "transfers": int(rec.transfers),
+                "call_overhead_time_us": rec.overhead_ns / 1e3,
                 "instructions": int(s.instructions),
                 "flops": int(s.flops),
                 "hbm_bytes": int(s.hbm_bytes),
@@ -272,6 +282,8 @@ class Profile:
                                   + self._loose_transfer["bytes"]),
             "transfers": int(sum(p["transfers"] for p in parts)
                              + self._loose_transfer["transfers"]),
+            "call_overhead_time_us": sum(p["call_overhead_time_us"] for p in parts),
+            "assumptions": self._assumptions(),
             "warmup": self._phase_dict("warmup"),
             "steady_state": self._phase_dict("steady"),
             "device_nodes": device_nodes,
@@ -295,6 +307,16 @@ class Profile:
             "partitions": parts,
         }
 
+    def _assumptions(self) -> list[dict]:
+        """The distinct host assumptions of the graphs that ran (module docstring)."""
+        from neuron_compiler.assumptions import assumptions_of
+        out: list[dict] = []
+        for g in self._graphs.values():
+            d = assumptions_of(g).to_dict()
+            if d not in out:
+                out.append(d)
+        return out
+
     def _phase_dict(self, phase: str) -> dict:
         """``warmup``: totals over the warm-up calls; ``steady``: per call (module docstring)."""
         out = dict.fromkeys(_PHASE_KEYS, 0.0)
@@ -312,6 +334,7 @@ class Profile:
             "transfer_time_us": out["transfer_ns"] / 1e3,
             "transfer_bytes": int(round(out["transfer_bytes"])),
             "transfers": int(round(out["transfers"])),
+            "call_overhead_time_us": out["overhead_ns"] / 1e3,
             "fallback_time_us": out["fallback_ns"] / 1e3,
             "compile_time_s": out["compile_s"],
         }
@@ -323,7 +346,10 @@ class Profile:
             f"neuron profile  target: {d['target'] or '-'}",
             f"  simulated device time : {d['simulated_time_us']:12.2f} us"
             f"   (roofline {d['roofline_time_us']:.2f} us)",
-            f"  host<->device transfer: {d['transfer_time_us']:12.2f} us   (assumed host link)",
+            f"  host<->device transfer: {d['transfer_time_us']:12.2f} us   (host link: "
+            f"{_link_text(d['assumptions'])}, see Assumptions)",
+            f"  runtime call overhead : {d['call_overhead_time_us']:12.2f} us   "
+            f"({_overhead_text(d['assumptions'])} per device-partition call)",
             f"  eager fallback (wall) : {d['fallback_time_us']:12.2f} us",
             f"  ATen compute nodes    : {d['device_nodes']} on device, {d['fallback_nodes']} "
             f"fallback" + (f" ({100.0 * d['device_nodes'] / total:.1f}% on device)" if total
@@ -341,7 +367,8 @@ class Profile:
             if ph["graph_calls"]:
                 lines.append(
                     f"  {label:22s}: simulated {ph['simulated_time_us']:.2f} us, transfer "
-                    f"{ph['transfer_time_us']:.2f} us ({_bytes(ph['transfer_bytes'])}), fallback "
+                    f"{ph['transfer_time_us']:.2f} us ({_bytes(ph['transfer_bytes'])}), call "
+                    f"overhead {ph['call_overhead_time_us']:.2f} us, fallback "
                     f"{ph['fallback_time_us']:.2f} us  [{ph['graph_calls']} graph calls]")
         if d["fallbacks"]:
             lines += ["", "Fallbacks (run in eager PyTorch):"]
@@ -363,6 +390,11 @@ class Profile:
                             + tuple(f"{100.0 * p['engine_busy'].get(e, 0.0):.0f}"
                                     for e in engines))
             lines += _table(rows, left={0})
+        if d["assumptions"]:
+            from neuron_compiler.assumptions import describe
+            lines += ["", "Assumptions (values in force, and where they come from):"]
+            for a in d["assumptions"]:
+                lines += [f"  {a['target']}: {line}" for line in describe(a)]
         return "\n".join(lines)
 
     def export_chrome_trace(self, path: str) -> None:
@@ -382,6 +414,14 @@ class Profile:
                                       engine_labels=True)["traceEvents"]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+
+
+def _link_text(assumptions: list[dict]) -> str:
+    return ", ".join(f"{a['host_link_gbps']['value']:g} GB/s" for a in assumptions) or "-"
+
+
+def _overhead_text(assumptions: list[dict]) -> str:
+    return ", ".join(f"{a['call_overhead_us']['value']:g} us" for a in assumptions) or "-"
 
 
 def _bytes(n: float) -> str:

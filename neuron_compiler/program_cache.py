@@ -4,7 +4,9 @@ Invariants
 - Key: a structural hash of the specialised partition graph (node order, ops, arguments with
   node references as positions, every node's shape/stride/dtype, the bytes of ``get_attr``
   tensors; not node names), the input specs, the target, every option except the run-time-only
-  ``dump_dir``/``sim_mode``/``fallback``, and the lowering entry point itself. Equal keys lower
+  ``dump_dir``/``sim_mode``/``fallback``/``cache_dir`` and the host-side assumptions
+  ``host_link_gbps``/``call_overhead_us`` (they time copies and launches, not the program),
+  and the lowering entry point itself. Equal keys lower
   to the same program, so identical partitions (BERT's 12 layers) are lowered once; an
   ``Unsupported`` result is cached the same way.
 - Entries live as long as some partition uses them (weak values): no program outlives the
@@ -39,7 +41,8 @@ def tensor_data(t: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes()
 
 
-_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_dir"})
+_RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_dir",
+                                   "host_link_gbps", "call_overhead_us"})
 
 
 @dataclass(eq=False)

@@ -56,8 +56,10 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   own, tracked as resident on "<target> as <permutation>": sent once like any parameter (the
   host lays it out while sending), and sent again if the plain layout is wanted elsewhere.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
-  bytes / ``target.host_link_bytes_per_ns`` (an ASSUMED host-link figure, see
-  ``runtime_sim.targets``); bytes are ``numel x element size``. Residency across partitions
+  bytes / the host link (option ``host_link_gbps``, else the target's ASSUMED figure; see
+  ``neuron_compiler.assumptions``); bytes are ``numel x element size``. Each device-partition
+  call also pays the runtime's launch overhead (option ``call_overhead_us``, else 0, ASSUMED),
+  recorded apart from the simulated program time. Residency across partitions
   is not limited by HBM capacity: everything that was sent stays resident while its tensor
   lives. (One partition is: in functional mode, inputs or a program whose HBM buffers exceed
   one NeuronCore's HBM, ``hbm_capacity_bytes``, are refused with ``NeuronInputError`` before
@@ -85,6 +87,7 @@ from torch.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
+from neuron_compiler.assumptions import assumptions_of, host_assumptions
 from neuron_compiler.cache import DiskCache, disk_cache, request_key
 from neuron_compiler.cache import request as cache_request
 from neuron_compiler.dump import instructions_per_queue
@@ -99,7 +102,6 @@ from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
                                      active_profiles, graph_call)
 from neuron_compiler.upcast import needs_upcast, run_upcast, upcast_graph
-from runtime_sim.costs import host_transfer_ns
 from runtime_sim.errors import MachineError
 from runtime_sim.isa import Memory
 from runtime_sim.targets import get_target
@@ -342,9 +344,8 @@ def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> Non
         return
     if producer is None:
         raise AssertionError("device-only data without a producing partition")
-    target = get_target(producer[0].target)
     nbytes = tensor_bytes(t)
-    ns = host_transfer_ns(nbytes, target, transfers=1)
+    ns = assumptions_of(producer[0]).transfer_ns(nbytes, transfers=1)
     for p in profs:
         p.note_transfer_out(producer, ns, nbytes)
 
@@ -433,6 +434,7 @@ class DevicePartition(torch.nn.Module):
         self.sub, self.name, self.graph, self.options, self.dump = sub, name, graph, options, dump
         self.ops = ops
         self.target = get_target(options.target)
+        self.host = host_assumptions(options)    # host link, per-call overhead
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
@@ -482,10 +484,10 @@ class DevicePartition(torch.nn.Module):
             entry.stats_dumped = True
             self.dump.write_partition_stats(self.name, sig, result.stats)  # type: ignore
         shapes = [list(s[1]) for s in sig if s[0] == "T"]
-        ns = host_transfer_ns(sent_bytes, self.target, transfers=sent) if sent else 0.0
+        ns = self.host.transfer_ns(sent_bytes, transfers=sent) if sent else 0.0
         for p in profs:
             p.note_partition_call(self.graph, self.name, sig, shapes, compiled, result, ns,
-                                  sent_bytes, sent)
+                                  sent_bytes, sent, self.host.call_overhead_ns)
         producer = (self.graph, self.name, sig)
         inputs = {id(t) for t in tensors}
         for o in outs:

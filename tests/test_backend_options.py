@@ -20,7 +20,8 @@ def test_defaults(monkeypatch):
     assert opts == NeuronOptions(target="trn2", sim_mode="functional", fallback="allow",
                                  dump_dir=None)
     assert NeuronOptions.valid_keys() == ("target", "sim_mode", "fallback", "dump_dir",
-                                          "auto_cast", "cache_dir")
+                                          "auto_cast", "cache_dir", "host_link_gbps",
+                                          "call_overhead_us")
 
 
 def test_unknown_key_lists_valid_keys():

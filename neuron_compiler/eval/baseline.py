@@ -11,7 +11,8 @@ A regression is one metric that got worse than its threshold allows (``Limits``)
   ``compile.targets.T.first_call_s`` grew by more than ``max_compile_slowdown`` (only when
   that limit is given: it is wall-clock time of this machine);
   a target of the baseline missing from this run, or one measured with other options
-  (``sim_mode``, ``fallback``, ``auto_cast``) or another kind of call (``--train`` or not):
+  (``sim_mode``, ``fallback``, ``auto_cast``, ``host_link_gbps`` / ``call_overhead_us`` when
+  set) or another kind of call (``--train`` or not):
   its numbers are not comparable;
 - per output and target: an output that passed the accuracy thresholds in the baseline (or
   is new) and fails them now, or one that the baseline had and this run has not.

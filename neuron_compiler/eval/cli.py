@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--auto-cast", choices=("none", "matmul", "all"), default="none",
                    help="the backend's auto_cast option: compute fp32 matmuls (or all fp32 "
                         "ops) in bf16; fp32 outputs are then judged by the bfloat16 thresholds")
+    p.add_argument("--host-link-gbps", type=float, default=None, metavar="GBPS",
+                   help="the backend's host_link_gbps option: host<->device link bandwidth "
+                        "in GB/s (default: each target's ASSUMED figure; no published one)")
+    p.add_argument("--call-overhead-us", type=float, default=None, metavar="US",
+                   help="the backend's call_overhead_us option: runtime launch overhead per "
+                        "device-partition call (default 0, ASSUMED: no published figure)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", metavar="PATH",
                    help="write a self-contained HTML report (inline SVG charts, no network)")
@@ -110,6 +116,14 @@ def _config(args: argparse.Namespace):
         v = getattr(args, flag)
         if v is not None and not v >= 0:
             raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
+    from neuron_compiler.errors import NeuronOptionError
+    from neuron_compiler.options import validate_options
+    host = {"host_link_gbps": args.host_link_gbps, "call_overhead_us": args.call_overhead_us}
+    try:
+        validate_options(host)
+    except NeuronOptionError as exc:
+        flag = next(f"--{k.replace('_', '-')}" for k in host if k in str(exc))
+        raise _UsageError(f"{flag}: {exc}") from None
     try:
         thresholds = parse_threshold_flags(args.atol, args.rtol, args.min_cosine)
         overrides = dict(prices.parse_price(p) for p in args.price)
@@ -120,7 +134,7 @@ def _config(args: argparse.Namespace):
     cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
                      prices=overrides, progress=progress, train=args.train,
-                     auto_cast=args.auto_cast)
+                     auto_cast=args.auto_cast, **host)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
     return cfg, limits

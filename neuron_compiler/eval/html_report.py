@@ -3,9 +3,10 @@
 Order: the verdict, then what a reader must not miss, at the top: the regressions against
 the baseline (or the line saying a baseline was compared and none was found), and a compile
 or build error; then charts: latency per target (p50/p90/p99), where the latency goes
-(simulated device time, host transfer, eager fallback), time per device partition (simulated
-vs roofline), engine utilisation, fallback share of the latency, and the memory plan (HBM,
-SBUF, PSUM against capacity); then tables: targets, compile, fallbacks, accuracy, versions.
+(simulated device time, host transfer, runtime call overhead, eager fallback), time per device
+partition (simulated vs roofline), engine utilisation, fallback share of the latency, and the
+memory plan (HBM, SBUF, PSUM against capacity); then tables: targets, assumptions (host link
+and per-call overhead in force, with their sources), compile, fallbacks, accuracy, versions.
 
 Invariants
 - The page loads no network resource: no scripts, no stylesheets, no images, no fonts other
@@ -115,6 +116,7 @@ def _charts(report: dict) -> list[str]:
     out += [bar_chart("Where the p50 latency goes (us)",
                      [(t, [("simulated device", d["latency_us"]["simulated_us"]),
                            ("host transfer", d["latency_us"]["transfer_us"]),
+                           ("call overhead", d["latency_us"].get("call_overhead_us", 0.0)),
                            ("eager fallback", d["latency_us"]["fallback_us"])])
                       for t, d in targets.items()], " us", stacked=True),
            bar_chart("Time per device partition (us per call)",
@@ -204,10 +206,34 @@ def _targets_table(report: dict) -> str:
             ("USD per 1M inferences", lambda d, n: "-" if d["cost"]["usd_per_million_inferences"]
              is None else f"{d['cost']['usd_per_million_inferences']:.4f}"),
             ("instance, price", lambda d, n: price_text(d["cost"])),
+            ("host link GB/s", lambda d, n: _assumed(d, "host_link_gbps")),
+            ("call overhead us per device-partition call",
+             lambda d, n: _assumed(d, "call_overhead_us")),
             ("first call (compile) s",
              lambda d, n: f"{comp_t.get(n, {}).get('first_call_s', 0):.2f}")):
         rows.append([label] + [fn(report["targets"][n], n) for n in names])
     return _table(["metric", *names], rows, left={0})
+
+
+def _assumed(d: dict, key: str) -> str:
+    a = d.get("assumptions", {}).get(key)
+    return "-" if a is None else f"{a['value']:g}"
+
+
+def _assumptions_table(report: dict) -> str:
+    """Each host-side assumption in force per target, with its source."""
+    rows = [[t, label, f"{d['assumptions'][key]['value']:g} {unit}",
+             d["assumptions"][key]["source"]]
+            for t, d in report["targets"].items() if "assumptions" in d
+            for key, label, unit in (("host_link_gbps", "host link (host_link_gbps)", "GB/s"),
+                                     ("call_overhead_us", "call overhead (call_overhead_us)",
+                                      "us per device-partition call"))]
+    if not rows:
+        return ""
+    return ("<h2>Assumptions</h2>"
+            '<p class="note">values in force in the latency above, and where they come from '
+            '("option": set with --host-link-gbps / --call-overhead-us)</p>'
+            + _table(["target", "assumption", "value", "source"], rows, left={0, 1, 3}))
 
 
 def render_html(report: dict, exit_code: int | None = None) -> str:
@@ -230,6 +256,7 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
         body += _charts(report)
         body.append("<h2>Targets</h2>")
         body.append(_targets_table(report))
+        body.append(_assumptions_table(report))
     if c.get("failed_stage") not in ("build", "eager"):
         body.append("<h2>Compile</h2>")
         body.append(f"<p>{'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "

@@ -14,8 +14,9 @@ Phases, in order (each target is compiled afresh after ``torch._dynamo.reset()``
 4. accuracy of the last call's outputs against the eager reference.
 
 Invariants
-- Latency of one call = simulated device time + host<->device transfer time (the runtime's
-  assumed host link) + measured eager wall time of the fallback ops, from that call's profile;
+- Latency of one call = simulated device time + host<->device transfer time (over the host
+  link in force) + the runtime's per-call overhead of each device-partition call + measured
+  eager wall time of the fallback ops, from that call's profile;
   p50/p90/p99 are numpy's linear-interpolation percentiles over the ``--iters`` calls.
   Compile time is never part of it.
 - A fallback op's ``time_us`` is the mean over the ``--iters`` measured calls of its measured
@@ -31,6 +32,10 @@ Invariants
   model raises ``ModelFailure``. Usage problems were raised before (``zoo.ModelSpecError``),
   except one found only by running: ``--train`` on a model with no floating-point output
   raises ``ModelSpecError`` from the eager training step (exit 2, never wrapped).
+- ``targets.T.assumptions`` is the host link and per-call overhead in force with their
+  sources, as the last measured call's profile recorded them (``neuron_compiler.assumptions``);
+  ``targets.T.options`` holds ``host_link_gbps`` / ``call_overhead_us`` only when set, so a
+  report with the defaults compares with a baseline written before these options existed.
 - Every number in the result is JSON-ready (str/int/float/bool/None/list/dict).
 """
 from __future__ import annotations
@@ -111,6 +116,8 @@ class EvalConfig:
     prices: dict[str, float] = field(default_factory=dict)   # --price overrides
     train: bool = False                                       # one training step per call
     auto_cast: str = "none"                                   # the backend option
+    host_link_gbps: float | None = None                       # backend options; None: default
+    call_overhead_us: float | None = None
 
     def effective_thresholds(self) -> dict[str, Thresholds]:
         """With ``auto_cast``, fp32 outputs are judged by the bfloat16 thresholds."""
@@ -290,8 +297,21 @@ def _percentiles(xs: list[float]) -> dict:
             "min": float(a.min()), "max": float(a.max())}
 
 
-def _call_latency(d: dict) -> tuple[float, float, float]:
-    return d["simulated_time_us"], d["transfer_time_us"], d["fallback_time_us"]
+def _call_latency(d: dict) -> tuple[float, float, float, float]:
+    """(simulated, transfer, fallback, call overhead) of one call's profile; the sum is its
+    latency."""
+    return (d["simulated_time_us"], d["transfer_time_us"], d["fallback_time_us"],
+            d.get("call_overhead_time_us", 0.0))
+
+
+def _assumptions(d: dict, target: str, options: dict) -> dict:
+    """The host link and per-call overhead in force on ``target`` with their sources: the
+    profile's record, or (no graph ran) what the options resolve to."""
+    from neuron_compiler.assumptions import host_assumptions
+    from neuron_compiler.options import NeuronOptions
+    found = [a for a in d.get("assumptions", []) if a["target"] == target]
+    a = found[0] if found else host_assumptions(NeuronOptions.from_user(options)).to_dict()
+    return {k: v for k, v in a.items() if k != "target"}
 
 
 def _engines(parts: list[dict]) -> dict:
@@ -366,6 +386,9 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
     torch._dynamo.reset()
     options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback,
                "auto_cast": cfg.auto_cast}
+    for key in ("host_link_gbps", "call_overhead_us"):   # only when set (module docstring)
+        if getattr(cfg, key) is not None:
+            options[key] = getattr(cfg, key)
     dynamo_graphs = 0
 
     def backend(gm, example_inputs):
@@ -417,7 +440,9 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
                        "simulated_us": sim_p50,
                        "transfer_us": float(np.median([t[1] for t in time_parts])),
                        "fallback_us": float(np.median([t[2] for t in time_parts])),
+                       "call_overhead_us": float(np.median([t[3] for t in time_parts])),
                        "roofline_us": last["roofline_time_us"]},
+        "assumptions": _assumptions(last, target, options),
         "throughput_per_s": 1e6 / pct["p50"] if pct["p50"] > 0 else None,
         "device_share": {
             "by_nodes": last["device_fraction"],

@@ -5,6 +5,9 @@ Invariants
   terminal shows and what the JSON holds cannot disagree; it never raises on a partial report
   (a compile failure leaves ``targets`` empty).
 - Targets are columns, side by side, in the order they were run; metrics are rows.
+- The host link and the per-call overhead in force are rows of that table, and their sources
+  are printed under "Assumptions" (a report from before they existed shows "-" in the rows and
+  no Assumptions block).
 - When a baseline was compared (the report's ``baseline`` entry), the terminal says so in one
   line (file, metrics compared, thresholds, regressions or "none") just above the result;
   without one it says nothing was compared, and after a failure that the comparison did not
@@ -52,7 +55,10 @@ def _side_by_side(report: dict) -> list[str]:
             row("  simulated device us", lambda t, c: _us(t["latency_us"]["simulated_us"])),
             row("  host transfer us", lambda t, c: _us(t["latency_us"]["transfer_us"])),
             row("  eager fallback us", lambda t, c: _us(t["latency_us"]["fallback_us"])),
+            row("  call overhead us", lambda t, c: _us(t["latency_us"].get("call_overhead_us"))),
             row("  roofline us", lambda t, c: _us(t["latency_us"]["roofline_us"])),
+            row("host link GB/s", lambda t, c: _assumed(t, "host_link_gbps")),
+            row("call overhead us/call", lambda t, c: _assumed(t, "call_overhead_us")),
             row("throughput /s", lambda t, c: "-" if t["throughput_per_s"] is None
                 else f"{t['throughput_per_s']:,.0f}"),
             row("device share: nodes", lambda t, c: _pct(t["device_share"]["by_nodes"])),
@@ -78,6 +84,19 @@ def _side_by_side(report: dict) -> list[str]:
                     "-" if t["cost"]["usd_per_million_inferences"] is None
                     else f"{t['cost']['usd_per_million_inferences']:.4f}"))
     return _table(rows, left={0})
+
+
+def _assumed(t: dict, key: str) -> str:
+    a = t.get("assumptions", {}).get(key)
+    return "-" if a is None else f"{a['value']:g}" + (" (option)" if a["source"] == "option"
+                                                      else " (assumed)")
+
+
+def assumption_lines(report: dict) -> list[str]:
+    """Per target, each host-side assumption in force: value, unit and source."""
+    from neuron_compiler.assumptions import describe
+    return [f"{name}: {line}" for name, t in report["targets"].items()
+            if "assumptions" in t for line in describe(t["assumptions"])]
 
 
 def render(report: dict, exit_code: int | None = None) -> str:
@@ -109,6 +128,10 @@ def render(report: dict, exit_code: int | None = None) -> str:
     if report["targets"]:
         lines.append("")
         lines += _side_by_side(report)
+        assumed = assumption_lines(report)
+        if assumed:
+            lines += ["", "Assumptions (values in force in the latency above, and where they "
+                          "come from):"] + [f"  {a}" for a in assumed]
     fb_rows = [("target", "op", "count", "us/call", "share", "reason")]
     iters = {len(t["latency_us"]["samples"]) for t in report["targets"].values()}
     for name, t in report["targets"].items():
