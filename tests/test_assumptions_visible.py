@@ -67,7 +67,7 @@ def _profile(fn, options: dict, calls: int = 1) -> neuron_compiler.Profile:
 
 def _expected_transfer_us(d: dict, gbps: float, target: str = "trn2") -> float:
     """host_transfer_ns summed: a DMA fixed latency per tensor, bytes over the link."""
-    fixed = get_target(target).dma_fixed_latency_ns
+    fixed = get_target(target).dma_transfer_ns
     return (d["transfers"] * fixed + d["transfer_bytes"] / gbps) / 1e3
 
 
