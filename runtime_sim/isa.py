@@ -259,6 +259,7 @@ class Op(enum.Enum):
     FIND_INDEX8 = "nc_find_index8"       # VectorE: positions of 8 given values per partition
     MATCH_REPLACE8 = "nc_match_replace8"  # VectorE: overwrite the first matches of 8 values
     RAND_PHILOX = "rand_philox"          # GpSimdE: counter-based uniform random numbers
+    EXPONENTIAL = "exponential"          # VectorE (NC-v4): exp(src - max) and its row sum
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -352,7 +353,10 @@ DOUBLE_ROW_PACK = 2
 @dataclass(frozen=True)
 class MatmulAttrs:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]``; srcs = (stationary, moving).
-    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it.
+    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it. ``dst`` is
+    an fp32 PSUM tile of one bank (N <= 512); on NeuronCore-v4 (``Target.psum_bf16``,
+    ``Target.matmul_psum_banks``) it may be bf16 (rounded RNE on every write, accumulated at
+    fp32) and span up to 8 consecutive banks (N <= 4096 fp32 / 8192 bf16).
 
     ``perf_mode=DOUBLE_ROW`` (NKI ``perf_mode=matmul_perf_mode.double_row``, NeuronCore-v3+,
     fp8 operands): the contraction is split between the partitions and the outermost free
@@ -530,6 +534,37 @@ class RandPhiloxAttrs:
     bits: int = 24
 
 
+# nki.isa.exponential "Supported dtypes" (ISA3 = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py
+# L2335-2338), restricted to the machine's dtypes (no tfloat32, int16, uint16, uint32 here)
+EXP_SRC_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.BF16, DType.FP32,
+                            DType.INT8, DType.INT32, DType.UINT8})
+EXP_DST_DTYPES = EXP_SRC_DTYPES
+EXP_ACCUM_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.BF16, DType.FP32})
+
+
+@dataclass(frozen=True)
+class ExponentialAttrs:
+    """VectorE fast exponential (NKI ``nki.isa.exponential``, NeuronCore-v4 only; trainium3_arch.rst
+    "Fast Exponential Evaluation" L176-201, ISA3 L2283-2385):
+    ``dst[p, j] = exp(src[p, j] - max_value[p])`` computed in fp32 and rounded to dst's dtype.
+    ``max_value`` is the constant ``max_value`` or, with ``max_from_src``, the fp32 [P, 1] source
+    ``srcs[1]``. When ``Instr.accum`` ([P, 1], a float type) is given, the fp32 values of the row
+    are also summed into it, sequentially along the free axis in fp32 (the guide's loop
+    ``reduce_res[i, 0] += dst[i, j]``), starting from ``reduce_init`` (the constant, or with
+    ``init_from_src`` the fp32 [P, 1] source after max_value): NKI's ``reduce_cmd.reset_reduce``
+    (init 0) or ``load_reduce``. ``srcs = (src, [max_value], [reduce_init])``.
+
+    Not modelled: ``reduce_cmd.reduce`` (continuing the engine's hidden accumulator from a previous
+    instruction) and ``reduce_res=None`` (keeping the sum in the engine): the ISA has no hidden
+    engine state; a chained sum is written as ``load_reduce`` from the previous partial sum's tile,
+    which gives the same values. Tensor indirection (``.indirect``) is not modelled."""
+
+    max_value: float = 0.0
+    max_from_src: bool = False
+    reduce_init: float = 0.0
+    init_from_src: bool = False
+
+
 @dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
@@ -539,7 +574,7 @@ OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTe
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
                 MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
                 DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, RandPhiloxAttrs,
-                SemAttrs]
+                ExponentialAttrs, SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -550,7 +585,7 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
     Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.MAX8: Max8Attrs,
     Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs,
-    Op.RAND_PHILOX: RandPhiloxAttrs, Op.SEM: SemAttrs,
+    Op.RAND_PHILOX: RandPhiloxAttrs, Op.EXPONENTIAL: ExponentialAttrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -575,6 +610,7 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
     Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
     Op.RAND_PHILOX: frozenset({EngineKind.GPSIMD}),
+    Op.EXPONENTIAL: frozenset({EngineKind.VECTOR}),   # ISA3 L2310 "Supported engines: Vector"
     Op.SEM: frozenset(EngineKind),
 }
 
@@ -592,7 +628,7 @@ class Instr:
     waits: tuple[tuple[str, int], ...] = ()
     signals: tuple[str, ...] = ()
     tag: str = ""
-    accum: AP | None = None  # second destination: the [P, 1] free-axis reduction of activation
+    accum: AP | None = None  # second destination: the [P, 1] free-axis reduction (activation, exponential)
 
     @property
     def writes(self) -> tuple[AP, ...]:

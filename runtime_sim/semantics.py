@@ -14,7 +14,12 @@ Conventions (the executable spec of the ISA)
   its single partition axis) are transposed.
 - ``matmul``: ``dst[M, N] = stationary[K, M].T @ moving[K, N]`` computed in fp32 (bf16/fp8
   products are exact in fp32, sums are fp32, in K order); ``accumulate=False`` overwrites the PSUM bytes,
-  ``True`` adds to them (and they must have been written by a matmul). ``perf_mode=double_row``
+  ``True`` adds to them (and they must have been written by a matmul). A bf16 destination
+  (NC-v4, trainium3_arch.rst "BF16 Matmul Results in PSUM" L129-141): the fp32 result is rounded
+  to bf16 (RNE) "immediately before the write"; accumulating upcasts the bf16 PSUM values to fp32,
+  adds at fp32 and rounds the sum to bf16 (RNE) on the write back. The guide's other rounding
+  mode, stochastic rounding, is not modelled (no instruction selects it).
+  ``perf_mode=double_row``
   (fp8): operands ``[P, 2, M]`` / ``[P, 2, N]``, the sum runs over both P and the packed axis
   (K = 2P), in (p, j) order, fp32 as above.
 - ``transpose``: ``dst[F, P] = src[P, F].T``, exact (values are copied, then stored in the dst
@@ -76,6 +81,13 @@ Conventions (the executable spec of the ISA)
   The NaN rules are ASSUMED (isa.py); they are what torch's topk/argmax orders.
 - ``rand_philox`` (GpSimdE): Philox4x32-10 words of per-element counters, scaled to [0, 1)
   (isa.RandPhiloxAttrs); uint32 arithmetic in numpy uint64, exact.
+- ``exponential`` (VectorE, NC-v4; isa.ExponentialAttrs): ``z = src - max_value`` in fp32 (each
+  subtraction rounded to fp32), ``y = exp(z)`` (float64, rounded to fp32), stored in dst's dtype;
+  with ``accum``, ``acc = reduce_init; acc += y[j]`` for j in order along the free axis, every
+  add rounded to fp32 (the arch guide's sequential loop), then stored in accum's dtype. The sum
+  reads the fp32 ``y`` the engine computes, not dst rounded to a narrower dtype (the docs'
+  pseudo-code does not say; the engine "performs the computation in float32 precision
+  internally", ISA3 L2305).
 - ``sem``: nothing.
 """
 from __future__ import annotations
@@ -86,7 +98,7 @@ from typing import Callable
 import numpy as np
 
 from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
-                  Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
+                  ExponentialAttrs, Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
                   RandPhiloxAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout,
                   matmul_kmn)
@@ -641,6 +653,22 @@ def rand_philox(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     m.write(dst, u.astype(F32))
 
 
+def exponential(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, ExponentialAttrs)
+    x = _rows(m, ins.srcs[0])
+    mx = _rows(m, ins.srcs[1]) if a.max_from_src else F32(a.max_value)
+    with np.errstate(all="ignore"):
+        z = (x - mx).astype(F32, copy=False)
+        y = np.exp(z.astype(np.float64)).astype(F32)
+        m.write(_dst(ins), y)
+        if ins.accum is not None:     # reduce_init, when a source, is the last one
+            init = _rows(m, ins.srcs[-1]) if a.init_from_src else np.full((y.shape[0], 1), a.reduce_init, F32)
+            # add.accumulate is a sequential fp32 loop (np.sum would add pairwise)
+            acc = np.add.accumulate(np.concatenate([init, y], axis=1), axis=1, dtype=F32)[:, -1:]
+            m.write(ins.accum, acc)
+
+
 def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     return None
 
@@ -653,6 +681,6 @@ SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr,
     Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.MAX8: max8,
     Op.FIND_INDEX8: find_index8, Op.MATCH_REPLACE8: match_replace8,
-    Op.RAND_PHILOX: rand_philox, Op.SEM: sem,
+    Op.RAND_PHILOX: rand_philox, Op.EXPONENTIAL: exponential, Op.SEM: sem,
 }
 assert set(SEMANTICS) == set(Op), "every op needs a semantics function"
