@@ -40,9 +40,9 @@ a looped stream is checked per static instruction, see checks_loops.py)
   elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512; max8 and
   nc_find_index8 read 8 to 16384 data elements per partition, nc_match_replace8 at most 16384,
   their vals (and max8's / find_index8's destination) are [P, 8], find_index8 writes int32,
-  match_replace8's destination has the data's shape. exponential (VectorE): only on a target
-  with ``vector_exp_speedup`` (NC-v4; EngineError otherwise), src/dst dtypes as nki.isa.exponential
-  lists them, max_value and reduce_init [P, 1] fp32 sources, accum [P, 1] of a float type.
+  match_replace8's destination has the data's shape. The NeuronCore-v4 instructions' rules
+  (exponential, the MX matmul, quantize_mx; EngineError on a target without them) are in
+  checks_nc4.py.
 - Indirect DMA (OperandError; layout in isa.py): the index is an int32/int64 SBUF AP; the table
   an HBM AP of at least 1 + len(index.dims) + 1 dims whose lock-step sizes equal the index AP's
   shape and with at most 2 row dims; the data an SBUF AP of the table's dtype (no cast) with the
@@ -65,11 +65,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, EXP_ACCUM_DTYPES, EXP_DST_DTYPES, EXP_SRC_DTYPES,
-                  ActivationAttrs, AluOp, Buffer, DmaAttrs, ExponentialAttrs,
+from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
-                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulPerfMode, matmul_kmn)
+                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode, matmul_kmn)
 from .loops import Stream
 from .targets import Target
 
@@ -300,8 +299,9 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
     if ins.dst is None:
         raise OperandError(f"{op.value} needs a destination AP")
     _OPERAND_RULES[op](ins, queue, target)
-    if ins.accum is not None and op is not Op.ACTIVATION and op is not Op.EXPONENTIAL:
-        raise OperandError(f"only activation and exponential have an accum destination, got one on {op.value}")
+    if ins.accum is not None and op not in (Op.ACTIVATION, Op.EXPONENTIAL, Op.QUANTIZE_MX):
+        raise OperandError(f"only activation, exponential and quantize_mx have an accum destination, "
+                           f"got one on {op.value}")
     for a in ins.writes:
         if op is Op.DMA_SCATTER:
             continue                      # the table AP: checked by _r_indirect
@@ -399,8 +399,14 @@ def dma_2d(a: AP) -> tuple[int, int]:
 
 
 def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 2)
-    st, mv = ins.srcs
+    assert isinstance(ins.attrs, MatmulAttrs)
+    mx = ins.attrs.perf_mode is MatmulPerfMode.MX
+    if mx != isinstance(ins.attrs, MatmulMxAttrs):
+        raise OperandError("matmul perf_mode=mx goes with MatmulMxAttrs (its scale offsets), and "
+                           f"MatmulMxAttrs with perf_mode=mx; got {type(ins.attrs).__name__} "
+                           f"perf_mode={ins.attrs.perf_mode.value}")
+    _nsrcs(ins, 4 if mx else 2)
+    st, mv = ins.srcs[:2]
     d = ins.dst
     assert d is not None
     for name, a in (("stationary", st), ("moving", mv)):
@@ -408,9 +414,11 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
             raise OperandError(f"matmul {name} must be in SBUF, got {a.memory.value}")
         if not a.dtype.is_float:
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
-    if st.dtype is not mv.dtype:
+    if mx:
+        from .checks_nc4 import r_mx     # NC-v4 operand rules (imports this module's helpers)
+        r_mx(ins, t)
+    elif st.dtype is not mv.dtype:
         raise OperandError(f"matmul stationary and moving must share a dtype, got {st.dtype.value} and {mv.dtype.value}")
-    assert isinstance(ins.attrs, MatmulAttrs)
     if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:
         _r_double_row(st, mv, t)
     k, m, n = matmul_kmn(ins)
@@ -680,41 +688,6 @@ def _r_rand(ins: Instr, q: Queue, t: Target) -> None:
         raise OperandError(f"rand_philox bits must be in [1, 32], got {bits}")
 
 
-def _r_exponential(ins: Instr, q: Queue, t: Target) -> None:
-    """nki.isa.exponential (ISA3 = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py L2283-2345)."""
-    a = ins.attrs
-    assert isinstance(a, ExponentialAttrs) and ins.dst is not None
-    if t.vector_exp_speedup <= 0:
-        raise EngineError(
-            f"exponential (VectorE fast exponential) is not available on {t.name} ({t.neuron_core}): "
-            f"nki.isa.exponential is \"Available only on NeuronCore-v4 and newer\" (ISA3 L2287; "
-            f"trainium3_arch.rst L179); use activation(exp) on ScalarE")
-    _nsrcs(ins, 1 + int(a.max_from_src) + int(a.init_from_src))
-    src, dst = ins.srcs[0], ins.dst
-    _same_pf(dst, src, "exponential dst")
-    if src.dtype not in EXP_SRC_DTYPES:
-        raise OperandError(f"exponential src dtype {src.dtype.value} is not supported (ISA3 L2336: "
-                           f"{sorted(x.value for x in EXP_SRC_DTYPES)})")
-    if dst.dtype not in EXP_DST_DTYPES:
-        raise OperandError(f"exponential dst dtype {dst.dtype.value} is not supported (ISA3 L2335: "
-                           f"{sorted(x.value for x in EXP_DST_DTYPES)})")
-    names = (["max_value"] if a.max_from_src else []) + (["reduce_init"] if a.init_from_src else [])
-    for k, name in enumerate(names, start=1):
-        _col(ins.srcs[k], src.partitions, f"exponential {name}")
-        if ins.srcs[k].dtype is not DType.FP32:
-            raise OperandError(f"exponential {name} must be fp32 (ISA3 L2337, L2345), got "
-                               f"{ins.srcs[k].dtype.value}")
-    if ins.accum is None:
-        if a.init_from_src or a.reduce_init != 0.0:
-            raise OperandError("exponential reduce_init applies to a reduction: give accum (reduce_res), "
-                               "or leave reduce_init 0 (ISA3 L2314)")
-        return
-    _col(ins.accum, src.partitions, "exponential accum (reduce_res)")
-    if ins.accum.dtype not in EXP_ACCUM_DTYPES:
-        raise OperandError(f"exponential accum (reduce_res) must be a float type (ISA3 L2338), got "
-                           f"{ins.accum.dtype.value}")
-
-
 def _col_n(a: AP, p: int, n: int, what: str) -> None:
     if a.partitions != p or a.free_size != n:
         raise OperandError(f"{what}: expected [{p}, {n}], got [{a.partitions}, {a.free_size}]")
@@ -728,8 +701,11 @@ _OPERAND_RULES = {
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
     Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect, Op.MAX8: _r_select8,
     Op.FIND_INDEX8: _r_select8, Op.MATCH_REPLACE8: _r_select8, Op.RAND_PHILOX: _r_rand,
-    Op.EXPONENTIAL: _r_exponential,
 }
+
+
+from .checks_nc4 import NC4_RULES  # noqa: E402  (after the helpers it imports from here)
+_OPERAND_RULES.update(NC4_RULES)
 
 
 def check_program(program: Program, target: Target | str | None = None) -> None:

@@ -29,7 +29,10 @@ every operand is a 2-byte float type)
   "the above double FP8 LoadStationary/MultiplyMoving instruction sequence with a 256
   contraction dimension takes the same amount of time as the regular BF16/FP16
   LoadStationary/MultiplyMoving instruction sequence with a 128 contraction dimension"; trn3's
-  4x is the MX instruction, nc_matmul_mx, which this ISA does not have).
+  4x is the MX matmul). ``perf_mode=mx`` (``MatmulMxAttrs``, NC-v4 ``nc_matmul_mx``, K = 4P <= 512):
+  ``max(min(64, M), N)`` x ``4 / min(4, fp8_matmul_speedup)``, the bf16 time of the same M and N
+  ("An MX matmul ... runs at 4x the throughput compared to a BF16/FP16 matmul", trainium3_arch.rst
+  L75; no per-instruction cycle count is published).
   The trn2/trn3 TensorE power ramp and the exposed LoadStationary after idle are dynamic:
   ``TensorRamp`` below (applied by the simulator); so are the NC-v2 shared ports
   (``SharedPorts``). NC-v4: N up to 4096 fp32 / 8192 bf16 across PSUM banks
@@ -60,6 +63,8 @@ every operand is a 2-byte float type)
   ``max(MIN_II, N)`` (the sdk@2.26 note prints ``min(MIN_II, N)``, which would cap a 16K-element
   search at 64 cycles; read as the max, like every other note's floor).
 - rand_philox (GpSimdE): ``philox_cycles_per_element * N`` (ASSUMED, targets.py).
+- quantize_mx (VectorE, NC-v4): ``max(MIN_II, N / 4)`` ("four input elements per partition, per
+  cycle", trainium3_arch.rst L172).
 - exponential (VectorE, NC-v4; ``c_exponential``): "4x the throughput compared to the
   nisa.activation (op=nl.exp) instruction on the Scalar Engine" (trainium3_arch.rst L179) read
   as: the streaming time of ``activation(exp)`` on the same operands on this target's ScalarE
@@ -132,7 +137,7 @@ from typing import Callable, NamedTuple
 from .checks import contiguous_run_elems
 from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
                   Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
-                  indirect_layout, DOUBLE_ROW_PACK, MatmulPerfMode, matmul_kmn)
+                  indirect_layout, DOUBLE_ROW_PACK, MX_PACK, MatmulPerfMode, matmul_kmn)
 from .targets import Target
 
 
@@ -211,10 +216,12 @@ def c_matmul(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     c = max(min(t.mm_init_latency_cycles, m), n)
     if st.dtype.itemsize >= 4:
         c *= t.fp32_matmul_slowdown
-    if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:  # type: ignore[union-attr]
-        # DOUBLE_ROW_PACK K rows per PE row at the target's fp8 rate (checks refuse targets
-        # whose fp8_matmul_speedup < DOUBLE_ROW_PACK): the bf16 time of the same M and N
-        c = c * DOUBLE_ROW_PACK / min(DOUBLE_ROW_PACK, t.fp8_matmul_speedup)
+    mode = ins.attrs.perf_mode  # type: ignore[union-attr]
+    if mode is not MatmulPerfMode.NONE:
+        # DOUBLE_ROW_PACK (MX: MX_PACK) K rows per PE row at the target's fp8 rate (checks refuse
+        # targets without the mode): the bf16 time of the same M and N
+        pack = DOUBLE_ROW_PACK if mode is MatmulPerfMode.DOUBLE_ROW else MX_PACK
+        c = c * pack / min(pack, t.fp8_matmul_speedup)
     return _compute(c, 0.0, eng, t)
 
 
@@ -357,6 +364,13 @@ def c_exponential(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return _compute(max(t.min_ii_cycles, c), c, eng, t)
 
 
+def c_quantize_mx(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    """quantize_mx: "four input elements per partition, per cycle (i.e., 4x Vector performance
+    mode)" (trainium3_arch.rst L172): N / 4 cycles, N = source elements per partition."""
+    n = ins.srcs[0].free_size * _stride_factor(_aps(ins)) / MX_PACK
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
 def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return Cost(0.0, 0.0, 0.0)
 
@@ -461,7 +475,7 @@ COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.DMA_GATHER: c_dma_indirect,
     Op.DMA_SCATTER: c_dma_indirect, Op.MAX8: c_select8, Op.FIND_INDEX8: c_select8,
     Op.MATCH_REPLACE8: c_select8, Op.RAND_PHILOX: c_rand_philox, Op.EXPONENTIAL: c_exponential,
-    Op.SEM: c_sem,
+    Op.QUANTIZE_MX: c_quantize_mx, Op.SEM: c_sem,
 }
 assert set(COSTS) == set(Op), "every op needs a cost function"
 

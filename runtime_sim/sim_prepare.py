@@ -98,7 +98,8 @@ _COST_ATTRS: dict[Op, Callable[[object], object]] = {
     Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.DMA_GATHER: lambda a: None,
     Op.DMA_SCATTER: lambda a: a.accumulate, Op.MAX8: lambda a: None,
     Op.FIND_INDEX8: lambda a: None, Op.MATCH_REPLACE8: lambda a: None,
-    Op.RAND_PHILOX: lambda a: None, Op.EXPONENTIAL: lambda a: None, Op.SEM: lambda a: None,
+    Op.RAND_PHILOX: lambda a: None, Op.EXPONENTIAL: lambda a: None, Op.QUANTIZE_MX: lambda a: None,
+    Op.SEM: lambda a: None,
 }
 
 

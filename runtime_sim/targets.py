@@ -149,6 +149,11 @@ class Target:
     # TensorE background transpose (ARCH3 L145-150): "run a transpose operation in parallel to
     # another matrix multiplication (or another transpose)"; costs.TensorLanes.
     background_transpose: bool = False
+    # MXFP8: the MX matmul (``MatmulMxAttrs``, NKI nc_matmul_mx) and VectorE ``quantize_mx``
+    # (ISA3 L717-719, L2744-2746: "Available only on NeuronCore-v4 and newer"); the MX matmul's
+    # rate is ``fp8_matmul_speedup`` (ARCH3 L75: "4x the throughput compared to a BF16/FP16
+    # matmul").
+    mx_matmul: bool = False
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -271,8 +276,10 @@ TRN3 = Target(
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
     pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
     # NC-v4 features (see Target): ARCH3 L179 / ISA3 L2286-2287 (4x ScalarE exp); ARCH3 L129,
-    # ISA3 L588-589 (bf16 PSUM); ISA3 L612-615 (8 banks); ARCH3 L148 (background transpose)
+    # ISA3 L588-589 (bf16 PSUM); ISA3 L612-615 (8 banks); ARCH3 L148 (background transpose);
+    # ISA3 L717-719 (MX matmul, quantize_mx)
     vector_exp_speedup=4, psum_bf16=True, matmul_psum_banks=8, background_transpose=True,
+    mx_matmul=True,                                                      # ISA3 L717-719, L2744-2746
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

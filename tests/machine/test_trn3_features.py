@@ -1,6 +1,7 @@
 """trn3 (NeuronCore-v4) as its own machine: each NC-v4 feature of the ISA with a hand-written
 program -- values against numpy, cost against the documented rate, and the check that rejects it
-on an NC-v2/NC-v3 target (trn1/trn2) naming the instruction, the target and the constraint.
+on an NC-v2/NC-v3 target (trn1/trn2) naming the instruction, the target and the constraint. The
+MX matmul and quantize_mx are in test_trn3_mx.py.
 
 Sources (aws-neuron-sdk@81ce03a): trainium3_arch.rst "Fast Exponential Evaluation" (L176-201),
 "BF16 Matmul Results in PSUM" (L124-143), "Background Transpose" (L145-150); the nki.isa API
