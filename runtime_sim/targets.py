@@ -152,7 +152,9 @@ class Target:
     # MXFP8: the MX matmul (``MatmulMxAttrs``, NKI nc_matmul_mx) and VectorE ``quantize_mx``
     # (ISA3 L717-719, L2744-2746: "Available only on NeuronCore-v4 and newer"); the MX matmul's
     # rate is ``fp8_matmul_speedup`` (ARCH3 L75: "4x the throughput compared to a BF16/FP16
-    # matmul").
+    # matmul"). The documents disagree on the MX moving tile: "[128, 512] in x4 data types"
+    # (ARCH3 L118) against "must not exceed 4096 when dst is in float32 or 8192 when dst is in
+    # bfloat16" (ISA3 L782-783); the checks use the API's, i.e. ``matmul_psum_banks``' rule.
     mx_matmul: bool = False
 
     # --- derived ------------------------------------------------------------------------------
