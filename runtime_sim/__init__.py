@@ -16,8 +16,9 @@ Invariant: this package imports numpy and ml_dtypes only -- never torch, ``lower
 """
 from .isa import (AP, ATTRS_OF_OP, ENGINES_OF_OP, GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc,
                   ActivationAttrs, AluOp, BnAggrAttrs, BnStatsAttrs, Buffer, DmaAttrs,
-                  DmaGatherAttrs, DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
-                  Program, Queue, SelectAttrs, SemAttrs, TensorCopyAttrs, TensorReduceAttrs,
+                  DmaGatherAttrs, DmaScatterAttrs, DType, EngineKind, ExponentialAttrs, Instr, IotaAttrs,
+                  MatmulAttrs, MatmulMxAttrs, MatmulPerfMode, Memory, MemsetAttrs, Op, OpAttrs,
+                  Program, QuantizeMxAttrs, Queue, SelectAttrs, SemAttrs, TensorCopyAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, TransposeAttrs, ap,
                   dma_queue, tile_ap)
 from .loops import Index, Loop, Looped, LWait, Stream
@@ -36,8 +37,9 @@ __all__ = [
     "AP", "ATTRS_OF_OP", "ENGINES_OF_OP", "GPSIMD", "SCALAR", "TENSOR", "VECTOR", "ActFunc",
     "ActivationAttrs", "AluOp", "BnAggrAttrs", "BnStatsAttrs", "Buffer", "DmaAttrs",
     "DmaGatherAttrs", "DmaScatterAttrs", "DType",
-    "EngineKind", "Instr", "IotaAttrs", "MatmulAttrs", "Memory", "MemsetAttrs", "Op", "OpAttrs",
-    "Program", "Queue", "SelectAttrs", "SemAttrs", "TensorCopyAttrs", "TensorReduceAttrs",
+    "EngineKind", "ExponentialAttrs", "Instr", "IotaAttrs", "MatmulAttrs", "MatmulMxAttrs",
+    "MatmulPerfMode", "Memory", "MemsetAttrs", "Op", "OpAttrs",
+    "Program", "QuantizeMxAttrs", "Queue", "SelectAttrs", "SemAttrs", "TensorCopyAttrs", "TensorReduceAttrs",
     "TensorScalarAttrs", "TensorTensorAttrs", "TensorTensorScanAttrs", "TransposeAttrs", "ap",
     "dma_queue", "tile_ap", "Index", "Loop", "Looped", "LWait", "Stream",
     "DEFAULT_TARGET", "TARGETS", "TRN1", "TRN2", "TRN3", "Target", "get_target",

@@ -28,14 +28,21 @@ a looped stream is checked per static instruction, see checks_loops.py)
   tensor_copy, ...), but a matmul may only accumulate onto bytes a matmul wrote (run-time check).
 - Operands (OperandError): operand counts and shapes per op, matmul limits (K <= 128 partitions,
   M <= 128, N <= 512 and one fp32 PSUM bank, stationary and moving of one float dtype in SBUF,
-  destination fp32 in PSUM; ``perf_mode=double_row``: fp8 operands [P <= 128, 2, M] and
+  destination fp32 in PSUM; on a target with ``psum_bf16`` (NC-v4) the destination may be bf16;
+  on a target with ``matmul_psum_banks`` > 1 (NC-v4) N <= that many banks of the destination
+  dtype (4096 fp32 / 8192 bf16) and a destination larger than a bank, or crossing a bank
+  boundary, starts at a bank boundary and spans consecutive banks (ASSUMED: the documents give
+  only the size, "matching the size of 8x PSUM banks", nc_matmul L612-615);
+  ``perf_mode=double_row``: fp8 operands [P <= 128, 2, M] and
   [P, 2, N], a target whose ``fp8_matmul_speedup`` >= 2), TensorE transpose <= 128 x 128 into PSUM, VectorE transpose <= 32 x
   32, DMA sides of one dtype (DMA does not cast) and equal element counts, DMA transpose only on
   2-byte types and only where the target has it, Vector/Scalar/GpSimd free size <= 65536
   elements (<= 4096 when the operand is in PSUM), bn_stats free size <= 512; max8 and
   nc_find_index8 read 8 to 16384 data elements per partition, nc_match_replace8 at most 16384,
   their vals (and max8's / find_index8's destination) are [P, 8], find_index8 writes int32,
-  match_replace8's destination has the data's shape.
+  match_replace8's destination has the data's shape. The NeuronCore-v4 instructions' rules
+  (exponential, the MX matmul, quantize_mx; EngineError on a target without them) are in
+  checks_nc4.py.
 - Indirect DMA (OperandError; layout in isa.py): the index is an int32/int64 SBUF AP; the table
   an HBM AP of at least 1 + len(index.dims) + 1 dims whose lock-step sizes equal the index AP's
   shape and with at most 2 row dims; the data an SBUF AP of the table's dtype (no cast) with the
@@ -47,7 +54,8 @@ a looped stream is checked per static instruction, see checks_loops.py)
 
 - PSUM accumulation groups (PsumAccumulateError, ``PsumGroups``): in TensorE program order, one
   open matmul accumulation group per PSUM bank; an accumulating matmul must land inside its
-  bank's open group.
+  bank's open group (a destination spanning several banks, NC-v4: in each bank's, piece by
+  piece).
 
 Run-time rules (raised by the simulator): UninitializedReadError (functional mode),
 PsumAccumulateError (functional mode: accumulating onto bytes last written by a non-matmul),
@@ -60,7 +68,7 @@ from typing import NamedTuple
 from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
-                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulPerfMode, matmul_kmn)
+                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode, matmul_kmn)
 from .loops import Stream
 from .targets import Target
 
@@ -291,8 +299,9 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
     if ins.dst is None:
         raise OperandError(f"{op.value} needs a destination AP")
     _OPERAND_RULES[op](ins, queue, target)
-    if ins.accum is not None and op is not Op.ACTIVATION:
-        raise OperandError(f"only activation has an accum destination, got one on {op.value}")
+    if ins.accum is not None and op not in (Op.ACTIVATION, Op.EXPONENTIAL, Op.QUANTIZE_MX):
+        raise OperandError(f"only activation, exponential and quantize_mx have an accum destination, "
+                           f"got one on {op.value}")
     for a in ins.writes:
         if op is Op.DMA_SCATTER:
             continue                      # the table AP: checked by _r_indirect
@@ -390,8 +399,14 @@ def dma_2d(a: AP) -> tuple[int, int]:
 
 
 def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 2)
-    st, mv = ins.srcs
+    assert isinstance(ins.attrs, MatmulAttrs)
+    mx = ins.attrs.perf_mode is MatmulPerfMode.MX
+    if mx != isinstance(ins.attrs, MatmulMxAttrs):
+        raise OperandError("matmul perf_mode=mx goes with MatmulMxAttrs (its scale offsets), and "
+                           f"MatmulMxAttrs with perf_mode=mx; got {type(ins.attrs).__name__} "
+                           f"perf_mode={ins.attrs.perf_mode.value}")
+    _nsrcs(ins, 4 if mx else 2)
+    st, mv = ins.srcs[:2]
     d = ins.dst
     assert d is not None
     for name, a in (("stationary", st), ("moving", mv)):
@@ -399,9 +414,11 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
             raise OperandError(f"matmul {name} must be in SBUF, got {a.memory.value}")
         if not a.dtype.is_float:
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
-    if st.dtype is not mv.dtype:
+    if mx:
+        from .checks_nc4 import r_mx     # NC-v4 operand rules (imports this module's helpers)
+        r_mx(ins, t)
+    elif st.dtype is not mv.dtype:
         raise OperandError(f"matmul stationary and moving must share a dtype, got {st.dtype.value} and {mv.dtype.value}")
-    assert isinstance(ins.attrs, MatmulAttrs)
     if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:
         _r_double_row(st, mv, t)
     k, m, n = matmul_kmn(ins)
@@ -411,13 +428,22 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
         raise OperandError(f"matmul K={k} on {st.partitions} partitions > {t.pe_rows} partitions")
     if m > t.pe_cols:
         raise OperandError(f"matmul stationary free size M={m} > {t.pe_cols}")
-    if n > t.moving_free_max:
-        raise OperandError(f"matmul moving free size N={n} > {t.moving_free_max}")
-    if d.memory is not Memory.PSUM or d.dtype.value != "float32":
-        raise OperandError(f"matmul destination must be fp32 in PSUM, got {d.dtype.value} in {d.memory.value}")
+    if d.memory is not Memory.PSUM or d.dtype not in (DType.FP32, DType.BF16):
+        raise OperandError(f"matmul destination must be fp32{' or bf16' if t.psum_bf16 else ''} in PSUM, "
+                           f"got {d.dtype.value} in {d.memory.value}")
+    if d.dtype is DType.BF16 and not t.psum_bf16:
+        raise OperandError(
+            f"matmul destination bfloat16 in PSUM needs BF16 PSUM results (NeuronCore-v4: "
+            f"trainium3_arch.rst L129; nc_matmul: \"The dst tile must be a float32 tile in NeuronCore-v2 "
+            f"and NeuronCore-v3\"); target {t.name} is {t.neuron_core}: the destination must be fp32")
+    banks = t.matmul_psum_banks
+    nmax = t.moving_free_max if banks == 1 else banks * t.psum_bank_bytes // d.dtype.itemsize
+    if n > nmax:
+        where = "" if banks == 1 else f" ({banks} PSUM banks of {d.dtype.value} on {t.name})"
+        raise OperandError(f"matmul moving free size N={n} > {nmax}{where}")
     if d.partitions != m or d.free_size != n:
         raise OperandError(f"matmul destination must be [M={m}, N={n}], got [{d.partitions}, {d.free_size}]")
-    _one_bank(d, t)
+    _one_bank(d, t, banks)
 
 
 def _r_double_row(st: AP, mv: AP, t: Target) -> None:
@@ -436,18 +462,36 @@ def _r_double_row(st: AP, mv: AP, t: Target) -> None:
                                f"size {DOUBLE_ROW_PACK} (the packed K rows), got dims {a.dims}")
 
 
-def _one_bank(d: AP, t: Target) -> None:
+def _one_bank(d: AP, t: Target, banks: int = 1) -> None:
     lo, hi = d.byte_extent()
     bank = t.psum_bank_bytes
     # d.byte_offset is relative to the buffer; banks are absolute: checked again in simulate via geometry
-    if hi - lo > bank:
-        raise OperandError(f"PSUM destination spans {hi - lo} B per partition > one {bank} B bank")
+    if hi - lo > bank * banks:
+        if banks == 1:
+            raise OperandError(f"PSUM destination spans {hi - lo} B per partition > one {bank} B bank")
+        raise OperandError(f"PSUM destination spans {hi - lo} B per partition > {banks} banks of {bank} B")
 
 
-def check_psum_bank(g: APGeom, t: Target, what: str) -> None:
+def psum_banks_of(ins: Instr, t: Target) -> int:
+    """How many PSUM banks the destination of TensorE instruction ``ins`` may span."""
+    return t.matmul_psum_banks if ins.op is Op.MATMUL else 1
+
+
+def crosses_banks(lo, hi, bank: int, banks: int):
+    """Is a destination [lo, hi) (ints or numpy arrays) placed against the bank rule: it crosses
+    a bank boundary and may not (one bank), or does without starting at a bank boundary."""
+    cross = lo // bank != (hi - 1) // bank
+    return cross if banks == 1 else cross & (lo % bank != 0)
+
+
+def check_psum_bank(g: APGeom, t: Target, what: str, banks: int = 1) -> None:
     bank = t.psum_bank_bytes
-    if g.lo // bank != (g.hi - 1) // bank:
-        raise OperandError(f"{what} destination bytes [{g.lo}, {g.hi}) cross a {bank} B PSUM bank boundary")
+    if crosses_banks(g.lo, g.hi, bank, banks):
+        if banks == 1:
+            raise OperandError(f"{what} destination bytes [{g.lo}, {g.hi}) cross a {bank} B PSUM bank boundary")
+        raise OperandError(f"{what} destination bytes [{g.lo}, {g.hi}) cross a {bank} B PSUM bank "
+                           f"boundary without starting at one (a destination spanning banks starts "
+                           f"at a bank boundary)")
 
 
 class PsumGroups:
@@ -464,13 +508,17 @@ class PsumGroups:
         self.open: dict[int, tuple[int, int, int, int]] = {}
 
     def step(self, ins: Instr, g: APGeom) -> None:
-        bank = g.lo // self.bank
-        if ins.op is not Op.MATMUL or not ins.attrs.accumulate:  # type: ignore[union-attr]
-            self.open[bank] = (g.p0, g.p1, g.lo, g.hi)
-            return
-        o = self.open.get(bank)
-        if o is None or not (o[0] <= g.p0 and g.p1 <= o[1] and o[2] <= g.lo and g.hi <= o[3]):
-            raise psum_group_error(g, bank, o)
+        acc = ins.op is Op.MATMUL and ins.attrs.accumulate  # type: ignore[union-attr]
+        B = self.bank
+        for bank in range(g.lo // B, (g.hi - 1) // B + 1):   # one bank, or (NC-v4) several
+            piece = g if g.lo // B == (g.hi - 1) // B else g._replace(lo=max(g.lo, bank * B),
+                                                                      hi=min(g.hi, (bank + 1) * B))
+            if not acc:
+                self.open[bank] = (g.p0, g.p1, piece.lo, piece.hi)
+                continue
+            o = self.open.get(bank)
+            if o is None or not (o[0] <= g.p0 and g.p1 <= o[1] and o[2] <= piece.lo and piece.hi <= o[3]):
+                raise psum_group_error(piece, bank, o)
 
 
 def psum_group_error(g: APGeom, bank: int, o: tuple[int, int, int, int] | None) -> PsumAccumulateError:
@@ -656,6 +704,10 @@ _OPERAND_RULES = {
 }
 
 
+from .checks_nc4 import NC4_RULES  # noqa: E402  (after the helpers it imports from here)
+_OPERAND_RULES.update(NC4_RULES)
+
+
 def check_program(program: Program, target: Target | str | None = None) -> None:
     """Run every static rule over a program; raise the first violation (naming the instruction).
     ``target`` defaults to the program's own target name."""
@@ -673,7 +725,7 @@ def check_program(program: Program, target: Target | str | None = None) -> None:
             try:
                 geoms = check_instr(ins, q, bufs, target)
                 if ins.op in (Op.MATMUL, Op.TRANSPOSE) and q.engine is EngineKind.TENSOR:
-                    check_psum_bank(geoms[0], target, ins.op.value)
+                    check_psum_bank(geoms[0], target, ins.op.value, psum_banks_of(ins, target))
                     groups.step(ins, geoms[0])
             except MachineError as e:
                 raise e.with_context(q, i, ins) from None

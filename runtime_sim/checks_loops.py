@@ -29,7 +29,8 @@ from typing import Callable
 import numpy as np
 
 from .checks import (MachineError, ProgramError, ap_geom, check_ap, check_ap_layout,
-                     check_instr_shape, check_psum_bank, check_waits, psum_group_error)
+                     check_instr_shape, check_psum_bank, check_waits, crosses_banks,
+                     psum_banks_of, psum_group_error)
 from .isa import AP, Buffer, EngineKind, Instr, Op, Queue
 from .loops import VARYING_FIELDS, Expansion, Loop, Looped, Stream, base_of, operands, units
 from .targets import Target
@@ -231,10 +232,11 @@ def _check_bank(it: Instr | Looped, counters: dict[str, int], bufs: dict[str, Bu
     buf = bufs[d.buffer]
     bank = target.psum_bank_bytes
     op = base_of(it).op.value
+    banks = psum_banks_of(base_of(it), target)
 
     def report(env: dict[str, int]) -> None:
         inst = it.at(env) if isinstance(it, Looped) else it
-        check_psum_bank(ap_geom(inst.dst, buf), target, op)  # type: ignore[arg-type]
+        check_psum_bank(ap_geom(inst.dst, buf), target, op, banks)  # type: ignore[arg-type]
 
     o = it.offsets[0] if isinstance(it, Looped) and it.offsets else None
     steps = [] if o is None else [k for _, k in o.terms] + ([] if o.rot is None else [o.rot[3]])
@@ -244,7 +246,7 @@ def _check_bank(it: Instr | Looped, counters: dict[str, int], bufs: dict[str, Bu
 
     def crosses(ue: Expansion, u: int, outer: dict[str, int]) -> np.ndarray:
         lo_v, hi_v = _bytes(ue, u, 0, outer, buf.offset or 0)
-        return lo_v // bank != (hi_v - 1) // bank
+        return crosses_banks(lo_v, hi_v, bank, banks)
     todo.append(_Scan(10, crosses, report))
 
 
@@ -272,6 +274,13 @@ def _psum_groups_unit(ue: Expansion, outer: dict[str, int], base: int,
     cols = [np.concatenate(c) for c in zip(*parts)]
     order = np.argsort(cols[0], kind="stable")
     pos, tid, inst, p0, p1, lo, hi, opens = (c[order] for c in cols)
+    span = (hi - 1) // bank_bytes - lo // bank_bytes + 1
+    if span.max() > 1:      # NC-v4 destinations over several banks: one piece per bank, in order
+        rep = np.repeat(np.arange(len(lo)), span)
+        k = np.arange(len(rep)) - np.repeat(np.cumsum(span) - span, span)
+        b = lo[rep] // bank_bytes + k
+        pos, tid, inst, p0, p1, opens = (c[rep] for c in (pos, tid, inst, p0, p1, opens))
+        lo, hi = np.maximum(lo[rep], b * bank_bytes), np.minimum(hi[rep], (b + 1) * bank_bytes)
     bank = lo // bank_bytes
     hits = []
     for b in np.unique(bank).tolist():

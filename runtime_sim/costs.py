@@ -20,7 +20,8 @@ Rules applied (N = free elements per partition of the streamed source, of dst fo
 MIN_II = ``min_ii_cycles``; every Vector/Scalar/GpSimd cost is floored at MIN_II; "2-byte" means
 every operand is a 2-byte float type)
 - matmul: ``max(min(64, M), N)`` with M = stationary free size, N = moving free size (the
-  back-to-back average, LoadStationary included); x ``fp32_matmul_slowdown`` (4) for fp32
+  back-to-back average, LoadStationary included; 64 = ``mm_init_latency_cycles``, NC-v2's
+  documented figure, ASSUMED on NC-v3/v4, targets.py); x ``fp32_matmul_slowdown`` (4) for fp32
   operands; fp8 costs as bf16 when K <= 128 (a K <= 128 instruction streams its N columns in N
   cycles whatever the input type). ``perf_mode=double_row`` (fp8, [P, 2, M] x [P, 2, N], K = 2P
   <= 256): the same ``max(min(64, M), N)`` cycles x ``2 / min(2, fp8_matmul_speedup)``, i.e.
@@ -28,10 +29,15 @@ every operand is a 2-byte float type)
   "the above double FP8 LoadStationary/MultiplyMoving instruction sequence with a 256
   contraction dimension takes the same amount of time as the regular BF16/FP16
   LoadStationary/MultiplyMoving instruction sequence with a 128 contraction dimension"; trn3's
-  4x is the MX instruction, nc_matmul_mx, which this ISA does not have).
+  4x is the MX matmul). ``perf_mode=mx`` (``MatmulMxAttrs``, NC-v4 ``nc_matmul_mx``, K = 4P <= 512):
+  ``max(min(64, M), N)`` x ``4 / min(4, fp8_matmul_speedup)``, the bf16 time of the same M and N
+  ("An MX matmul ... runs at 4x the throughput compared to a BF16/FP16 matmul", trainium3_arch.rst
+  L75; no per-instruction cycle count is published).
   The trn2/trn3 TensorE power ramp and the exposed LoadStationary after idle are dynamic:
   ``TensorRamp`` below (applied by the simulator); so are the NC-v2 shared ports
-  (``SharedPorts``).
+  (``SharedPorts``). NC-v4: N up to 4096 fp32 / 8192 bf16 across PSUM banks
+  (``Target.matmul_psum_banks``) costs ``max(min(64, M), N)`` like any N; a bf16 destination
+  costs what an fp32 one does (no document gives a difference).
 - transpose: TensorE ``max(P, min(64, F))`` (x4 for fp32, it is a matmul against identity);
   VectorE ``max(MIN_II, N)``.
 - activation: ``max(MIN_II, N / f) + (MIN_II if reduce)``; f = ``scalar_bf16_factor`` when
@@ -57,6 +63,24 @@ every operand is a 2-byte float type)
   ``max(MIN_II, N)`` (the sdk@2.26 note prints ``min(MIN_II, N)``, which would cap a 16K-element
   search at 64 cycles; read as the max, like every other note's floor).
 - rand_philox (GpSimdE): ``philox_cycles_per_element * N`` (ASSUMED, targets.py).
+- quantize_mx (VectorE, NC-v4): ``max(MIN_II, N / 4)`` ("four input elements per partition, per
+  cycle", trainium3_arch.rst L172).
+- exponential (VectorE, NC-v4; ``c_exponential``): "4x the throughput compared to the
+  nisa.activation (op=nl.exp) instruction on the Scalar Engine" (trainium3_arch.rst L179) read
+  as: the streaming time of ``activation(exp)`` on the same operands on this target's ScalarE
+  (``N / f`` ScalarE cycles, f as activation), divided by ``vector_exp_speedup`` (4), in VectorE
+  cycles; no faster than VectorE's datapath, ``N / w`` with w = 4 elements per lane per cycle
+  when src and dst are 2-byte floats, else 2 (trainium3_arch.rst L52: "512 BF16/FP16/FP8
+  input/output; 256 input/output for other data types"; w = ``vector_fast_copy_factor``, the
+  same table's rate, and half of it). Then, like every VectorE instruction: strided operands
+  double N, the MIN_II floor, the dependent-instruction penalty; the optional sum costs nothing
+  more (the guide shows it as part of the instruction). On trn3 the datapath cap binds: 4x the
+  modelled ScalarE exp (256 2-byte / 128 other elements per cycle) would be 1024 / 512 per cycle,
+  twice VectorE's documented width, so exponential costs N/4 cycles for 2-byte src and dst and
+  N/2 otherwise: 4x ScalarE's one element per lane per cycle for 2-byte types, 2x the modelled
+  2-byte ScalarE rate. The same numbers follow if activation runs at one element per lane per
+  cycle whatever the dtype (ScalarE's 2x mode is documented for tensor_scalar/tensor_copy,
+  trainium3_arch.rst L218); only the fp32 case then falls short of 4x (2x).
 - sem: 0.
 
 DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/simulator.md)
@@ -113,7 +137,7 @@ from typing import Callable, NamedTuple
 from .checks import contiguous_run_elems
 from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
                   Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
-                  indirect_layout, DOUBLE_ROW_PACK, MatmulPerfMode, matmul_kmn)
+                  indirect_layout, DOUBLE_ROW_PACK, MX_PACK, MatmulPerfMode, matmul_kmn)
 from .targets import Target
 
 
@@ -189,20 +213,22 @@ def _aps(ins: Instr) -> tuple[AP, ...]:
 def c_matmul(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     st = ins.srcs[0]
     _, m, n = matmul_kmn(ins)
-    c = max(min(64, m), n)
+    c = max(min(t.mm_init_latency_cycles, m), n)
     if st.dtype.itemsize >= 4:
         c *= t.fp32_matmul_slowdown
-    if ins.attrs.perf_mode is MatmulPerfMode.DOUBLE_ROW:  # type: ignore[union-attr]
-        # DOUBLE_ROW_PACK K rows per PE row at the target's fp8 rate (checks refuse targets
-        # whose fp8_matmul_speedup < DOUBLE_ROW_PACK): the bf16 time of the same M and N
-        c = c * DOUBLE_ROW_PACK / min(DOUBLE_ROW_PACK, t.fp8_matmul_speedup)
+    mode = ins.attrs.perf_mode  # type: ignore[union-attr]
+    if mode is not MatmulPerfMode.NONE:
+        # DOUBLE_ROW_PACK (MX: MX_PACK) K rows per PE row at the target's fp8 rate (checks refuse
+        # targets without the mode): the bf16 time of the same M and N
+        pack = DOUBLE_ROW_PACK if mode is MatmulPerfMode.DOUBLE_ROW else MX_PACK
+        c = c * pack / min(pack, t.fp8_matmul_speedup)
     return _compute(c, 0.0, eng, t)
 
 
 def c_transpose(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     s = ins.srcs[0]
     if eng is EngineKind.TENSOR:
-        c = max(s.partitions, min(64, s.free_size))
+        c = max(s.partitions, min(t.mm_init_latency_cycles, s.free_size))
         if s.dtype.itemsize >= 4:
             c *= t.fp32_matmul_slowdown
         return _compute(c, 0.0, eng, t)
@@ -325,6 +351,26 @@ def c_rand_philox(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return _compute(max(t.min_ii_cycles, n), n, eng, t)
 
 
+def c_exponential(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    """nki.isa.exponential on VectorE (module docstring, "exponential")."""
+    assert ins.dst is not None
+    aps = (ins.srcs[0], ins.dst)
+    two = _two_byte(aps)
+    n = ins.srcs[0].free_size * _stride_factor(aps)
+    act_ns = n / (t.scalar_bf16_factor if two else 1) / t.scalar_clock_ghz   # ScalarE activation(exp)
+    doc = act_ns / max(t.vector_exp_speedup, 1) * t.vector_clock_ghz         # 4x its throughput
+    width = t.vector_fast_copy_factor if two else max(1, t.vector_fast_copy_factor // 2)
+    c = max(doc, n / width)
+    return _compute(max(t.min_ii_cycles, c), c, eng, t)
+
+
+def c_quantize_mx(ins: Instr, eng: EngineKind, t: Target) -> Cost:
+    """quantize_mx: "four input elements per partition, per cycle (i.e., 4x Vector performance
+    mode)" (trainium3_arch.rst L172): N / 4 cycles, N = source elements per partition."""
+    n = ins.srcs[0].free_size * _stride_factor(_aps(ins)) / MX_PACK
+    return _compute(max(t.min_ii_cycles, n), n, eng, t)
+
+
 def c_sem(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     return Cost(0.0, 0.0, 0.0)
 
@@ -428,7 +474,8 @@ COSTS: dict[Op, Callable[[Instr, EngineKind, Target], Cost]] = {
     Op.TENSOR_COPY: c_tensor_copy, Op.MEMSET: c_memset, Op.IOTA: c_iota, Op.SELECT: c_select,
     Op.BN_STATS: c_bn_stats, Op.BN_AGGR: c_bn_aggr, Op.DMA_GATHER: c_dma_indirect,
     Op.DMA_SCATTER: c_dma_indirect, Op.MAX8: c_select8, Op.FIND_INDEX8: c_select8,
-    Op.MATCH_REPLACE8: c_select8, Op.RAND_PHILOX: c_rand_philox, Op.SEM: c_sem,
+    Op.MATCH_REPLACE8: c_select8, Op.RAND_PHILOX: c_rand_philox, Op.EXPONENTIAL: c_exponential,
+    Op.QUANTIZE_MX: c_quantize_mx, Op.SEM: c_sem,
 }
 assert set(COSTS) == set(Op), "every op needs a cost function"
 
@@ -557,24 +604,95 @@ class TensorRamp:
         self.extra = 0.0     # busy time added over the static costs
 
     def step(self, t: float, i: int, busy: float) -> tuple[float, float]:
-        gap = t - self.end
+        b, u, w = self._start(t, i, busy, self.end)
+        self._progress(b, u, w)
+        self.end = t + b
+        self.extra += b - busy
+        return t, b
+
+    def _start(self, t: float, i: int, busy: float, end: float) -> tuple[float, float, float]:
+        """An instruction starting at ``t`` after busy time ending at ``end``: its busy time
+        (exposed LoadStationary added, at the ramp's speed) and the ramp state (u, w) then."""
+        gap = t - end
         b = busy
         if gap > 0 and self.ls is not None:
             b += self.ls[i]
+        u, w = self.u, self.w
         if self.on:
-            u = self.u
             if gap > 0:
                 u *= math.exp(-gap / self.win)
-            w = self.w
             if u < self.umin:
                 w = 0.0
             if w < 1.0:
                 b /= self.s0 + (1.0 - self.s0) * w
-                w += b / self.ramp
+        return b, u, w
+
+    def _progress(self, new: float, u: float, w: float) -> None:
+        """The ramp after ``new`` ns of busy time from state (u, w)."""
+        if self.on:
+            if w < 1.0:
+                w += new / self.ramp
                 self.w = 1.0 if w > 1.0 else w
-            self.u = 1.0 - (1.0 - u) * math.exp(-b / self.win)
-        self.end = t + b
-        self.extra += b - busy
+            self.u = 1.0 - (1.0 - u) * math.exp(-new / self.win)
+
+
+class TensorLanes(TensorRamp):
+    """NC-v4 background transpose (``Target.background_transpose``; trainium3_arch.rst L145-150:
+    "a new background transpose functionality, which allows it to run a transpose operation in
+    parallel to another matrix multiplication (or another transpose). It allows us to achieve
+    close to double performance on long chains of transposes, or to overlap a larger matrix
+    multiplication with transpose operations in the background"; "The decision to trigger
+    background transpose is made automatically by the hardware"). Used for a TensorE queue that
+    has transposes on such a target; otherwise ``TensorRamp`` runs alone, unchanged.
+
+    TensorE gets two lanes: the foreground runs every instruction, the background only a
+    TensorE transpose (``tr[i]``). Instructions still issue in order: each starts no earlier
+    than the one before it. A transpose takes the lane that is free first (the foreground on a
+    tie); anything else waits for the foreground. So a chain of transposes runs two at a time
+    (the "close to double"), and transposes that follow a long matmul run beside it. ASSUMED
+    where the guide is silent: a matmul never runs in the background (a transpose issued
+    before it keeps the foreground; the guide only puts transposes there), at most one
+    background transpose at a time, no condition on the operands, and completion stays in
+    program order (the simulator holds an instruction's completion, and its semaphores, until
+    the one before it has completed: a queue's n-th signal still means its first n
+    instructions are done, which the race detector and programs rely on).
+
+    The power ramp and exposed LoadStationary are ``TensorRamp``'s, except that busy time is
+    counted once where the lanes overlap: the ramp's progress, its utilisation average and
+    ``extra`` (and so TensorE's busy time) use the union of the lanes' busy intervals.
+    ``free`` is the earliest start of the next instruction; ``in_bg`` says whether the last one
+    ran in the background lane (its trace track is ``pe.bg``)."""
+
+    def __init__(self, t: Target, ls: list[float] | None, tr: list[bool] | None) -> None:
+        super().__init__(t, ls)
+        self.tr = tr
+        self.fg = 0.0          # end of the foreground lane's last instruction
+        self.bg = 0.0          # end of the background lane's last instruction
+        self.free = 0.0
+        self.in_bg = False
+
+    def step(self, t: float, i: int, busy: float) -> tuple[float, float]:
+        bg = self.tr is not None and self.tr[i] and self.fg > t and self.bg < self.fg
+        lane_end = self.bg if bg else self.fg
+        if lane_end > t:
+            t = lane_end
+        covered = self.end     # end of the union of both lanes' busy intervals so far
+        b, u, w = self._start(t, i, busy, covered)
+        end = t + b
+        inc = end - (t if t > covered else covered)     # busy time not already covered
+        if inc < 0.0:
+            inc = 0.0
+        self._progress(inc, u, w)
+        if end > covered:
+            self.end = end
+        self.extra += inc - busy
+        if bg:
+            self.bg = end
+        else:
+            self.fg = end
+        nxt = self.fg if self.fg < self.bg else self.bg
+        self.free = nxt if nxt > t else t
+        self.in_bg = bg
         return t, b
 
 

@@ -259,6 +259,8 @@ class Op(enum.Enum):
     FIND_INDEX8 = "nc_find_index8"       # VectorE: positions of 8 given values per partition
     MATCH_REPLACE8 = "nc_match_replace8"  # VectorE: overwrite the first matches of 8 values
     RAND_PHILOX = "rand_philox"          # GpSimdE: counter-based uniform random numbers
+    EXPONENTIAL = "exponential"          # VectorE (NC-v4): exp(src - max) and its row sum
+    QUANTIZE_MX = "quantize_mx"          # VectorE (NC-v4): bf16/fp16 -> MXFP8 data and scales
     SEM = "sem"  # no datapath: waits and signals only (a barrier)
 
 
@@ -340,6 +342,9 @@ class MatmulPerfMode(enum.Enum):
     NONE = "none"
     # "Double FP8 mode, 2x matmul throughput by packing two FP8 weight/ifmap element pairs"
     DOUBLE_ROW = "double_row"
+    # NC-v4 MX matmul (NKI ``nc_matmul_mx``, a separate API there): MXFP8 operands with E8M0
+    # scales, 4x the bf16 throughput (trainium3_arch.rst L70-122); attributes ``MatmulMxAttrs``
+    MX = "mx"
 
 
 FP8_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2})
@@ -352,7 +357,10 @@ DOUBLE_ROW_PACK = 2
 @dataclass(frozen=True)
 class MatmulAttrs:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]``; srcs = (stationary, moving).
-    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it.
+    ``accumulate=False`` starts an accumulation group (overwrite), True adds into it. ``dst`` is
+    an fp32 PSUM tile of one bank (N <= 512); on NeuronCore-v4 (``Target.psum_bf16``,
+    ``Target.matmul_psum_banks``) it may be bf16 (rounded RNE on every write, accumulated at
+    fp32) and span up to 8 consecutive banks (N <= 4096 fp32 / 8192 bf16).
 
     ``perf_mode=DOUBLE_ROW`` (NKI ``perf_mode=matmul_perf_mode.double_row``, NeuronCore-v3+,
     fp8 operands): the contraction is split between the partitions and the outermost free
@@ -366,15 +374,76 @@ class MatmulAttrs:
     perf_mode: MatmulPerfMode = MatmulPerfMode.NONE
 
 
+# MX (ISA3 = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py; ARCH3 = trainium3_arch.rst):
+MX_PACK = 4               # x4: four fp8 values of K per (partition, free) element (ARCH3 L87)
+MX_GROUP_PARTITIONS = 8   # a scaling group: 8 partitions x the 4 packed values (ISA3 L724-725)
+MX_QUADRANT = 32          # scales sit in their group's quadrant, 4 rows per quadrant (ARCH3 L103-105)
+MX_SCALE_OFFSETS = (0, 4, 8, 12)   # scale rows start 0/4/8/12 into each quadrant (mxfp-matmul.rst L227-228)
+# E_max of the MXFP8 element types (ISA3 quantize_mx L2798-2799: "8 for float8_e4m3fn and 15 for
+# float8_e5m2")
+MX_EMAX = {DType.FP8_E4M3: 8, DType.FP8_E5M2: 15}
+
+
+def mx_scale_rows(partitions: int, offset: int) -> list[tuple[int, int]]:
+    """(first row, row count) of the scale rows of MX data on ``partitions`` partitions, per
+    quadrant, relative to the data's (and the scale AP's) first partition: scaling group ``i``
+    (data partitions 8i..8i+7) has its scales in row ``32 * (i // 4) + offset + i % 4``
+    (mxfp-matmul.rst L221-228; AWS's golden model ``get_p_contiguous_scale``,
+    nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py L47-55)."""
+    groups = partitions // MX_GROUP_PARTITIONS
+    per = MX_QUADRANT // MX_GROUP_PARTITIONS
+    return [(MX_QUADRANT * q + offset, min(per, groups - per * q)) for q in range((groups + per - 1) // per)]
+
+
 def matmul_kmn(ins: "Instr") -> tuple[int, int, int]:
     """(K, M, N) of a matmul: contraction size, stationary free size, moving free size
-    (``double_row``: K = 2 x partitions, the packed axis excluded from M and N)."""
+    (``double_row``: K = 2 x partitions, ``mx``: K = 4 x partitions, the packed axis excluded
+    from M and N)."""
     st, mv = ins.srcs[0], ins.srcs[1]
     a = ins.attrs
-    if isinstance(a, MatmulAttrs) and a.perf_mode is MatmulPerfMode.DOUBLE_ROW:
-        return (st.partitions * DOUBLE_ROW_PACK, st.free_size // DOUBLE_ROW_PACK,
-                mv.free_size // DOUBLE_ROW_PACK)
+    if isinstance(a, MatmulAttrs) and a.perf_mode is not MatmulPerfMode.NONE:
+        pack = DOUBLE_ROW_PACK if a.perf_mode is MatmulPerfMode.DOUBLE_ROW else MX_PACK
+        return st.partitions * pack, st.free_size // pack, mv.free_size // pack
     return st.partitions, st.free_size, mv.free_size
+
+
+@dataclass(frozen=True)
+class MatmulMxAttrs(MatmulAttrs):
+    """MX matmul (NKI ``nc_matmul_mx``, NeuronCore-v4; trainium3_arch.rst "Quad-MXFP8/MXFP4
+    Matmul Performance" L70-122; ISA3 L714-826): ``Op.MATMUL`` with ``srcs = (stationary,
+    moving, stationary_scale, moving_scale)``.
+
+    - Data: fp8 (e4m3fn or e5m2, may differ) SBUF APs whose innermost dim is ``(1, 4)``, the x4
+      packing (NKI's ``float8_*_x4``): stationary ``[P, M, 4]``, moving ``[P, N, 4]``, P a multiple
+      of 32 up to 128, M even up to 128; K = 4P (up to 512). ``dst[m, n] = sum over p, j of
+      st[p, m, j] * S_st[g(p), m] * mv[p, n, j] * S_mv[g(p), n]`` with g(p) = p // 8. Which
+      logical K row sits at (p, j) is the program's choice (the guide puts rows 128 apart, L81-87).
+    - Scales: uint8 SBUF APs holding E8M0 exponents, ``S = 2^(s - 127)`` (s = 255: NaN, OCP MX
+      v1.0); the stationary's free size is M, the moving's N. They start on the data's first
+      partition; group i's scales are row ``32 * (i // 4) + offset + i % 4`` of the AP
+      (``mx_scale_rows``; ``*_scale_offset`` in 0/4/8/12 packs up to four scale tensors per
+      quadrant). The AP must reach that row; the rows between are not read.
+    - dst, ``accumulate``, PSUM limits: as ``MatmulAttrs`` (fp32 or bf16, N up to 4096 / 8192).
+    MXFP4 (``float4_e2m1fn_x4``) is not modelled: the machine has no 4-bit dtype."""
+
+    perf_mode: MatmulPerfMode = MatmulPerfMode.MX
+    stationary_scale_offset: int = 0
+    moving_scale_offset: int = 0
+
+
+@dataclass(frozen=True)
+class QuantizeMxAttrs:
+    """VectorE MX quantization (NKI ``quantize_mx``, NeuronCore-v4; trainium3_arch.rst "MX
+    data-type Quantization" L157-174; ISA3 L2741-2816): ``srcs = (src,)`` bf16/fp16 ``[P, F]``
+    in SBUF (P a multiple of 32 up to 128, F a multiple of 4); ``dst`` = the fp8 data (e4m3fn or
+    e5m2) with the source's layout and an innermost ``(1, 4)`` dim (x4); ``Instr.accum`` = the
+    uint8 E8M0 scales, one per group of 8 partitions x 4 consecutive free elements, laid out as
+    for ``MatmulMxAttrs`` (free size F / 4, rows ``mx_scale_rows(P, scale_offset)``).
+    Per group: ``a = max |v|``; scale ``X = 2^(floor(log2 a) - (E_max - 1))`` (E_max 8 e4m3fn,
+    15 e5m2: "a block scale that is two times larger" than OCP's sample algorithm, ISA3
+    L2753-2756, L2790-2812); an all-zero group gets ``X = 2^-127``; ``dst = RNE(v / X)``."""
+
+    scale_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -530,6 +599,37 @@ class RandPhiloxAttrs:
     bits: int = 24
 
 
+# nki.isa.exponential "Supported dtypes" (ISA3 = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py
+# L2335-2338), restricted to the machine's dtypes (no tfloat32, int16, uint16, uint32 here)
+EXP_SRC_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.BF16, DType.FP32,
+                            DType.INT8, DType.INT32, DType.UINT8})
+EXP_DST_DTYPES = EXP_SRC_DTYPES
+EXP_ACCUM_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.BF16, DType.FP32})
+
+
+@dataclass(frozen=True)
+class ExponentialAttrs:
+    """VectorE fast exponential (NKI ``nki.isa.exponential``, NeuronCore-v4 only; trainium3_arch.rst
+    "Fast Exponential Evaluation" L176-201, ISA3 L2283-2385):
+    ``dst[p, j] = exp(src[p, j] - max_value[p])`` computed in fp32 and rounded to dst's dtype.
+    ``max_value`` is the constant ``max_value`` or, with ``max_from_src``, the fp32 [P, 1] source
+    ``srcs[1]``. When ``Instr.accum`` ([P, 1], a float type) is given, the fp32 values of the row
+    are also summed into it, sequentially along the free axis in fp32 (the guide's loop
+    ``reduce_res[i, 0] += dst[i, j]``), starting from ``reduce_init`` (the constant, or with
+    ``init_from_src`` the fp32 [P, 1] source after max_value): NKI's ``reduce_cmd.reset_reduce``
+    (init 0) or ``load_reduce``. ``srcs = (src, [max_value], [reduce_init])``.
+
+    Not modelled: ``reduce_cmd.reduce`` (continuing the engine's hidden accumulator from a previous
+    instruction) and ``reduce_res=None`` (keeping the sum in the engine): the ISA has no hidden
+    engine state; a chained sum is written as ``load_reduce`` from the previous partial sum's tile,
+    which gives the same values. Tensor indirection (``.indirect``) is not modelled."""
+
+    max_value: float = 0.0
+    max_from_src: bool = False
+    reduce_init: float = 0.0
+    init_from_src: bool = False
+
+
 @dataclass(frozen=True)
 class SemAttrs:
     """No datapath."""
@@ -539,7 +639,7 @@ OpAttrs = Union[DmaAttrs, MatmulAttrs, TransposeAttrs, ActivationAttrs, TensorTe
                 TensorTensorScanAttrs, TensorScalarAttrs, TensorReduceAttrs, TensorCopyAttrs,
                 MemsetAttrs, IotaAttrs, SelectAttrs, BnStatsAttrs, BnAggrAttrs, DmaGatherAttrs,
                 DmaScatterAttrs, Max8Attrs, FindIndex8Attrs, MatchReplace8Attrs, RandPhiloxAttrs,
-                SemAttrs]
+                ExponentialAttrs, QuantizeMxAttrs, SemAttrs]
 
 ATTRS_OF_OP: dict[Op, type] = {
     Op.DMA_COPY: DmaAttrs, Op.MATMUL: MatmulAttrs, Op.TRANSPOSE: TransposeAttrs,
@@ -550,7 +650,8 @@ ATTRS_OF_OP: dict[Op, type] = {
     Op.SELECT: SelectAttrs, Op.BN_STATS: BnStatsAttrs, Op.BN_AGGR: BnAggrAttrs,
     Op.DMA_GATHER: DmaGatherAttrs, Op.DMA_SCATTER: DmaScatterAttrs, Op.MAX8: Max8Attrs,
     Op.FIND_INDEX8: FindIndex8Attrs, Op.MATCH_REPLACE8: MatchReplace8Attrs,
-    Op.RAND_PHILOX: RandPhiloxAttrs, Op.SEM: SemAttrs,
+    Op.RAND_PHILOX: RandPhiloxAttrs, Op.EXPONENTIAL: ExponentialAttrs,
+    Op.QUANTIZE_MX: QuantizeMxAttrs, Op.SEM: SemAttrs,
 }
 
 # Which queues may run which op (the engines that have the datapath).
@@ -575,6 +676,8 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
     Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
     Op.RAND_PHILOX: frozenset({EngineKind.GPSIMD}),
+    Op.EXPONENTIAL: frozenset({EngineKind.VECTOR}),   # ISA3 L2310 "Supported engines: Vector"
+    Op.QUANTIZE_MX: frozenset({EngineKind.VECTOR}),   # ISA3 L2742 "using Vector Engine"
     Op.SEM: frozenset(EngineKind),
 }
 
@@ -592,7 +695,8 @@ class Instr:
     waits: tuple[tuple[str, int], ...] = ()
     signals: tuple[str, ...] = ()
     tag: str = ""
-    accum: AP | None = None  # second destination: the [P, 1] free-axis reduction of activation
+    accum: AP | None = None  # second destination: the [P, 1] free-axis reduction (activation,
+    #                          exponential), or quantize_mx's scales
 
     @property
     def writes(self) -> tuple[AP, ...]:

@@ -14,7 +14,12 @@ Conventions (the executable spec of the ISA)
   its single partition axis) are transposed.
 - ``matmul``: ``dst[M, N] = stationary[K, M].T @ moving[K, N]`` computed in fp32 (bf16/fp8
   products are exact in fp32, sums are fp32, in K order); ``accumulate=False`` overwrites the PSUM bytes,
-  ``True`` adds to them (and they must have been written by a matmul). ``perf_mode=double_row``
+  ``True`` adds to them (and they must have been written by a matmul). A bf16 destination
+  (NC-v4, trainium3_arch.rst "BF16 Matmul Results in PSUM" L129-141): the fp32 result is rounded
+  to bf16 (RNE) "immediately before the write"; accumulating upcasts the bf16 PSUM values to fp32,
+  adds at fp32 and rounds the sum to bf16 (RNE) on the write back. The guide's other rounding
+  mode, stochastic rounding, is not modelled (no instruction selects it).
+  ``perf_mode=double_row``
   (fp8): operands ``[P, 2, M]`` / ``[P, 2, N]``, the sum runs over both P and the packed axis
   (K = 2P), in (p, j) order, fp32 as above.
 - ``transpose``: ``dst[F, P] = src[P, F].T``, exact (values are copied, then stored in the dst
@@ -76,6 +81,21 @@ Conventions (the executable spec of the ISA)
   The NaN rules are ASSUMED (isa.py); they are what torch's topk/argmax orders.
 - ``rand_philox`` (GpSimdE): Philox4x32-10 words of per-element counters, scaled to [0, 1)
   (isa.RandPhiloxAttrs); uint32 arithmetic in numpy uint64, exact.
+- ``exponential`` (VectorE, NC-v4; isa.ExponentialAttrs): ``z = src - max_value`` in fp32 (each
+  subtraction rounded to fp32), ``y = exp(z)`` (float64, rounded to fp32), stored in dst's dtype;
+  with ``accum``, ``acc = reduce_init; acc += y[j]`` for j in order along the free axis, every
+  add rounded to fp32 (the arch guide's sequential loop), then stored in accum's dtype. The sum
+  reads the fp32 ``y`` the engine computes, not dst rounded to a narrower dtype (the docs'
+  pseudo-code does not say; the engine "performs the computation in float32 precision
+  internally", ISA3 L2305).
+- MX matmul (``MatmulMxAttrs``, NC-v4): each fp8 operand ``[P, F, 4]`` is multiplied by its
+  group's E8M0 scale ``2^(s - 127)`` in fp32 (255: NaN), then the fp32 matmul over K = (p, j)
+  in (p, j) order, as above (AWS's golden model does the same, mx_cpu_utils.py L112-183).
+- ``quantize_mx`` (VectorE, NC-v4; isa.QuantizeMxAttrs): per group of 8 partitions x 4 values,
+  the scale of ISA3 L2790-2812 and ``dst = RNE(v / X)`` (exact division by a power of two, then
+  one rounding to the fp8 type). AWS's golden ``quantize_mx_golden`` uses OCP's scale (half the
+  documented one, mx_cpu_utils.py L84) unless given ``custom_mx_max_exp``: the API text is
+  followed.
 - ``sem``: nothing.
 """
 from __future__ import annotations
@@ -86,7 +106,9 @@ from typing import Callable
 import numpy as np
 
 from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
-                  Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MemsetAttrs, Op,
+                  ExponentialAttrs, Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MatmulMxAttrs,
+                  MemsetAttrs, MX_EMAX, MX_GROUP_PARTITIONS, MX_PACK, Op, QuantizeMxAttrs,
+                  mx_scale_rows,
                   RandPhiloxAttrs, TensorReduceAttrs,
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout,
                   matmul_kmn)
@@ -328,13 +350,19 @@ def dma_copy(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 
 def matmul(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
-    st, mv = ins.srcs
+    st, mv = ins.srcs[:2]
     dst = _dst(ins)
     k, mm, nn = matmul_kmn(ins)
-    # double_row: [P, 2, F] -> [2P, F] rows (p, j) in (p, j) order; every (p, j) pair is one
-    # K row of the contraction (the sum does not depend on which logical row it is)
-    s = m.read_f32(st).reshape(k, mm)
-    v = m.read_f32(mv).reshape(k, nn)
+    if isinstance(ins.attrs, MatmulMxAttrs):
+        # [P, F, 4] fp8 dequantized in fp32, then the (p, j) rows of K in (p, j) order
+        a = ins.attrs
+        s = _mx_operand(m, st, ins.srcs[2], a.stationary_scale_offset).reshape(k, mm)
+        v = _mx_operand(m, mv, ins.srcs[3], a.moving_scale_offset).reshape(k, nn)
+    else:
+        # double_row: [P, 2, F] -> [2P, F] rows (p, j) in (p, j) order; every (p, j) pair is one
+        # K row of the contraction (the sum does not depend on which logical row it is)
+        s = m.read_f32(st).reshape(k, mm)
+        v = m.read_f32(mv).reshape(k, nn)
     # einsum's own C loop, not BLAS: sequential fp32 sums over K like the PE array, and no BLAS
     # thread pool (OpenBLAS threads on small tiles were 100x slower on a busy 2-core host)
     r = np.einsum("km,kn->mn", s, v, optimize=False)
@@ -343,6 +371,55 @@ def matmul(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
         m.check_accumulate(dst)
         r = m.read_f32(dst).reshape(r.shape) + r
     m.write(dst, r, by_matmul=True)
+
+
+def _mx_scale_aps(data: AP, scale: AP, offset: int) -> list[AP]:
+    """The rows of an MX scale AP that hold scales (one AP per quadrant; isa.mx_scale_rows)."""
+    return [AP(scale.buffer, scale.memory, scale.partition_start + r0, n, scale.byte_offset,
+               scale.dims, scale.dtype) for r0, n in mx_scale_rows(data.partitions, offset)]
+
+
+def _mx_factor(s: np.ndarray) -> np.ndarray:
+    """E8M0 exponents (uint8) -> fp32 scale factors 2^(s - 127); 255 is NaN (OCP MX v1.0)."""
+    e = s.astype(np.int64)
+    return np.where(e == 255, np.nan, np.ldexp(1.0, e - 127)).astype(F32)
+
+
+def _mx_operand(m: MachineMemory, data: AP, scale: AP, offset: int) -> np.ndarray:
+    """MX data [P, F, 4] times its group's scale, in fp32 (as AWS's golden model
+    nc_matmul_mx_golden, nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py L112-183: dequantize
+    each operand to fp32, then an fp32 matmul); returns [P, 4, F] (K rows in (p, j) order)."""
+    x = m.read_f32(data).reshape(data.partitions, -1, MX_PACK)
+    rows = np.concatenate([m.read(a).reshape(a.partitions, -1) for a in _mx_scale_aps(data, scale, offset)])
+    f = np.repeat(_mx_factor(rows), MX_GROUP_PARTITIONS, axis=0)          # [P, F]
+    with np.errstate(all="ignore"):
+        return np.ascontiguousarray((x * f[:, :, None]).astype(F32).transpose(0, 2, 1))
+
+
+def quantize_mx(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    """isa.QuantizeMxAttrs. ASSUMED where the docs are silent: a group holding NaN or +-inf gets
+    the NaN scale (255) and NaN data; a scale below 2^-127 is clamped to 2^-127 (the smallest
+    E8M0 value, as for an all-zero group)."""
+    a = ins.attrs
+    assert isinstance(a, QuantizeMxAttrs) and ins.accum is not None
+    src, dst = ins.srcs[0], _dst(ins)
+    p = src.partitions
+    x = m.read_f32(src).reshape(p // MX_GROUP_PARTITIONS, MX_GROUP_PARTITIONS, -1, MX_PACK)
+    amax = np.abs(x).max(axis=(1, 3))                                     # [groups, F / 4]
+    bad = ~np.isfinite(amax)
+    with np.errstate(all="ignore"):
+        e = np.floor(np.log2(np.where(bad | (amax == 0), 1.0, amax.astype(np.float64))))
+    sb = e - (MX_EMAX[dst.dtype] - 1) + 127
+    sb = np.where(amax == 0, 0, np.clip(sb, 0, 254))
+    sb = np.where(bad, 255, sb).astype(np.int64)
+    f = np.repeat(_mx_factor(sb), MX_GROUP_PARTITIONS, axis=0)            # [P, F / 4]
+    with np.errstate(all="ignore"):
+        q = x.reshape(p, -1, MX_PACK) / f[:, :, None]                      # exact: powers of two
+    m.write(dst, q.astype(F32))
+    k = 0
+    for s_ap in _mx_scale_aps(src, ins.accum, a.scale_offset):
+        m.write(s_ap, sb[k:k + s_ap.partitions])
+        k += s_ap.partitions
 
 
 def transpose(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
@@ -641,6 +718,22 @@ def rand_philox(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     m.write(dst, u.astype(F32))
 
 
+def exponential(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
+    a = ins.attrs
+    assert isinstance(a, ExponentialAttrs)
+    x = _rows(m, ins.srcs[0])
+    mx = _rows(m, ins.srcs[1]) if a.max_from_src else F32(a.max_value)
+    with np.errstate(all="ignore"):
+        z = (x - mx).astype(F32, copy=False)
+        y = np.exp(z.astype(np.float64)).astype(F32)
+        m.write(_dst(ins), y)
+        if ins.accum is not None:     # reduce_init, when a source, is the last one
+            init = _rows(m, ins.srcs[-1]) if a.init_from_src else np.full((y.shape[0], 1), a.reduce_init, F32)
+            # add.accumulate is a sequential fp32 loop (np.sum would add pairwise)
+            acc = np.add.accumulate(np.concatenate([init, y], axis=1), axis=1, dtype=F32)[:, -1:]
+            m.write(ins.accum, acc)
+
+
 def sem(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     return None
 
@@ -653,6 +746,6 @@ SEMANTICS: dict[Op, Callable[[Instr, MachineMemory, EngineKind], None]] = {
     Op.IOTA: iota, Op.SELECT: select, Op.BN_STATS: bn_stats, Op.BN_AGGR: bn_aggr,
     Op.DMA_GATHER: dma_gather, Op.DMA_SCATTER: dma_scatter, Op.MAX8: max8,
     Op.FIND_INDEX8: find_index8, Op.MATCH_REPLACE8: match_replace8,
-    Op.RAND_PHILOX: rand_philox, Op.SEM: sem,
+    Op.RAND_PHILOX: rand_philox, Op.EXPONENTIAL: exponential, Op.QUANTIZE_MX: quantize_mx, Op.SEM: sem,
 }
 assert set(SEMANTICS) == set(Op), "every op needs a semantics function"

@@ -29,7 +29,7 @@ import math
 from typing import Callable, Iterator
 
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
-                     check_waits)
+                     check_waits, psum_banks_of)
 from .costs import Cost, clock_ghz, depends_on_previous, indirect_bytes, instr_cost
 from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue, matmul_kmn
 from .loops import Stream
@@ -98,7 +98,8 @@ _COST_ATTRS: dict[Op, Callable[[object], object]] = {
     Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.DMA_GATHER: lambda a: None,
     Op.DMA_SCATTER: lambda a: a.accumulate, Op.MAX8: lambda a: None,
     Op.FIND_INDEX8: lambda a: None, Op.MATCH_REPLACE8: lambda a: None,
-    Op.RAND_PHILOX: lambda a: None, Op.SEM: lambda a: None,
+    Op.RAND_PHILOX: lambda a: None, Op.EXPONENTIAL: lambda a: None, Op.QUANTIZE_MX: lambda a: None,
+    Op.SEM: lambda a: None,
 }
 
 
@@ -134,7 +135,7 @@ def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) 
         out.append((g, False))
         n += 1
     if eng is EngineKind.TENSOR and out:
-        check_psum_bank(out[0][0], tgt, ins.op.value)
+        check_psum_bank(out[0][0], tgt, ins.op.value, psum_banks_of(ins, tgt))
     return tuple(out)
 
 
@@ -150,12 +151,14 @@ class Prepared:
         self.sigs: list[list[tuple]] = []
         self.ports: list[list[int] | None] = []       # NC-v2 port masks (None: no port use)
         self.ls: list[list[float] | None] = []        # TensorE: exposed LoadStationary time
+        self.tr: list[list[bool] | None] = []         # TensorE (NC-v4): a background-capable transpose?
         self.geoms: list[list[tuple]] | None = None
         # a looped stream comes in chunks: the lists above hold the current one; ``chunks[q]``
         # yields the next ones (None: the lists hold the whole stream)
         self.chunks: list[Iterator[QueueLists] | None] = []
         self.port_mask: list[int] = []                # OR of a queue's port masks
         self.has_ls: list[bool] = []                  # some exposed LoadStationary time possible
+        self.has_tr: list[bool] = []                  # NC-v4 TensorE queue with a transpose
         self.sig_q: list[set[str]] = []
         self.wait_q: list[set[str]] = []
         self.touch: set[tuple[object, int, bool]] = set()
@@ -170,7 +173,7 @@ class Prepared:
     def load(self, q: int, L: QueueLists) -> None:
         """Make ``L`` queue ``q``'s current lists."""
         self.busy[q], self.lat[q], self.waits[q], self.sigs[q] = L.busy, L.lat, L.waits, L.sigs
-        self.dcost[q], self.ports[q], self.ls[q] = L.dcost, L.ports, L.ls
+        self.dcost[q], self.ports[q], self.ls[q], self.tr[q] = L.dcost, L.ports, L.ls, L.tr
 
     def finish(self) -> None:
         """Sum the static statistics (once every chunk has been taken), queue by queue."""
@@ -191,7 +194,7 @@ class Prepared:
 class QueueLists:
     """One queue's per-instance lists (index = position in the stream) and its statistics."""
 
-    __slots__ = ("busy", "lat", "waits", "sigs", "dcost", "ports", "ls", "geoms", "wait_set",
+    __slots__ = ("busy", "lat", "waits", "sigs", "dcost", "ports", "ls", "tr", "geoms", "wait_set",
                  "sig_set", "nst", "spill")
 
     def __init__(self) -> None:
@@ -202,6 +205,7 @@ class QueueLists:
         self.dcost: list[Cost] | None = None
         self.ports: list[int] | None = None
         self.ls: list[float] | None = None
+        self.tr: list[bool] | None = None
         self.geoms: list[tuple] = []
         self.wait_set: set[str] = set()
         self.sig_set: set[str] = set()
@@ -230,6 +234,7 @@ def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict
             P.chunks.append(chunks)
             P.port_mask.append(sp.port_mask if sp.ports else 0)
             P.has_ls.append(sp.has_matmul)
+            P.has_tr.append(sp.has_transpose)
             P.wait_q.append(sp.stats.wait_set)
             P.sig_q.append(sp.stats.sig_set)
         else:
@@ -243,6 +248,8 @@ def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict
                 L.ports = None
             if L.ls is not None and not any(L.ls):
                 L.ls = None
+            if L.tr is not None and not any(L.tr):
+                L.tr = None
             P._stats.append((q.engine, L, None))
             P.chunks.append(None)
             m = 0
@@ -250,11 +257,12 @@ def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict
                 m |= x
             P.port_mask.append(m)
             P.has_ls.append(L.ls is not None)
+            P.has_tr.append(L.tr is not None)
             P.wait_q.append(L.wait_set)
             P.sig_q.append(L.sig_set)
             if P.geoms is not None:
                 P.geoms.append(L.geoms)
-        for lst in (P.busy, P.lat, P.waits, P.sigs, P.dcost, P.ports, P.ls):
+        for lst in (P.busy, P.lat, P.waits, P.sigs, P.dcost, P.ports, P.ls, P.tr):
             lst.append(None)  # type: ignore[arg-type]
         P.load(qi, L)
     return P
@@ -281,7 +289,8 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
     p_l: list[int] | None = [] if tgt.shared_ports and eng in PENALIZED else None
     tensor = eng is EngineKind.TENSOR
     ls_l: list[float] | None = [] if tensor else None
-    L.dcost, L.ports, L.ls = d_l, p_l, ls_l
+    tr_l: list[bool] | None = [] if tensor and tgt.background_transpose else None
+    L.dcost, L.ports, L.ls, L.tr = d_l, p_l, ls_l, tr_l
     groups = PsumGroups(tgt) if tensor and checks else None
     prev_st = prev_st_obj = None
     prev: Instr | None = None
@@ -364,6 +373,8 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
                     prev_st = sk
                     prev_st_obj = s0
             ls_l.append(ls)
+        if tr_l is not None:
+            tr_l.append(op is Op.TRANSPOSE)
         wt = ins.waits
         w_l.append(wt)
         if wt:

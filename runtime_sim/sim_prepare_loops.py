@@ -59,6 +59,8 @@ class StreamPrep:
         self.spill: set[int] = set()          # ids of DMA templates that move spill bytes
         self.port_mask = 0
         self.has_matmul = False
+        self.bg = eng is EngineKind.TENSOR and tgt.background_transpose   # NC-v4 lanes (costs.TensorLanes)
+        self.has_transpose = False
         for it, _ in stream.statics():
             if id(it) in self.static:
                 continue
@@ -76,6 +78,7 @@ class StreamPrep:
             self.static[id(it)] = (vs[0], vs[1])  # type: ignore[assignment]
             self.port_mask |= vs[0].port | (vs[1].port if vs[1] is not None else 0)  # type: ignore[union-attr]
             self.has_matmul |= ins.op is Op.MATMUL
+            self.has_transpose |= self.bg and ins.op is Op.TRANSPOSE
             if self.dma and spill_names and (ins.srcs[0].buffer in spill_names
                                              or ins.dst.buffer in spill_names):  # type: ignore[union-attr]
                 self.spill.add(id(it))
@@ -129,6 +132,9 @@ class StreamPrep:
             L.ports = list(map([st.port for st in statics].__getitem__, codes))
         if self.q.engine is EngineKind.TENSOR:
             L.ls = self._load_stationary(ue, outer)
+            if self.has_transpose:
+                L.tr = [base_of(it).op is Op.TRANSPOSE for it in ue.templates]
+                L.tr = list(map(L.tr.__getitem__, ue.tid.tolist()))
         nst = self.stats.nst
         for t, st, vpos in sorted(groups, key=lambda g: int(g[2][0])):
             if self.dma or st.flops or st.trans:

@@ -67,7 +67,7 @@ from bisect import bisect_right
 import numpy as np
 
 from .checks import InputError, MachineError, UninitializedReadError, check_buffers
-from .costs import DmaModel, SharedPorts, TensorRamp
+from .costs import DmaModel, SharedPorts, TensorLanes, TensorRamp
 from .isa import EngineKind, Memory, Program, Queue
 from .loops import Stream, materialize
 from .memory import MachineMemory
@@ -199,10 +199,15 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                 users[bit].add(engines[q])
     live = sum(bit for bit, es in users.items() if len(es) > 1)
     ramp_of: list[TensorRamp | None] = [None] * nq
+    lanes: list[TensorLanes | None] = [None] * nq   # NC-v4 background transpose (costs.TensorLanes)
     masks: list[list | None] = [None] * nq     # per queue: [port masks of the current chunk]
     for q in range(nq):
         e = engines[q]
-        if e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.has_ls[q]):
+        if e is EngineKind.TENSOR and tgt.background_transpose and P.has_tr[q]:
+            r = ramp_of[q] = lanes[q] = TensorLanes(tgt, P.ls[q], P.tr[q])
+            ramps.append(r)
+            dyn[q] = r.step
+        elif e is EngineKind.TENSOR and (tgt.pe_ramp_start_speed < 1.0 or P.has_ls[q]):
             r = ramp_of[q] = TensorRamp(tgt, P.ls[q])
             ramps.append(r)
             dyn[q] = r.step
@@ -220,6 +225,8 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
         cend[q] += len(busy[q])
         if ramp_of[q] is not None:
             ramp_of[q].ls = P.ls[q]  # type: ignore[union-attr]
+        if lanes[q] is not None:
+            lanes[q].tr = P.tr[q]  # type: ignore[union-attr]
         if masks[q] is not None:
             masks[q][0] = [x & live for x in P.ports[q]]  # type: ignore[union-attr, index]
     dma_iv: list[tuple[float, float]] = []
@@ -262,7 +269,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
         if t != sched[q]:
             continue                      # stale entry
         q_waits, q_sigs, q_busy, q_lat, q_dc = waits[q], sigs[q], busy[q], lat[q], dcost[q]
-        q_dma, q_len, q_dyn = is_dma[q], lens[q], dyn[q]
+        q_dma, q_len, q_dyn, q_lanes = is_dma[q], lens[q], dyn[q], lanes[q]
         i = heads[q]
         ce = cend[q]
         j = i - cbase[q]                  # index in the current chunk's lists
@@ -278,6 +285,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     done = qlast[q]              # a queue's DMAs complete in order
                 qlast[q] = done
                 dma_iv.append((d0, d1))
+                nf = qf
             else:
                 if q_dyn is None:
                     qf = t + q_busy[j]
@@ -286,7 +294,13 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     qf = t + b
                 done = qf + q_lat[j]
                 d0 = t
-            qfree[q] = qf
+                nf = qf
+                if q_lanes is not None:          # NC-v4: the next may start beside this one,
+                    nf = q_lanes.free            # and completion stays in program order
+                    if done < qlast[q]:
+                        done = qlast[q]
+                    qlast[q] = done
+            qfree[q] = nf
             if done > total:
                 total = done
             if slow:
@@ -308,8 +322,9 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                     except MachineError as e:
                         raise e.with_context(queues[q], i, streams[q][i]) from None
                 else:
+                    track = qnames[q] + ".bg" if q_lanes is not None and q_lanes.in_bg else qnames[q]
                     _execute(q, i, t, d0, qf, done, w, queues, streams, geoms, rd, mem, sem_fns, engines,
-                             sem_clocks, sem_pj, single, heads, lens, qnames, trace, events, dma_iv)
+                             sem_clocks, sem_pj, single, heads, lens, qnames, track, trace, events, dma_iv)
             # --- signals ---
             sg = q_sigs[j]
             if sg:
@@ -374,7 +389,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
                 j = 0
             # next head of this queue
             w = q_waits[j]
-            nt = ready_at(q, w, qf) if w else qf
+            nt = ready_at(q, w, nf) if w else nf
             sched[q] = nt
             if nt == INF:
                 break
@@ -447,8 +462,9 @@ def _prefix_join(pj: list, cl: list, n: int) -> tuple:
 
 
 def _execute(q, i, t, d0, busy_end, done, w, queues, streams, geoms, rd, mem, sem_fns, engines, sem_clocks,
-             sem_pj, single, heads, lens, qnames, trace, events, dma_iv) -> None:
-    """The slow part of issuing an instruction: race checks, semantics, trace."""
+             sem_pj, single, heads, lens, qnames, track, trace, events, dma_iv) -> None:
+    """The slow part of issuing an instruction: race checks, semantics, trace (on ``track``:
+    the queue's name, ``pe.bg`` for an NC-v4 background transpose)."""
     ins = streams[q][i]
     try:
         if rd is not None:
@@ -479,6 +495,6 @@ def _execute(q, i, t, d0, busy_end, done, w, queues, streams, geoms, rd, mem, se
             events.append(TraceEvent(qnames[q], ins.op.value, d0, d1 - d0, a))
         else:
             a["completed_ns"] = f"{done:.1f}"
-            events.append(TraceEvent(qnames[q], ins.op.value, t, busy_end - t, a))
+            events.append(TraceEvent(track, ins.op.value, t, busy_end - t, a))
 
 

@@ -120,6 +120,43 @@ class Target:
     # trainium2_arch.rst: NC-v3 removes both limits).
     shared_ports: bool = False
 
+    # --- TensorE instruction turnaround (``MM_INIT_LATENCY``): a matmul takes at least
+    # ``min(mm_init_latency_cycles, M)`` cycles (costs.c_matmul, the sdk@2.26 nc_matmul cost
+    # note ``max(min(64, N_stationary), N_moving)``, which names no generation). Documented for
+    # NeuronCore-v2 only: ARCH1 L267 "MM_INIT_LATENCY is 64 TensorE cycles on NeuronCore-v2",
+    # nki_perf_guide.rst L678-679 "(64 cycles on trn1)". ASSUMED the same on NC-v3 / NC-v4:
+    # trainium2_arch.rst and trainium3_arch.rst give no TensorE cycle figure (81ce03a).
+    mm_init_latency_cycles: int = 64
+
+    # --- NeuronCore-v4 features (the defaults: the target does not have the feature) ------------
+    # VectorE fast exponential (``Op.EXPONENTIAL``, nki.isa.exponential): its throughput as a
+    # multiple of ScalarE's ``activation(op=exp)`` on the same target; 0 = no such instruction.
+    # ARCH3 L179: "at 4x the throughput compared to the nisa.activation (op=nl.exp) instruction
+    # on the Scalar Engine"; ISA3 L2286-2287: "Available only on NeuronCore-v4 and newer".
+    # costs.c_exponential turns it into cycles and caps it at VectorE's datapath width (ARCH3
+    # L52), which binds on trn3: the two statements disagree by 2x, see there.
+    vector_exp_speedup: int = 0
+    # A matmul may write a bf16 PSUM destination and accumulate into one (ARCH3 L124-143 "BF16
+    # Matmul Results in PSUM"; ISA3 nc_matmul L588-589: "The dst tile must be a float32 tile in
+    # NeuronCore-v2 and NeuronCore-v3. Starting NeuronCore-v4, dst can either be a float32 or
+    # bfloat16 tile").
+    psum_bf16: bool = False
+    # PSUM banks one matmul destination may span: N <= 512 fp32 ("matching the maximum number of
+    # float32 elements per PSUM bank") on NC-v2/v3; NC-v4 "up to 4096 for float32 dst or 8192 for
+    # bfloat16 dst, matching the size of 8x PSUM banks (the entire PSUM)" (ISA3 nc_matmul
+    # L612-615; hardware.md "Memory rules"). ``moving_free_max`` stays the one-bank fp32 limit.
+    matmul_psum_banks: int = 1
+    # TensorE background transpose (ARCH3 L145-150): "run a transpose operation in parallel to
+    # another matrix multiplication (or another transpose)"; costs.TensorLanes.
+    background_transpose: bool = False
+    # MXFP8: the MX matmul (``MatmulMxAttrs``, NKI nc_matmul_mx) and VectorE ``quantize_mx``
+    # (ISA3 L717-719, L2744-2746: "Available only on NeuronCore-v4 and newer"); the MX matmul's
+    # rate is ``fp8_matmul_speedup`` (ARCH3 L75: "4x the throughput compared to a BF16/FP16
+    # matmul"). The documents disagree on the MX moving tile: "[128, 512] in x4 data types"
+    # (ARCH3 L118) against "must not exceed 4096 when dst is in float32 or 8192 when dst is in
+    # bfloat16" (ISA3 L782-783); the checks use the API's, i.e. ``matmul_psum_banks``' rule.
+    mx_matmul: bool = False
+
     # --- derived ------------------------------------------------------------------------------
     @property
     def psum_bank_bytes(self) -> int:
@@ -163,6 +200,9 @@ class Target:
 #          (DO: engines, queues, the 17 / 23 / 33 B/ns per engine table L43-63)
 #  DGE   = nki/deep-dives/nki-dge.rst (aws-neuron-sdk@81ce03a)
 #  ISA   = sdk@2.26:general/nki/api/nki/isa/__init__.py ("Estimated instruction cost" notes)
+#  ISA3  = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py (the NC-v4 API docstrings: nc_matmul
+#          L489-711, nc_matmul_mx L714-826, exponential L2283-2385, quantize_mx L2741-2816)
+#  ARCH1 / ARCH3 line numbers: aws-neuron-sdk@81ce03a
 
 TRN1 = Target(
     name="trn1", neuron_core="NeuronCore-v2", cores_per_chip=2,           # ARCH1
@@ -193,7 +233,10 @@ TRN2 = Target(
     pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH2
     fp32_matmul_slowdown=4, fp8_matmul_speedup=2,                        # ARCH2: 20 TF fp32, 158 TF fp8
     lanes=128, min_ii_cycles=64, access_overhead_cycles=60,              # ISA
-    dependent_vector_penalty_cycles=100,                                 # ISA
+    # ASSUMED as NC-v2: "a static instruction overhead of 100 engine cycles" is ARCH1 L402-404
+    # (the NC-v2 guide; nki_perf_guide.rst L417 "~100 cycles" names no generation);
+    # trainium2_arch.rst gives no figure. Likewise mm_init_latency_cycles (see Target).
+    dependent_vector_penalty_cycles=100,
     vector_fast_copy_factor=4, vector_fast_tt_factor=2, scalar_bf16_factor=1,  # ISA (trn2 fast modes)
     sbuf_partitions=128, sbuf_bytes_per_partition=224 * KIB,             # ARCH2: 28 MiB
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH2
@@ -215,10 +258,12 @@ TRN3 = Target(
     name="trn3", neuron_core="NeuronCore-v4", cores_per_chip=8,           # ARCH3
     tensor_clock_ghz=2.4,                                                # ARCH3: 79 TF bf16
     vector_clock_ghz=1.2, scalar_clock_ghz=1.2, gpsimd_clock_ghz=1.2,    # ARCH3
-    pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH3 (NC-v4 allows more across banks)
+    pe_rows=128, pe_cols=128, moving_free_max=512,                       # ARCH3; one bank (matmul_psum_banks below)
     fp32_matmul_slowdown=4, fp8_matmul_speedup=4,                        # ARCH3: 20 TF fp32, 315 TF mxfp8
     lanes=128, min_ii_cycles=64, access_overhead_cycles=60,              # ISA
-    dependent_vector_penalty_cycles=100,                                 # ISA
+    # ASSUMED as NC-v2 (ARCH1 L402-404): trainium3_arch.rst gives no figure; likewise
+    # mm_init_latency_cycles (see Target)
+    dependent_vector_penalty_cycles=100,
     vector_fast_copy_factor=4, vector_fast_tt_factor=2, scalar_bf16_factor=2,  # ARCH3: ScalarE 256 bf16/cycle
     sbuf_partitions=128, sbuf_bytes_per_partition=256 * KIB,             # ARCH3: 32 MiB
     psum_bytes_per_partition=16 * KIB, psum_banks=8,                     # ARCH3
@@ -232,6 +277,11 @@ TRN3 = Target(
     dma_transpose_efficiency=0.9,                                        # ASSUMED: ARCH2 L321's trn2 figure; none for trn3
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
     pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
+    # NC-v4 features (see Target): ARCH3 L179 / ISA3 L2286-2287 (4x ScalarE exp); ARCH3 L129,
+    # ISA3 L588-589 (bf16 PSUM); ISA3 L612-615 (8 banks); ARCH3 L148 (background transpose);
+    # ISA3 L717-719 (MX matmul, quantize_mx)
+    vector_exp_speedup=4, psum_bf16=True, matmul_psum_banks=8, background_transpose=True,
+    mx_matmul=True,                                                      # ISA3 L717-719, L2744-2746
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -2,7 +2,9 @@
 
 Invariants
 - One process per SimResult, one thread (track) per queue, named by ``thread_name`` metadata
-  events; tracks sort pe, dve, act, pool, dma0, dma1, ...
+  events; tracks sort pe, dve, act, pool, dma0, dma1, ... On NC-v4 a TensorE transpose that ran
+  beside another TensorE instruction (background transpose, costs.TensorLanes) is on its own
+  track ``pe.bg``, after ``pe``.
 - Each executed instruction is one complete (``ph: "X"``) event; ``ts`` and ``dur`` are in
   microseconds of simulated time. Compute instructions span their busy time (start until the
   queue may issue again); DMAs span their data phase. Completion (and for DMAs issue) times are
@@ -21,8 +23,9 @@ from typing import Iterable, Mapping
 
 from .stats import SimResult
 
-_ORDER = {"pe": 0, "dve": 1, "act": 2, "pool": 3}
-ENGINE_LABELS = {"pe": "TensorE", "dve": "VectorE", "act": "ScalarE", "pool": "GpSimdE"}
+_ORDER = {"pe": 0, "pe.bg": 0, "dve": 1, "act": 2, "pool": 3}
+ENGINE_LABELS = {"pe": "TensorE", "pe.bg": "TensorE background transpose", "dve": "VectorE",
+                 "act": "ScalarE", "pool": "GpSimdE"}
 
 
 def track_label(queue: str) -> str:
@@ -36,7 +39,7 @@ def track_label(queue: str) -> str:
 
 def _tid_key(name: str) -> tuple[int, int]:
     if name in _ORDER:
-        return (_ORDER[name], 0)
+        return (_ORDER[name], int(name.endswith(".bg")))
     if name.startswith("dma") and name[3:].isdigit():
         return (4, int(name[3:]))
     return (5, 0)
