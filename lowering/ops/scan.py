@@ -6,8 +6,9 @@ Tiling: rows on partitions, the scanned dim along the free axis in chunks that c
 running value; any shape and strides.
 
 Invariants
-- Float inputs, or (cumsum) a bool mask counted exactly in fp32 (length below 2**24); other
-  integer scans fall back (an integer scan is int64 in eager, beyond fp32's exact range).
+- Float inputs, or (cumsum) a bool mask counted exactly in fp32 (length below 2**24), also
+  when it was cast to an integer type first (``mask.int().cumsum(1)``: RoBERTa's position ids);
+  other integer scans fall back (an integer scan is int64 in eager, beyond fp32's exact range).
 - ``dtype=`` narrower than the input rounds the input first (one POINTWISE cast), as eager does.
 """
 from __future__ import annotations
@@ -37,16 +38,41 @@ def _float_scan(node: fx.Node) -> str | None:
     return None
 
 
+# ops that keep every value of their (first) input: a bool cast to an integer type stays 0 or 1
+_VALUE_PRESERVING = frozenset({
+    aten._to_copy.default, aten.clone.default, aten.alias.default, aten.view.default,
+    aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.expand.default, aten.permute.default,
+    aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.select.int,
+    torch.ops.prims.convert_element_type.default})
+
+
+def _bool_valued(x) -> bool:
+    """``x`` holds only 0 and 1: a bool tensor, or one through value-preserving ops and casts."""
+    for _ in range(16):
+        v = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if not isinstance(v, torch.Tensor):
+            return False
+        if v.dtype is torch.bool:
+            return True
+        if x.op != "call_function" or x.target not in _VALUE_PRESERVING or not x.args:
+            return False
+        x = x.args[0]
+    return False
+
+
 def _count_scan(node: fx.Node) -> str | None:
     """cumsum: float inputs, or a bool input counted into integers (transformers' position ids
-    and packed-sequence checks): exact in the engine's fp32 while the scanned length stays
-    below 2**24; other integer inputs fall back (their sums may leave fp32's exact range)."""
+    and packed-sequence checks), also cast to an integer type first: exact in the engine's fp32
+    while the scanned length stays below 2**24; other integer inputs fall back (their sums may
+    leave fp32's exact range)."""
     x, dim = node.args[0], node.args[1]
     v = x.meta.get("val") if isinstance(x, fx.Node) else None
     if not isinstance(v, torch.Tensor) or v.dtype.is_floating_point:
         return _float_scan(node)
-    if v.dtype is not torch.bool:
-        return f"input dtype {v.dtype} (integer scans fall back: sums may leave fp32's exact range)"
+    if not _bool_valued(x):
+        return (f"input dtype {v.dtype} with values not known to be 0 or 1 (integer scans fall "
+                f"back: sums may leave fp32's exact range)")
     n = v.shape[dim % v.dim()] if v.dim() else 1
     if not isinstance(n, int) or n >= EXACT_FP32:
         return f"a count over {n} elements (exact in fp32 below {EXACT_FP32})"
@@ -83,7 +109,8 @@ def _cast(ctx: LowerCtx, x: TensorRef, dt) -> TensorRef:
     return c
 
 
-@register(aten.cumsum.default, dtypes=FLOAT_DTYPES | MASK_DTYPES | frozenset({torch.int64}),
+@register(aten.cumsum.default,
+          dtypes=FLOAT_DTYPES | MASK_DTYPES | frozenset({torch.int64, torch.int32}),
           check=_count_scan)
 def _cumsum(ctx, node, x, dim, *, dtype=None):
     """cumsum: VectorE/GpSimdE ``tensor_tensor_scan`` (add); any shape."""
