@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RATE = re.compile(r"(_clock_ghz|bytes_per_ns(_per_core)?|dma_min_chunk_bytes|dependent_vector_penalty_cycles"
                   r"|access_overhead_cycles|_fast_(copy|tt)_factor|scalar_bf16_factor|fp32_matmul_slowdown"
                   r"|fp8_matmul_speedup|shared_ports|pe_ramp_\w+|load_stationary_speedup"
-                  r"|philox_cycles_per_element|dma_swdge_ns|peak_flops_per_ns)$")
+                  r"|philox_cycles_per_element|dma_swdge_ns|peak_flops_per_ns|vector_exp_speedup"
+                  r"|mm_init_latency_cycles)$")
 
 
 def offenders(root: Path) -> list[str]:
