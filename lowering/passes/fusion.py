@@ -2,7 +2,11 @@
 
 1. Pointwise into pointwise: a POINTWISE kernel whose output is read only by POINTWISE kernels
    (as an aligned, possibly broadcast view) is inlined into each reader's expression; its inputs
-   become the reader's inputs (broadcast through the reader's view).
+   become the reader's inputs (broadcast through the reader's view). Unless recomputing it costs
+   far more than computing it once (``RECOMPUTE_MIN_OPS`` operations or more, and readers that
+   together compute ``RECOMPUTE_FACTOR`` times more elements than it writes: a mask built once
+   from loaded tensors and broadcast over every head of every layer); then it stays a kernel and
+   its readers load it. A producer of index expressions only (a causal mask) is always inlined.
 2. Pointwise into a matmul epilogue: a POINTWISE kernel that reads a MATMUL output (the whole
    output, same shape) that nobody else reads becomes the matmul's epilogue, evaluated while
    PSUM is evacuated.
@@ -35,6 +39,12 @@ from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, Matm
                           reindex_batch, view_as)
 
 MAX_EXPR = 48
+# rule 1's bound on recomputation: inlining repeats the producer's operations for every element
+# its readers compute, materialising computes them once and adds one write and one read per
+# reader element. With 4 or more operations and 8 times more reader elements than producer
+# elements, inlining does at least 3x the work (4 ops x 8N against 4 ops x N + N + 8N reads).
+RECOMPUTE_MIN_OPS = 4
+RECOMPUTE_FACTOR = 8
 
 
 def _kernels_by_buffer(kp: KProgram, side: str) -> dict[str, list[int]]:
@@ -172,6 +182,14 @@ def chain_plan(kp: KProgram, pi: int, readers, writers, outputs) -> tuple[str | 
     if other:
         return (f"%{X} is read by a {'/'.join(other)} kernel (a pointwise producer is inlined "
                 f"only into pointwise readers, all of them)"), {}
+    ops = _operations(prod.attrs.expr)
+    reads = sum(kp.kernels[u].outs[0].numel for u in set(users))
+    # a function of the output coordinates alone (a causal mask from iota) stays inlined: the
+    # attention tiler recognises such masks and skips whole key blocks by them
+    if (prod.attrs.expr.loads() and ops >= RECOMPUTE_MIN_OPS
+            and reads >= RECOMPUTE_FACTOR * kp.buffers[X].numel):
+        return (f"computing %{X} once ({ops} operations on {kp.buffers[X].numel} elements) costs "
+                f"less than recomputing it for its readers' {reads} elements"), {}
     new = {}
     for u in set(users):
         fused = _inline(kp.kernels[u], _indices_of(kp.kernels[u].ins, X), prod)
@@ -181,6 +199,11 @@ def chain_plan(kp: KProgram, pi: int, readers, writers, outputs) -> tuple[str | 
                     f"nodes"), {}
         new[u] = fused
     return None, new
+
+
+def _operations(e: Expr) -> int:
+    """Operations of an expression: its nodes that are not leaves (loads, constants, indices)."""
+    return 0 if not e.args else 1 + sum(_operations(a) for a in e.args)
 
 
 def _drop_unused_inputs(k: KOp) -> KOp:
