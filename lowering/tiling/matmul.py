@@ -26,8 +26,15 @@ of short plain rows loads G K tiles per DMA (``_kgroup``: K groups, G consecutiv
 partition), the K loops then running over groups and tiles within them.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
 A third form keeps the output block in SBUF and streams both operands in chunks of K
-(``resident="C"``, matmul_outres.py) when PSUM would bound the block. fp8 operands on trn2/trn3
-take K tiles of 256 in TensorE's double-row mode (matmul_fp8.py; not in the third form).
+(``resident="C"``, matmul_outres.py) when PSUM would bound the block. A fourth, transposed form
+computes ``out^T = B^T A^T`` with B tiles [128 k, 128 n] as the stationary operand and A^T tiles
+[128 k, <= 512 m] as the moving one (``Blocking.swap``, matmul_transposed.py): a product costs
+its moving size m instead of 512 columns of B, for few rows (a decode step) or a partial last
+m-tile; it is a candidate only where that saves TensorE time, and never for fp8 double-row K
+tiles (the note says so). fp8 operands on trn2/trn3 take K tiles of 256 in TensorE's double-row
+mode (matmul_fp8.py; not in the third or fourth form). A resident block of a few rows whose K
+tiles, loaded one by one, would each be bound by the DMA's fixed phase comes by one DMA of all
+of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T).
 """
 from __future__ import annotations
 
@@ -41,8 +48,9 @@ from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
-                                         SBUF_SHARE, choose_blocking, footprint, operand_form,
-                                         staged)
+                                         SBUF_SHARE, choose_blocking, ev_dtype, footprint,
+                                         operand_form, staged)
+from lowering.tiling.matmul_transposed import emit_transposed
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -142,6 +150,32 @@ class _Side:
         if self.pro is not None:
             self.pro.make(b, dap, dap, j, kt)
 
+    def packed(self, K: int) -> bool:
+        """Rows (F) of K contiguous elements lying back to back, K a multiple of 128: X viewed
+        as [F * K/128, 128] rows (``load_whole``)."""
+        return self.kstride == 1 and self.fstride == K and K % TK == 0
+
+    def load_whole(self, b: TirBuilder, dst: Tile, bbase: Affine, f0: Affine, fw: int, K: int) -> None:
+        """Rows f0 .. f0+fw of X^T, all K tiles, by one DMA (``matmul_plan.whole_block``), K tile
+        j at element ``j * fw`` (the layout of one load per K tile): a direct operand by one
+        strided DMA; one read by DMA transposes (rows back to back, ``packed``) by one 2-D
+        transpose of the rows viewed as [fw * K/128, 128] (row ``f * Kt + j`` is K tile j of row
+        f), the destination walked so that it lands at element ``j * fw + f``."""
+        r = self.ref
+        Kt = K // TK
+        if self.form == DIRECT:
+            b.dma(dst.ap(TK, dims=((1, Kt * fw),)),
+                  hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, TK, self.kstride,
+                         ((Kt, TK * self.kstride), (fw, self.fstride))))
+        else:
+            b.dma(dst.ap(TK, dims=((1, fw), (fw, Kt))),
+                  hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, fw * Kt, TK, ((TK, 1),)),
+                  transpose=True)
+        if self.pro is not None:
+            with b.loop(Kt, "kw") as j:
+                t = dst.ap(TK, elem_offset=j * fw, dims=((1, fw),))
+                self.pro.make(b, t, t, j, TK)
+
     def load_group(self, b: TirBuilder, dst: Tile, bbase: Affine, c: Affine, G: int, f0: Affine,
                    fw: int) -> None:
         """K group ``c`` of a DIRECT operand in one DMA: partition p receives rows
@@ -175,26 +209,40 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     prologue = bool(k.attrs.prologue_inputs)
     used = sorted(epi.loads()) if epi is not None else []
     kp = KPack(k_pack(A.dtype, t))
+    no_swap = "fp8 double-row K tiles (matmul_fp8.py)" if kp.pack > 1 else ""
+    no_dma_out = ("the output or an epilogue input is resident in SBUF (rows on partitions: "
+                  "no column-wise store)" if any(b.is_resident(x.buffer) for x in
+                                                 [out] + [k.ins[i] for i in used]) else "")
     shape = MatmulShape(max(1, _prod(batch)), M, N, K, A.dtype, out.dtype, sa.form, sb.form,
                         tuple(k.ins[i].dtype for i in used), _epi_tiles(epi),
-                        no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack)
+                        no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack,
+                        no_swap=no_swap, no_dma_out=no_dma_out, a_packed=sa.packed(K),
+                        b_packed=sb.packed(K), a_ahead=_ahead(b, A),
+                        cast_only=epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC))
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
-    if best.resident != "C":
+    if best.resident != "C" and not best.swap:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}{' double_row' if kp.pack > 1 else ''}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
+    if no_swap:
+        b.note(f"matmul: transposed form (B stationary) refused: {no_swap}")
+    elif best.swap and no_dma_out:
+        b.note(f"matmul: transposed form's short-run store (out=dma) refused: {no_dma_out}")
     if prologue:
         if kp.pack > 1:
             raise Unsupported(",".join(k.origin) or "matmul",
                               "a folded A scale/shift with fp8 double-row operands")
         assert best.resident != "C", "no_outres keeps a prologue out of the third form"
         res, strm, rt = (sa, sb, TM) if best.resident == "A" else (sb, sa, TN)
-        sa.pro = APrologue(b, k, K, _kgroup(res, strm, K, best, rt, t))
-    if best.resident == "C":
+        sa.pro = APrologue(b, k, K, 1 if best.swap else _kgroup(res, strm, K, best, rt, t))
+    if best.swap:
+        emit_transposed(b, k, sa, sb, best, used, folded, _epilogue, _bias_row, out_ap,
+                        ev_dtype(shape))
+    elif best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         _emit(b, k, sa, sb, best, used, folded, _transpose_once(shape, best, t,
@@ -231,6 +279,14 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     if footprint(shape, whole, b.target)[0] > int(b.target.sbuf_bytes_per_partition * SBUF_SHARE):
         return c
     return whole
+
+
+def _ahead(b: TirBuilder, ref) -> bool:
+    """Can the operand's loads run ahead, during earlier kernels (``MatmulShape.a_ahead``)? A
+    graph input (weights: the schedule's prefetch queues), unless this kernel opens the
+    program (kernel 0: nothing runs before it)."""
+    buf = b.buffers.get(ref.buffer)
+    return buf is not None and buf.role == "input" and b.prefix != "k0."
 
 
 def _epi_tiles(epi: Expr | None) -> int:
@@ -325,6 +381,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
             if G > 1:
                 with b.loop(K // (G * TK), "kr") as cg:
                     res.load_group(b, blk, rbase, cg, G, r0, rw)
+            elif c.whole:
+                res.load_whole(b, blk, rbase, r0, rw, K)
             else:
                 for k0, kt in b.tiled(K, TK, "kr"):
                     if not c.stream:
@@ -501,31 +559,41 @@ def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, 
 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
-              nt: int, acc: TAP, into: TAP | None = None, store: bool = True) -> TAP | None:
+              nt: int, acc: TAP, into: TAP | None = None, store: bool = True,
+              tr: bool = False) -> TAP | None:
     """Evaluate the epilogue on one output tile (``acc``: its accumulator) and store it;
     ``into``: an SBUF access of the output's dtype to compute the result into (default: a
     tile of the epilogue's own). ``store=False`` (with ``into``): leave the result there and
-    return it for the caller to store (None when the output is resident in SBUF: done)."""
+    return it for the caller to store (None when the output is resident in SBUF: done).
+    ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul_transposed.py): N
+    runs on partitions and M along the free dim, inputs and output are read and written
+    column-wise (never resident: ``MatmulShape.no_dma_out``)."""
     out = k.outs[0]
+    P, F = (nt, mt) if tr else (mt, nt)
+    p0, f0 = (n0, m0) if tr else (m0, n0)
+
+    def strides(x) -> tuple[int, int]:
+        """(partition stride, free stride) of ``x``'s last two axes in this tile's layout."""
+        return (x.strides[-1], x.strides[-2]) if tr else (x.strides[-2], x.strides[-1])
+
     loads: dict[int, TAP] = {}
     for i in used:
         x = k.ins[i]
-        src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2] + n0 * x.strides[-1],
-                     mt, x.strides[-2], ((nt, x.strides[-1]),))
-        view = b.resident_view(src, mt)
+        ps, fs = strides(x)
+        src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps + f0 * fs, P, ps, ((F, fs),))
+        view = None if tr else b.resident_view(src, P)
         if view is not None:
             loads[i] = view
             continue
-        if x.strides[-1] == 0 and nt > 1:
-            # constant along N (a per-tensor or per-row scale, e.g. _scaled_mm's): one element
-            # per partition, read with free stride 0 (a [mt, nt] broadcast DMA would move nt
-            # 4-byte chunks per partition)
-            tl = b.tile(f"epi{i}c", Memory.SBUF, mt, 1, x.dtype, 2)
-            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + m0 * x.strides[-2], mt,
-                                  x.strides[-2], ()))
-            loads[i] = tl.ap(dims=((0, nt),))
+        if fs == 0 and F > 1:
+            # constant along the free dim (a per-tensor or per-row scale, e.g. _scaled_mm's; a
+            # row bias in the transposed tile): one element per partition, read with free
+            # stride 0 (a [P, F] broadcast DMA would move F chunks per partition)
+            tl = b.tile(f"epi{i}c", Memory.SBUF, P, 1, x.dtype, 2)
+            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps, P, ps, ()))
+            loads[i] = tl.ap(dims=((0, F),))
             continue
-        tl = b.tile(f"epi{i}", Memory.SBUF, mt, nt, x.dtype, 2)
+        tl = b.tile(f"epi{i}", Memory.SBUF, P, F, x.dtype, 2)
         b.dma(tl.ap(), src)
         loads[i] = tl.ap()
 
@@ -534,22 +602,23 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
             return acc
         if x.op is EOp.LOAD:
             return loads[x.index]
-        # INDEX over [*B, M, N]: batch fixed, M runs on partitions, N along the free dim
-        tl = b.tile("idx", Memory.SBUF, mt, nt, x.dtype, 2).ap()
+        # INDEX over [*B, M, N]: batch fixed; M on partitions and N along the free dim (tr:
+        # the other way round)
+        tl = b.tile("idx", Memory.SBUF, P, F, x.dtype, 2).ap()
         rank = out.rank
-        if x.index == rank - 2:
-            b.iota(tl, m0, 1, (0,))
-        elif x.index == rank - 1:
-            b.iota(tl, n0, 0, (1,))
+        if x.index == (rank - 1 if tr else rank - 2):
+            b.iota(tl, p0, 1, (0,))
+        elif x.index == (rank - 2 if tr else rank - 1):
+            b.iota(tl, f0, 0, (1,))
         else:
             b.iota(tl, bidx[x.index], 0, (0,))
         return tl
 
-    gen = ExprGen(b, mt, (nt,), leaf, bufs=EPI_BUFS)
+    gen = ExprGen(b, P, (F,), leaf, bufs=EPI_BUFS)
     expr = k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC)
-    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
-                 + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),))
-    target = b.resident_view(dst, mt)
+    ops, ofs = strides(out)
+    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + p0 * ops + f0 * ofs, P, ops, ((F, ofs),))
+    target = None if tr else b.resident_view(dst, P)
     if target is not None:            # the output stays in SBUF: evacuate PSUM straight into it
         gen.tile_of(expr, out.dtype, out=target)
         return None
