@@ -185,7 +185,7 @@ register(aten.bitwise_and.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.AND))
 register(aten.bitwise_or.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.OR))
 _BINARY = {
     (aten.div.Tensor, aten.div.Scalar): EOp.DIV,
-    (aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor): EOp.POW,
+    (aten.pow.Tensor_Scalar,): EOp.POW,
 }
 for _ts, _op in _BINARY.items():
     register(*_ts, dtypes=FLOAT_DTYPES)(_binary(_op))
@@ -197,6 +197,25 @@ register(aten.sub.Tensor, aten.sub.Scalar, dtypes=EW_DTYPES - MASK_DTYPES,
          check=exact_integers)(_binary(EOp.SUB, alpha_scales=True))
 register(aten.rsub.Scalar, aten.rsub.Tensor, dtypes=FLOAT_DTYPES)(
     _binary(EOp.SUB, reverse=True, alpha_scales=True))
+
+
+def _float_pow(node: fx.Node) -> str | None:
+    """pow of a float base: an integer exponent is promoted to the float result type, as
+    eager's type promotion does (``torch.pow(alibi_base, int32_powers)`` in BLOOM); an integer
+    base (an integer power) falls back."""
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point:
+        return f"integer pow (result dtype {v.dtype}): only a float base is lowered"
+    return None
+
+
+@register(aten.pow.Tensor_Tensor, dtypes=FLOAT_DTYPES | INDEX_DTYPES, check=_float_pow)
+def _pow_tensor(ctx, node, base, exponent):
+    """pow: the base and an integer exponent both taken to the float result type first."""
+    def build(l: Leaves, dt: DType) -> Expr:
+        x, y = (a if a.dtype == dt else e(EOp.CAST, a, dtype=dt) for a in l)
+        return e(EOp.POW, x, y, dtype=dt)
+    return pointwise(ctx, node, [base, exponent], build)
 
 
 @register(aten.pow.Scalar, dtypes=FLOAT_DTYPES)
