@@ -32,12 +32,15 @@ OUR_ENTRY_POINT_PREFIX = "neuron_compiler."
 
 
 # Ops that core ATen keeps whole but that decompose into ops the lowering has (batch norm in
-# training and inference, and its backward, become var_mean + elementwise + reductions).
+# training and inference, and its backward, become var_mean + elementwise + reductions;
+# linalg_vector_norm, F.normalize's and weight norm's, becomes abs/pow, a sum or max and a
+# root, in fp32 for 16-bit inputs as eager accumulates).
 EXTRA_DECOMPOSITIONS = (
     "_native_batch_norm_legit_functional",
     "_native_batch_norm_legit_no_training",
     "_native_batch_norm_legit",
     "native_batch_norm_backward",
+    "linalg_vector_norm",
 )
 
 
