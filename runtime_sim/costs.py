@@ -99,7 +99,8 @@ DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/si
   the DMA overview's efficiency-versus-size figure (hardware-sources.md, "DMA cost per
   transfer"). Transfers of different queues take their fixed phases side by side. On NC-v3 a
   fixed phase of 1300 ns (the guide's figure, no generation given) contradicts the trn2
-  tutorial profiles (tests/machine/test_dma_model.py).
+  tutorial profiles (tests/machine/test_calibration.py,
+  ``test_trn2_with_the_nc_v2_fixed_phase_contradicts_the_trn2_tutorial_profiles``).
 - Data phase: on each of its engines, the transfer's data starts when its fixed phase is done
   and that engine's previous data phase has ended (an engine runs one data phase at a time, in
   issue order, whatever the queue), and takes ``sum over contiguous chunks of
@@ -114,8 +115,9 @@ DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/si
   through one FIFO fluid server of the core's share of HBM bandwidth
   (``hbm_bytes_per_ns / cores_per_chip``); the data phase ends no earlier than that reservation.
 - Completion: at the end of the data phase (the semaphore write is part of the fixed phase's
-  figure; nki-dma-overview.rst L153 shows it inside the transfer). So a lone transfer takes fixed + data, and one trn2 engine moving 32 KiB shows a
-  1,425 ns data phase (published: 1,416 ns, nki-dma-overview.rst L153).
+  figure; nki-dma-overview.rst L153 shows it inside the transfer). So a lone transfer takes
+  fixed + data, and one trn2 engine moving 32 KiB shows a 1,425 ns data phase (published:
+  1,416 ns, nki-dma-overview.rst L153).
 - A queue's DMAs complete (signal their semaphores) in issue order.
 - Indirect DMA (``dma_gather`` / ``dma_scatter``): the same engine spread (by the SBUF data
   side's partitions), HBM server and completion as a copy; one descriptor per contiguous run of
@@ -125,9 +127,8 @@ DMA model (``DmaModel`` keeps the dynamic state; evidence and sources in docs/si
   ``accumulate`` scatter reads and writes each row (its bytes and descriptors count twice on the
   engines and on HBM). The index read (a few bytes per lookup, SBUF) and GpSimd's time
   generating descriptors are not modelled.
-- ``dma_data_ns``, ``dma_tile_data_ns``, ``dma_transfer_ns`` and ``dma_stream_ns`` below are the
-  same rules for callers that price a transfer before it exists (the compiler's estimators):
-  there is one DMA formula.
+- ``dma_data_ns`` and ``dma_tile_data_ns`` below are the same rules for callers that price a
+  transfer before it exists (the compiler's estimators): there is one DMA formula.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ from .targets import Target
 
 class Cost(NamedTuple):
     busy_ns: float      # compute: queue occupancy. DMA: data phase on its DMA engine
-    latency_ns: float   # after busy until completion (access overhead / DMA fixed latency)
+    latency_ns: float   # after busy until completion (access overhead; 0 for DMAs)
     work_ns: float      # streaming time for the roofline (compute engines only)
     issue_ns: float = 0.0   # DMA: the fixed phase (and software DGE), occupies the queue
     hbm_ns: float = 0.0     # DMA: time on the core's share of HBM bandwidth
@@ -392,21 +393,6 @@ def dma_tile_data_ns(partitions: int, bytes_per_partition: float, run_bytes: flo
     eb = min(partitions, t.dma_partitions_per_engine) * bytes_per_partition
     return max(dma_data_ns(eb, run_bytes, t),
                partitions * bytes_per_partition / t.hbm_bytes_per_ns_per_core)
-
-
-def dma_transfer_ns(engine_bytes: float, run_bytes: float, t: Target) -> float:
-    """Time of one lone transfer on an idle engine: its fixed phase, then its data phase."""
-    return t.dma_transfer_ns + dma_data_ns(engine_bytes, run_bytes, t)
-
-
-def dma_stream_ns(transfers: int, engine_bytes: float, run_bytes: float, t: Target) -> float:
-    """``transfers`` back-to-back transfers of ``engine_bytes`` per engine from one queue: the
-    first one's fixed phase, then one per max(fixed, data) (each fixed phase overlaps the
-    previous transfer's data phase)."""
-    if transfers <= 0:
-        return 0.0
-    data = dma_data_ns(engine_bytes, run_bytes, t)
-    return t.dma_transfer_ns + data + (transfers - 1) * max(t.dma_transfer_ns, data)
 
 
 def _engines(side: AP | None, t: Target) -> tuple[int, int, float]:

@@ -246,7 +246,7 @@ TRN2 = Target(
     dma_engine_bytes_per_ns=23.0,                                        # DO L43-63: 368 GB/s; DO L153: 32 KiB in 1,416 ns
     # DGE L124, ARCH2 L364: each hardware-DGE DMA instruction takes ~600 ns on NC-v3. The DMA
     # guide's ~1300 ns (no generation given) as a per-transfer occupancy contradicts the trn2
-    # tutorial profiles (tests/machine/test_dma_model.py)
+    # tutorial profiles (tests/machine/test_calibration.py)
     dma_transfer_ns=600.0,
     dma_partitions_per_engine=8,                                         # DO L34: eight partitions each
     dma_transpose_efficiency=0.9,                                        # ARCH2 L321: up to 90%

@@ -218,7 +218,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
                         no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack,
                         no_swap=no_swap, no_dma_out=no_dma_out, a_packed=sa.packed(K),
                         b_packed=sb.packed(K), a_ahead=_ahead(b, A),
-                        cast_only=epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC))
+                        cast_only=_casts_only(epi))
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
@@ -289,10 +289,15 @@ def _ahead(b: TirBuilder, ref) -> bool:
     return buf is not None and buf.role == "input" and b.prefix != "k0."
 
 
+def _casts_only(epi: Expr | None) -> bool:
+    """No epilogue, or one that only casts the accumulator."""
+    return epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC)
+
+
 def _epi_tiles(epi: Expr | None) -> int:
     """SBUF tiles the epilogue evaluates per output tile (``MatmulShape.epi_tiles``): one when
     it only casts the accumulator (``ExprGen`` writes the cast straight into the output tile)."""
-    if epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC):
+    if _casts_only(epi):
         return 1
     return count_intermediates(epi)
 

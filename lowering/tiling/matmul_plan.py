@@ -425,8 +425,6 @@ def _estimate_outres(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tupl
                    "drain": drain / 1e3}
 
 
-
-
 def _widths(n: int, step: int) -> list[tuple[int, int]]:
     """(width, count) of the tiles of ``n`` in steps of ``step``: the full ones and the tail."""
     full, rem = divmod(n, step)

@@ -35,12 +35,6 @@ from runtime_sim.costs import dma_tile_data_ns
 from runtime_sim.targets import Target
 
 
-def dma_ns(t: Target, p: int, nbytes_per_partition: float, run_bytes: float) -> float:
-    """Data phase of one transfer of ``p`` partitions x ``nbytes_per_partition`` whose
-    contiguous runs are ``run_bytes`` long (``runtime_sim.costs.dma_tile_data_ns``)."""
-    return dma_tile_data_ns(p, nbytes_per_partition, run_bytes, t)
-
-
 def chunk_candidates(n: int, f_max: int) -> list[int]:
     """Even splits of ``n`` into ``k`` chunks of at most ``f_max``: every ``k`` from the fewest
     chunks up to twice that, then doubling ``k``."""
@@ -66,9 +60,9 @@ def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int
 
     def parts(f: int, p: int) -> tuple[float, float, float, float]:
         """(loads, stores, busiest engine, makespan of the compute) of one tile of ``f`` columns."""
-        loads = sum(dma_ns(t, p, f * isz, f * isz if contig else isz)
+        loads = sum(dma_tile_data_ns(p, f * isz, f * isz if contig else isz, t)
                     for isz, contig, st in streams if not st)
-        stores = sum(dma_ns(t, p, f * isz, f * isz if contig else isz)
+        stores = sum(dma_tile_data_ns(p, f * isz, f * isz if contig else isz, t)
                      for isz, contig, st in streams if st)
         return (loads, stores) + compute(f)
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lowering.tiling.stream import choose_chunk, chunk_candidates, dma_ns
+from lowering.tiling.stream import choose_chunk, chunk_candidates
 from lowering_helpers import check, rand
+from runtime_sim.costs import dma_tile_data_ns
 from runtime_sim.targets import get_target
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -55,10 +56,10 @@ def test_short_streams_keep_several_chunks_to_pipeline():
 
 def test_dma_model_prefers_long_runs():
     t = get_target("trn2")
-    contiguous = dma_ns(t, 128, 8192, 8192)
-    strided = dma_ns(t, 128, 8192, 4)
+    contiguous = dma_tile_data_ns(128, 8192, 8192, t)
+    strided = dma_tile_data_ns(128, 8192, 4, t)
     assert strided > 10 * contiguous
-    assert dma_ns(t, 1, 8192, 8192) < contiguous     # one partition: one engine's share
+    assert dma_tile_data_ns(1, 8192, 8192, t) < contiguous     # one partition: one engine's share
 
 
 def _chunk_loop(low) -> tuple[int, int] | None:
