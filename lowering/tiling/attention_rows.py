@@ -41,6 +41,42 @@ from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
 MAX_KEY_BLOCKS = 4
 
 
+def _exp_plan(t, kbs, sdt, pdt) -> tuple[int, int]:
+    """(nv, na): on a target with VectorE's fast exponential, the first ``nv`` key blocks' exps
+    go to it (the others stay on ScalarE) and the first ``na`` blocks' P^T copies to ScalarE
+    (the others to VectorE); (0, 0) without it. Chosen by the cost model: each candidate's
+    non-TensorE work of one query block (row maxes, exps, P^T copies) is priced per engine
+    (``estimate.profile``) and the busiest engine's time is kept lowest (ties: fewer moves)."""
+    if t.vector_exp_speedup <= 1:
+        return 0, 0
+    from lowering.tiling.estimate import profile, scratch
+    nk = len(kbs)
+    best = None
+    for nv in range(nk + 1):
+        for na in range(nk + 1):
+            with scratch(t) as s:
+                mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
+                m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
+                for c, (_, kw) in enumerate(kbs):
+                    sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, sdt, 1).ap(dims=((1, kw),))
+                    pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
+                    s.tensor_reduce(_cols(mb.ap(), c, 1), sc, AluOp.MAX,
+                                    engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
+                    if c < nv:
+                        s.exponential(pc, sc, m, accum=_cols(mb.ap(), c, 1))
+                    else:
+                        s.activation(pc, sc, ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD,
+                                     accum=_cols(mb.ap(), c, 1))
+                    tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1).ap()
+                    pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1).ap()
+                    s.tensor_copy(pt, tp, engines=(EngineKind.SCALAR if c < na else EngineKind.VECTOR,))
+            busy, _ = profile(s)
+            key = (max(busy.values()), nv + na)
+            if best is None or key < best[0]:
+                best = (key, (nv, na))
+    return best[1]
+
+
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
     """Whether the two-phase form applies: unmasked, more than one key block and at most as
     many as two parities of score banks (plus an output bank each unless it shares the last
@@ -68,6 +104,16 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     nk = len(kbs)
     shares = _o_shares_bank(pdt, Dv, b.target)
     clamp = a.safe and a.score is not None
+    # key blocks whose exp runs on VectorE's fast exponential (NC-v4); it has no scale operand,
+    # so then K^T carries the scale
+    nv, na = _exp_plan(b.target, kbs, F32, pdt) if a.score is None else (0, 0)
+    vexp = set(range(nv))
+    if nv:
+        b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
+               f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
+               "chosen by the cost model")
+    prescale = bool(vexp) and a.scale != 1.0
+    interleave = b.target.background_transpose
     # (the output behind the last block's P^T pieces)
     o_col = _pt_bytes(-(-kbs[-1][1] // 128), pdt) // 4
     sets = []
@@ -100,6 +146,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         kts, vts = kv[w]
         for c, (k0, kw) in enumerate(kbs if k else ()):
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
+            if prescale:
+                ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
+                b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale)
         for c, (k0, kw) in enumerate(kbs if v else ()):
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
 
@@ -109,7 +158,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         for d0, dw in b.tiled(D, 128, "d"):
             sq.load(b, sets[u][4]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
-    def early(h: Affine, w: int, t: int, u: int, loaded: bool = False) -> None:
+    def early(h: Affine, w: int, t: int, u: int, loaded: bool = False, between=None):
+        """Query block t's products, row max and statistics; ``between(c)`` is called after
+        key block c's product (the previous block's transposes, to run beside it). Returns the
+        exps as a callable when the caller places them (``interleave``), else issues them."""
         bidx = outer + (h,)
         kts = kv[w][0]
         q0, qr = blocks[t]
@@ -117,14 +169,15 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         qt = tmp["qt"]
         if not loaded:
             load_q(h, t, u)
+        mb = tmp["mb"].ap(qr)
+        srcs = []
         for c, (k0, kw) in enumerate(kbs):
             for d0, dw in b.tiled(D, 128, "dm"):
                 b.matmul(S[c].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
                          kts[c].ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
-        mb = tmp["mb"].ap(qr)
-        srcs = []
-        for c, (k0, kw) in enumerate(kbs):
-            src, act_scale = S[c].ap(qr, dims=((1, kw),)), a.scale
+            if between is not None:
+                between(c)
+            src, act_scale = S[c].ap(qr, dims=((1, kw),)), (1.0 if prescale else a.scale)
             if a.score is not None:
                 src = _score_tile(b, k, S[c], bidx, q0, qr, aff(k0), kw)
                 act_scale = 1.0
@@ -134,56 +187,96 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                             engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
         act_scale = srcs[0][1]
         m = tmp["m"].ap(qr)
-        b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
         nm = tmp["nm"].ap(qr)
-        if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+        if vexp:
+            # m for VectorE's exponential (it subtracts), -m for ScalarE's bias: side by side
+            b.tensor_reduce(m, mb, AluOp.MAX, engines=(EngineKind.GPSIMD,))
+            b.tensor_reduce(nm, mb, AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
+        else:
+            b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+        if vexp:
+            pass
+        elif clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
             b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
         else:
             b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
-        for c, (k0, kw) in enumerate(kbs):
-            src, sc = srcs[c]
-            b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
-                         reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
 
-    def late(h: Affine, w: int, t: int, u: int) -> None:
+        def exps() -> None:
+            for c, (k0, kw) in enumerate(kbs):
+                src, sc = srcs[c]
+                if c in vexp:
+                    b.exponential(P[c].ap(qr, dims=((1, kw),)), src, m, accum=_cols(L.ap(qr), c, 1))
+                else:
+                    b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
+                                 reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
+        if not interleave:
+            exps()
+            return None
+        return exps
+
+    def late(h: Affine, w: int, t: int, u: int):
+        """Query block t's transposes (``tp(c)`` per key block) and the rest (``rest()``:
+        1 / sum, second products, store), for the caller to place."""
         bidx = outer + (h,)
         vts = kv[w][1]
         q0, qr = blocks[t]
         S, O, P, L, tmp = sets[u]
-        # 1 / sum first, on GpSimdE (ScalarE's queue holds the next block's exps: a reciprocal
-        # there would wait for them, and the last score bank for this block's output read)
-        den = tmp["den"].ap(qr)
-        b.tensor_reduce(den, L.ap(qr), AluOp.ADD, engines=(EngineKind.GPSIMD,))
-        if clamp:
-            b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
-        rl = tmp["rl"].ap(qr)
-        b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
-        pts = [_transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw, -(-kw // 128),
-                                pt=tmp["pt"][c]) for c, (k0, kw) in enumerate(kbs)]
-        for c, (k0, kw) in enumerate(kbs):
-            for s0, sw in b.tiled(kw, 128, "pv"):
-                sub = s0 // 128
-                b.matmul(O.ap(qr), _cols(pts[c], sub * qr, qr, sw), _v_rows(vts[c], sub, s0, sw, Dv),
-                         start_when=(s0 + k0,))
-        _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl, tmp["w"])
+        pts: list = [None] * nk
+
+        def tp(c: int) -> None:
+            kw = kbs[c][1]
+            eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
+                   (EngineKind.SCALAR,) if c < na else (EngineKind.VECTOR,))
+            pts[c] = _transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw,
+                                      -(-kw // 128), pt=tmp["pt"][c], engines=eng)
+
+        def rest() -> None:
+            # 1 / sum on GpSimdE (ScalarE's queue holds the next block's exps: a reciprocal
+            # there would wait for them, and the last score bank for this block's output read)
+            den = tmp["den"].ap(qr)
+            b.tensor_reduce(den, L.ap(qr), AluOp.ADD, engines=(EngineKind.GPSIMD,))
+            if clamp:
+                b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
+            rl = tmp["rl"].ap(qr)
+            b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
+            for c, (k0, kw) in enumerate(kbs):
+                for s0, sw in b.tiled(kw, 128, "pv"):
+                    sub = s0 // 128
+                    b.matmul(O.ap(qr), _cols(pts[c], sub * qr, qr, sw), _v_rows(vts[c], sub, s0, sw, Dv),
+                             start_when=(s0 + k0,))
+            _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl, tmp["w"])
+        return tp, rest
 
     def item(h: Affine, hh: int, last: bool) -> None:
         """Item h (its K/V in set hh): every query block's late stage, each after the next
         block's early stage (the next item's first, with its K/V loads, unless ``last``)."""
         for t in range(T):
             u = (hh * T + t) % 2
+            tp, rest = late(h, hh, t, u)
+            # with background transposes, block t's transposes run beside block t+1's products
+            between = tp if interleave else None
+            exps = None
             if t + 1 < T:
-                early(h, hh, t + 1, (u + 1) % 2)
+                exps = early(h, hh, t + 1, (u + 1) % 2, between=between)
             elif not last:
                 load_kv(h + 1, 1 - hh)
-                early(h + 1, 1 - hh, 0, (u + 1) % 2)
-            late(h, hh, t, u)
+                exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, between=between)
+            else:
+                between = None
+            if between is None:
+                for c in range(nk):
+                    tp(c)
+            if exps is not None:
+                exps()
+            rest()
 
     # the first products wait for the first Q^T and the K^T blocks only: those loads go first
     load_q(aff(0), 0, 0)
     load_kv(aff(0), 0, v=False)
-    early(aff(0), 0, 0, 0, loaded=True)
+    first = early(aff(0), 0, 0, 0, loaded=True)
+    if first is not None:
+        first()
     load_kv(aff(0), 0, k=False)
     pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
     if pairs:

@@ -221,7 +221,8 @@ def _pt_bytes(nsub: int, pdt: DType) -> int:
 
 
 def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: int,
-                     tdt: DType | None = None, pt=None) -> TAP:
+                     tdt: DType | None = None, pt=None,
+                     engines=(EngineKind.VECTOR, EngineKind.SCALAR)) -> TAP:
     """P^T [keys, qr] per 128 keys, through the (now free) score bank into SBUF (``pt`` when
     given): the transposes write ``tdt`` (default: P's dtype) into the bank, one copy takes them
     all out when every piece has 128 keys."""
@@ -237,9 +238,9 @@ def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: i
         b.transpose(tp, _cols(p, s0, sw))
         if kw % 128 or tdt is not pdt:
             # PSUM -> SBUF: VectorE's 2x copy mode or ScalarE (GpSimdE copies at 1x)
-            b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+            b.tensor_copy(_cols(pt, s0 // 128 * qr, qr, sw), tp, engines=engines)
     if not kw % 128 and tdt is pdt:
-        b.tensor_copy(pt, whole, engines=(EngineKind.VECTOR, EngineKind.SCALAR))
+        b.tensor_copy(pt, whole, engines=engines)
     return pt
 
 

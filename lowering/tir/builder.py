@@ -27,7 +27,7 @@ from lowering.tir.ir import Loop, Stmt, TAP, TBuf, TInstr, TProgram
 from lowering.tir.resident import NotResident
 from runtime_sim.checks import alignment_error
 from runtime_sim.isa import (ActivationAttrs, BnAggrAttrs, BnStatsAttrs, DmaAttrs, DType,
-                             EngineKind, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
+                             EngineKind, ExponentialAttrs, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
                              SelectAttrs, TensorCopyAttrs, TensorReduceAttrs, TensorScalarAttrs,
                              TensorTensorAttrs, TransposeAttrs)
 from runtime_sim.targets import Target
@@ -389,6 +389,12 @@ class TirBuilder:
         srcs = (src,) + tuple(a for a in (bias_ap, scale_ap) if a is not None)
         attrs = ActivationAttrs(func, scale, bias, bias_ap is not None, scale_ap is not None, reduce)
         return self.emit(Op.ACTIVATION, dst, srcs, attrs, engines=(EngineKind.SCALAR,), accum=accum)
+
+    def exponential(self, dst: TAP, src: TAP, max_ap: TAP, *, accum: TAP | None = None) -> TInstr:
+        """VectorE ``dst = exp(src - max_ap)`` (NC-v4 only: ``Target.vector_exp_speedup``), with
+        the row sum of the fp32 values into ``accum`` ([P, 1]) when given."""
+        return self.emit(Op.EXPONENTIAL, dst, (src, max_ap), ExponentialAttrs(max_from_src=True),
+                         engines=(EngineKind.VECTOR,), accum=accum)
 
     def tensor_tensor(self, dst: TAP, a: TAP, b: TAP, op, engines=ELEMENTWISE) -> TInstr:
         return self.emit(Op.TENSOR_TENSOR, dst, (a, b), TensorTensorAttrs(op), engines=engines)

@@ -256,3 +256,28 @@ def test_causal_mask_of_pipelined_heads_is_added_on_tensor_engine():
                for ln in prog.splitlines()), prog[:2000]
     assert ".cm[" not in prog
     assert_close(low.outputs[0], fn(q, k, v))
+
+
+@pytest.mark.parametrize("shape", ROWS, ids=lambda s: "x".join(map(str, s[:5])))
+def test_trn3_takes_exps_on_the_vector_engine_and_runs_transposes_in_the_background(shape):
+    """On trn3 (NeuronCore-v4) the two-phase softmax gives some key blocks' exps to VectorE's
+    fast exponential (K^T carries the scale, which that instruction has no operand for), and
+    the P^T transposes of a query block sit between the next block's products, where TensorE's
+    background lane runs them. Values match eager (a dropped row must fail the tolerance)."""
+    *dims, dtype = shape
+    B, H, S, Sk, D = dims
+    g = torch.Generator().manual_seed(S + Sk)
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(dtype) for n in (S, Sk, Sk))
+    fn = F.scaled_dot_product_attention
+    low = lower_and_run(fn, q, k, v, target="trn3")
+    assert _kernels(low) == ["attention"]
+    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+    assert any("fast exponential" in n for n in notes), notes
+    program = low.dumps["program.txt"]
+    assert " exponential" in program or "exponential(" in program, "no VectorE exponential emitted"
+    ref = fn(q, k, v)
+    assert_close(low.outputs[0], ref)
+    bad = low.outputs[0].clone()
+    bad[..., -1, :] = 0
+    with pytest.raises(AssertionError):
+        assert_close(bad, ref)
