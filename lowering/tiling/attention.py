@@ -43,7 +43,7 @@ from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
-                                             _early, _finish, _late, _load_k, _load_v, _o_shares_bank,
+                                             _diag_offsets, _early, _finish, _late, _load_k, _load_v, _o_shares_bank,
                                              _pt_bytes, _qk, _score_tile, _store, _transpose_block,
                                              _v_rows)
 from lowering.tiling.matmul import _Side
@@ -87,8 +87,10 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
            f"K {sk.form}; {J} query blocks per group, key blocks of {KB} software-pipelined")
     sk_seen = min(Sk, Sq + k.attrs.causal_offset) if k.attrs.causal else Sk
     items = bool(batch) and batch[-1] > 1 and Sq <= 2 * QB and sk_seen <= KB
-    # short heads where every row sees a key: the mask is added on TensorE (see _items), in bf16
-    pe_mask = items and a.score is None and a.causal_offset >= 0
+    rows = not items and rows_fits(k, Sq, Sk, Dv, t, tp_banks)
+    # short heads, or whole rows, where every row sees a key: the mask is added on TensorE (see
+    # _items), in bf16
+    pe_mask = (items or rows) and a.score is None and a.causal_offset >= 0
     masks = (_causal_masks(b, k, Sq, Sk, J, *((DType.BF16, PE_MASK) if pe_mask else (F32, LOWEST)))
              if k.attrs.causal else None)
     if items:
@@ -99,12 +101,13 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
             _items(b, k, sq, sk, outer, batch[-1], Sq, D, sk_seen, Dv, masks, t.psum_banks - tps,
                    pe_mask)
         return
-    if masks is None and rows_fits(k, Sq, Sk, Dv, t, tp_banks):
+    if rows:
         b.note(f"attention: whole score rows in PSUM ({-(-Sk // KB)} banks per query block), "
-               "two-phase softmax, query blocks software-pipelined across heads")
+               "two-phase softmax, query blocks software-pipelined across heads"
+               + ("; causal: each query block's visible key blocks only" if masks is not None else ""))
         with ExitStack() as es:
             outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
-            tile_rows(b, k, sq, sk, outer, batch[-1] if batch else 1, Sq, D, Sk, Dv)
+            tile_rows(b, k, sq, sk, outer, batch[-1] if batch else 1, Sq, D, Sk, Dv, masks)
         return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
@@ -127,14 +130,6 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                         g0 = g * J * QB
                         _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
                                shared)
-
-
-def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
-    """For a static (query block, key block) pair: None when every key is visible to every
-    query, else d = k0 - q0 - off (key c of the block is visible to query p iff c - p + d <= 0)."""
-    if k0 + kw - 1 <= q0 + off:
-        return None
-    return k0 - q0 - off
 
 
 def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F32,

@@ -30,13 +30,14 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _load_k,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
+                                             _load_k,
                                              _load_v, _o_shares_bank, _pt_bytes, _score_tile,
                                              _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
-from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
+from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
 
@@ -82,25 +83,35 @@ def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
     many as two parities of score banks (plus an output bank each unless it shares the last
     score bank) leave in PSUM, and more than one query block per head to pipeline."""
     a = k.attrs
-    nk = -(-Sk // KB)
+    nk = -(-_seen(k, Sq, Sk) // KB)
     per = nk + (0 if _o_shares_bank(a.p_dtype, Dv, t) else 1)
-    return (not a.causal and 1 < nk <= MAX_KEY_BLOCKS and Sq > QB
+    causal_ok = not a.causal or (a.causal_offset >= 0 and a.score is None)
+    return (causal_ok and 1 < nk <= MAX_KEY_BLOCKS and Sq > QB
             and 2 * per + tp_banks <= t.psum_banks)
 
 
+def _seen(k: KOp, Sq: int, Sk: int) -> int:
+    """Keys any query sees (causal: up to the last query's diagonal)."""
+    return min(Sk, Sq + k.attrs.causal_offset) if k.attrs.causal else Sk
+
+
 def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, ...], nh: int,
-              Sq: int, D: int, Sk: int, Dv: int) -> None:
+              Sq: int, D: int, Sk: int, Dv: int, masks: dict | None = None) -> None:
     """Every batch item of the innermost batch axis (``nh`` of them, inside the loops ``outer``;
     one when the attention has no batch axes: its index then meets no stride) as one pipeline
     of query blocks: K^T and V of
     item h in set h % 2, loaded (with item h+1's first query block's products, max and exp)
     while item h-1's last query block finishes, so no item boundary drains the engines. The
-    item loop is unrolled by two (the K/V sets alternate)."""
+    item loop is unrolled by two (the K/V sets alternate). Causal (``masks``: the additive
+    diagonal masks by offset): query block t takes only the key blocks its last row sees, the
+    last one cut at that row's diagonal, and adds the mask of its offset to the block that
+    crosses the diagonal before the max (every row sees at least one key: causal_offset >= 0)."""
     a = k.attrs
     dt, pdt = sq.ref.dtype, a.p_dtype
     V = k.ins[2]
     nd = -(-D // 128)
-    kbs = [(i * KB, min(KB, Sk - i * KB)) for i in range(-(-Sk // KB))]
+    Skv = _seen(k, Sq, Sk)
+    kbs = [(i * KB, min(KB, Skv - i * KB)) for i in range(-(-Skv // KB))]
     nk = len(kbs)
     shares = _o_shares_bank(pdt, Dv, b.target)
     clamp = a.safe and a.score is not None
@@ -141,6 +152,23 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
     T = len(blocks)
 
+    def visible(t: int) -> list[tuple[int, int, int, int | None]]:
+        """(c, k0, kw, diagonal offset or None) of the key blocks query block t sees."""
+        if masks is None:
+            return [(c, k0, kw, None) for c, (k0, kw) in enumerate(kbs)]
+        q0, qr = blocks[t][0].const, blocks[t][1]
+        end = min(Skv, q0 + qr + a.causal_offset)
+        out = []
+        for c, (k0, kw) in enumerate(kbs):
+            if k0 < end:
+                kw = min(kw, end - k0)
+                out.append((c, k0, kw, _diag_offsets(q0, qr, k0, kw, a.causal_offset)))
+        return out
+    if masks is not None:      # the bf16 masks go into the scores on TensorE: S += I^T @ mask
+        ident = b.tile("rident", Memory.SBUF, QB, QB, DType.BF16)
+        b.iota(ident.ap(), 0, -1, (1,))                              # c - p
+        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
         bidx = outer + (h,)
         kts, vts = kv[w]
@@ -170,22 +198,28 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         if not loaded:
             load_q(h, t, u)
         mb = tmp["mb"].ap(qr)
-        srcs = []
-        for c, (k0, kw) in enumerate(kbs):
+        srcs = {}
+        vis = visible(t)
+        for c, k0, kw, diag in vis:
             for d0, dw in b.tiled(D, 128, "dm"):
                 b.matmul(S[c].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
                          kts[c].ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
+            if diag is not None:    # hidden keys: columns from 1 - diag on
+                c0 = max(0, 1 - diag)
+                b.matmul(_cols(S[c].ap(qr), c0, kw - c0, qr), ident.ap(QB, dims=((1, qr),)),
+                         _cols(masks[diag].ap(QB), c0, kw - c0, QB), start_when=(1,))
             if between is not None:
                 between(c)
             src, act_scale = S[c].ap(qr, dims=((1, kw),)), (1.0 if prescale else a.scale)
             if a.score is not None:
                 src = _score_tile(b, k, S[c], bidx, q0, qr, aff(k0), kw)
                 act_scale = 1.0
-            srcs.append((src, act_scale))
+            srcs[c] = (src, act_scale)
             # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
             b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
         act_scale = srcs[0][1]
+        mb = _cols(mb, 0, len(vis))
         m = tmp["m"].ap(qr)
         nm = tmp["nm"].ap(qr)
         if vexp:
@@ -203,7 +237,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
 
         def exps() -> None:
-            for c, (k0, kw) in enumerate(kbs):
+            for c, k0, kw, _ in vis:
                 src, sc = srcs[c]
                 if c in vexp:
                     b.exponential(P[c].ap(qr, dims=((1, kw),)), src, m, accum=_cols(L.ap(qr), c, 1))
@@ -223,9 +257,13 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         q0, qr = blocks[t]
         S, O, P, L, tmp = sets[u]
         pts: list = [None] * nk
+        vis = visible(t)
+        width = {c: kw for c, _, kw, _ in vis}
 
         def tp(c: int) -> None:
-            kw = kbs[c][1]
+            if c not in width or pts[c] is not None:
+                return
+            kw = width[c]
             eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
                    (EngineKind.SCALAR,) if c < na else (EngineKind.VECTOR,))
             pts[c] = _transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw,
@@ -235,12 +273,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             # 1 / sum on GpSimdE (ScalarE's queue holds the next block's exps: a reciprocal
             # there would wait for them, and the last score bank for this block's output read)
             den = tmp["den"].ap(qr)
-            b.tensor_reduce(den, L.ap(qr), AluOp.ADD, engines=(EngineKind.GPSIMD,))
+            b.tensor_reduce(den, _cols(L.ap(qr), 0, len(vis)), AluOp.ADD, engines=(EngineKind.GPSIMD,))
             if clamp:
                 b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
             rl = tmp["rl"].ap(qr)
             b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
-            for c, (k0, kw) in enumerate(kbs):
+            for c, k0, kw, _ in vis:
                 for s0, sw in b.tiled(kw, 128, "pv"):
                     sub = s0 // 128
                     b.matmul(O.ap(qr), _cols(pts[c], sub * qr, qr, sw), _v_rows(vts[c], sub, s0, sw, Dv),
@@ -264,9 +302,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, between=between)
             else:
                 between = None
-            if between is None:
-                for c in range(nk):
-                    tp(c)
+            for c in range(nk):     # (those no product of the next block ran beside)
+                tp(c)
             if exps is not None:
                 exps()
             rest()

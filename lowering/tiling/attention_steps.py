@@ -29,6 +29,14 @@ LOWEST = -3.4028234663852886e38     # lowest finite fp32
 TINY = 1.1754943508222875e-38       # smallest normal fp32
 
 
+def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
+    """For a static (query block, key block) pair: None when every key is visible to every
+    query, else d = k0 - q0 - off (key c of the block is visible to query p iff c - p + d <= 0)."""
+    if k0 + kw - 1 <= q0 + off:
+        return None
+    return k0 - q0 - off
+
+
 def _only_casts(e: Expr) -> bool:
     """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
     dtype gives the same values."""
