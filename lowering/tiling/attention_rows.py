@@ -15,9 +15,14 @@ the two parities alternate):
     P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF
     O = sum_c P^T_c.T @ V_c                  TensorE, one accumulation group in bank (u, last)
     out = epilogue(O / sum_c l_c)
-Query block t+1's products, max and exp are issued before block t's transposes and second
-products, so every in-order engine finds the next block's early work ahead of the one that
-waits (as ``_items`` does for one-block heads).
+Query block t+1's products and row max are issued before block t's transposes, its exps after
+them (so block t's PSUM -> SBUF copies of P^T never queue behind them on ScalarE/VectorE), then
+block t's second products: every in-order engine finds the next block's early work ahead of the
+one that waits (as ``_items`` does for one-block heads). With TensorE's background transposes
+(NC-v4) block t's transposes sit between block t+1's products, where the background lane runs
+them; with VectorE's fast exponential (NC-v4) some key blocks' exps run there (``_exp_plan``).
+Causal (``masks``): a query block takes the key blocks its last row sees only, the last one cut
+at that row's diagonal, and the diagonal's bf16 mask goes into the scores on TensorE.
 
 Invariants
 - Every transpose of a block precedes its first second product: the output shares the last
@@ -189,7 +194,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     def early(h: Affine, w: int, t: int, u: int, loaded: bool = False, between=None):
         """Query block t's products, row max and statistics; ``between(c)`` is called after
         key block c's product (the previous block's transposes, to run beside it). Returns the
-        exps as a callable when the caller places them (``interleave``), else issues them."""
+        exps as a callable: the caller issues them after the previous block's transposes, whose
+        PSUM -> SBUF copies would otherwise queue behind them on ScalarE/VectorE."""
         bidx = outer + (h,)
         kts = kv[w][0]
         q0, qr = blocks[t]
@@ -244,9 +250,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 else:
                     b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
                                  reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
-        if not interleave:
-            exps()
-            return None
         return exps
 
     def late(h: Affine, w: int, t: int, u: int):
@@ -311,9 +314,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     # the first products wait for the first Q^T and the K^T blocks only: those loads go first
     load_q(aff(0), 0, 0)
     load_kv(aff(0), 0, v=False)
-    first = early(aff(0), 0, 0, 0, loaded=True)
-    if first is not None:
-        first()
+    early(aff(0), 0, 0, 0, loaded=True)()
     load_kv(aff(0), 0, k=False)
     pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
     if pairs:
