@@ -47,40 +47,76 @@ from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 MAX_KEY_BLOCKS = 4
 
 
-def _exp_plan(t, kbs, sdt, pdt) -> tuple[int, int]:
+def _block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool) -> dict:
+    """Busy time per engine of one full query block's work as tile_rows emits it (row maxes,
+    exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
+    ``tensor`` also its products, transposes and second products), priced by the simulator's
+    cost table (``estimate.profile``)."""
+    from lowering.tiling.estimate import profile, scratch
+    nk, nd = len(kbs), -(-D // 128)
+    with scratch(t) as s:
+        mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
+        m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
+        if tensor:
+            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
+            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
+            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
+            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+        for c, (_, kw) in enumerate(kbs):
+            sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
+            pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
+            for d0 in range(0, D, 128) if tensor else ():
+                dw = min(128, D - d0)
+                s.matmul(sc, qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
+                         kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
+            s.tensor_reduce(_cols(mb.ap(), c, 1), sc, AluOp.MAX,
+                            engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
+            if c < nv:
+                s.exponential(pc, sc, m, accum=_cols(mb.ap(), c, 1))
+            else:
+                s.activation(pc, sc, ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD, accum=_cols(mb.ap(), c, 1))
+            tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
+            pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
+            for s0 in range(0, kw, 128) if tensor else ():
+                sw = min(128, kw - s0)
+                s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
+            s.tensor_copy(pt.ap(), tp.ap(), engines=(EngineKind.SCALAR if c < na else EngineKind.VECTOR,))
+            for s0 in range(0, kw, 128) if tensor else ():
+                sw = min(128, kw - s0)
+                s.matmul(o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
+    return profile(s)[0]
+
+
+def _exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
     """(nv, na): on a target with VectorE's fast exponential, the first ``nv`` key blocks' exps
     go to it (the others stay on ScalarE) and the first ``na`` blocks' P^T copies to ScalarE
     (the others to VectorE); (0, 0) without it. Chosen by the cost model: each candidate's
-    non-TensorE work of one query block (row maxes, exps, P^T copies) is priced per engine
-    (``estimate.profile``) and the busiest engine's time is kept lowest (ties: fewer moves)."""
+    non-TensorE work of one query block is priced per engine (``_block_busy``) and the busiest
+    engine's time is kept lowest (ties: fewer moves)."""
     if t.vector_exp_speedup <= 1:
         return 0, 0
-    from lowering.tiling.estimate import profile, scratch
     nk = len(kbs)
     best = None
     for nv in range(nk + 1):
         for na in range(nk + 1):
-            with scratch(t) as s:
-                mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
-                m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
-                for c, (_, kw) in enumerate(kbs):
-                    sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, sdt, 1).ap(dims=((1, kw),))
-                    pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-                    s.tensor_reduce(_cols(mb.ap(), c, 1), sc, AluOp.MAX,
-                                    engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
-                    if c < nv:
-                        s.exponential(pc, sc, m, accum=_cols(mb.ap(), c, 1))
-                    else:
-                        s.activation(pc, sc, ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD,
-                                     accum=_cols(mb.ap(), c, 1))
-                    tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1).ap()
-                    pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1).ap()
-                    s.tensor_copy(pt, tp, engines=(EngineKind.SCALAR if c < na else EngineKind.VECTOR,))
-            busy, _ = profile(s)
+            busy = _block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=False)
             key = (max(busy.values()), nv + na)
             if best is None or key < best[0]:
                 best = (key, (nv, na))
     return best[1]
+
+
+def _dma_transposes(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
+    """Whether a full query block's first key block takes its P^T by DMA transposes (SBUF ->
+    SBUF) instead of TensorE: on a target that has them for 2-byte types and no background
+    transposes, when TensorE is the busiest engine of the block (``_block_busy``). One key
+    block only: a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a
+    second block's transfers would queue behind the first's past the second products that
+    read them."""
+    if t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2:
+        return False
+    busy = _block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True)
+    return busy.get(EngineKind.TENSOR, 0.0) > max(v for e, v in busy.items() if e is not EngineKind.TENSOR)
 
 
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
@@ -122,8 +158,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     clamp = a.safe and a.score is not None
     # key blocks whose exp runs on VectorE's fast exponential (NC-v4); it has no scale operand,
     # so then K^T carries the scale
-    nv, na = _exp_plan(b.target, kbs, F32, pdt) if a.score is None else (0, 0)
+    nv, na = _exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
     vexp = set(range(nv))
+    dma_t = _dma_transposes(b.target, kbs, D, Dv, dt, pdt, nv, na)
+    if dma_t:
+        b.note("attention: TensorE is the busiest engine of a query block: the first key block's "
+               "P^T by DMA transposes (SBUF -> SBUF) in the query blocks that see every key block")
     if nv:
         b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
@@ -174,6 +214,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
 
+    def by_dma(vis) -> set[int]:
+        """The key blocks whose P^T a query block seeing ``vis`` takes by DMA transposes."""
+        return {0} if dma_t and len(vis) == nk else set()
+
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
         bidx = outer + (h,)
         kts, vts = kv[w]
@@ -191,7 +235,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         for d0, dw in b.tiled(D, 128, "d"):
             sq.load(b, sets[u][4]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
-    def early(h: Affine, w: int, t: int, u: int, loaded: bool = False, between=None):
+    def early(h: Affine, w: int, t: int, u: int, nxt=None, between=None):
         """Query block t's products, row max and statistics; ``between(c)`` is called after
         key block c's product (the previous block's transposes, to run beside it). Returns the
         exps as a callable: the caller issues them after the previous block's transposes, whose
@@ -201,8 +245,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         q0, qr = blocks[t]
         S, O, P, L, tmp = sets[u]
         qt = tmp["qt"]
-        if not loaded:
-            load_q(h, t, u)
         mb = tmp["mb"].ap(qr)
         srcs = {}
         vis = visible(t)
@@ -216,6 +258,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                          _cols(masks[diag].ap(QB), c0, kw - c0, QB), start_when=(1,))
             if between is not None:
                 between(c)
+            if c == 0 and nxt is not None:
+                # the next block's Q^T, a block ahead: its queue never holds it behind
+                # transfers that wait for this block's exps
+                load_q(nxt[0], nxt[1], 1 - u)
             src, act_scale = S[c].ap(qr, dims=((1, kw),)), (1.0 if prescale else a.scale)
             if a.score is not None:
                 src = _score_tile(b, k, S[c], bidx, q0, qr, aff(k0), kw)
@@ -242,6 +288,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         else:
             b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
 
+        dmat = by_dma(vis)
+
         def exps() -> None:
             for c, k0, kw, _ in vis:
                 src, sc = srcs[c]
@@ -250,6 +298,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 else:
                     b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
                                  reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
+                if c in dmat:   # P^T by DMA transposes: a block period ahead of its use
+                    pt = tmp["pt"][c]
+                    for s0 in range(0, kw, 128):   # unrolled: one queue each
+                        sw = min(128, kw - s0)
+                        b.dma(_cols(pt.ap(), s0 // 128 * qr, qr, sw),
+                              _cols(P[c].ap(qr, dims=((1, kw),)), s0, sw), transpose=True)
         return exps
 
     def late(h: Affine, w: int, t: int, u: int):
@@ -262,11 +316,15 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         pts: list = [None] * nk
         vis = visible(t)
         width = {c: kw for c, _, kw, _ in vis}
+        dmat = by_dma(vis)
 
         def tp(c: int) -> None:
             if c not in width or pts[c] is not None:
                 return
             kw = width[c]
+            if c in dmat:        # by DMA, issued with the exps
+                pts[c] = tmp["pt"][c].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),))
+                return
             eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
                    (EngineKind.SCALAR,) if c < na else (EngineKind.VECTOR,))
             pts[c] = _transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw,
@@ -299,10 +357,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             between = tp if interleave else None
             exps = None
             if t + 1 < T:
-                exps = early(h, hh, t + 1, (u + 1) % 2, between=between)
+                nxt = (h, t + 2) if t + 2 < T else None if last else (h + 1, 0)
+                exps = early(h, hh, t + 1, (u + 1) % 2, nxt, between=between)
             elif not last:
                 load_kv(h + 1, 1 - hh)
-                exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, between=between)
+                exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, (h + 1, 1), between=between)
             else:
                 between = None
             for c in range(nk):     # (those no product of the next block ran beside)
@@ -314,7 +373,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     # the first products wait for the first Q^T and the K^T blocks only: those loads go first
     load_q(aff(0), 0, 0)
     load_kv(aff(0), 0, v=False)
-    early(aff(0), 0, 0, 0, loaded=True)()
+    early(aff(0), 0, 0, 0, (aff(0), 1))()
     load_kv(aff(0), 0, k=False)
     pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
     if pairs:

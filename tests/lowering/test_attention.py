@@ -306,3 +306,24 @@ def test_causal_whole_rows_take_only_the_visible_key_blocks_and_match_eager(shap
     bad[..., 0, :] = v[..., 1, :]
     with pytest.raises(AssertionError):
         assert_close(bad, ref)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 384, 2048, 128), (2, 1, 300, 1900, 128)], ids=lambda s: "x".join(map(str, s)))
+def test_tensor_bound_rows_take_one_key_block_by_dma_transposes_on_trn2(shape):
+    """On trn2 (no background transposes) a query block whose TensorE work is its busiest
+    engine's takes its first key block's P^T by SBUF -> SBUF DMA transposes; values match
+    eager (partial query and key blocks)."""
+    B, H, S, Sk, D = shape
+    g = torch.Generator().manual_seed(S + 3 * Sk)
+    q, k, v = (torch.randn(B, H, n, D, generator=g).to(torch.bfloat16) for n in (S, Sk, Sk))
+    fn = F.scaled_dot_product_attention
+    low = lower_and_run(fn, q, k, v, target="trn2")
+    notes = [ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# ")]
+    assert any("P^T by DMA transposes" in n for n in notes), notes
+    assert "transpose=True" in low.dumps["program.txt"]
+    ref = fn(q, k, v)
+    assert_close(low.outputs[0], ref)
+    bad = low.outputs[0].clone()
+    bad[..., 5, :] = 0
+    with pytest.raises(AssertionError):
+        assert_close(bad, ref)
