@@ -41,7 +41,7 @@ from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _
                                              _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder
+from lowering.tir.builder import ELEMENTWISE, TirBuilder
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
@@ -85,6 +85,20 @@ def _block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool
                 sw = min(128, kw - s0)
                 s.matmul(o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
     return profile(s)[0]
+
+
+def _cheapest(t, emit, engines) -> EngineKind:
+    """The engine of ``engines`` on which the instruction ``emit(builder, engine)`` writes costs
+    least (``estimate.profile``)."""
+    from lowering.tiling.estimate import profile, scratch
+    best = None
+    for e in engines:
+        with scratch(t) as s:
+            emit(s, e)
+        busy = profile(s)[0][e]
+        if best is None or busy < best[0]:
+            best = (busy, e)
+    return best[1]
 
 
 def _exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
@@ -169,6 +183,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
                "chosen by the cost model")
     prescale = bool(vexp) and a.scale != 1.0
+    if prescale:   # the K^T scale on the engine the cost table prices cheapest for it
+        scale_engine = _cheapest(b.target, lambda s, e: s.tensor_scalar(
+            s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(),
+            s.tile("k2", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), AluOp.MULTIPLY, a.scale,
+            engines=(e,)), ELEMENTWISE)
     interleave = b.target.background_transpose
     # (the output behind the last block's P^T pieces)
     o_col = _pt_bytes(-(-kbs[-1][1] // 128), pdt) // 4
@@ -225,7 +244,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
             if prescale:
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
-                b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale)
+                b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
         for c, (k0, kw) in enumerate(kbs if v else ()):
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
 
