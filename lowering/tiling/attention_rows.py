@@ -10,7 +10,8 @@ sat on the critical path). Per batch index (a loop), K^T and V of every key bloc
 once and stay in SBUF for all the query blocks; per query block t (parity u = t % 2, banks of
 the two parities alternate):
     S_c = Q_t^T.T @ K^T_c                    TensorE -> PSUM bank (u, c), for every key block c
-    m = max_c rowmax(scale * S_c)            VectorE/GpSimdE: one reduce per bank, one across
+    m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``_max_engines``): one reduce per
+                                             bank, one across
     P_c = exp(scale * S_c - m), l_c = sum    ScalarE, one activation per bank
     P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF
     O = sum_c P^T_c.T @ V_c                  TensorE, one accumulation group in bank (u, last)
@@ -85,6 +86,63 @@ def _block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool
                 sw = min(128, kw - s0)
                 s.matmul(o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
     return profile(s)[0]
+
+
+def _max_engines(t, prev_w: list[int], next_w: list[int], D: int, Dv: int, dt, pdt,
+                 copy_engines, nv: int) -> tuple[EngineKind, ...]:
+    """The engine of each row-max reduce of a query block whose key blocks are ``next_w`` wide,
+    issued (as tile_rows does) after its products and before the previous block's (``prev_w``)
+    transposes, P^T copies and second products, then its own exps (the first ``nv`` on
+    VectorE's fast exponential). Chosen by the cost table:
+    the candidate (the first k maxes on VectorE, even key blocks first, the rest on GpSimdE)
+    whose body, run alone in program order (``estimate.profile``'s makespan), ends first: the
+    maxes gate the exps, the copies gate TensorE's second products, and VectorE serves both."""
+    from lowering.tiling.estimate import profile, scratch
+    n, nd = len(next_w), -(-D // 128)
+    order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
+    best = None
+    for k in range(n + 1):
+        eng = tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
+        with scratch(t) as s:
+            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
+            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
+            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
+            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+            mb = s.tile("mb", Memory.SBUF, QB, n, F32, 1)
+            m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
+            sc = []
+            for c, kw in enumerate(next_w):
+                sc.append(s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
+                for d0 in range(0, D, 128):
+                    dw = min(128, D - d0)
+                    s.matmul(sc[c], qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
+                             kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
+                s.tensor_reduce(_cols(mb.ap(), c, 1), sc[c], AluOp.MAX, engines=(eng[c],))
+            s.tensor_reduce(m, mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
+            pts = []
+            for c, kw in enumerate(prev_w):
+                pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
+                tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
+                pts.append(s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1))
+                for s0 in range(0, kw, 128):
+                    sw = min(128, kw - s0)
+                    s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
+                s.tensor_copy(pts[c].ap(), tp.ap(), engines=copy_engines)
+            for c, kw in enumerate(next_w):
+                pn = s.tile(f"pn{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
+                if c < nv:
+                    s.exponential(pn, sc[c], m, accum=_cols(mb.ap(), c, 1))
+                else:
+                    s.activation(pn, sc[c], ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD,
+                                 accum=_cols(mb.ap(), c, 1))
+            for c, kw in enumerate(prev_w):
+                for s0 in range(0, kw, 128):
+                    sw = min(128, kw - s0)
+                    s.matmul(o.ap(), _cols(pts[c].ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
+        key = profile(s)[1]
+        if best is None or key < best[0]:
+            best = (key, eng)
+    return best[1]
 
 
 def _cheapest(t, emit, engines) -> EngineKind:
@@ -233,6 +291,17 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
 
+    plans: dict = {}
+
+    def maxes_of(t: int) -> tuple[EngineKind, ...]:
+        """The row-max engines of query block t (``_max_engines``, one plan per shape)."""
+        prev = [kw for c, _, kw, _ in visible((t - 1) % T) if c not in by_dma(visible((t - 1) % T))]
+        key = (tuple(prev), tuple(kw for _, _, kw, _ in visible(t)))
+        if key not in plans:
+            plans[key] = _max_engines(b.target, list(key[0]), list(key[1]), D, Dv, dt, pdt,
+                                      (EngineKind.SCALAR,) if na else (EngineKind.VECTOR,), nv)
+        return plans[key]
+
     def by_dma(vis) -> set[int]:
         """The key blocks whose P^T a query block seeing ``vis`` takes by DMA transposes."""
         return {0} if dma_t and len(vis) == nk else set()
@@ -267,6 +336,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         mb = tmp["mb"].ap(qr)
         srcs = {}
         vis = visible(t)
+        max_eng = maxes_of(t)
         for c, k0, kw, diag in vis:
             for d0, dw in b.tiled(D, 128, "dm"):
                 b.matmul(S[c].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
@@ -288,7 +358,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             srcs[c] = (src, act_scale)
             # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
             b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
-                            engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
+                            engines=(max_eng[c],))
         act_scale = srcs[0][1]
         mb = _cols(mb, 0, len(vis))
         m = tmp["m"].ap(qr)
