@@ -43,9 +43,9 @@ from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
-                                             _diag_offsets, _early, _finish, _late, _load_k, _load_v, _o_shares_bank,
-                                             _pt_bytes, _qk, _score_tile, _store, _transpose_block,
-                                             _v_rows)
+                                             _diag_offsets, _early, _finish, _late, _load_k, _load_v,
+                                             _o_shares_bank, _pt_bytes, _qk, _score_tile, _store,
+                                             _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_prologue import ScaleBy
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form

@@ -10,7 +10,7 @@ sat on the critical path). Per batch index (a loop), K^T and V of every key bloc
 once and stay in SBUF for all the query blocks; per query block t (parity u = t % 2, banks of
 the two parities alternate):
     S_c = Q_t^T.T @ K^T_c                    TensorE -> PSUM bank (u, c), for every key block c
-    m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``_max_engines``): one reduce per
+    m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``max_engines``): one reduce per
                                              bank, one across
     P_c = exp(scale * S_c - m), l_c = sum    ScalarE, one activation per bank
     P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF
@@ -21,7 +21,7 @@ them (so block t's PSUM -> SBUF copies of P^T never queue behind them on ScalarE
 block t's second products: every in-order engine finds the next block's early work ahead of the
 one that waits (as ``_items`` does for one-block heads). With TensorE's background transposes
 (NC-v4) block t's transposes sit between block t+1's products, where the background lane runs
-them; with VectorE's fast exponential (NC-v4) some key blocks' exps run there (``_exp_plan``).
+them; with VectorE's fast exponential (NC-v4) some key blocks' exps run there (``exp_plan``).
 Causal (``masks``): a query block takes the key blocks its last row sees only, the last one cut
 at that row's diagonal, and the diagonal's bf16 mask goes into the scores on TensorE.
 
@@ -36,9 +36,9 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
+from lowering.tiling.attention_plan import cheapest_engine, dma_transposes, exp_plan, max_engines
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
-                                             _load_k,
-                                             _load_v, _o_shares_bank, _pt_bytes, _score_tile,
+                                             _load_k, _load_v, _o_shares_bank, _pt_bytes, _score_tile,
                                              _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
@@ -46,149 +46,6 @@ from lowering.tir.builder import ELEMENTWISE, TirBuilder
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
-
-
-def _block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool) -> dict:
-    """Busy time per engine of one full query block's work as tile_rows emits it (row maxes,
-    exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
-    ``tensor`` also its products, transposes and second products), priced by the simulator's
-    cost table (``estimate.profile``)."""
-    from lowering.tiling.estimate import profile, scratch
-    nk, nd = len(kbs), -(-D // 128)
-    with scratch(t) as s:
-        mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
-        m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
-        if tensor:
-            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
-            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
-        for c, (_, kw) in enumerate(kbs):
-            sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
-            pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-            for d0 in range(0, D, 128) if tensor else ():
-                dw = min(128, D - d0)
-                s.matmul(sc, qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
-                         kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
-            s.tensor_reduce(_cols(mb.ap(), c, 1), sc, AluOp.MAX,
-                            engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
-            if c < nv:
-                s.exponential(pc, sc, m, accum=_cols(mb.ap(), c, 1))
-            else:
-                s.activation(pc, sc, ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD, accum=_cols(mb.ap(), c, 1))
-            tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-            pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-            for s0 in range(0, kw, 128) if tensor else ():
-                sw = min(128, kw - s0)
-                s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
-            s.tensor_copy(pt.ap(), tp.ap(), engines=(EngineKind.SCALAR if c < na else EngineKind.VECTOR,))
-            for s0 in range(0, kw, 128) if tensor else ():
-                sw = min(128, kw - s0)
-                s.matmul(o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
-    return profile(s)[0]
-
-
-def _max_engines(t, prev_w: list[int], next_w: list[int], D: int, Dv: int, dt, pdt,
-                 copy_engines, nv: int) -> tuple[EngineKind, ...]:
-    """The engine of each row-max reduce of a query block whose key blocks are ``next_w`` wide,
-    issued (as tile_rows does) after its products and before the previous block's (``prev_w``)
-    transposes, P^T copies and second products, then its own exps (the first ``nv`` on
-    VectorE's fast exponential). Chosen by the cost table:
-    the candidate (the first k maxes on VectorE, even key blocks first, the rest on GpSimdE)
-    whose body, run alone in program order (``estimate.profile``'s makespan), ends first: the
-    maxes gate the exps, the copies gate TensorE's second products, and VectorE serves both."""
-    from lowering.tiling.estimate import profile, scratch
-    n, nd = len(next_w), -(-D // 128)
-    order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
-    best = None
-    for k in range(n + 1):
-        eng = tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
-        with scratch(t) as s:
-            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
-            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
-            mb = s.tile("mb", Memory.SBUF, QB, n, F32, 1)
-            m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
-            sc = []
-            for c, kw in enumerate(next_w):
-                sc.append(s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
-                for d0 in range(0, D, 128):
-                    dw = min(128, D - d0)
-                    s.matmul(sc[c], qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
-                             kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
-                s.tensor_reduce(_cols(mb.ap(), c, 1), sc[c], AluOp.MAX, engines=(eng[c],))
-            s.tensor_reduce(m, mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
-            pts = []
-            for c, kw in enumerate(prev_w):
-                pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-                tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-                pts.append(s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1))
-                for s0 in range(0, kw, 128):
-                    sw = min(128, kw - s0)
-                    s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
-                s.tensor_copy(pts[c].ap(), tp.ap(), engines=copy_engines)
-            for c, kw in enumerate(next_w):
-                pn = s.tile(f"pn{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-                if c < nv:
-                    s.exponential(pn, sc[c], m, accum=_cols(mb.ap(), c, 1))
-                else:
-                    s.activation(pn, sc[c], ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD,
-                                 accum=_cols(mb.ap(), c, 1))
-            for c, kw in enumerate(prev_w):
-                for s0 in range(0, kw, 128):
-                    sw = min(128, kw - s0)
-                    s.matmul(o.ap(), _cols(pts[c].ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
-        key = profile(s)[1]
-        if best is None or key < best[0]:
-            best = (key, eng)
-    return best[1]
-
-
-def _cheapest(t, emit, engines) -> EngineKind:
-    """The engine of ``engines`` on which the instruction ``emit(builder, engine)`` writes costs
-    least (``estimate.profile``)."""
-    from lowering.tiling.estimate import profile, scratch
-    best = None
-    for e in engines:
-        with scratch(t) as s:
-            emit(s, e)
-        busy = profile(s)[0][e]
-        if best is None or busy < best[0]:
-            best = (busy, e)
-    return best[1]
-
-
-def _exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
-    """(nv, na): on a target with VectorE's fast exponential, the first ``nv`` key blocks' exps
-    go to it (the others stay on ScalarE) and the first ``na`` blocks' P^T copies to ScalarE
-    (the others to VectorE); (0, 0) without it. Chosen by the cost model: each candidate's
-    non-TensorE work of one query block is priced per engine (``_block_busy``) and the busiest
-    engine's time is kept lowest (ties: fewer moves)."""
-    if t.vector_exp_speedup <= 1:
-        return 0, 0
-    nk = len(kbs)
-    best = None
-    for nv in range(nk + 1):
-        for na in range(nk + 1):
-            busy = _block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=False)
-            key = (max(busy.values()), nv + na)
-            if best is None or key < best[0]:
-                best = (key, (nv, na))
-    return best[1]
-
-
-def _dma_transposes(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
-    """Whether a full query block's first key block takes its P^T by DMA transposes (SBUF ->
-    SBUF) instead of TensorE: on a target that has them for 2-byte types and no background
-    transposes, when TensorE is the busiest engine of the block (``_block_busy``). One key
-    block only: a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a
-    second block's transfers would queue behind the first's past the second products that
-    read them."""
-    if t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2:
-        return False
-    busy = _block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True)
-    return busy.get(EngineKind.TENSOR, 0.0) > max(v for e, v in busy.items() if e is not EngineKind.TENSOR)
 
 
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
@@ -230,9 +87,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     clamp = a.safe and a.score is not None
     # key blocks whose exp runs on VectorE's fast exponential (NC-v4); it has no scale operand,
     # so then K^T carries the scale
-    nv, na = _exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
+    nv, na = exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
     vexp = set(range(nv))
-    dma_t = _dma_transposes(b.target, kbs, D, Dv, dt, pdt, nv, na)
+    dma_t = dma_transposes(b.target, kbs, D, Dv, dt, pdt, nv, na)
     if dma_t:
         b.note("attention: TensorE is the busiest engine of a query block: the first key block's "
                "P^T by DMA transposes (SBUF -> SBUF) in the query blocks that see every key block")
@@ -242,7 +99,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                "chosen by the cost model")
     prescale = bool(vexp) and a.scale != 1.0
     if prescale:   # the K^T scale on the engine the cost table prices cheapest for it
-        scale_engine = _cheapest(b.target, lambda s, e: s.tensor_scalar(
+        scale_engine = cheapest_engine(b.target, lambda s, e: s.tensor_scalar(
             s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(),
             s.tile("k2", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), AluOp.MULTIPLY, a.scale,
             engines=(e,)), ELEMENTWISE)
@@ -294,11 +151,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     plans: dict = {}
 
     def maxes_of(t: int) -> tuple[EngineKind, ...]:
-        """The row-max engines of query block t (``_max_engines``, one plan per shape)."""
+        """The row-max engines of query block t (``max_engines``, one plan per shape)."""
         prev = [kw for c, _, kw, _ in visible((t - 1) % T) if c not in by_dma(visible((t - 1) % T))]
         key = (tuple(prev), tuple(kw for _, _, kw, _ in visible(t)))
         if key not in plans:
-            plans[key] = _max_engines(b.target, list(key[0]), list(key[1]), D, Dv, dt, pdt,
+            plans[key] = max_engines(b.target, list(key[0]), list(key[1]), D, Dv, dt, pdt,
                                       (EngineKind.SCALAR,) if na else (EngineKind.VECTOR,), nv)
         return plans[key]
 

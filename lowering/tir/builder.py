@@ -27,9 +27,10 @@ from lowering.tir.ir import Loop, Stmt, TAP, TBuf, TInstr, TProgram
 from lowering.tir.resident import NotResident
 from runtime_sim.checks import alignment_error
 from runtime_sim.isa import (ActivationAttrs, BnAggrAttrs, BnStatsAttrs, DmaAttrs, DType,
-                             EngineKind, ExponentialAttrs, IotaAttrs, MatmulAttrs, Memory, MemsetAttrs, Op, OpAttrs,
-                             SelectAttrs, TensorCopyAttrs, TensorReduceAttrs, TensorScalarAttrs,
-                             TensorTensorAttrs, TransposeAttrs)
+                             EngineKind, ExponentialAttrs, IotaAttrs, MatmulAttrs, Memory,
+                             MemsetAttrs, Op, OpAttrs, SelectAttrs, TensorCopyAttrs,
+                             TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
+                             TransposeAttrs)
 from runtime_sim.targets import Target
 
 ELEMENTWISE = (EngineKind.VECTOR, EngineKind.GPSIMD)
