@@ -1,0 +1,95 @@
+"""Make ``neuron`` a torch device: PrivateUse1 renamed, its device module, its factories.
+
+``register(module)`` (called once by ``import neuron_compiler``):
+1. PrivateUse1 is renamed ``neuron`` with torch's Python-backend setup
+   (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``: rename, the
+   generated ``Tensor.neuron()`` / ``is_neuron`` / ``Module.neuron()`` methods, the device module
+   ``torch.neuron`` = ``module``, a device guard and hooks so that autograd's engine can run
+   backward on the device). On a torch without it, the public steps are taken
+   (``rename_privateuse1_backend``, ``generate_methods_for_privateuse1_backend``,
+   ``_register_device_module``).
+2. Factories reached from a ``device="neuron"`` argument (``torch.empty`` / ``zeros`` / ``ones``
+   / ``full`` / ``arange`` / ``rand`` / ``randn`` / ``randint`` / ``randperm`` / ``eye`` /
+   ``linspace`` / ``logspace`` / ``scalar_tensor``, and ``empty_strided``, which
+   ``.to("neuron")`` calls) get PrivateUse1 kernels (``torch.library``) that build the values on
+   the CPU and return a ``NeuronTensor``: random draws come from torch's CPU generator, so a
+   seed gives the CPU's values. Their time is not simulated (the device's memset / iota / RNG is
+   not modelled) and no copy is charged.
+
+Invariants
+- Registration happens at most once per process; when PrivateUse1 is already renamed to another
+  backend (AWS's torch-neuronx, say), nothing is registered and ``why_unavailable()`` says why
+  (``import neuron_compiler`` still works: only the device is missing).
+- Every op with a ``neuron`` tensor argument reaches ``NeuronTensor.__torch_dispatch__``; the
+  PrivateUse1 kernels here only see calls without one (factories).
+"""
+from __future__ import annotations
+
+import types
+import warnings
+
+import torch
+
+from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
+
+FACTORIES = (
+    "empty.memory_format", "empty_strided", "zeros", "ones", "full", "arange", "arange.start",
+    "arange.start_step", "rand", "rand.generator", "randn", "randn.generator", "randint",
+    "randint.generator", "randint.low", "randint.low_generator", "randperm",
+    "randperm.generator", "eye", "eye.m", "linspace", "logspace", "scalar_tensor",
+)
+
+_STATE: dict[str, object] = {"registered": False, "unavailable": None, "library": None}
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def _factory_kernel(op: torch._ops.OpOverload):  # noqa: ANN202
+    def kernel(*args: object, **kwargs: object) -> NeuronTensor:
+        kwargs["device"] = torch.device("cpu")
+        kwargs.pop("pin_memory", None)
+        return NeuronTensor(op(*args, **kwargs))
+    kernel.__name__ = f"neuron_{op.__name__.replace('.', '_')}"
+    return kernel
+
+
+def _setup(module: types.ModuleType) -> None:
+    from torch.utils import backend_registration as br
+    setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
+    if setup is not None:
+        setup(DEVICE_TYPE, backend_module=module)
+        return
+    torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module(DEVICE_TYPE, module)
+
+
+def register(module: types.ModuleType) -> bool:
+    """Register the ``neuron`` device (module docstring); True when it is available."""
+    if _STATE["registered"]:
+        return _STATE["unavailable"] is None
+    _STATE["registered"] = True
+    current = torch._C._get_privateuse1_backend_name()
+    if current != "privateuseone":
+        _STATE["unavailable"] = (
+            f"PrivateUse1 is already the {current!r} backend (registered by another package, "
+            f"e.g. AWS torch-neuronx); the simulated 'neuron' device needs it")
+        warnings.warn(f"neuron_compiler: no simulated 'neuron' device: {_STATE['unavailable']}",
+                      stacklevel=3)
+        return False
+    _setup(module)
+    lib = torch.library.Library("aten", "IMPL")
+    for name in FACTORIES:
+        lib.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
+    _STATE["library"] = lib          # kept alive: dropping it unregisters the kernels
+    return True
+
+
+def why_unavailable() -> str | None:
+    """None when the device is registered, else the reason it is not."""
+    if not _STATE["registered"]:
+        return "neuron_compiler.device has not been registered"
+    return _STATE["unavailable"]  # type: ignore[return-value]
