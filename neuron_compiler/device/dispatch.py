@@ -97,6 +97,11 @@ def _mutating(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
 
 # ---- copies and host reads ---------------------------------------------------------------------
 def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return copy_between(dst, src)
+
+
+def copy_between(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` where either is a device tensor (module docstring, step 2)."""
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
         dst.payload.copy_(src.payload)
     elif isinstance(dst, NeuronTensor):

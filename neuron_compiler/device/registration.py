@@ -14,7 +14,8 @@
    ``.to("neuron")`` calls) get PrivateUse1 kernels (``torch.library``) that build the values on
    the CPU and return a ``NeuronTensor``: random draws come from torch's CPU generator, so a
    seed gives the CPU's values. Their time is not simulated (the device's memset / iota / RNG is
-   not modelled) and no copy is charged.
+   not modelled) and no copy is charged. ``torch.tensor(data, device="neuron")`` reaches
+   ``aten._copy_from`` with the Python key excluded: a PrivateUse1 kernel does that user copy.
 
 Invariants
 - Registration happens at most once per process; when PrivateUse1 is already renamed to another
@@ -56,6 +57,13 @@ def _factory_kernel(op: torch._ops.OpOverload):  # noqa: ANN202
     return kernel
 
 
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``torch.tensor(data, device="neuron")`` copies with the Python key excluded: this
+    PrivateUse1 kernel of ``aten._copy_from`` does that copy (``dispatch._copy_``)."""
+    from neuron_compiler.device.dispatch import copy_between
+    return copy_between(dst, src)
+
+
 def _setup(module: types.ModuleType) -> None:
     from torch.utils import backend_registration as br
     setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
@@ -84,6 +92,7 @@ def register(module: types.ModuleType) -> bool:
     lib = torch.library.Library("aten", "IMPL")
     for name in FACTORIES:
         lib.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _STATE["library"] = lib          # kept alive: dropping it unregisters the kernels
     return True
 
