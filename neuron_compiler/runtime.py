@@ -46,6 +46,14 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   saves for the backward (output descriptor ``SavedForBackwards*``) do not leave the device at
   the forward: the backward charges them only if a fallback there reads them. Without output
   descriptors, every graph output is treated as read by the host.
+- ``neuron`` device tensors (``neuron_compiler.device``): their payloads are owned by the device
+  (``Residency.own``), so a graph compiled over device tensors reads its inputs, parameters and
+  buffers without a copy; an output whose descriptor says AOTAutograd wraps it into a device
+  tensor (``SubclassGetAttrAOTOutput`` of ``DEVICE_PAYLOAD_ATTR``; every output of an eager
+  device op, ``device_outputs``) stays on the device (host data among them, an eager
+  fallback's result, is sent once); a host consumer of a payload (an eager fallback node)
+  pays a copy at every read. Input mutations of device tensors (a buffer updated in place,
+  a static KV cache) are copied by AOTAutograd's runtime from device tensor to device tensor.
 - Why these rules are sound: ATen graphs from AOTAutograd are functional (no node writes its
   inputs), so device data changes only where a partition writes a fresh output tensor; the
   host can read a device output only through a fallback op or a graph output, and both charge
