@@ -264,6 +264,20 @@ def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.
     return neuron_backend(gm, example_inputs, options=options, mode=mode, **unexpected)
 
 
+def _factories_on_host(gm: GraphModule) -> None:
+    """``device=neuron`` arguments (a factory traced over ``neuron`` device tensors, e.g.
+    ``torch.arange(n, device=x.device)``) become ``device=cpu``: a compiled graph computes on
+    the payloads of device tensors, which are CPU tensors (``neuron_compiler.device``)."""
+    changed = False
+    for node in gm.graph.nodes:
+        dev = node.kwargs.get("device") if node.op == "call_function" else None
+        if isinstance(dev, torch.device) and dev.type == "neuron":
+            node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: str | None = None,
                        device_outputs: bool = False) -> Callable:
     """Partition one ATen graph and return the callable that runs it (device + fallback).
@@ -275,6 +289,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: st
     from neuron_compiler.partition import format_plan, log_plan, partition_graph, plan_table
     from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
 
+    _factories_on_host(gm)
     original_code = readable(gm)
     name = f"{name or kind}_{hashlib.sha1(original_code.encode()).hexdigest()[:8]}"
     dump = CompileDump.create(opts.dump_dir, name) if opts.dump_dir else None

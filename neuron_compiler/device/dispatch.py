@@ -26,7 +26,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from neuron_compiler.device.residency import tensor_bytes
-from neuron_compiler.device.tensor import NeuronTensor, is_real, payload_of, wrap
+from neuron_compiler.device.tensor import (DEVICE_TYPE, NeuronTensor, is_real, payload_of,
+                                           wrap)
 from neuron_compiler.device.transfers import charge_user_copy
 
 aten = torch.ops.aten
@@ -51,10 +52,20 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
 
 def _traced(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Under a trace: run on the payloads; a result that is an argument's payload (an in-place
-    op's ``self``) is that argument."""
+    op's ``self``) is that argument. A plain tensor of the ``neuron`` device (a factory called
+    with ``device=x.device`` inside the traced code: the fake mode builds it without this
+    class) joins the payloads through a traced ``.to("cpu")`` (the backend compiles such
+    factories for the payloads' CPU device, ``backend.compile_aten_graph``)."""
     by_payload = {id(a.payload): a for a in tree_flatten((args, kwargs))[0]
                   if isinstance(a, NeuronTensor)}
-    out = func(*tree_map(payload_of, args), **tree_map(payload_of, kwargs))
+
+    def inner(a: object) -> object:
+        if isinstance(a, torch.Tensor) and not isinstance(a, NeuronTensor) \
+                and a.device.type == DEVICE_TYPE:
+            return a.to("cpu")
+        return payload_of(a)
+
+    out = func(*tree_map(inner, args), **tree_map(inner, kwargs))
 
     def back(o: object) -> object:
         if not isinstance(o, torch.Tensor):
