@@ -178,7 +178,7 @@ def signature(args: tuple) -> Signature:
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append(("T", tuple(int(s) for s in a.shape), str(a.dtype).removeprefix("torch."),
-                        isinstance(a, torch.nn.Parameter)))
+                        RESIDENCY.is_parameter(a)))
         elif isinstance(a, (int, float, bool, torch.SymInt)):
             sig.append(("S", int(a) if isinstance(a, (torch.SymInt, int)) else a))
         else:
@@ -515,7 +515,7 @@ class DevicePartition(torch.nn.Module):
         # may choose its layout (lowering.passes.layouts); training graphs keep torch's layouts
         # (their weights change every step and are shared with the backward)
         specs = [api.TensorSpec(tuple(int(s) for s in t.shape), t.dtype,
-                                self.graph.kind == "inference" and isinstance(t, torch.nn.Parameter))
+                                self.graph.kind == "inference" and RESIDENCY.is_parameter(t))
                  for t in tensors]
         out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]

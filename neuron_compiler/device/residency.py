@@ -56,18 +56,35 @@ class Residency:
     def __init__(self) -> None:
         self._where: dict[int, _Where] = {}
         self._owned: dict[int, weakref.ref] = {}   # payloads of ``neuron`` device tensors
+        self._params: set[int] = set()             # ... of which payloads of parameters
 
     def own(self, t: torch.Tensor) -> None:
         """``t`` is the payload of a ``neuron`` device tensor: its data lives in HBM whatever
         its version (only device code writes it), on every target, and never on the host."""
         table, key = self._owned, id(t)
 
+        params = self._params
+
         def forget(ref: weakref.ref) -> None:
             if table.get(key) is ref:
                 del table[key]
+                params.discard(key)
 
+        if self.owned(t):
+            return
+        self._params.discard(key)
         table[key] = weakref.ref(t, forget)
         self._where.pop(key, None)
+
+    def mark_parameter(self, t: torch.Tensor) -> None:
+        """The owned payload ``t`` holds an ``nn.Parameter`` (the runtime treats it as one: an
+        inference program may keep it in a layout of its own)."""
+        if self.owned(t):
+            self._params.add(id(t))
+
+    def is_parameter(self, t: torch.Tensor) -> bool:
+        """True for ``nn.Parameter`` objects and for payloads of device parameters."""
+        return isinstance(t, torch.nn.Parameter) or (self.owned(t) and id(t) in self._params)
 
     def owned(self, t: torch.Tensor) -> bool:
         """True when ``t`` is the payload of a live ``neuron`` device tensor."""

@@ -55,10 +55,30 @@ class NeuronTensor(torch.Tensor):
         return r
 
     @property
+    def _is_param(self) -> bool:
+        """``nn.Parameter(device_tensor)`` sets this (``isinstance(t, nn.Parameter)`` reads
+        it): the payload is then marked as a parameter's (``Residency.mark_parameter``), so
+        that compiled inference graphs treat it as one."""
+        return bool(self.__dict__.get("_neuron_is_param", False))
+
+    @_is_param.setter
+    def _is_param(self, value: bool) -> None:
+        self.__dict__["_neuron_is_param"] = bool(value)
+        if value and is_real(self.payload):
+            RESIDENCY.mark_parameter(self.payload)
+
+    @property
     def payload(self) -> torch.Tensor:
         """The CPU tensor standing for this tensor's HBM contents (no copy is charged: use
         ``.cpu()`` to read values as a user would)."""
         return getattr(self, DEVICE_PAYLOAD_ATTR)
+
+    def tolist(self) -> object:  # noqa: D102 (torch refuses .tolist() on subclasses)
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> object:  # noqa: D102
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                        f"Tensor.cpu() to copy the tensor to host memory first.")
 
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return [DEVICE_PAYLOAD_ATTR], None

@@ -37,6 +37,8 @@ def test_done_when_compiled_sequential_on_the_device_moves_nothing(fresh_dynamo)
     assert d["simulated_time_us"] > 0 and d["fallback_nodes"] == 0
     assert d["user_copies"]["to_host"]["count"] == 0
     assert not any(p["name"].startswith("eager_") for p in d["partitions"])
+    # the same program as on the host: device parameters may take the program's own layouts
+    assert d["simulated_time_us"] == on_host["simulated_time_us"]
 
 
 def test_a_copy_back_is_the_users_and_is_reported(fresh_dynamo):
