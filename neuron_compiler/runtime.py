@@ -99,6 +99,7 @@ from neuron_compiler.cache import DiskCache, disk_cache, request_key
 from neuron_compiler.cache import request as cache_request
 from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
                                               Producer, Residency, tensor_bytes)
+from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
@@ -729,6 +730,13 @@ class NeuronGraph:
             i for i, d in enumerate(descs) if type(d).__name__.startswith("SavedForBackwards"))
         self.device_outputs = device_outputs
         self.on_device = frozenset(i for i, d in enumerate(descs) if _is_device_payload(d))
+        # plain outputs of the neuron device (a factory traced with device=x.device), built on
+        # the host by the compiled graph (backend._factories_on_host): wrapped back
+        vals = [getattr(a, "meta", {}).get("val") for a in
+                (out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],))]
+        self.device_factories = frozenset(
+            i for i, v in enumerate(vals)
+            if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE)
 
     def __call__(self, *args: object) -> object:
         with graph_call(self.record):
@@ -736,12 +744,15 @@ class NeuronGraph:
             profs = active_profiles()
             outs = out if isinstance(out, (tuple, list)) else (out,)
             for i, o in enumerate(outs):
-                if self.device_outputs or i in self.on_device:
+                if self.device_outputs or i in self.on_device or i in self.device_factories:
                     for t in tree_leaves(o):
                         if isinstance(t, torch.Tensor):
                             self._keep_on_device(t, profs)
                 elif i not in self.saved_for_backward:
                     read_on_host(o, profs, self.record)
+        if self.device_factories and isinstance(out, (tuple, list)):
+            out = type(out)(NeuronTensor(o) if i in self.device_factories
+                            and isinstance(o, torch.Tensor) else o for i, o in enumerate(out))
         return out
 
     def _keep_on_device(self, t: torch.Tensor, profs: tuple) -> None:

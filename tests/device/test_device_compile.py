@@ -109,3 +109,15 @@ def test_compiled_training_step_keeps_gradients_on_the_device(fresh_dynamo):
     assert d["transfer_time_us"] == 0.0
     kinds = {g["name"].split("_")[0] for g in d["graphs"]}
     assert {"forward", "backward"} <= kinds
+
+
+def test_factories_on_the_inputs_device_inside_compiled_code(fresh_dynamo):
+    def f(x):
+        pos = torch.arange(x.shape[0], device=x.device, dtype=x.dtype)
+        return x * 2 + pos[:, None], torch.ones(3, device=x.device)
+
+    x = torch.randn(5, 4)
+    y, ones = torch.compile(f, backend="neuron")(x.to("neuron"))
+    assert isinstance(y, NeuronTensor) and isinstance(ones, NeuronTensor)
+    torch.testing.assert_close(y.cpu(), f(x)[0])
+    assert torch.equal(ones.cpu(), torch.ones(3))
