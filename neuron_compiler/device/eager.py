@@ -241,9 +241,11 @@ def run_on_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, reason: s
         dt = time.perf_counter_ns() - t0
         for p in profs:
             p.note_fallback_time(record, op, reason, dt)
-        written = [args[i].payload for i, s in enumerate(func._schema.arguments)
-                   if i < len(args) and s.alias_info is not None and s.alias_info.is_write
-                   and isinstance(args[i], NeuronTensor)]
+        given = [args[i] if i < len(args) else kwargs.get(s.name)
+                 for i, s in enumerate(func._schema.arguments)]
+        written = [v.payload for v, s in zip(given, func._schema.arguments)
+                   if s.alias_info is not None and s.alias_info.is_write
+                   and isinstance(v, NeuronTensor)]
         outs, ospec = tree_flatten(out)
         fresh = [o for o in outs if isinstance(o, torch.Tensor) and id(o) not in by_payload]
         _charge(record, written + fresh, profs)
@@ -252,6 +254,10 @@ def run_on_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, reason: s
             raise RuntimeError(f"{op} resized a neuron device tensor in place (from "
                                f"{tuple(dev.shape)} to {tuple(dev.payload.shape)}): not "
                                f"supported; call the op without out=")
-    return tree_unflatten([by_payload.get(id(o), None) if isinstance(o, torch.Tensor)
-                           and id(o) in by_payload else NeuronTensor(o)
-                           if isinstance(o, torch.Tensor) else o for o in outs], ospec)
+
+    def back(o: object) -> object:          # an argument written in place is returned as itself
+        if not isinstance(o, torch.Tensor):
+            return o
+        return by_payload[id(o)] if id(o) in by_payload else NeuronTensor(o)
+
+    return tree_unflatten([back(o) for o in outs], ospec)

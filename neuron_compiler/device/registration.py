@@ -17,6 +17,12 @@
    not modelled) and no copy is charged. ``torch.tensor(data, device="neuron")`` reaches
    ``aten._copy_from`` with the Python key excluded: a PrivateUse1 kernel does that user copy.
 
+3. Registering the device makes it torch's accelerator (``torch.accelerator``), so
+   ``DataLoader(pin_memory=True)`` and ``t.pin_memory()`` ask it for pinned host memory, which
+   a Python backend cannot provide. On a torch build without another accelerator (where
+   ``pin_memory()`` raises anyway), a CPU kernel of ``aten::_pin_memory`` returns an ordinary
+   copy: the simulated device reads host memory the same either way.
+
 Invariants
 - Registration happens at most once per process; when PrivateUse1 is already renamed to another
   backend (AWS's torch-neuronx, say), nothing is registered and ``why_unavailable()`` says why
@@ -64,6 +70,19 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return copy_between(dst, src)
 
 
+def _pin_memory(self: torch.Tensor, device: object = None) -> torch.Tensor:
+    """Host memory "pinned" for the simulated device is ordinary memory (module docstring)."""
+    return self.clone()
+
+
+def _other_accelerator_built() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    xpu = getattr(torch, "xpu", None)
+    return (torch.version.cuda is not None or torch.version.hip is not None
+            or bool(mps is not None and mps.is_available())
+            or bool(xpu is not None and xpu.is_available()))
+
+
 def _setup(module: types.ModuleType) -> None:
     from torch.utils import backend_registration as br
     setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
@@ -93,6 +112,8 @@ def register(module: types.ModuleType) -> bool:
     for name in FACTORIES:
         lib.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    if not _other_accelerator_built():
+        lib.impl("_pin_memory", _pin_memory, "CPU")
     _STATE["library"] = lib          # kept alive: dropping it unregisters the kernels
     return True
 

@@ -95,3 +95,10 @@ def test_resize_and_set_are_refused_with_the_op_named():
         xd.resize_(5)
     with pytest.raises(RuntimeError, match="set_.*cannot be re-pointed"):
         xd.set_(torch.zeros(3, device="neuron"))
+
+
+def test_registering_the_device_keeps_pin_memory_and_data_loaders_working():
+    x = torch.randn(4, 2)
+    assert torch.equal(x.pin_memory(), x)
+    loader = torch.utils.data.DataLoader(list(x), batch_size=2, pin_memory=True)
+    assert [tuple(b.shape) for b in loader] == [(2, 2), (2, 2)]
