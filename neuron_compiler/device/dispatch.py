@@ -1,6 +1,8 @@
 """Where each ATen op on ``neuron`` tensors goes (``NeuronTensor.__torch_dispatch__``).
 
 In order:
+0. A composite op (``CompositeImplicitAutograd``: ``aten.to``, ``reshape``, ... reach here under
+   ``inference_mode``) is decomposed into the ops below.
 1. A trace (Dynamo / AOTAutograd: some payload is a fake or functional tensor): the op runs on
    the payloads as they are and its tensor results are wrapped; nothing is simulated.
 2. Copies between host and device: ``copy_`` and ``_to_copy`` with one side on the CPU,
@@ -39,6 +41,10 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     devs = [a for a in flat if isinstance(a, NeuronTensor)]
     if any(not is_real(t.payload) for t in devs):
         return _traced(func, args, kwargs)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        out = func.decompose(*args, **kwargs)      # under inference_mode: aten.to, reshape, ...
+        if out is not NotImplemented:
+            return out
     special = _SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)

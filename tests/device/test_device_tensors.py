@@ -102,3 +102,14 @@ def test_registering_the_device_keeps_pin_memory_and_data_loaders_working():
     assert torch.equal(x.pin_memory(), x)
     loader = torch.utils.data.DataLoader(list(x), batch_size=2, pin_memory=True)
     assert [tuple(b.shape) for b in loader] == [(2, 2), (2, 2)]
+
+
+def test_inference_mode_tensors_copy_back_to_the_host():
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        y = x.to("neuron") * 2.0
+        assert isinstance(y, NeuronTensor) and y.is_inference()
+        assert isinstance(y.reshape(4, 3), NeuronTensor)
+    back = y.cpu()
+    assert type(back) is torch.Tensor and back.device.type == "cpu"
+    assert torch.equal(back, x * 2.0)
