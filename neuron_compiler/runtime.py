@@ -52,7 +52,9 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   tensor (``SubclassGetAttrAOTOutput`` of ``DEVICE_PAYLOAD_ATTR``; every output of an eager
   device op, ``device_outputs``) stays on the device (host data among them, an eager
   fallback's result, is sent once); a host consumer of a payload (an eager fallback node)
-  pays a copy at every read. Input mutations of device tensors (a buffer updated in place,
+  pays a copy at every read. A device partition owns the outputs its graph returns as device
+  tensors as soon as it writes them (``DevicePartition.device_outputs``), so inference-mode
+  tensors, which residency cannot follow, stay on the device too. Input mutations of device tensors (a buffer updated in place,
   a static KV cache) are copied by AOTAutograd's runtime from device tensor to device tensor.
 - Why these rules are sound: ATen graphs from AOTAutograd are functional (no node writes its
   inputs), so device data changes only where a partition writes a fresh output tensor; the
@@ -78,6 +80,7 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
 """
 from __future__ import annotations
 
+import operator
 import os
 import re
 import time
@@ -368,6 +371,9 @@ class DevicePartition(torch.nn.Module):
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
+        # outputs (by position) that the enclosing graph returns as device tensors' payloads
+        # (NeuronGraph._mark_device_outputs): owned by the device as soon as they are written
+        self.device_outputs: set[int] = set()
         self._upcast: GraphModule | None = None   # timing mode's value graph (upcast.py)
         # the Dynamo compile this graph belongs to (the partition compiles lazily, outside it)
         self.compile_id = current_compile_id()
@@ -420,9 +426,11 @@ class DevicePartition(torch.nn.Module):
                                   sent_bytes, sent, self.host.call_overhead_ns)
         producer = (self.graph, self.name, sig)
         inputs = {id(t) for t in tensors}
-        for o in outs:
+        for k, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and id(o) not in inputs:
-                if not RESIDENCY.produced(o, self.target.name, producer):
+                if k in self.device_outputs:
+                    RESIDENCY.own(o)       # tracked even without a version counter
+                elif not RESIDENCY.produced(o, self.target.name, producer):
                     _charge_out(producer, o, profs)    # untracked: it leaves the device at once
         return out
 
@@ -737,6 +745,25 @@ class NeuronGraph:
         self.device_factories = frozenset(
             i for i, v in enumerate(vals)
             if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE)
+        self._mark_device_outputs(out)
+
+    def _mark_device_outputs(self, out: Node) -> None:
+        """Tell each device partition which of its outputs this graph returns as device
+        tensors' payloads, so that it never charges them out (inference-mode tensors have no
+        version counter: residency could not follow them from the partition to here)."""
+        args = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+        for i, a in enumerate(args):
+            if not (self.device_outputs or i in self.on_device or i in self.device_factories):
+                continue
+            if not isinstance(a, Node):
+                continue
+            k = 0
+            if a.op == "call_function" and a.target is operator.getitem:
+                a, k = a.args[0], a.args[1]
+            if isinstance(a, Node) and a.op == "call_module":
+                part = getattr(self.gm, str(a.target), None)
+                if isinstance(part, DevicePartition) and isinstance(k, int):
+                    part.device_outputs.add(k)
 
     def __call__(self, *args: object) -> object:
         with graph_call(self.record):

@@ -113,3 +113,19 @@ def test_inference_mode_tensors_copy_back_to_the_host():
     back = y.cpu()
     assert type(back) is torch.Tensor and back.device.type == "cpu"
     assert torch.equal(back, x * 2.0)
+
+
+def test_inference_mode_ops_and_compiled_calls_move_nothing(fresh_dynamo):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    with torch.inference_mode():
+        x = torch.randn(8, 16).to("neuron")
+        compiled(x)
+        (x * 2.0).sum()
+        with neuron_compiler.profile() as prof:
+            y = compiled(x)
+            z = (x * 2.0).sum()
+    assert isinstance(y, NeuronTensor) and isinstance(z, NeuronTensor)
+    d = prof.to_dict()
+    assert d["simulated_time_us"] > 0
+    assert d["transfer_time_us"] == 0.0
