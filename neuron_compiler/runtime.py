@@ -54,8 +54,9 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   fallback's result, is sent once); a host consumer of a payload (an eager fallback node)
   pays a copy at every read. A device partition owns the outputs its graph returns as device
   tensors as soon as it writes them (``DevicePartition.device_outputs``), so inference-mode
-  tensors, which residency cannot follow, stay on the device too. Input mutations of device tensors (a buffer updated in place,
-  a static KV cache) are copied by AOTAutograd's runtime from device tensor to device tensor.
+  tensors, which residency cannot follow, stay on the device too. Input mutations of device
+  tensors (a buffer updated in place, a static KV cache) are copied by AOTAutograd's runtime
+  from device tensor to device tensor.
 - Why these rules are sound: ATen graphs from AOTAutograd are functional (no node writes its
   inputs), so device data changes only where a partition writes a fresh output tensor; the
   host can read a device output only through a fallback op or a graph output, and both charge
