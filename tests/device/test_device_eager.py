@@ -119,3 +119,16 @@ def test_target_selects_the_simulated_generation(device_policy):
         assert y.device.type == "neuron"
     assert times["trn2"]["target"] == "trn2" and times["trn3"]["target"] == "trn3"
     assert times["trn3"]["simulated_time_us"] < times["trn2"]["simulated_time_us"]
+
+
+def test_environment_sets_the_default_target_and_policy():
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "NEURON_DEVICE_FALLBACK": "error", "NEURON_DEVICE_TARGET": "trn3"}
+    code = ("import neuron_compiler as n; "
+            "print(n.device.get_target(), n.device.get_fallback())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["trn3", "error"]
