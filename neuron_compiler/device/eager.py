@@ -32,6 +32,7 @@ Invariants
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -97,7 +98,17 @@ def _warn(op: str, rows: list[tuple[str, str]]) -> None:
     _WARNED.add(op)
     detail = "; ".join(f"{o}: {r}" if o != op else r for o, r in rows)
     warnings.warn(f"neuron device: {op} runs on the CPU (copied over the host link): {detail}",
-                  NeuronDeviceFallbackWarning, stacklevel=4)
+                  NeuronDeviceFallbackWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of ``_warn``'s caller's first frame outside this package and torch
+    (the user's line that called the op)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(
+            ("neuron_compiler.device", "torch")):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _device_error(op: str, exc: NeuronFallbackError) -> NeuronDeviceFallbackError:
