@@ -745,7 +745,8 @@ class NeuronGraph:
                 (out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],))]
         self.device_factories = frozenset(
             i for i, v in enumerate(vals)
-            if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE)
+            if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE
+            and i not in self.saved_for_backward)     # saved activations stay payloads
         self._mark_device_outputs(out)
 
     def _mark_device_outputs(self, out: Node) -> None:

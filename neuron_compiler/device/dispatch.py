@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from neuron_compiler.device.registration import single_threaded_backward
 from neuron_compiler.device.residency import tensor_bytes
 from neuron_compiler.device.tensor import (DEVICE_TYPE, NeuronTensor, is_real, payload_of,
                                            wrap)
@@ -37,6 +38,7 @@ aten = torch.ops.aten
 
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Run ``func`` on arguments holding ``neuron`` tensors (module docstring)."""
+    single_threaded_backward()
     flat, _ = tree_flatten((args, kwargs))
     devs = [a for a in flat if isinstance(a, NeuronTensor)]
     if any(not is_real(t.payload) for t in devs):

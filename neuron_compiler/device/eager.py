@@ -116,8 +116,10 @@ def _device_error(op: str, exc: NeuronFallbackError) -> NeuronDeviceFallbackErro
         [(o, c, r if o == op else f"{r} (in {op})") for o, c, r in exc.entries])
 
 
-def run_op(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    """Run ``func`` on the device (module docstring); returns device tensors."""
+def run_op(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
+           only: int | None = None) -> object:
+    """Run ``func`` on the device (module docstring); returns device tensors. ``only``: just
+    that output of a multi-output op (the others are not outputs of the program)."""
     op = str(func)
     flat, spec = tree_flatten((args, kwargs))
     inputs, positions = [], []
@@ -135,13 +137,15 @@ def run_op(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
             continue
         positions.append(i)
     opts = eager_options()
-    key = (func, opts.target, opts.fallback, repr(spec), tuple(_leaf_key(a) for a in flat))
+    key = (func, opts.target, opts.fallback, only, repr(spec),
+           tuple(_leaf_key(a) for a in flat))
     entry = _PROGRAMS.get(key)
     if entry is None:
-        entry = _prepare(func, flat, spec, positions, inputs)
+        entry = _prepare(func, flat, spec, positions, inputs, only)
         _PROGRAMS[key] = entry
     if entry.graph is None:
-        return run_on_cpu(func, args, kwargs, entry.reason or "")
+        out = run_on_cpu(func, args, kwargs, entry.reason or "")
+        return out if only is None else out[only]
     try:
         if entry.checked:
             outs = entry.graph(*inputs)
@@ -160,7 +164,7 @@ def run_op(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
 
 
 def _prepare(func: torch._ops.OpOverload, flat: list, spec: TreeSpec, positions: list[int],
-             inputs: list[torch.Tensor]) -> _OpProgram:
+             inputs: list[torch.Tensor], only: int | None) -> _OpProgram:
     """Trace and compile one op signature (module docstring, step 2)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -175,7 +179,8 @@ def _prepare(func: torch._ops.OpOverload, flat: list, spec: TreeSpec, positions:
         for i, t in zip(positions, tensors):
             vals[i] = t
         a, k = tree_unflatten(vals, spec)
-        outs, ospec = tree_flatten(func(*a, **k))
+        out = func(*a, **k)
+        outs, ospec = tree_flatten(out if only is None else out[only])
         out_spec.append(ospec)
         return tuple(outs)
 

@@ -23,6 +23,13 @@
    ``pin_memory()`` raises anyway), a CPU kernel of ``aten::_pin_memory`` returns an ordinary
    copy: the simulated device reads host memory the same either way.
 
+4. Autograd runs a backward that reaches a non-CPU device on a worker thread of that device;
+   for a Python backend that thread calls into Python (the device guard, the kernels), and at
+   interpreter exit it can abort the process ("terminate called without an active
+   exception"). On a torch build without another accelerator, every thread that runs a
+   device op gets ``torch.autograd.set_multithreading_enabled(False)`` (``single_threaded_
+   backward``): its backward runs on the calling thread, as a CPU backward always does.
+
 Invariants
 - Registration happens at most once per process; when PrivateUse1 is already renamed to another
   backend (AWS's torch-neuronx, say), nothing is registered and ``why_unavailable()`` says why
@@ -32,6 +39,7 @@ Invariants
 """
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 
@@ -83,6 +91,19 @@ def _other_accelerator_built() -> bool:
             or bool(xpu is not None and xpu.is_available()))
 
 
+_THREADS = threading.local()
+
+
+def single_threaded_backward() -> None:
+    """Backward on the calling thread for this thread (module docstring, 4); cheap after the
+    first call in a thread; a no-op on builds with another accelerator."""
+    if getattr(_THREADS, "done", False):
+        return
+    _THREADS.done = True
+    if not _other_accelerator_built():
+        torch._C._set_multithreading_enabled(False)
+
+
 def _setup(module: types.ModuleType) -> None:
     from torch.utils import backend_registration as br
     setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
@@ -114,6 +135,7 @@ def register(module: types.ModuleType) -> bool:
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     if not _other_accelerator_built():
         lib.impl("_pin_memory", _pin_memory, "CPU")
+    single_threaded_backward()
     _STATE["library"] = lib          # kept alive: dropping it unregisters the kernels
     return True
 

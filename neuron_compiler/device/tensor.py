@@ -41,7 +41,20 @@ class NeuronTensor(torch.Tensor):
     """A ``neuron`` device tensor (module docstring). Build one with ``.to("neuron")`` or a
     factory with ``device="neuron"``; ``.cpu()`` copies it back."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        """Every torch function runs as on a plain tensor (as ``_disabled_torch_function_impl``)
+        except ``F.scaled_dot_product_attention``: torch picks its fused kernels by device
+        type, and for a PrivateUse1 device it takes the math path (bmm, masks, softmax). Here
+        it takes the CPU flash kernel's op, which the lowering runs whole."""
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            from neuron_compiler.device.attention import fused_attention
+            out = fused_attention(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
 
     @staticmethod
     def __new__(cls, payload: torch.Tensor, requires_grad: bool = False) -> "NeuronTensor":
