@@ -5,8 +5,9 @@ C++ choice it takes the math composition (bmm, causal mask, softmax, bmm), which
 cannot run as one ATTENTION kernel. ``fused_attention`` (called by
 ``NeuronTensor.__torch_function__``) calls ``aten._scaled_dot_product_flash_attention_for_cpu``
 instead, as torch's CPU path does for the same arguments when the CPU's flash conditions hold
-(``sdp_utils_cpp``: 4-d dense query/key/value of one floating dtype, the same batch and number
-of heads, equal head dims, non-empty sequences, unit last-dim strides, no dropout, a 2-d or
+(``sdp_utils_cpp``: 4-d dense query/key/value of one floating dtype, the same batch, the same
+number of heads or, with ``enable_gqa``, query heads a multiple of key/value heads, equal head
+dims, non-empty sequences, unit last-dim strides, no dropout, a 2-d or
 broadcastable 4-d mask); a boolean mask becomes an additive one (``-inf`` where False), as
 torch converts it before the CPU kernel. Otherwise it returns ``NotImplemented`` and torch's
 composition runs. Autograd: the op's backward is the flash backward, which the backend's
@@ -31,7 +32,7 @@ def _mask_fits(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bo
 
 
 def _fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-          attn_mask: torch.Tensor | None, dropout_p: float) -> bool:
+          attn_mask: torch.Tensor | None, dropout_p: float, enable_gqa: bool) -> bool:
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
         return False
@@ -39,8 +40,10 @@ def _fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return False
     if dropout_p or any(t.stride(-1) != 1 or t.shape[2] == 0 for t in tensors):
         return False
+    heads, kv_heads = query.shape[1], key.shape[1]
+    grouped = enable_gqa and kv_heads and heads % kv_heads == 0
     if not (query.shape[0] == key.shape[0] == value.shape[0]
-            and query.shape[1] == key.shape[1] == value.shape[1]
+            and (heads == kv_heads or grouped) and kv_heads == value.shape[1]
             and query.shape[3] == key.shape[3] == value.shape[3]):
         return False
     return attn_mask is None or _mask_fits(attn_mask, query, key)
@@ -51,7 +54,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     is_causal: bool = False, scale: float | None = None,
                     enable_gqa: bool = False) -> object:
     """The flash-attention op for these arguments, or ``NotImplemented`` (module docstring)."""
-    if not _fits(query, key, value, attn_mask, dropout_p):
+    if not _fits(query, key, value, attn_mask, dropout_p, enable_gqa):
         return NotImplemented
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(

@@ -8,7 +8,8 @@ In order:
 2. Copies between host and device: ``copy_`` and ``_to_copy`` with one side on the CPU,
    ``_local_scalar_dense`` (``.item()``): the values move, a user copy is charged
    (``transfers``). ``copy_`` between two device tensors is a device-side copy (a DMA within
-   HBM, not simulated, not charged).
+   HBM, not simulated, not charged). ``empty_like`` / ``new_empty*`` allocate (nothing to
+   compute).
 3. View ops (``OpOverload.is_view``: view, transpose, expand, slice, select, detach, ...): the
    same view of the payload; no data moves, nothing is simulated.
 4. In-place ops ``op_`` whose only written argument is ``self``: the functional ``op`` runs on
@@ -160,7 +161,18 @@ def _refuse(name: str):  # noqa: ANN202
     return refuse
 
 
+def _uninitialised(func: torch._ops.OpOverload):  # noqa: ANN202
+    """``empty_like`` / ``new_empty`` / ``new_empty_strided``: memory with no defined values
+    (allocated, not computed: nothing to simulate)."""
+    def build(*args: object, **kwargs: object) -> NeuronTensor:
+        return NeuronTensor(func(*tree_map(payload_of, args), **tree_map(payload_of, kwargs)))
+    return build
+
+
 _SPECIAL = {
+    aten.empty_like.default: _uninitialised(aten.empty_like.default),
+    aten.new_empty.default: _uninitialised(aten.new_empty.default),
+    aten.new_empty_strided.default: _uninitialised(aten.new_empty_strided.default),
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
