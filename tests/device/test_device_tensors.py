@@ -129,3 +129,14 @@ def test_inference_mode_ops_and_compiled_calls_move_nothing(fresh_dynamo):
     d = prof.to_dict()
     assert d["simulated_time_us"] > 0
     assert d["transfer_time_us"] == 0.0
+
+
+def test_allocations_like_a_device_tensor_stay_on_the_device_without_fallback():
+    import warnings
+    xd = torch.ones(2, 3, device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        made = [torch.empty_like(xd), xd.new_empty((4,)), xd.new_empty_strided((2, 2), (1, 2))]
+    assert all(isinstance(t, NeuronTensor) for t in made)
+    assert [tuple(t.shape) for t in made] == [(2, 3), (4,), (2, 2)]
+    assert made[2].stride() == (1, 2)
