@@ -7,19 +7,27 @@
   simulated, transfer and fallback times (``.summary()``, ``.to_dict()``,
   ``.export_chrome_trace(path)``);
 - ``NeuronOptions`` / ``validate_options``: the ``options=`` accepted by the backend;
-- ``neuron_backend``: the backend callable itself.
+- ``neuron_backend``: the backend callable itself;
+- the ``neuron`` device (``neuron_compiler.device``): ``x.to("neuron")``, factories with
+  ``device="neuron"``, ``model.to("neuron")``; eager ops on device tensors run on the simulator,
+  and ``torch.compile`` over them keeps everything on the device (``docs/device.md``).
 
 The ``neuron-eval`` command (``python -m neuron_compiler.eval``) lives in ``neuron_compiler.eval``.
 
 Invariants
 - Importing this package imports neither ``lowering`` nor the simulator's heavy parts; the
   lowering is imported when the first graph is compiled.
+- Importing it registers the ``neuron`` device once (``device.register_device``; a warning, no
+  error, when PrivateUse1 already belongs to another backend).
 """
 from __future__ import annotations
 
 from neuron_compiler.errors import NeuronFallbackError, NeuronOptionError
 from neuron_compiler.options import NeuronOptions, validate_options
 from neuron_compiler.profile import Profile, profile
+from neuron_compiler import device
+
+device.register_device()
 
 __version__ = "0.1.0"
 
@@ -31,5 +39,5 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'neuron_compiler' has no attribute {name!r}")
 
 
-__all__ = ["profile", "Profile", "NeuronOptions", "validate_options", "NeuronOptionError",
+__all__ = ["device", "profile", "Profile", "NeuronOptions", "validate_options", "NeuronOptionError",
            "NeuronFallbackError", "neuron_backend", "neuron_sim_backend", "__version__"]

@@ -264,15 +264,34 @@ def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.
     return neuron_backend(gm, example_inputs, options=options, mode=mode, **unexpected)
 
 
-def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Callable:
-    """Partition one ATen graph and return the callable that runs it (device + fallback)."""
+def _factories_on_host(gm: GraphModule) -> None:
+    """``device=neuron`` arguments (a factory traced over ``neuron`` device tensors, e.g.
+    ``torch.arange(n, device=x.device)``) become ``device=cpu``: a compiled graph computes on
+    the payloads of device tensors, which are CPU tensors (``neuron_compiler.device``)."""
+    changed = False
+    for node in gm.graph.nodes:
+        dev = node.kwargs.get("device") if node.op == "call_function" else None
+        if isinstance(dev, torch.device) and dev.type == "neuron":
+            node.kwargs = {**node.kwargs, "device": torch.device("cpu")}
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: str | None = None,
+                       device_outputs: bool = False) -> Callable:
+    """Partition one ATen graph and return the callable that runs it (device + fallback).
+    ``name`` prefixes the graph's name in reports (default: ``kind``); ``device_outputs``: every
+    output stays on the ``neuron`` device (an eager op of device tensors,
+    ``neuron_compiler.device``), see ``runtime.NeuronGraph``."""
     from neuron_compiler.assumptions import host_assumptions
     from neuron_compiler.dump import CompileDump, readable
     from neuron_compiler.partition import format_plan, log_plan, partition_graph, plan_table
     from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
 
+    _factories_on_host(gm)
     original_code = readable(gm)
-    name = f"{kind}_{hashlib.sha1(original_code.encode()).hexdigest()[:8]}"
+    name = f"{name or kind}_{hashlib.sha1(original_code.encode()).hexdigest()[:8]}"
     dump = CompileDump.create(opts.dump_dir, name) if opts.dump_dir else None
     if dump is not None:
         dump.write("fx_graph_readable.py", original_code)
@@ -304,4 +323,4 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions) -> Calla
         setattr(outer, pname, DevicePartition(sub, pname, record, opts, dump,
                                               plan.partition_ops[pname]))
     wrap_fallback_nodes(outer, plan.node_reasons, record, default_reason="unknown")
-    return NeuronGraph(outer, record)
+    return NeuronGraph(outer, record, device_outputs=device_outputs)

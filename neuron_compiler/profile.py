@@ -40,6 +40,10 @@ Invariants
   the on-disk compile cache (``cache_dir``), asked only after a program-cache miss: hits
   (read from disk) and misses (lowered, then stored; a corrupt entry is a miss). Without a
   ``cache_dir`` both stay 0.
+- Copies the user asks for between the host and the ``neuron`` device (``.to("neuron")``,
+  ``.cpu()``, ``.item()``, printing; see ``neuron_compiler.device``) are counted apart in
+  ``user_copies`` (``to_device`` / ``to_host``: count, bytes, time) and are part of
+  ``transfer_time_us``; a compiled call over device tensors charges none.
 - ``to_dict()`` is JSON-ready: only str/int/float/bool/None/list/dict.
 """
 from __future__ import annotations
@@ -127,6 +131,7 @@ class Profile:
     _fallback_ns: Counter = field(default_factory=Counter)  # (graph id, op, reason) -> ns
     _loose_transfer: Counter = field(default_factory=Counter)  # producer not seen in the profile
     _phase: dict[tuple[int, str], Counter] = field(default_factory=dict)  # (graph id, phase)
+    _user_copies: dict[str, Counter] = field(default_factory=dict)  # direction -> count, bytes, ns
     compiles: int = 0
     compile_time_s: float = 0.0
     cache_hits: int = 0
@@ -208,6 +213,19 @@ class Profile:
             self._loose_transfer.update(ns=ns, bytes=nbytes, transfers=transfers)
         self._bump(transfer_ns=ns, transfer_bytes=nbytes, transfers=transfers)
 
+    def note_user_copy(self, direction: str, nbytes: int, ns: float) -> None:
+        """The user copied one tensor between the host and the ``neuron`` device
+        (``direction``: ``"to_device"`` or ``"to_host"``), ``nbytes`` in ``ns`` on the link."""
+        c = self._user_copies.setdefault(direction, Counter())
+        c.update(count=1, bytes=nbytes, ns=ns)
+        self._bump(transfer_ns=ns, transfer_bytes=nbytes, transfers=1)
+
+    def _user_copies_dict(self) -> dict:
+        return {d: {"count": int(c["count"]), "bytes": int(c["bytes"]),
+                    "time_us": c["ns"] / 1e3}
+                for d in ("to_device", "to_host")
+                for c in (self._user_copies.get(d, Counter()),)}
+
     # ---- reports -----------------------------------------------------------------------------
     def _graph_names(self) -> dict[int, str]:
         seen: Counter = Counter()
@@ -271,17 +289,22 @@ class Profile:
             })
         targets = sorted({g.target for g in self._graphs.values()})
         fallback_ns = sum(self._fallback_ns.values())
+        user = self._user_copies_dict()
         return {
             "target": ", ".join(targets) if targets else None,
             "simulated_time_us": sum(p["simulated_time_us"] for p in parts),
             "roofline_time_us": sum(p["roofline_time_us"] for p in parts),
             "fallback_time_us": fallback_ns / 1e3,
             "transfer_time_us": (sum(p["transfer_time_us"] for p in parts)
-                                 + self._loose_transfer["ns"] / 1e3),
+                                 + self._loose_transfer["ns"] / 1e3
+                                 + sum(u["time_us"] for u in user.values())),
             "transfer_bytes": int(sum(p["transfer_bytes"] for p in parts)
-                                  + self._loose_transfer["bytes"]),
+                                  + self._loose_transfer["bytes"]
+                                  + sum(u["bytes"] for u in user.values())),
             "transfers": int(sum(p["transfers"] for p in parts)
-                             + self._loose_transfer["transfers"]),
+                             + self._loose_transfer["transfers"]
+                             + sum(u["count"] for u in user.values())),
+            "user_copies": user,
             "call_overhead_time_us": sum(p["call_overhead_time_us"] for p in parts),
             "assumptions": self._assumptions(),
             "warmup": self._phase_dict("warmup"),
@@ -341,6 +364,7 @@ class Profile:
 
     def summary(self) -> str:
         d = self.to_dict()
+        user = d["user_copies"]
         total = d["device_nodes"] + d["fallback_nodes"]
         lines = [
             f"neuron profile  target: {d['target'] or '-'}",
@@ -348,6 +372,10 @@ class Profile:
             f"   (roofline {d['roofline_time_us']:.2f} us)",
             f"  host<->device transfer: {d['transfer_time_us']:12.2f} us   (host link: "
             f"{_link_text(d['assumptions'])}, see Assumptions)",
+            *([f"    of which user copies: {sum(u['time_us'] for u in user.values()):10.2f} us   "
+               f"({user['to_device']['count']} to the device, {user['to_host']['count']} to "
+               f"the host: .to('neuron'), .cpu(), .item(), printing)"]
+              if any(u["count"] for u in user.values()) else []),
             f"  runtime call overhead : {d['call_overhead_time_us']:12.2f} us   "
             f"({_overhead_text(d['assumptions'])} per device-partition call)",
             f"  eager fallback (wall) : {d['fallback_time_us']:12.2f} us",

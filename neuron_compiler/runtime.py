@@ -46,6 +46,17 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   saves for the backward (output descriptor ``SavedForBackwards*``) do not leave the device at
   the forward: the backward charges them only if a fallback there reads them. Without output
   descriptors, every graph output is treated as read by the host.
+- ``neuron`` device tensors (``neuron_compiler.device``): their payloads are owned by the device
+  (``Residency.own``), so a graph compiled over device tensors reads its inputs, parameters and
+  buffers without a copy; an output whose descriptor says AOTAutograd wraps it into a device
+  tensor (``SubclassGetAttrAOTOutput`` of ``DEVICE_PAYLOAD_ATTR``; every output of an eager
+  device op, ``device_outputs``) stays on the device (host data among them, an eager
+  fallback's result, is sent once); a host consumer of a payload (an eager fallback node)
+  pays a copy at every read. A device partition owns the outputs its graph returns as device
+  tensors as soon as it writes them (``DevicePartition.device_outputs``), so inference-mode
+  tensors, which residency cannot follow, stay on the device too. Input mutations of device
+  tensors (a buffer updated in place, a static KV cache) are copied by AOTAutograd's runtime
+  from device tensor to device tensor.
 - Why these rules are sound: ATen graphs from AOTAutograd are functional (no node writes its
   inputs), so device data changes only where a partition writes a fresh output tensor; the
   host can read a device output only through a fallback op or a graph output, and both charge
@@ -70,11 +81,11 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
 """
 from __future__ import annotations
 
+import operator
 import os
 import re
 import time
 import traceback
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -90,6 +101,9 @@ from torch.utils._pytree import tree_leaves
 from neuron_compiler.assumptions import assumptions_of, host_assumptions
 from neuron_compiler.cache import DiskCache, disk_cache, request_key
 from neuron_compiler.cache import request as cache_request
+from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
+                                              Producer, Residency, tensor_bytes)
+from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
@@ -169,7 +183,7 @@ def signature(args: tuple) -> Signature:
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append(("T", tuple(int(s) for s in a.shape), str(a.dtype).removeprefix("torch."),
-                        isinstance(a, torch.nn.Parameter)))
+                        RESIDENCY.is_parameter(a)))
         elif isinstance(a, (int, float, bool, torch.SymInt)):
             sig.append(("S", int(a) if isinstance(a, (torch.SymInt, int)) else a))
         else:
@@ -245,97 +259,7 @@ def specialise(gm: GraphModule, args: tuple) -> GraphModule:
     return new
 
 
-# ---- residency ---------------------------------------------------------------------------------
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return int(t._version)
-    except RuntimeError:  # inference tensors do not track a version counter
-        return None
-
-
-def tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-Producer = tuple  # (GraphRecord, partition name, signature): the device partition that wrote it
-
-
-@dataclass(eq=False)
-class _Where:
-    """Where the data of one tensor at ``version`` is: on the host and/or in some targets' HBM."""
-
-    ref: weakref.ref
-    version: int
-    host: bool
-    devices: set[str]
-    producer: Producer | None
-
-
-class Residency:
-    """The process-wide record of where each live tensor's current data is (module docstring)."""
-
-    def __init__(self) -> None:
-        self._where: dict[int, _Where] = {}
-
-    def _lookup(self, t: torch.Tensor) -> _Where | None:
-        w = self._where.get(id(t))
-        if w is None or w.ref() is not t or w.version != _version(t):
-            return None
-        return w
-
-    def _track(self, t: torch.Tensor, host: bool, devices: set[str],
-               producer: Producer | None) -> _Where | None:
-        v = _version(t)
-        if v is None:
-            return None
-        table, key = self._where, id(t)
-
-        def forget(ref: weakref.ref) -> None:
-            w = table.get(key)
-            if w is not None and w.ref is ref:
-                del table[key]
-
-        w = _Where(weakref.ref(t, forget), v, host, set(devices), producer)
-        table[key] = w
-        return w
-
-    def to_device(self, t: torch.Tensor, target: str) -> tuple[bool, Producer | None, bool]:
-        """A device partition of ``target`` reads ``t``. Returns (send: a host->device copy is
-        needed, producer, fetch: the data first comes back from ``producer``'s device)."""
-        w = self._lookup(t)
-        if w is not None and target in w.devices:
-            return False, None, False
-        if w is None:
-            w = self._track(t, True, set(), None)
-            if w is not None:
-                w.devices.add(target)
-            return True, None, False
-        fetch = not w.host
-        w.host = True
-        w.devices.add(target)
-        return True, w.producer, fetch
-
-    def to_host(self, t: torch.Tensor) -> tuple[bool, Producer | None]:
-        """A host consumer reads ``t``: (a device->host copy is needed, who produced it)."""
-        w = self._lookup(t)
-        if w is None or w.host:
-            return False, None
-        w.host = True
-        return True, w.producer
-
-    def produced(self, t: torch.Tensor, target: str, producer: Producer) -> bool:
-        """``t`` was written by a device partition: its data is in ``target``'s HBM only. False
-        when ``t`` cannot be tracked (no version counter): the caller copies it out at once."""
-        return self._track(t, False, {target}, producer) is not None
-
-    def alias(self, out: torch.Tensor, base: torch.Tensor) -> None:
-        """``out`` is a view of ``base`` made without reading data: it is where ``base`` is."""
-        w = self._lookup(base)
-        if w is not None:
-            self._track(out, w.host, w.devices, w.producer)
-
-
-RESIDENCY = Residency()
+# ---- residency (neuron_compiler.device.residency) ---------------------------------------------
 
 
 def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> None:
@@ -350,13 +274,23 @@ def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> Non
         p.note_transfer_out(producer, ns, nbytes)
 
 
-def read_on_host(value: object, profs: tuple) -> None:
-    """A host consumer reads every tensor in ``value``: copy device-only data out."""
+def read_on_host(value: object, profs: tuple, graph: GraphRecord | None = None) -> None:
+    """A host consumer reads every tensor in ``value``: copy device-only data out. The payload
+    of a ``neuron`` device tensor is copied out at every read (the host keeps no copy of it),
+    on the host link of ``graph``, the compiled graph whose host code reads it."""
     for t in tree_leaves(value):
-        if isinstance(t, torch.Tensor):
-            copy, producer = RESIDENCY.to_host(t)
-            if copy:
-                _charge_out(producer, t, profs)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if RESIDENCY.owned(t):
+            if profs and graph is not None:
+                nbytes = tensor_bytes(t)
+                ns = assumptions_of(graph).transfer_ns(nbytes, transfers=1)
+                for p in profs:
+                    p.note_transfer_out(None, ns, nbytes)
+            continue
+        copy, producer = RESIDENCY.to_host(t)
+        if copy:
+            _charge_out(producer, t, profs)
 
 
 # ---- eager fallback ----------------------------------------------------------------------------
@@ -376,7 +310,7 @@ class FallbackOp(torch.nn.Module):
     def forward(self, *args: object, **kwargs: object) -> object:
         profs = active_profiles()
         if not self.is_view:
-            read_on_host((args, kwargs), profs)
+            read_on_host((args, kwargs), profs, self.graph)
         with record_function(f"neuron fallback: {self.op_name}"):
             t0 = time.perf_counter_ns()
             out = self.op(*args, **kwargs)
@@ -438,6 +372,9 @@ class DevicePartition(torch.nn.Module):
         out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
         self.returns_tuple = isinstance(out, (tuple, list))
         self._cache: dict[Signature, _Compiled] = {}
+        # outputs (by position) that the enclosing graph returns as device tensors' payloads
+        # (NeuronGraph._mark_device_outputs): owned by the device as soon as they are written
+        self.device_outputs: set[int] = set()
         self._upcast: GraphModule | None = None   # timing mode's value graph (upcast.py)
         # the Dynamo compile this graph belongs to (the partition compiles lazily, outside it)
         self.compile_id = current_compile_id()
@@ -490,9 +427,11 @@ class DevicePartition(torch.nn.Module):
                                   sent_bytes, sent, self.host.call_overhead_ns)
         producer = (self.graph, self.name, sig)
         inputs = {id(t) for t in tensors}
-        for o in outs:
+        for k, o in enumerate(outs):
             if isinstance(o, torch.Tensor) and id(o) not in inputs:
-                if not RESIDENCY.produced(o, self.target.name, producer):
+                if k in self.device_outputs:
+                    RESIDENCY.own(o)       # tracked even without a version counter
+                elif not RESIDENCY.produced(o, self.target.name, producer):
                     _charge_out(producer, o, profs)    # untracked: it leaves the device at once
         return out
 
@@ -586,7 +525,7 @@ class DevicePartition(torch.nn.Module):
         # may choose its layout (lowering.passes.layouts); training graphs keep torch's layouts
         # (their weights change every step and are shared with the backward)
         specs = [api.TensorSpec(tuple(int(s) for s in t.shape), t.dtype,
-                                self.graph.kind == "inference" and isinstance(t, torch.nn.Parameter))
+                                self.graph.kind == "inference" and RESIDENCY.is_parameter(t))
                  for t in tensors]
         out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]
@@ -776,17 +715,57 @@ class DevicePartition(torch.nn.Module):
         return wrap_fallback_nodes(fused, reasons, self.graph, str(exc)), bad
 
 
+def _is_device_payload(desc: object) -> bool:
+    """True for AOTAutograd's descriptor of an output that becomes the payload of a ``neuron``
+    device tensor (``SubclassGetAttrAOTOutput`` of attribute ``DEVICE_PAYLOAD_ATTR``)."""
+    return (type(desc).__name__ == "SubclassGetAttrAOTOutput"
+            and getattr(desc, "attr", None) == DEVICE_PAYLOAD_ATTR)
+
+
 class NeuronGraph:
     """The compiled ATen graph: the outer GraphModule plus its compile-time record. Its outputs
     are read by the host (AOTAutograd's runtime, the user), except those saved for the backward
-    graph (see "Residency" in the module docstring)."""
+    graph (see "Residency" in the module docstring) and those that stay on the ``neuron``
+    device: every output when ``device_outputs`` (an eager op of a device tensor,
+    ``neuron_compiler.device``), else each output whose descriptor says AOTAutograd wraps it
+    into a device tensor (a graph compiled over device tensors). Those are owned by the device
+    (``Residency.own``): never copied to the host."""
 
-    def __init__(self, gm: GraphModule, record: GraphRecord):
+    def __init__(self, gm: GraphModule, record: GraphRecord, device_outputs: bool = False):
         self.gm, self.record = gm, record
         out = next(n for n in gm.graph.nodes if n.op == "output")
         descs = out.meta.get("desc") or ()
         self.saved_for_backward = frozenset(
             i for i, d in enumerate(descs) if type(d).__name__.startswith("SavedForBackwards"))
+        self.device_outputs = device_outputs
+        self.on_device = frozenset(i for i, d in enumerate(descs) if _is_device_payload(d))
+        # plain outputs of the neuron device (a factory traced with device=x.device), built on
+        # the host by the compiled graph (backend._factories_on_host): wrapped back
+        vals = [getattr(a, "meta", {}).get("val") for a in
+                (out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],))]
+        self.device_factories = frozenset(
+            i for i, v in enumerate(vals)
+            if isinstance(v, torch.Tensor) and v.device.type == DEVICE_TYPE
+            and i not in self.saved_for_backward)     # saved activations stay payloads
+        self._mark_device_outputs(out)
+
+    def _mark_device_outputs(self, out: Node) -> None:
+        """Tell each device partition which of its outputs this graph returns as device
+        tensors' payloads, so that it never charges them out (inference-mode tensors have no
+        version counter: residency could not follow them from the partition to here)."""
+        args = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+        for i, a in enumerate(args):
+            if not (self.device_outputs or i in self.on_device or i in self.device_factories):
+                continue
+            if not isinstance(a, Node):
+                continue
+            k = 0
+            if a.op == "call_function" and a.target is operator.getitem:
+                a, k = a.args[0], a.args[1]
+            if isinstance(a, Node) and a.op == "call_module":
+                part = getattr(self.gm, str(a.target), None)
+                if isinstance(part, DevicePartition) and isinstance(k, int):
+                    part.device_outputs.add(k)
 
     def __call__(self, *args: object) -> object:
         with graph_call(self.record):
@@ -794,6 +773,23 @@ class NeuronGraph:
             profs = active_profiles()
             outs = out if isinstance(out, (tuple, list)) else (out,)
             for i, o in enumerate(outs):
-                if i not in self.saved_for_backward:
-                    read_on_host(o, profs)
+                if self.device_outputs or i in self.on_device or i in self.device_factories:
+                    for t in tree_leaves(o):
+                        if isinstance(t, torch.Tensor):
+                            self._keep_on_device(t, profs)
+                elif i not in self.saved_for_backward:
+                    read_on_host(o, profs, self.record)
+        if self.device_factories and isinstance(out, (tuple, list)):
+            out = type(out)(NeuronTensor(o) if i in self.device_factories
+                            and isinstance(o, torch.Tensor) else o for i, o in enumerate(out))
         return out
+
+    def _keep_on_device(self, t: torch.Tensor, profs: tuple) -> None:
+        """``t`` becomes a device tensor's payload; host data (an eager fallback's output) is
+        sent over the host link first."""
+        if not RESIDENCY.device_only(t) and profs:
+            nbytes = tensor_bytes(t)
+            ns = assumptions_of(self.record).transfer_ns(nbytes, transfers=1)
+            for p in profs:
+                p.note_transfer_out(None, ns, nbytes)   # counted with the unattributed copies
+        RESIDENCY.own(t)
