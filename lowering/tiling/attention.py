@@ -41,6 +41,7 @@ import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
+from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
                                              _diag_offsets, _early, _finish, _late, _load_k, _load_v,
@@ -74,6 +75,9 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     sq = _Side(Q, Q.strides[-1], Q.strides[-2], Sq, operand_form(Q.strides[-1], Q.strides[-2], Sq, Q.dtype, t), tp_bufs=1)
     sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, operand_form(KT.strides[-2], KT.strides[-1], Sk, KT.dtype, t),
                tp_bufs=1)
+    if decode_fits(k, batch, Sq, Sk, D, Dv, sk, t):     # one query per head: all heads at once
+        tile_decode(b, k, sq, sk)
+        return
     # PSUM: per query block and key block of a step one score bank (the probability
     # transposes reuse it once the exp has read it) and one output bank
     # score and output banks per query block: two of each for the two key-block parities of

@@ -1,0 +1,210 @@
+"""Decode attention: one query per head (an LLM's decode step over its KV cache), every head of a
+batch item at once, heads on partitions (tiling/attention.py dispatches here).
+
+With one query row per head, the per-head flash-attention loop runs [1, 512] instructions whose
+fixed costs dwarf their work. Here the H heads of a batch item share every instruction but the
+products:
+    Qm = blockdiag(q_0 .. q_{H-1})           [D, H x H] (head h's block: q_h in column h, else 0)
+    S_c += Qm_h.T @ K_h^T[:, c]             TensorE, for every head h: row h of S_c [H, 512]
+                                             gets head h's scores, the other rows + 0
+    m = rowmax(S), P = exp(scale S - m), l   one reduce per bank, one across; ScalarE per bank
+    P^T_j = transpose(P[:, j])               [128 keys, H] per 128 keys, one copy out of PSUM
+    O[0, h] += P^T_j[:, h].T @ V_h[j]        TensorE: head h's output row at its own columns
+    out[h] = O[0, h] / l_h                   l^T [1, H] by one transpose; one multiply, one store
+K^T of a head comes by DMA transpose, V of a head in one DMA ([128 keys, chunks x Dv]).
+
+Invariants
+- Applies when ``decode_fits``: one query, 2-128 heads on the innermost batch axis, D <= 128,
+  at most four key blocks of 512 (whole score rows in PSUM), an epilogue of casts only.
+- The products of the heads accumulate into one PSUM group per score bank: head 0 starts it,
+  every other head adds zeros outside its own row, so each row holds exactly its head's sums.
+- Score expressions see the same leaves as elsewhere: INDEX over the head axis varies along
+  partitions, over the key axis along the free axis, the query index is 0.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+from lowering.kir import EOp, Expr, KOp
+from lowering.tiling.attention_steps import F32, KB, LOWEST, TINY, _boff, _cols, _load_k, _only_casts
+from lowering.tiling.exprgen import ExprGen
+from lowering.tiling.matmul import _Side
+from lowering.tiling.matmul_plan import PE_T, RES_T
+from lowering.tir.affine import Affine, aff
+from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
+from runtime_sim.isa import ActFunc, AluOp, Memory
+
+MAX_KEY_BLOCKS = 4
+
+
+def decode_fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, sk: _Side, t) -> bool:
+    """Whether ``tile_decode`` applies (module docstring, Invariants)."""
+    a = k.attrs
+    if Sq != 1 or not batch or D > 128 or Dv > 512:
+        return False
+    H = batch[-1]
+    if not 2 <= H <= 128 or not _only_casts(a.epilogue):
+        return False
+    if a.causal and a.causal_offset < Sk - 1:          # a causal query that does not see every key
+        return False
+    nk = -(-Sk // KB)
+    per_bank = t.psum_bank_bytes // (Dv * 4)
+    tp = 1 if sk.form in (PE_T, RES_T) else 0        # K^T by TensorE transposes
+    banks = nk + -(-H // per_bank) + 2 + tp          # scores, outputs, P^T, l^T
+    nch = -(-Sk // 128)
+    return (nk <= MAX_KEY_BLOCKS and banks <= t.psum_banks
+            and nch * H * a.p_dtype.itemsize <= t.psum_bank_bytes)
+
+
+def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
+    a = k.attrs
+    Q, KT, V = k.ins[:3]
+    out = k.outs[0]
+    *batch, _, D = Q.shape
+    Sk, Dv, H = KT.shape[-1], V.shape[-1], batch[-1]
+    dt, pdt = Q.dtype, a.p_dtype
+    t = b.target
+    kbs = [(k0, min(KB, Sk - k0)) for k0 in range(0, Sk, KB)]
+    nk, nch = len(kbs), -(-Sk // 128)
+    per_bank = t.psum_bank_bytes // (Dv * 4)
+    groups = [(h0, min(per_bank, H - h0)) for h0 in range(0, H, per_bank)]
+    clamp = a.safe and a.score is not None
+    b.note(f"attention decode: {H} heads of one query each over {Sk} keys, heads on partitions "
+           f"(block-diagonal queries, {nk} score banks, outputs in {len(groups)} banks)")
+    with ExitStack() as es:
+        outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
+        # Q^T of every head, then the block-diagonal [D, H x H]: eye[d, h, m] = (h == m)
+        qt = b.tile("dq", Memory.SBUF, D, H, dt, 1)
+        for h in range(H):
+            sq.load(b, qt, aff(h), sq.base(outer + (aff(h),)), aff(0), D, aff(0), 1)
+        eye = b.tile("deye", Memory.SBUF, D, H * H, dt, 1)
+        b.iota(eye.ap(dims=((H, H), (1, H))), 0, 0, (1, -1))          # h - m
+        b.tensor_scalar(eye.ap(), eye.ap(), AluOp.IS_EQUAL, 0.0)
+        qm = b.tile("dqm", Memory.SBUF, D, H * H, dt, 1)
+        b.tensor_tensor(qm.ap(dims=((H, H), (1, H))), eye.ap(dims=((H, H), (1, H))),
+                        qt.ap(dims=((1, H), (0, H))), AluOp.MULTIPLY)
+        # K^T and V of every head
+        kt = b.tile("dk", Memory.SBUF, D, H * Sk, dt, 1)
+        vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
+        for h in range(H):
+            bidx = outer + (aff(h),)
+            for k0, kw in kbs:
+                sk.load(b, kt, aff(h * Sk + k0), sk.base(bidx), aff(0), D, aff(k0), kw)
+            _load_v_head(b, V, bidx, Sk, Dv, vt, h * nch * Dv)
+        # scores: head h's row of each bank
+        S = [b.tile(f"ds{c}", Memory.PSUM, H, KB, F32, 1) for c in range(nk)]
+        for c, (k0, kw) in enumerate(kbs):
+            for h in range(H):
+                b.matmul(S[c].ap(dims=((1, kw),)), qm.ap(D, elem_offset=h * H, dims=((1, H),)),
+                         kt.ap(D, elem_offset=h * Sk + k0, dims=((1, kw),)), start_when=(h,))
+        mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
+        srcs = []
+        for c, (k0, kw) in enumerate(kbs):
+            src, act_scale = S[c].ap(dims=((1, kw),)), a.scale
+            if a.score is not None:
+                src, act_scale = _score(b, k, S[c], outer, H, k0, kw), 1.0
+            srcs.append((src, act_scale))
+            b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+        act_scale = srcs[0][1]
+        m = b.tile("dm", Memory.SBUF, H, 1, F32, 1).ap()
+        b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+        nm = b.tile("dnm", Memory.SBUF, H, 1, F32, 1).ap()
+        if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+            b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
+                            LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
+        else:
+            b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
+        P = b.tile("dp", Memory.SBUF, H, Sk, pdt, 1)
+        L = b.tile("dl", Memory.SBUF, H, nk, F32, 1).ap()
+        for c, (k0, kw) in enumerate(kbs):
+            src, sc = srcs[c]
+            b.activation(P.ap(elem_offset=k0, dims=((1, kw),)), src, ActFunc.EXP, scale=sc,
+                         bias_ap=nm, reduce=AluOp.ADD, accum=_cols(L, c, 1))
+        # P^T per 128 keys, [128 keys, H] each, through one PSUM tile, one copy out
+        tps = b.tile("dtp", Memory.PSUM, min(Sk, 128), nch * H, pdt, 1)
+        pt = b.tile("dpt", Memory.SBUF, min(Sk, 128), nch * H, pdt, 1)
+        for j in range(nch):
+            w = min(128, Sk - j * 128)
+            b.transpose(tps.ap(w, elem_offset=j * H, dims=((1, H),)),
+                        P.ap(elem_offset=j * 128, dims=((1, w),)))
+        if Sk % 128 == 0:
+            b.tensor_copy(pt.ap(), tps.ap())
+        else:
+            for j in range(nch):
+                w = min(128, Sk - j * 128)
+                b.tensor_copy(pt.ap(w, elem_offset=j * H, dims=((1, H),)),
+                              tps.ap(w, elem_offset=j * H, dims=((1, H),)))
+        # 1 / l, as a row [1, H]
+        den = b.tile("dden", Memory.SBUF, H, 1, F32, 1).ap()
+        b.tensor_reduce(den, L, AluOp.ADD)
+        if clamp:
+            b.tensor_scalar(den, den, AluOp.MAX, TINY)
+        rl = b.tile("drl", Memory.SBUF, H, 1, F32, 1).ap()
+        b.activation(rl, den, ActFunc.RECIPROCAL)
+        rlt_ps = b.tile("drlp", Memory.PSUM, 1, H, F32, 1)
+        b.transpose(rlt_ps.ap(), rl)
+        rlt = b.tile("drlt", Memory.SBUF, 1, H, F32, 1)
+        b.tensor_copy(rlt.ap(), rlt_ps.ap())
+        # second products: head h's output row at its own columns of its group's bank
+        for g, (h0, hn) in enumerate(groups):
+            o = b.tile(f"do{g}", Memory.PSUM, 1, per_bank * Dv, F32, 1)
+            for h in range(h0, h0 + hn):
+                for j in range(nch):
+                    w = min(128, Sk - j * 128)
+                    b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
+                             pt.ap(w, elem_offset=j * H + h, dims=((1, 1),)),
+                             vt.ap(w, elem_offset=(h * nch + j) * Dv, dims=((1, Dv),)), start_when=(j,))
+            wt = b.tile(f"dw{g}", Memory.SBUF, 1, per_bank * Dv, out.dtype, 1)
+            b.tensor_tensor(wt.ap(dims=((Dv, hn), (1, Dv))), o.ap(dims=((Dv, hn), (1, Dv))),
+                            rlt.ap(elem_offset=h0, dims=((1, hn), (0, Dv))), AluOp.MULTIPLY)
+            dst = hbm_ap(out.buffer, out.dtype, _boff(out, outer + (aff(h0),)), 1, 0,
+                         ((hn, out.strides[-3]), (Dv, out.strides[-1])))
+            b.dma(dst, wt.ap(dims=((Dv, hn), (1, Dv))))
+
+
+def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None:
+    """V of one head, [128 keys, chunk j at j * Dv], into ``vt`` from element ``off``: one DMA
+    when every chunk has 128 keys."""
+    base = _boff(V, bidx)
+    nch = -(-Sk // 128)
+    rs = V.strides[-2]
+    if Sk % 128 == 0 and Sk > 128:
+        b.dma(vt.ap(128, elem_offset=off, dims=((Dv, nch), (1, Dv))),
+              hbm_ap(V.buffer, V.dtype, base, 128, rs, ((nch, 128 * rs), (Dv, V.strides[-1]))))
+        return
+    for j in range(nch):
+        w = min(128, Sk - j * 128)
+        b.dma(vt.ap(w, elem_offset=off + j * Dv, dims=((1, Dv),)),
+              hbm_ap(V.buffer, V.dtype, base + j * 128 * rs, w, rs, ((Dv, V.strides[-1]),)))
+
+
+def _score(b: TirBuilder, k: KOp, s, outer, H: int, k0: int, kw: int) -> TAP:
+    """The score expression on one [H heads, kw keys] block, in fp32 SBUF."""
+    a = k.attrs
+    out_rank = len(k.outs[0].shape)
+    head_axis = out_rank - 3
+    acc = b.tile("dsc", Memory.SBUF, H, kw, F32).ap()
+    b.tensor_scalar(acc, s.ap(dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
+
+    def leaf(x: Expr) -> TAP:
+        if x.op is EOp.ACC:
+            return acc
+        if x.op is EOp.LOAD:
+            r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
+            tl = b.tile(f"dmask{x.index}", Memory.SBUF, H, kw, r.dtype, 1).ap()
+            base = _boff(r, outer + (aff(0),)) + k0 * r.strides[-1]
+            b.dma(tl, hbm_ap(r.buffer, r.dtype, base, H, r.strides[head_axis], ((kw, r.strides[-1]),)))
+            return tl
+        tl = b.tile("didx", Memory.SBUF, H, kw, x.dtype, 1).ap()
+        if x.index == out_rank - 1:
+            b.iota(tl, k0, 0, (1,))
+        elif x.index == head_axis:
+            b.iota(tl, 0, 1, (0,))
+        elif x.index == out_rank - 2:
+            b.iota(tl, 0, 0, (0,))
+        else:
+            b.iota(tl, outer[x.index], 0, (0,))
+        return tl
+
+    return ExprGen(b, H, (kw,), leaf).tile_of(a.score, F32)
