@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from lowering.kir import EOp, Expr, KOp
-from lowering.tiling.attention_steps import F32, KB, LOWEST, TINY, _boff, _cols, _load_k, _only_casts
+from lowering.tiling.attention_steps import F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part
 from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import PE_T, RES_T
@@ -74,30 +74,42 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
            f"(block-diagonal queries, {nk} score banks, outputs in {len(groups)} banks)")
     with ExitStack() as es:
         outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
+        # heads of at most 64 features alternate between partitions 0-63 and 64-127, so their
+        # K^T transfers use every DMA engine; head h sits in half h % halves, slot h // halves
+        halves = 2 if D <= 64 else 1
+        P = 64 * (halves - 1) + D
+        slots = -(-H // halves)
         # Q^T of every head, then the block-diagonal [D, H x H]: eye[d, h, m] = (h == m)
-        qt = b.tile("dq", Memory.SBUF, D, H, dt, 1)
-        for h in range(H):
-            sq.load(b, qt, aff(h), sq.base(outer + (aff(h),)), aff(0), D, aff(0), 1)
-        eye = b.tile("deye", Memory.SBUF, D, H * H, dt, 1)
-        b.iota(eye.ap(dims=((H, H), (1, H))), 0, 0, (1, -1))          # h - m
-        b.tensor_scalar(eye.ap(), eye.ap(), AluOp.IS_EQUAL, 0.0)
-        qm = b.tile("dqm", Memory.SBUF, D, H * H, dt, 1)
-        b.tensor_tensor(qm.ap(dims=((H, H), (1, H))), eye.ap(dims=((H, H), (1, H))),
-                        qt.ap(dims=((1, H), (0, H))), AluOp.MULTIPLY)
+        qt = b.tile("dq", Memory.SBUF, P, H, dt, 1)
+        eye = b.tile("deye", Memory.SBUF, P, H * H, dt, 1)
+        qm = b.tile("dqm", Memory.SBUF, P, H * H, dt, 1)
+        for u in range(halves):
+            for h in range(H):
+                sq.load(b, _Part(qt, 64 * u, aff(0)), aff(h), sq.base(outer + (aff(h),)), aff(0), D,
+                        aff(0), 1)
+            hh = dict(partition_start=64 * u)
+            b.iota(eye.ap(D, dims=((H, H), (1, H)), **hh), 0, 0, (1, -1))          # h - m
+            b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
+            b.tensor_tensor(qm.ap(D, dims=((H, H), (1, H)), **hh), eye.ap(D, dims=((H, H), (1, H)), **hh),
+                            qt.ap(D, dims=((1, H), (0, H)), **hh), AluOp.MULTIPLY)
         # K^T and V of every head
-        kt = b.tile("dk", Memory.SBUF, D, H * Sk, dt, 1)
+        kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
         for h in range(H):
             bidx = outer + (aff(h),)
             for k0, kw in kbs:
-                sk.load(b, kt, aff(h * Sk + k0), sk.base(bidx), aff(0), D, aff(k0), kw)
+                sk.load(b, _Part(kt, 64 * (h % halves), aff(0)), aff(h // halves * Sk + k0),
+                        sk.base(bidx), aff(0), D, aff(k0), kw)
             _load_v_head(b, V, bidx, Sk, Dv, vt, h * nch * Dv)
         # scores: head h's row of each bank
         S = [b.tile(f"ds{c}", Memory.PSUM, H, KB, F32, 1) for c in range(nk)]
         for c, (k0, kw) in enumerate(kbs):
             for h in range(H):
-                b.matmul(S[c].ap(dims=((1, kw),)), qm.ap(D, elem_offset=h * H, dims=((1, H),)),
-                         kt.ap(D, elem_offset=h * Sk + k0, dims=((1, kw),)), start_when=(h,))
+                p0 = 64 * (h % halves)
+                b.matmul(S[c].ap(dims=((1, kw),)),
+                         qm.ap(D, partition_start=p0, elem_offset=h * H, dims=((1, H),)),
+                         kt.ap(D, partition_start=p0, elem_offset=h // halves * Sk + k0, dims=((1, kw),)),
+                         start_when=(h,))
         mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
         srcs = []
         for c, (k0, kw) in enumerate(kbs):
