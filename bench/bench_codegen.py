@@ -20,6 +20,10 @@ Part 1, for each case of issue 6's table on each target (trn1, trn2, trn3), in s
   that absorbs the process's one-time import costs); xfer 2nd/1st (models): the second call's
   host<->device transfer time over the first call's (parameters stay resident after the first);
   fallbacks: ops run in eager PyTorch.
+  decode_gpt2 (issue 23): one decode step of gpt2-small (bf16, b1) over a static KV cache of 1024
+  tokens, device time (weights and cache live on the device; the call's transfer is printed
+  beside it); its floor is every byte it must read (weights except the position table it only
+  gathers from, plus the whole cache) at the per-core HBM rate (issue 23 wants >= 70%).
   A case that crashes prints FAILED with the exception and the run goes on.
 
 Part 2, cold compile (first call wall time minus the wall time of one eager call of the same
@@ -149,6 +153,27 @@ def _model(key: str):
     return build
 
 
+def _decode_gpt2(cache_len: int = 1024, pos: int = 1000):
+    """One greedy decode step of gpt2-small (bf16, b1) over a static KV cache of ``cache_len``
+    tokens at position ``pos``; the floor is every byte it must read (weights, except the
+    position table it only gathers from, and the whole KV cache) at the per-core HBM rate."""
+    def build():
+        import transformers as T
+        from transformers import StaticCache
+        m, _ = make_model("gpt2")
+        cache = StaticCache(config=m.config, max_cache_len=cache_len)
+        linear = {id(x.weight) for x in m.modules() if isinstance(x, torch.nn.Linear)}
+        gathered = {id(x.weight) for x in m.modules() if isinstance(x, torch.nn.Embedding)} - linear
+        wbytes = sum(p.numel() * p.element_size() for p in m.parameters() if id(p) not in gathered)
+        c = m.config
+        kv = c.n_layer * 2 * cache_len * c.n_embd * 2
+        fn = (lambda ids, cp, m=m, cache=cache: m(input_ids=ids, past_key_values=cache,
+                                                  cache_position=cp, use_cache=True).logits)
+        del T
+        return fn, (torch.randint(0, 50257, (1, 1)), torch.tensor([pos])), {"nbytes": wbytes + kv}
+    return build
+
+
 CASES = [
     Case("mm_nki", "mm 4096x8192x8192 (NKI tutorial)", _mm(4096, 8192, 8192)),
     Case("mm4096", "mm 4096^3", _mm(4096, 4096, 4096)),
@@ -161,6 +186,7 @@ CASES = [
     Case("gelu", "gelu [8192,4096]", _rowwise("gelu")),
     Case("gpt2", "gpt2-small b1 s128", _model("gpt2"), model=True),
     Case("bert", "bert-base b1 s128", _model("bert"), model=True),
+    Case("decode_gpt2", "gpt2-small decode, cache 1024", _decode_gpt2()),
 ]
 COLD = {"cold_bert": "bert-base b1 s128", "cold_gpt2": "gpt2-small b1 s128",
         "mm8192": "mm 8192^3 bf16"}
