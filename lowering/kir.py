@@ -217,6 +217,9 @@ class EOp(enum.Enum):
     AND = "and"
     OR = "or"
     XOR = "xor"             # logical: non-zero is true
+    BITAND = "bitand"       # two's complement bit patterns (integer dtypes only)
+    BITOR = "bitor"
+    BITXOR = "bitxor"
     MOD = "mod"             # floor modulo (sign of the divisor), the ALU's mod
     # ternary
     WHERE = "where"
@@ -229,7 +232,8 @@ UNARY_OPS = frozenset({EOp.NEG, EOp.ABS, EOp.EXP, EOp.LOG, EOp.SQRT, EOp.RSQRT, 
                        EOp.CAST})
 BINARY_OPS = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV, EOp.MAX, EOp.MIN, EOp.POW, EOp.EQ,
                         EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE, EOp.AND, EOp.OR,
-                        EOp.XOR, EOp.MOD})
+                        EOp.XOR, EOp.MOD, EOp.BITAND, EOp.BITOR, EOp.BITXOR})
+BITWISE_OPS = frozenset({EOp.BITAND, EOp.BITOR, EOp.BITXOR})
 COMPARE_OPS = frozenset({EOp.EQ, EOp.NE, EOp.LT, EOp.LE, EOp.GT, EOp.GE})
 
 

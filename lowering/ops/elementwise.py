@@ -181,8 +181,21 @@ def _binary(op: EOp, *, reverse: bool = False, alpha_scales: bool = False):
 
 register(aten.mul.Tensor, aten.mul.Scalar, dtypes=EW_DTYPES,
          check=exact_integers)(_binary(EOp.MUL))
-register(aten.bitwise_and.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.AND))
-register(aten.bitwise_or.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.OR))
+
+
+def _bitwise(logical: EOp, bits: EOp):
+    """Bitwise ops: on bool the logical op, on int32/int64 the bit patterns (exact, GpSimdE's
+    integer ALU word by word)."""
+    def lower(ctx: LowerCtx, node: fx.Node, a, b) -> TensorRef:
+        op = logical if ctx.out_val.dtype == torch.bool else bits
+        return pointwise(ctx, node, [a, b], lambda l, dt: e(op, l[0], l[1], dtype=dt))
+    return lower
+
+
+for _ts, _ops in (((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), (EOp.AND, EOp.BITAND)),
+                  ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), (EOp.OR, EOp.BITOR)),
+                  ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), (EOp.XOR, EOp.BITXOR))):
+    register(*_ts, dtypes=MASK_DTYPES | INDEX_DTYPES)(_bitwise(*_ops))
 _BINARY = {
     (aten.div.Tensor, aten.div.Scalar): EOp.DIV,
     (aten.pow.Tensor_Scalar,): EOp.POW,
@@ -511,7 +524,6 @@ def _remainder(ctx, node, a, b):
     if not ctx.out_val.dtype.is_floating_point:
         return pointwise(ctx, node, [a, b], lambda l, dt: e(EOp.MOD, l[0], l[1], dtype=dt))
     return pointwise(ctx, node, [a, b], lambda l, dt: mathfns.remainder(_f32(l[0]), _f32(l[1])))
-register(aten.bitwise_xor.Tensor, dtypes=MASK_DTYPES)(_binary(EOp.XOR))
 register(aten.logical_xor.default, dtypes=EW_DTYPES,
          check=exact_integers)(_binary(EOp.XOR))
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from lowering.errors import LoweringError
-from lowering.kir import EOp, Expr
+from lowering.kir import BITWISE_OPS, EOp, Expr
 from lowering.tir.ir import TAP
 from runtime_sim.isa import AluOp, DType, EngineKind, Op, SelectAttrs
 
@@ -50,7 +50,8 @@ _ALU = {EOp.ADD: AluOp.ADD, EOp.SUB: AluOp.SUBTRACT, EOp.MUL: AluOp.MULTIPLY, EO
         EOp.MIN: AluOp.MIN, EOp.EQ: AluOp.IS_EQUAL, EOp.NE: AluOp.NOT_EQUAL, EOp.LT: AluOp.IS_LT,
         EOp.LE: AluOp.IS_LE, EOp.GT: AluOp.IS_GT, EOp.GE: AluOp.IS_GE, EOp.AND: AluOp.LOGICAL_AND,
         EOp.OR: AluOp.LOGICAL_OR, EOp.XOR: AluOp.LOGICAL_XOR, EOp.DIV: AluOp.DIVIDE,
-        EOp.MOD: AluOp.MOD}
+        EOp.MOD: AluOp.MOD, EOp.BITAND: AluOp.BITWISE_AND, EOp.BITOR: AluOp.BITWISE_OR,
+        EOp.BITXOR: AluOp.BITWISE_XOR}
 EXACT_OPS = frozenset(_ALU) | {EOp.NEG, EOp.LOGICAL_NOT, EOp.WHERE, EOp.CAST}
 DIVISIONS = frozenset({EOp.DIV, EOp.MOD})
 
@@ -82,6 +83,8 @@ def _const(x: Expr) -> float | None:
 def takes_int_path(x: Expr) -> bool:
     if x.op not in EXACT_OPS or x.dtype.is_float:
         return False
+    if x.op in BITWISE_OPS:      # bit patterns: no fp32 code computes them
+        return True
     if x.op is EOp.CAST:
         s = x.args[0]
         return s.dtype in WIDE and s.dtype is not x.dtype and x.dtype in (I32, I64, BOOL) and from_memory(s)
@@ -283,6 +286,9 @@ class IntGen:
             self._sub64(ops[0], ops[1], lo, hi)
         elif op is EOp.MUL:
             self._mul64(ops[0], ops[1], lo, hi)
+        elif op in BITWISE_OPS:               # word by word
+            self.op2(ops[0][0], ops[1][0], _ALU[op], dst=lo)
+            self.op2(ops[0][1], ops[1][1], _ALU[op], dst=hi)
         elif op in DIVISIONS:
             c = int64_divisor(x.args[1])
             assert c is not None

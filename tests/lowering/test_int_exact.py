@@ -164,3 +164,14 @@ def test_a_wrong_result_fails():
     rounded = (x + 1).to(torch.float32).to(torch.int64)       # what an fp32 path would give
     with pytest.raises(AssertionError, match="elements differ"):
         assert_close(rounded, x + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", ["and", "or", "xor", "mixed"])
+def test_bitwise_ops_on_integers_are_bit_exact(op, shape, dtype):
+    """Bitwise and/or/xor of int32/int64 tensors (and with constants, negative ones included):
+    the bit patterns, word by word for int64, never through fp32."""
+    fn = {"and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+          "mixed": lambda x, y: (x & 0x7FFF00FF) | (y ^ -3)}[op]
+    check(fn, ints(shape, dtype, seed=1), ints(shape, dtype, seed=2))
