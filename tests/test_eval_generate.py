@@ -153,3 +153,23 @@ def test_prompt_from_the_input_or_seeded_tokens():
     assert longer.shape == (1, 12) and int(longer.max()) < 50 and "random" in source
     assert torch.equal(longer, prompt_ids(loaded, 12)[0])   # seeded
     assert prompt_ids(LoadedModel("x", M(), (torch.randn(3, 4),)), None)[0].shape == (1, 8)
+
+
+def test_baseline_compares_ttft_and_only_the_same_generation():
+    from neuron_compiler.eval.baseline import Limits, compare
+
+    def report(ttft, tokens=16):
+        return {"model": {"generate": {"tokens": tokens, "prompt_len": 32}},
+                "targets": {"trn2": {"options": {"target": "trn2"},
+                                     "generate": {"ttft_us": ttft}}},
+                "accuracy": {"outputs": []}, "compile": {}}
+    limits = Limits(0.10, 0.10, 0.0, None)
+    assert compare(report(105.0), report(100.0), limits) == []
+    [row] = compare(report(111.0), report(100.0), limits)
+    assert row["metric"] == "generate.ttft_us" and "time to first token" in row["message"]
+    [row] = compare(report(100.0, tokens=8), report(100.0), limits)
+    assert row["metric"] == "options" and "--generate 8" in row["message"]
+    inference = report(100.0)
+    del inference["model"]["generate"]
+    [row] = compare(report(100.0), inference, limits)
+    assert row["metric"] == "options" and "inference" in row["message"]
