@@ -5,6 +5,8 @@ Invariants
   terminal shows and what the JSON holds cannot disagree; it never raises on a partial report
   (a compile failure leaves ``targets`` empty).
 - Targets are columns, side by side, in the order they were run; metrics are rows.
+  With ``--generate``, a Generation table (TTFT, TPOT, tokens/s, KV cache, graphs, tokens
+  against eager's) comes before the main table, whose latency is then one decode step's.
 - The host link and the per-call overhead in force are rows of that table, and their sources
   are printed under "Assumptions" (a report from before they existed shows "-" in the rows and
   no Assumptions block).
