@@ -9,10 +9,12 @@ A regression is one metric that got worse than its threshold allows (``Limits``)
   ``device_share.by_nodes`` fell by more than ``max_share_drop`` (absolute);
   a fallback op that the baseline did not have, or more nodes of one it had;
   ``compile.targets.T.first_call_s`` grew by more than ``max_compile_slowdown`` (only when
-  that limit is given: it is wall-clock time of this machine);
+  that limit is given: it is wall-clock time of this machine); with ``--generate``, the
+  latency is TPOT and ``generate.ttft_us`` grew by more than ``max_slowdown``;
   a target of the baseline missing from this run, or one measured with other options
   (``sim_mode``, ``fallback``, ``auto_cast``, ``host_link_gbps`` / ``call_overhead_us`` when
-  set) or another kind of call (``--train`` or not):
+  set) or another kind of call (``call_kind``: inference, ``--train``, or ``--generate N``
+  after L prompt tokens):
   its numbers are not comparable;
 - per output and target: an output that passed the accuracy thresholds in the baseline (or
   is new) and fails them now, or one that the baseline had and this run has not.
@@ -148,6 +150,8 @@ class _Checks:
                 self.rows.append(_row(target, f"fallbacks.{op}", base_fb.get(op, 0), n, 0,
                                       f"{op}: {base_fb.get(op, 0)} -> {n} nodes in eager "
                                       f"fallback"))
+        self.growth(target, cur, base, "generate.ttft_us", limits.max_slowdown,
+                    "time to first token")
         if limits.max_compile_slowdown is not None:
             self.growth(target, cur_compile, base_compile, "first_call_s",
                         limits.max_compile_slowdown, "first call (compile)")
@@ -173,6 +177,16 @@ class _Checks:
                                       f"output {key[0]} fails its thresholds: {c['problem']}"))
 
 
+def call_kind(report: dict) -> str:
+    """What one measured call of ``report`` is: an inference, a training step, or a decode
+    step of ``--generate N`` after a prompt of L tokens (N and L must match to compare)."""
+    m = report.get("model", {})
+    g = m.get("generate")
+    if g:
+        return f"--generate {g.get('tokens')} --prompt-len {g.get('prompt_len')}"
+    return "--train" if m.get("train") else "inference"
+
+
 def _run(current: dict, baseline: dict, limits: Limits) -> _Checks:
     checks = _Checks()
     for target, base in baseline.get("targets", {}).items():
@@ -182,12 +196,11 @@ def _run(current: dict, baseline: dict, limits: Limits) -> _Checks:
                                     f"target {target} is in the baseline but was not run"))
             continue
         b_opts, c_opts = base.get("options", {}), cur.get("options", {})
-        b_train = bool(baseline.get("model", {}).get("train"))
-        c_train = bool(current.get("model", {}).get("train"))
-        if b_opts != c_opts or b_train != c_train:
+        b_kind, c_kind = call_kind(baseline), call_kind(current)
+        if b_opts != c_opts or b_kind != c_kind:
             checks.rows.append(_row(target, "options", None, None, None,
-                                    f"not comparable: baseline {b_opts} train={b_train}, "
-                                    f"this run {c_opts} train={c_train}"))
+                                    f"not comparable: baseline {b_opts} ({b_kind}), "
+                                    f"this run {c_opts} ({c_kind})"))
             continue
         checks.target(target, cur, base,
                       current.get("compile", {}).get("targets", {}).get(target, {}),

@@ -8,10 +8,13 @@ Invariants
 - ``main(argv)`` never raises and never calls ``sys.exit``: it returns the exit code of
   DESIGN.md and docs/eval.md, on every path:
     0  everything holds;
-    1  an output fails its accuracy thresholds, or a metric regressed against ``--baseline``;
+    1  an output fails its accuracy thresholds (``--generate``: a generated token differs from
+       eager's), or a metric regressed against ``--baseline``;
     2  usage error: a bad flag or value, a MODEL that does not resolve to a factory
        (``zoo.ModelSpecError``), an unreadable baseline, ``--train`` on a model without
-       trainable parameters or without a floating-point output;
+       trainable parameters or without a floating-point output, ``--generate`` on a model
+       that cannot generate (not a transformers causal LM) or with N < 2, a prompt length
+       < 1 or a prompt + N beyond the model's positions;
     3  the model fails: its factory or module raises (``zoo.ModelBuildError``), it raises in
        eager PyTorch, or it does not compile or run on some target;
     4  neuron-eval itself failed (a bug): the traceback is printed.
@@ -77,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train", action="store_true",
                    help="measure one training step per call (forward + loss + backward + "
                         "SGD step, all compiled) instead of an inference call")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="greedy generation of N tokens with a static KV cache (transformers "
+                        "causal LMs): TTFT, TPOT p50/p99, tokens/s, KV cache HBM, tokens "
+                        "against eager's; a call is then one decode step")
+    p.add_argument("--prompt-len", type=int, default=None, metavar="L",
+                   help="--generate: prompt length (default: the model input's length, or 8)")
     p.add_argument("--baseline", metavar="PATH", help="a previous --json report to compare with")
     p.add_argument("--max-slowdown", type=float, default=0.10, metavar="FRACTION",
                    help="allowed growth of p50 latency, simulated time and cost, and drop of "
@@ -116,6 +125,12 @@ def _config(args: argparse.Namespace):
         v = getattr(args, flag)
         if v is not None and not v >= 0:
             raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
+    if args.prompt_len is not None and not args.generate:
+        raise _UsageError("--prompt-len applies to --generate N only")
+    if args.generate and args.train:
+        raise _UsageError("--generate and --train cannot be combined: choose one")
+    if args.generate < 0:
+        raise _UsageError(f"--generate must be >= 2, got {args.generate}")
     from neuron_compiler.errors import NeuronOptionError
     from neuron_compiler.options import validate_options
     host = {"host_link_gbps": args.host_link_gbps, "call_overhead_us": args.call_overhead_us}
@@ -134,6 +149,7 @@ def _config(args: argparse.Namespace):
     cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
                      prices=overrides, progress=progress, train=args.train,
+                     generate=args.generate, prompt_len=args.prompt_len,
                      auto_cast=args.auto_cast, **host)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
@@ -196,6 +212,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.train:
             from neuron_compiler.eval.train import check_trainable
             check_trainable(loaded)
+        if args.generate:
+            from neuron_compiler.eval.generate import check_generative
+            check_generative(loaded, args.generate, args.prompt_len)
     except ModelBuildError as exc:
         report = empty_report(cfg.targets, args.model)
         report["compile"] = {"ok": False, "error": str(exc), "failed_target": None,

@@ -2,7 +2,8 @@
 
 Order: the verdict, then what a reader must not miss, at the top: the regressions against
 the baseline (or the line saying a baseline was compared and none was found), and a compile
-or build error; then charts: latency per target (p50/p90/p99), where the latency goes
+or build error; with ``--generate``, the Generation section (what ran, a TTFT/TPOT chart
+per target, the generation table); then charts: latency per target (p50/p90/p99), where the latency goes
 (simulated device time, host transfer, runtime call overhead, eager fallback), time per device
 partition (simulated vs roofline), engine utilisation, fallback share of the latency, and the
 memory plan (HBM, SBUF, PSUM against capacity); then tables: targets, assumptions (host link
@@ -215,6 +216,48 @@ def _targets_table(report: dict) -> str:
     return _table(["metric", *names], rows, left={0})
 
 
+def _generation(report: dict) -> list[str]:
+    """``--generate``: what ran, a TTFT/TPOT chart and the generation table per target."""
+    from neuron_compiler.eval.report import generate_text
+    gen = {t: d["generate"] for t, d in report["targets"].items() if "generate" in d}
+    out = ["<h2>Generation</h2>",
+           f'<p class="note">{_e(generate_text(report["model"]["generate"]))}. TTFT and TPOT '
+           "= simulated device time + host transfer + call overhead + eager fallback of the "
+           "prefill call and of each decode call; the host's generate loop is not included."
+           "</p>",
+           bar_chart("Time to first token and time per output token (us)",
+                     [(t, [("TTFT", g["ttft_us"])] + _tpot_bars(g["tpot_us"]))
+                      for t, g in gen.items()], " us")]
+    rows = []
+    for label, fn in (
+            ("TTFT us (simulated + transfer)", lambda g: f"{g['ttft_us']:,.2f} ("
+             f"{g['ttft']['simulated_us']:,.2f} + {g['ttft']['transfer_us']:,.2f})"),
+            ("TPOT p50 / p99 us", lambda g: f"{g['tpot_us']['p50']:,.2f} / "
+                                            f"{g['tpot_us']['p99']:,.2f}"),
+            ("tokens per second (1e6 / TPOT p50)",
+             lambda g: "-" if g["tokens_per_s"] is None else f"{g['tokens_per_s']:,.0f}"),
+            ("KV cache HBM", lambda g: "-" if g["kv_cache"] is None else
+             f"{_bytes(g['kv_cache']['bytes'])} ({g['kv_cache']['layers']} layers x 2 x "
+             f"{g['kv_cache']['batch']} x {g['kv_cache']['kv_heads']} x "
+             f"{g['kv_cache']['max_cache_len']} x {g['kv_cache']['head_dim']}, "
+             f"{g['kv_cache']['dtype']})"),
+            ("Dynamo graphs compiled", lambda g: str(g["dynamo_graphs"])),
+            ("graph calls in the measured run",
+             lambda g: " + ".join(str(c["calls"]) for c in g["graph_calls"])),
+            ("tokens equal eager's", lambda g: "yes" if g["tokens_match_eager"] else
+             f"NO: they differ from token {g['first_mismatch']}"),
+            ("tokens from", lambda g: g["tokens_from"])):
+        rows.append([label] + [fn(g) for g in gen.values()])
+    out.append(_table(["metric", *gen], rows, left={0}))
+    return out
+
+
+def _tpot_bars(tpot: dict) -> list[tuple[str, float]]:
+    if abs(tpot["p99"] - tpot["p50"]) <= 1e-9 * max(abs(tpot["p50"]), 1e-30):
+        return [("TPOT p50 = p99", tpot["p50"])]
+    return [("TPOT p50", tpot["p50"]), ("TPOT p99", tpot["p99"])]
+
+
 def _assumed(d: dict, key: str) -> str:
     a = d.get("assumptions", {}).get(key)
     return "-" if a is None else f"{a['value']:g}"
@@ -251,6 +294,8 @@ def render_html(report: dict, exit_code: int | None = None) -> str:
                                        for i in m["inputs"]),
                              f"{m['flops'] / 1e6:.2f}"]]))
         body.append(f'<p class="note">eager PyTorch: {_e(eager_text(m))}</p>')
+    if m.get("generate") and report["targets"]:
+        body += _generation(report)
     if report["targets"]:
         body.append("<h2>Charts</h2>")
         body += _charts(report)

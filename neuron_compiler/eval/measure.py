@@ -115,6 +115,8 @@ class EvalConfig:
     thresholds: dict[str, Thresholds] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)   # --price overrides
     train: bool = False                                       # one training step per call
+    generate: int = 0                     # --generate N: tokens per generation (0: inference)
+    prompt_len: int | None = None         # --prompt-len L (None: the input's length, or 8)
     auto_cast: str = "none"                                   # the backend option
     host_link_gbps: float | None = None                       # backend options; None: default
     call_overhead_us: float | None = None
@@ -379,23 +381,38 @@ def fallback_rows(calls: list[dict], latencies_us: list[float]) -> list[dict]:
     return list(rows.values())
 
 
-def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
-               cfg: EvalConfig) -> tuple[dict, dict, list[dict]]:
-    """(targets[target], compile.targets[target], accuracy rows) for one target."""
-    from neuron_compiler.backend import neuron_backend
-    torch._dynamo.reset()
+def target_options(cfg: EvalConfig, target: str) -> dict:
+    """The backend options of ``target``'s compile (the host options only when set)."""
     options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback,
                "auto_cast": cfg.auto_cast}
     for key in ("host_link_gbps", "call_overhead_us"):   # only when set (module docstring)
         if getattr(cfg, key) is not None:
             options[key] = getattr(cfg, key)
-    dynamo_graphs = 0
+    return options
 
-    def backend(gm, example_inputs):
-        nonlocal dynamo_graphs
-        dynamo_graphs += 1
-        return neuron_backend(gm, example_inputs, options=options)
 
+class CountingBackend:
+    """``neuron_backend`` with ``options``, counting the Dynamo graphs handed to it."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        from neuron_compiler.backend import neuron_backend
+        self.graphs += 1
+        return neuron_backend(gm, example_inputs, options=self.options)
+
+
+def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
+               cfg: EvalConfig) -> tuple[dict, dict, list[dict]]:
+    """(targets[target], compile.targets[target], accuracy rows) for one target."""
+    if cfg.generate:
+        from neuron_compiler.eval.generate import run_generate
+        return run_generate(loaded, ref, model_info, target, cfg)
+    torch._dynamo.reset()
+    options = target_options(cfg, target)
+    backend = CountingBackend(options)
     if cfg.train:
         from neuron_compiler.eval.train import TrainRunner
         step: Callable[[], object] = TrainRunner(
@@ -418,23 +435,35 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
                 out = step()
             if i == 0:
                 first_call_s = time.perf_counter() - t0
-                graphs_after_first = dynamo_graphs
+                graphs_after_first = backend.graphs
             (warm if i < cfg.warmup else dicts).append(prof.to_dict())
         cfg.progress(f"[{target}] counting host FLOPs")
         host_flops = count_host_flops(step)   # one more call, outside the measured ones
     except Exception as exc:
         raise CompileFailure(target, exc) from exc
+    model_flops = model_info["train"]["flops"] if cfg.train else model_info["flops"]
+    per_target = target_entry(target, cfg, options, model_info, warm, dicts, host_flops,
+                              model_flops)
+    compile_info = compile_entry(first_call_s, backend.graphs,
+                                 backend.graphs - graphs_after_first, warm + dicts, dicts[-1])
+    rows = compare_outputs(out, ref, cfg.effective_thresholds())
+    for r in rows:
+        r["target"] = target
+    return per_target, compile_info, rows
+
+
+def target_entry(target: str, cfg: EvalConfig, options: dict, model_info: dict,
+                 warm: list[dict], dicts: list[dict], host_flops, model_flops: int) -> dict:
+    """``targets[target]`` from the profile dicts of the warm-up calls and of the measured
+    calls (one per call: an inference, a training step or a decode step)."""
     lat = [sum(_call_latency(d)) for d in dicts]
     pct = _percentiles(lat)
     last = dicts[-1]
     parts = last["partitions"]
     program_flops = sum(p["flops"] for p in parts)   # simulated programs, with transposes
-    model_flops = model_info["train"]["flops"] if cfg.train else model_info["flops"]
     time_parts = [_call_latency(d) for d in dicts]
     sim_p50 = float(np.median([t[0] for t in time_parts]))
-    nodes = last["device_nodes"] + last["fallback_nodes"]
-    all_compiles = warm + dicts
-    per_target = {
+    return {
         "options": options,
         "latency_us": {**pct, "samples": lat,
                        "simulated_us": sim_p50,
@@ -463,27 +492,30 @@ def run_target(loaded: LoadedModel, ref: object, model_info: dict, target: str,
                         "psum_peak_bytes": p["psum_peak_bytes"]} for p in parts],
         "warmup_us": sum(sum(_call_latency(d)) for d in warm),
     }
-    compile_info = {
+
+
+def compile_entry(first_call_s: float, dynamo_graphs: int, recompiles: int,
+                  all_calls: list[dict], last: dict) -> dict:
+    """``compile.targets[target]``: ``all_calls`` are the profile dicts of every call made
+    (warm-up and measured), ``last`` the one whose graphs and partitions are described."""
+    nodes = last["device_nodes"] + last["fallback_nodes"]
+    return {
         "ok": True,
         "first_call_s": first_call_s,
-        "lowering_s": sum(d["compile_time_s"] for d in all_compiles),
+        "lowering_s": sum(d["compile_time_s"] for d in all_calls),
         "dynamo_graphs": dynamo_graphs,
-        "recompiles": dynamo_graphs - graphs_after_first,
+        "recompiles": recompiles,
         "aten_graphs": [{"name": g["name"], "kind": g["kind"], "device_nodes": g["device_nodes"],
                          "fallback_nodes": g["fallback_nodes"],
                          "partitions": len(g["partitions"])} for g in last["graphs"]],
-        "partitions": len(parts),
+        "partitions": len(last["partitions"]),
         "device_nodes": last["device_nodes"], "fallback_nodes": last["fallback_nodes"],
         "nodes": nodes,
-        "program_cache": {k: sum(d["program_cache"][k] for d in all_compiles)
+        "program_cache": {k: sum(d["program_cache"][k] for d in all_calls)
                           for k in ("hits", "misses")},
-        "compile_cache": {k: sum(d["cache"][k] for d in all_compiles)
+        "compile_cache": {k: sum(d["cache"][k] for d in all_calls)
                           for k in ("hits", "misses")},
     }
-    rows = compare_outputs(out, ref, cfg.effective_thresholds())
-    for r in rows:
-        r["target"] = target
-    return per_target, compile_info, rows
 
 
 def _tensor_util(target: str, flops: int, sim_us: float) -> float | None:
@@ -518,6 +550,16 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
             except Exception as exc:
                 raise ModelFailure(f"an eager training step raised {type(exc).__name__}: "
                                    f"{exc}") from exc
+        if cfg.generate:
+            from neuron_compiler.eval.generate import eager_generate
+            cfg.progress(f"eager generation of {cfg.generate} tokens")
+            try:
+                ref, report["model"]["generate"] = eager_generate(loaded, cfg)
+            except ModelSpecError:
+                raise
+            except Exception as exc:
+                raise ModelFailure(f"eager generation (transformers generate() with a static "
+                                   f"cache) raised {type(exc).__name__}: {exc}") from exc
     except ModelFailure as exc:
         report["compile"] = {"ok": False, "error": str(exc), "failed_target": None,
                              "failed_stage": "eager"}

@@ -5,6 +5,8 @@ Invariants
   terminal shows and what the JSON holds cannot disagree; it never raises on a partial report
   (a compile failure leaves ``targets`` empty).
 - Targets are columns, side by side, in the order they were run; metrics are rows.
+  With ``--generate``, a Generation table (TTFT, TPOT, tokens/s, KV cache, graphs, tokens
+  against eager's) comes before the main table, whose latency is then one decode step's.
 - The host link and the per-call overhead in force are rows of that table, and their sources
   are printed under "Assumptions" (a report from before they existed shows "-" in the rows and
   no Assumptions block).
@@ -65,7 +67,8 @@ def _side_by_side(report: dict) -> list[str]:
             row("device share: FLOPs", lambda t, c: _pct(t["device_share"]["by_flops"])),
             row("device share: time", lambda t, c: _pct(t["device_share"]["by_time"])),
             row("fallback ops", lambda t, c: str(sum(f["count"] for f in t["fallbacks"]))),
-            row("HBM (w+act+in) / core", lambda t, c:
+            row("HBM (w+act+in+kv) / core" if report["model"].get("generate")
+                else "HBM (w+act+in) / core", lambda t, c:
                 f"{_bytes(t['memory']['hbm_bytes'])} "
                 f"({_pct(t['memory']['hbm_fraction_of_core'])})"),
             row("SBUF peak", lambda t, c: f"{_bytes(t['memory']['sbuf_peak_bytes'])} "
@@ -79,11 +82,60 @@ def _side_by_side(report: dict) -> list[str]:
     rows.append(row("  USD / hour", lambda t, c: "not published"
                     if t["cost"]["usd_per_hour"] is None
                     else f"{t['cost']['usd_per_hour']:g} ({t['cost']['price_status']})"))
-    per = "steps" if report["model"].get("train") else "inferences"
+    per = ("steps" if report["model"].get("train") else
+           "tokens" if report["model"].get("generate") else "inferences")
     rows.append(row(f"USD / 1M {per}", lambda t, c:
                     "-" if t["cost"]["usd_per_million_inferences"] is None
                     else f"{t['cost']['usd_per_million_inferences']:.4f}"))
     return _table(rows, left={0})
+
+
+def generate_text(g: dict) -> str:
+    """What ``--generate`` ran, in one sentence (``model.generate`` of the report)."""
+    return (f"greedy generation of {g['tokens']} tokens with a static KV cache after a prompt "
+            f"of {g['prompt_len']} tokens ({g['prompt']}), batch {g['batch']}; each measured "
+            f"call below is one decode step (latency = TPOT), the prefill is TTFT")
+
+
+def generation_table(report: dict) -> list[str]:
+    """``--generate``: TTFT, TPOT, tokens/s, KV cache, graphs and tokens, targets side by side
+    (TTFT and TPOT = simulated device + host transfer + call overhead + eager fallback)."""
+    names = [n for n, t in report["targets"].items() if "generate" in t]
+    gen = {n: report["targets"][n]["generate"] for n in names}
+
+    def row(label: str, fn) -> tuple[str, ...]:
+        return (label,) + tuple(fn(gen[n]) for n in names)
+
+    def tokens(g: dict) -> str:
+        return ("= eager" if g["tokens_match_eager"]
+                else f"DIFFER from token {g['first_mismatch']}")
+
+    kv = (lambda g: "-" if g["kv_cache"] is None else _bytes(g["kv_cache"]["bytes"]))
+    rows = [("Generation", *names),
+            row("TTFT us (prefill)", lambda g: _us(g["ttft_us"])),
+            row("  simulated / transfer us", lambda g: f"{_us(g['ttft']['simulated_us'])} / "
+                                                       f"{_us(g['ttft']['transfer_us'])}"),
+            row("TPOT p50 us (decode step)", lambda g: _us(g["tpot_us"]["p50"])),
+            row("TPOT p99 us", lambda g: _us(g["tpot_us"]["p99"])),
+            row("  simulated / transfer us", lambda g: f"{_us(g['tpot_us']['simulated_us'])} / "
+                                                       f"{_us(g['tpot_us']['transfer_us'])}"),
+            row("tokens / s (1e6 / TPOT p50)", lambda g: "-" if g["tokens_per_s"] is None
+                else f"{g['tokens_per_s']:,.0f}"),
+            row("KV cache HBM", kv),
+            row("Dynamo graphs", lambda g: str(g["dynamo_graphs"])),
+            row("graph calls (measured run)",
+                lambda g: " + ".join(str(c["calls"]) for c in g["graph_calls"])),
+            row("tokens", tokens)]
+    out = _table(rows, left={0})
+    shapes = {(g["kv_cache"]["layers"], g["kv_cache"]["batch"], g["kv_cache"]["kv_heads"],
+               g["kv_cache"]["max_cache_len"], g["kv_cache"]["head_dim"], g["kv_cache"]["dtype"])
+              for g in gen.values() if g["kv_cache"]}
+    for layers, b, h, L, d, dt in sorted(shapes):
+        out.append(f"  KV cache: {layers} layers x 2 (K, V) x batch {b} x {h} kv heads x "
+                   f"{L} positions x head dim {d}, {dt}")
+    froms = {g["tokens_from"] for g in gen.values()}
+    out.append(f"  tokens from: {', '.join(sorted(froms))}")
+    return out
 
 
 def _assumed(t: dict, key: str) -> str:
@@ -111,6 +163,8 @@ def render(report: dict, exit_code: int | None = None) -> str:
     if m.get("train"):
         lines.append(f"  --train: each call is one training step: {m['train']['step']}; "
                      f"{m['train']['flops'] / 1e6:.2f} MFLOP per step")
+    if m.get("generate"):
+        lines.append(f"  --generate: {generate_text(m['generate'])}")
     v = report["versions"]
     lines.append(f"  torch {v['torch']}, neuron-sim {v['neuron_sim']}"
                  + (f" @ {v['git_commit'][:10]}{'+dirty' if v['git_dirty'] else ''}"
@@ -119,7 +173,10 @@ def render(report: dict, exit_code: int | None = None) -> str:
     breaks = c.get("graph_breaks")
     if c.get("failed_stage") not in ("build", "eager"):
         lines.append(f"compile: {'ok' if c.get('ok') else 'FAILED'}; Dynamo graphs "
-                     f"{c.get('graphs', '-')}, graph breaks {'-' if breaks is None else breaks}")
+                     f"{c.get('graphs', '-')}, graph breaks {'-' if breaks is None else breaks}"
+                     + (" (torch._dynamo.explain of one forward call with the model's inputs; "
+                        "the generation's graphs are under Generation)"
+                        if m.get("generate") else ""))
     for r in c.get("break_reasons", []):
         lines.append(f"  break: {r['reason']}" + (f" at {r['where']}" if r["where"] else ""))
     if c.get("error"):
@@ -127,6 +184,8 @@ def render(report: dict, exit_code: int | None = None) -> str:
                      f"{c['error']}")
     if report["targets"]:
         lines.append("")
+        if m.get("generate"):
+            lines += generation_table(report) + [""]
         lines += _side_by_side(report)
         assumed = assumption_lines(report)
         if assumed:
