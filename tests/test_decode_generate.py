@@ -20,7 +20,7 @@ def test_gpt2_static_cache_generation_matches_eager_on_the_decode_path(tmp_path:
                                   bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(cfg).eval().to(dtype)
     ids = torch.randint(1, 1000, (1, 8))
-    kw = dict(max_new_tokens=16, do_sample=False, cache_implementation="static")
+    kw = dict(max_new_tokens=24, do_sample=False, cache_implementation="static")
     with torch.no_grad():
         ref = model.generate(ids, **kw)
     torch._dynamo.reset()
@@ -31,6 +31,6 @@ def test_gpt2_static_cache_generation_matches_eager_on_the_decode_path(tmp_path:
     assert torch.equal(out, ref), (out, ref)
     d = prof.to_dict()
     assert d["fallback_nodes"] == 0, d["fallbacks"]
-    assert len(d["graphs"]) <= 2, [g["name"] for g in d["graphs"]]    # prefill and decode
+    assert len(d["graphs"]) <= 2, [g["name"] for g in d["graphs"]]    # prefill and decode (<= 4 asked)
     tirs = "".join(p.read_text() for p in tmp_path.rglob("tir.txt"))
     assert "heads of one query each" in tirs
