@@ -245,8 +245,11 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     elif best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
-        _emit(b, k, sa, sb, best, used, folded, _transpose_once(shape, best, t,
-                                                                 sb if best.resident == "A" else sa), kp)
+        strm = sb if best.resident == "A" else sa
+        once = _transpose_once(shape, best, t, strm)
+        if once:
+            strm.tp_bufs = _once_tp_bufs(shape, best, t)
+        _emit(b, k, sa, sb, best, used, folded, once, kp)
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -262,6 +265,21 @@ def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
     isz = shape.dtype.itemsize
     extra = -(-shape.K // TK) * strm.F * isz - c.stream_bufs * strm.F * isz
     return footprint(shape, c, t)[0] + max(0, extra) <= int(t.sbuf_bytes_per_partition * SBUF_SHARE)
+
+
+ONCE_TP_BUFS = 4     # PSUM slots of the up-front transposes (``_once_tp_bufs``), at most
+
+
+def _once_tp_bufs(shape: MatmulShape, c: Blocking, t) -> int:
+    """PSUM slots for the streamed side's up-front transposes (``_transpose_once``): with two,
+    TensorE waits for the copy out of PSUM of the transpose two before each one (a round trip
+    through the copy engine per K tile, on the chain between two kernels); deeper, it runs
+    ahead and the copies follow. Up to ``ONCE_TP_BUFS``, never more than the K tiles, and
+    only in PSUM banks the blocking leaves free beside its accumulators (``footprint`` counts
+    two transpose slots)."""
+    Kt = -(-shape.K // TK)
+    spare = t.psum_banks - footprint(shape, c, t)[1]
+    return max(2, min(ONCE_TP_BUFS, Kt, 2 + spare))
 
 
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
