@@ -48,8 +48,8 @@ from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
-                                         SBUF_SHARE, choose_blocking, ev_dtype, footprint,
-                                         operand_form, staged)
+                                         SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
+                                         footprint, operand_form, staged)
 from lowering.tiling.matmul_transposed import emit_transposed
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
@@ -204,6 +204,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     t = b.target
     sa = _Side(A, A.strides[-1], A.strides[-2], M, _form(b, A, A.strides[-1], A.strides[-2], M))
     sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, _form(b, Bm, Bm.strides[-2], Bm.strides[-1], N))
+    epi0 = k.attrs.epilogue
     epi, folded = fold_row_bias(k)
     k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
     prologue = bool(k.attrs.prologue_inputs)
@@ -225,6 +226,16 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
     if best.resident != "C" and not best.swap:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
+    bcast: list[int] = []
+    if (folded and best.resident != "C" and not best.swap
+            and not any(b.is_resident(k.ins[i].buffer) for i in folded)
+            and not bias_by_products(shape, best, t, len(folded))):
+        bcast, folded = folded, []      # added when evacuating, from one broadcast tile
+        epi = _bias_add_rounds(epi0, bcast)
+        k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
+        used = sorted(epi.loads())
+        b.note(f"matmul: row bias added when evacuating PSUM, from one [{min(TM, M)}, {N}] "
+               f"broadcast tile, not by ones-row products on TensorE (bias_by_products)")
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}{' double_row' if kp.pack > 1 else ''}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
@@ -249,7 +260,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         once = _transpose_once(shape, best, t, strm)
         if once:
             strm.tp_bufs = _once_tp_bufs(shape, best, t)
-        _emit(b, k, sa, sb, best, used, folded, once, kp)
+        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast))
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -361,6 +372,19 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     return (new if folded else epi), folded
 
 
+def _bias_add_rounds(x: Expr, rows: list[int]) -> Expr:
+    """``cast(add(acc, row))`` -> ``add(acc, row)`` of the cast's dtype, for the row biases
+    ``rows``: one instruction reading PSUM that rounds once, as the cast of the fp32 sum did
+    (the simulator computes in fp32 and rounds to the destination's dtype)."""
+    if (x.op is EOp.CAST and x.args[0].op is EOp.ADD and x.args[0].dtype is DType.FP32
+            and {a.op for a in x.args[0].args} == {EOp.ACC, EOp.LOAD}
+            and all(a.index in rows for a in x.args[0].args if a.op is EOp.LOAD)):
+        return Expr(EOp.ADD, x.args[0].args, x.dtype)
+    if not x.args:
+        return x
+    return replace(x, args=tuple(_bias_add_rounds(a, rows) for a in x.args))
+
+
 def _count_acc(x: Expr) -> int:
     return (x.op is EOp.ACC) + sum(_count_acc(a) for a in x.args)
 
@@ -373,7 +397,8 @@ def _prod(xs) -> int:
 
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
-          folded: list[int], once: bool = False, kp: KPack = KPack()) -> None:
+          folded: list[int], once: bool = False, kp: KPack = KPack(),
+          bcast: tuple[int, ...] = ()) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256)."""
@@ -393,6 +418,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         rbase, sbase = res.base(bidx), strm.base(bidx)
         rows = {fi: _bias_row(b, k, fi, bidx) for fi in folded}
+        pre = {fi: _bias_bcast(b, k, fi, bidx) for fi in bcast}
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
@@ -447,7 +473,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                 for fi in folded:
                     _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
                 if _wide_rows(b, k, c, rw, sw, bidx, r0, s0):
-                    _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                    _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns, pre)
                     continue
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
@@ -458,7 +484,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                         else:
                             m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
                             cell = (ja * nr + ia) * TN
-                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)),
+                                  pre=pre)
 
 
 WIDE_MAX = 8192    # bytes per partition of one wide output tile (``_wide_rows``)
@@ -478,7 +505,7 @@ def _wide_rows(b: TirBuilder, k: KOp, c: Blocking, rw: int, sw: int, bidx, r0, s
 
 
 def _wide_epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, c: Blocking, acc, r0, rw: int,
-                   s0, sw: int, rt: int, st: int, nr: int, ns: int) -> None:
+                   s0, sw: int, rt: int, st: int, nr: int, ns: int, pre=None) -> None:
     """The group's epilogue per m-tile into one [mt, all its columns] tile, stored by one DMA
     (runs of the whole group's columns instead of 512 per DMA)."""
     out = k.outs[0]
@@ -493,7 +520,8 @@ def _wide_epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, c: Blocking, ac
             cell = (am * ns + en) * TN if c.resident == "A" else (am * nr + en) * TN
             into = wide.ap(aw, elem_offset=e0, dims=((1, ew),))
             res = _epilogue(b, k, used, bidx, mb + a0, aw, nb + e0, ew,
-                            acc.ap(aw, elem_offset=cell, dims=((1, ew),)), into=into, store=False)
+                            acc.ap(aw, elem_offset=cell, dims=((1, ew),)), into=into, store=False,
+                            pre=pre)
             if res is not None and res.buf != into.buf:
                 b.tensor_copy(into, res)
         b.dma(out_ap(k, bidx, mb + a0, aw, nb, ntiles), wide.ap())
@@ -561,6 +589,19 @@ def _bias_row(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
     return row
 
 
+def _bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
+    """A row bias (``fold_row_bias``'s inputs) added when evacuating PSUM instead
+    (``bias_by_products``): the whole row on every partition of an m-tile, loaded once per batch
+    index before the blocks by one DMA reading it with partition stride 0 (a weight: it streams
+    ahead with the kernel's weights), each output tile's epilogue reading its columns."""
+    x = k.ins[fi]
+    N = k.ins[1].shape[-1]
+    P = min(TM, k.ins[0].shape[-2])
+    t = b.tile(f"bias{fi}b", Memory.SBUF, P, N, x.dtype, 2)
+    b.dma(t.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx), P, 0, ((N, x.strides[-1]),)))
+    return t
+
+
 def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, sw: int,
                    rt: int, st: int, nr: int, ns: int) -> None:
     """acc[cell] += ones[1, rows].T @ bias[1, cols] for every cell of the group: the row bias
@@ -583,14 +624,15 @@ def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
               nt: int, acc: TAP, into: TAP | None = None, store: bool = True,
-              tr: bool = False) -> TAP | None:
+              tr: bool = False, pre: dict | None = None) -> TAP | None:
     """Evaluate the epilogue on one output tile (``acc``: its accumulator) and store it;
     ``into``: an SBUF access of the output's dtype to compute the result into (default: a
     tile of the epilogue's own). ``store=False`` (with ``into``): leave the result there and
     return it for the caller to store (None when the output is resident in SBUF: done).
     ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul_transposed.py): N
     runs on partitions and M along the free dim, inputs and output are read and written
-    column-wise (never resident: ``MatmulShape.no_dma_out``)."""
+    column-wise (never resident: ``MatmulShape.no_dma_out``). ``pre``: inputs already in
+    SBUF for the whole kernel (``_bias_bcast``), by input index."""
     out = k.outs[0]
     P, F = (nt, mt) if tr else (mt, nt)
     p0, f0 = (n0, m0) if tr else (m0, n0)
@@ -602,6 +644,9 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     loads: dict[int, TAP] = {}
     for i in used:
         x = k.ins[i]
+        if pre and i in pre and not tr:
+            loads[i] = pre[i].ap(P, elem_offset=f0, dims=((1, F),))
+            continue
         ps, fs = strides(x)
         src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps + f0 * fs, P, ps, ((F, fs),))
         view = None if tr else b.resident_view(src, P)
