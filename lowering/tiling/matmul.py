@@ -51,6 +51,7 @@ from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, M
                                          SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
                                          footprint, operand_form, staged)
 from lowering.tiling.matmul_transposed import emit_transposed
+from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -118,9 +119,13 @@ class _Side:
         ks = self.kstride * kstep
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
         if self.form == DMA_T and fw > 1 and kt > 1:
-            src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
-                         self.fstride, ((kt, ks),))
-            b.dma(dap, src, transpose=True)
+            n = self.pieces(b, kt, fw, True)
+            cw = -(-fw // n)
+            for c0 in range(0, fw, cw):
+                w = min(cw, fw - c0)
+                src = hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride + k0 * self.kstride, w,
+                             self.fstride, ((kt, ks),))
+                b.dma(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, w),)), src, transpose=True)
             if self.pro is not None:
                 self.pro.make(b, dap, dap, j, kt)
             return
@@ -144,11 +149,24 @@ class _Side:
                 else:
                     b.tensor_copy(dcw, tpa, **({"engines": copy_engines} if copy_engines else {}))
             return
-        src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
-                     ks, ((fw, self.fstride),))
-        b.dma(dap, src)
+        n = self.pieces(b, kt, fw)
+        cw = -(-fw // n)
+        for c0 in range(0, fw, cw):
+            w = min(cw, fw - c0)
+            src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + (f0 + c0) * self.fstride, kt,
+                         ks, ((w, self.fstride),))
+            b.dma(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, w),)), src)
         if self.pro is not None:
             self.pro.make(b, dap, dap, j, kt)
+
+    def pieces(self, b: TirBuilder, p: int, f: int, transpose: bool = False) -> int:
+        """Transfers one [p, f] load of this side is cut into along f: weights (a graph
+        input, loaded ahead on the weight stream) in ``stream.paced_pieces``; anything else
+        whole."""
+        buf = b.buffers.get(self.ref.buffer)
+        if buf is None or buf.role != "input" or b.is_resident(self.ref.buffer) or p < 2:
+            return 1
+        return paced_pieces(b.target, p, f, self.ref.dtype.itemsize, transpose)
 
     def packed(self, K: int) -> bool:
         """Rows (F) of K contiguous elements lying back to back, K a multiple of 128: X viewed
@@ -183,9 +201,15 @@ class _Side:
         ``(c*G + g) * fw`` of ``dst``): G consecutive rows, one contiguous run of G*fw elements
         when ``fw`` is the whole row."""
         r = self.ref
-        src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
-                     TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
-        b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
+        if self.pieces(b, TK, G * fw) > 1:    # one DMA per row of the group
+            for g in range(G):
+                src = hbm_ap(r.buffer, r.dtype, bbase + (c * (G * TK) + g) * self.kstride + f0 * self.fstride,
+                             TK, G * self.kstride, ((fw, self.fstride),))
+                b.dma(dst.ap(TK, elem_offset=c * (G * fw) + g * fw, dims=((1, fw),)), src)
+        else:
+            src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
+                         TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
+            b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
         if self.pro is not None:
             for g in range(G):
                 t = dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),))
@@ -293,6 +317,9 @@ def _once_tp_bufs(shape: MatmulShape, c: Blocking, t) -> int:
     return max(2, min(ONCE_TP_BUFS, Kt, 2 + spare))
 
 
+AHEAD_SHARE = 0.5    # of a kernel's SBUF share for the slots of a weight operand that does not fit
+
+
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
     """A resident side read from a graph input (weights) keeps every block in its own slot when
     all of them fit: no block load then waits for the products of an earlier block, so the
@@ -301,13 +328,24 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     buf = b.buffers.get(res.ref.buffer)
     if c.stream or buf is None or buf.role != "input" or b.is_resident(res.ref.buffer):
         return c
-    nblocks = -(-res.F // (c.block * (TM if c.resident == "A" else TN)))
+    width = c.block * (TM if c.resident == "A" else TN)
+    nblocks = -(-res.F // width)
     if nblocks <= c.block_bufs:
         return c
+    cap = int(b.target.sbuf_bytes_per_partition * SBUF_SHARE)
     whole = replace(c, block_bufs=nblocks)
-    if footprint(shape, whole, b.target)[0] > int(b.target.sbuf_bytes_per_partition * SBUF_SHARE):
-        return c
-    return whole
+    if footprint(shape, whole, b.target)[0] <= cap:
+        return whole
+    # a prefix of the blocks, one slot each: they load ahead, during the kernels before, in at
+    # most AHEAD_SHARE of the partition; a slot count dividing the full blocks, so the partial
+    # last block (whose slot is the first one, a tail alias) waits for the block it would
+    # have waited for anyway
+    full = res.F // width
+    for bufs in range(min(full, nblocks - 1), c.block_bufs, -1):
+        more = replace(c, block_bufs=bufs)
+        if full % bufs == 0 and footprint(shape, more, b.target)[0] <= cap * AHEAD_SHARE:
+            return more
+    return c
 
 
 def _ahead(b: TirBuilder, ref) -> bool:
@@ -593,12 +631,17 @@ def _bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
     """A row bias (``fold_row_bias``'s inputs) added when evacuating PSUM instead
     (``bias_by_products``): the whole row on every partition of an m-tile, loaded once per batch
     index before the blocks by one DMA reading it with partition stride 0 (a weight: it streams
-    ahead with the kernel's weights), each output tile's epilogue reading its columns."""
+    ahead with the kernel's weights; in paced pieces, ``stream.paced_pieces``), each output
+    tile's epilogue reading its columns."""
     x = k.ins[fi]
     N = k.ins[1].shape[-1]
     P = min(TM, k.ins[0].shape[-2])
     t = b.tile(f"bias{fi}b", Memory.SBUF, P, N, x.dtype, 2)
-    b.dma(t.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx), P, 0, ((N, x.strides[-1]),)))
+    cw = -(-N // paced_pieces(b.target, P, N, x.dtype.itemsize))
+    for c0 in range(0, N, cw):
+        w = min(cw, N - c0)
+        b.dma(t.ap(P, elem_offset=c0, dims=((1, w),)),
+              hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + c0 * x.strides[-1], P, 0, ((w, x.strides[-1]),)))
     return t
 
 

@@ -51,6 +51,8 @@ from runtime_sim.targets import Target
 BIG_LOAD = 64 * 1024   # bytes: a load that matters to the stream (not a bias or a norm gain)
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
 PREFETCH_LANES = 2   # prefetch queues per engine: consecutive prefetching kernels alternate
+STREAM_SHARE = 0.5   # of its fixed phase: the least data phase of a weight-stream load (the
+#                      tilers cut weights into pieces of about one fixed phase: tiling/stream.py)
 
 
 def machine_ap(tp: TProgram, a: TAP, byte_offset: int | None = None) -> AP:
@@ -117,7 +119,7 @@ def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[
         ins = st.info[sid].ins
         if EngineKind.DMA in ins.engines and sid in st.weight_loads:
             c = instr_cost(probe_instr(tp, ins), q, target)
-            if c.busy_ns >= c.issue_ns:
+            if c.busy_ns >= STREAM_SHARE * c.issue_ns:
                 per[kernel_key(ins)].append(sid)
     out: set[int] = set()
     for sids in per.values():
