@@ -201,14 +201,18 @@ class _Side:
         ``(c*G + g) * fw`` of ``dst``): G consecutive rows, one contiguous run of G*fw elements
         when ``fw`` is the whole row."""
         r = self.ref
-        if self.pieces(b, TK, G * fw) > 1:    # one DMA per row of the group
-            for g in range(G):
-                src = hbm_ap(r.buffer, r.dtype, bbase + (c * (G * TK) + g) * self.kstride + f0 * self.fstride,
-                             TK, G * self.kstride, ((fw, self.fstride),))
-                b.dma(dst.ap(TK, elem_offset=c * (G * fw) + g * fw, dims=((1, fw),)), src)
+        n = self.pieces(b, TK, G * fw)
+        base = bbase + c * (G * TK) * self.kstride + f0 * self.fstride
+        if n > 1 and self.fstride == 1 and self.kstride == fw:
+            # the G rows of a partition lie back to back: n runs of them
+            w = -(-(G * fw) // n)
+            for e0 in range(0, G * fw, w):
+                e = min(w, G * fw - e0)
+                b.dma(dst.ap(TK, elem_offset=c * (G * fw) + e0, dims=((1, e),)),
+                      hbm_ap(r.buffer, r.dtype, base + e0, TK, G * self.kstride, ((e, 1),)))
         else:
-            src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
-                         TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
+            src = hbm_ap(r.buffer, r.dtype, base, TK, G * self.kstride,
+                         ((G, self.kstride), (fw, self.fstride)))
             b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
         if self.pro is not None:
             for g in range(G):
@@ -253,7 +257,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     bcast: list[int] = []
     if (folded and best.resident != "C" and not best.swap
             and not any(b.is_resident(k.ins[i].buffer) for i in folded)
-            and not bias_by_products(shape, best, t, len(folded))):
+            and not bias_by_products(shape, best, t, len(folded)) and not __import__('os').environ.get('HS_NOBC')):
         bcast, folded = folded, []      # added when evacuating, from one broadcast tile
         epi = _bias_add_rounds(epi0, bcast)
         k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
@@ -283,7 +287,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         strm = sb if best.resident == "A" else sa
         once = _transpose_once(shape, best, t, strm)
         if once:
-            strm.tp_bufs = _once_tp_bufs(shape, best, t)
+            strm.tp_bufs = _once_tp_bufs(shape, best, t) if not __import__('os').environ.get('HS_TP2') else 2
         _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast))
 
 
@@ -336,14 +340,17 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     whole = replace(c, block_bufs=nblocks)
     if footprint(shape, whole, b.target)[0] <= cap:
         return whole
-    # a prefix of the blocks, one slot each: they load ahead, during the kernels before, in at
-    # most AHEAD_SHARE of the partition; a slot count dividing the full blocks, so the partial
-    # last block (whose slot is the first one, a tail alias) waits for the block it would
-    # have waited for anyway
+    # else a prefix of the blocks in slots of their own, loaded ahead during the kernels
+    # before, in at most AHEAD_SHARE of the kernel's share (the partial last block, if any, in
+    # bytes of its own: ``_emit``)
     full = res.F // width
-    for bufs in range(min(full, nblocks - 1), c.block_bufs, -1):
+    tail = replace(c, block=-(-(res.F - full * width) // (TM if c.resident == "A" else TN)),
+                   block_bufs=1) if res.F % width else None
+    extra = footprint(shape, tail, b.target)[0] - footprint(shape, replace(tail, block_bufs=0),
+                                                               b.target)[0] if tail else 0
+    for bufs in range(min(full, nblocks - 1) - 1, c.block_bufs, -1):
         more = replace(c, block_bufs=bufs)
-        if full % bufs == 0 and footprint(shape, more, b.target)[0] <= cap * AHEAD_SHARE:
+        if footprint(shape, more, b.target)[0] + extra <= cap * AHEAD_SHARE:
             return more
     return c
 
@@ -463,7 +470,12 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                 strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
-                blk = b.tile("res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw, dt, c.block_bufs)
+                # the partial last block of a refilled prefix (``_whole_weights``) in bytes of
+                # its own: as a tail alias it would wait for the products of the block that
+                # used the first slot last, not of the one ``block_bufs`` before it
+                own = rw < c.block * rt and 2 < c.block_bufs < res.F // (c.block * rt)
+                blk = b.tile("rtail" if own else "res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw,
+                             dt, 1 if own else c.block_bufs)
                 rstage = res.stage(b, rbase, r0, rw, K)
             if G > 1:
                 with b.loop(K // (G * TK), "kr") as cg:

@@ -101,6 +101,8 @@ def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int
 
 
 _OF_SIZE = {d.itemsize: d for d in reversed(list(DType))}
+PACE_MIN = 0.85   # of a fixed phase: the least data phase of a piece (the weight stream keeps the
+#                   engines at least this busy: tir/schedule.py STREAM_SHARE)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -109,7 +111,8 @@ def paced_pieces(t: Target, partitions: int, elems: int, itemsize: int, transpos
     """Equal pieces to cut an HBM->SBUF transfer of ``partitions`` x ``elems`` (runs of ``run``
     contiguous elements, default the whole row; ``transpose``: a DMA transpose) into: the
     nearest whole number of fixed phases in its data phase (the simulator's cost of the
-    transfer), at least one (module docstring: a paced weight stream)."""
+    transfer), or fewer when those would be shorter than ``PACE_MIN`` of it; at least one
+    (module docstring: a paced weight stream)."""
     d = _OF_SIZE[itemsize]
     r = run or elems
     src = (AP("h", Memory.HBM, 0, 1, 0, ((partitions, elems), (1, partitions)), d) if transpose else
@@ -117,4 +120,10 @@ def paced_pieces(t: Target, partitions: int, elems: int, itemsize: int, transpos
     ins = Instr(Op.DMA_COPY, AP("s", Memory.SBUF, 0, partitions, 0, ((1, elems),), d), (src,),
                 DmaAttrs(transpose))
     c = instr_cost(ins, dma_queue(0), t)
-    return max(1, min(elems, round(max(c.busy_ns, c.hbm_ns) / c.issue_ns))) if c.issue_ns > 0 else 1
+    if c.issue_ns <= 0:
+        return 1
+    x = max(c.busy_ns, c.hbm_ns) / c.issue_ns
+    n = max(1, round(x))
+    if x / n < PACE_MIN:       # pieces too short to keep the engines busy: at least one phase
+        n = max(1, int(x))
+    return min(elems, n)

@@ -51,7 +51,7 @@ from runtime_sim.targets import Target
 BIG_LOAD = 64 * 1024   # bytes: a load that matters to the stream (not a bias or a norm gain)
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
 PREFETCH_LANES = 2   # prefetch queues per engine: consecutive prefetching kernels alternate
-STREAM_SHARE = 0.5   # of its fixed phase: the least data phase of a weight-stream load (the
+STREAM_SHARE = 0.85   # of its fixed phase: the least data phase of a weight-stream load (the
 #                      tilers cut weights into pieces of about one fixed phase: tiling/stream.py)
 
 
