@@ -55,6 +55,7 @@ from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
+from lowering.tir.plan import WEIGHT_STREAMS_AHEAD
 from runtime_sim.isa import DType, Memory
 
 F32 = DType.FP32
@@ -257,7 +258,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     bcast: list[int] = []
     if (folded and best.resident != "C" and not best.swap
             and not any(b.is_resident(k.ins[i].buffer) for i in folded)
-            and not bias_by_products(shape, best, t, len(folded)) and not __import__('os').environ.get('HS_NOBC')):
+            and not bias_by_products(shape, best, t, len(folded), WEIGHT_STREAMS_AHEAD)):
         bcast, folded = folded, []      # added when evacuating, from one broadcast tile
         epi = _bias_add_rounds(epi0, bcast)
         k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
@@ -287,7 +288,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         strm = sb if best.resident == "A" else sa
         once = _transpose_once(shape, best, t, strm)
         if once:
-            strm.tp_bufs = _once_tp_bufs(shape, best, t) if not __import__('os').environ.get('HS_TP2') else 2
+            strm.tp_bufs = _once_tp_bufs(shape, best, t)
         _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast))
 
 
