@@ -18,7 +18,11 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
-row bias folded into the accumulation is loaded once, whole (``_bias_row``); an output going to
+row bias is either folded into the accumulation, its row loaded once, whole (``_bias_row``), or
+added while evacuating from one broadcast tile per kernel (``_bias_bcast``), whichever
+``matmul_plan.bias_by_products`` prefers; weights come in paced pieces of about one DMA fixed
+phase each (``stream.paced_pieces``, ``_Side.pieces``); a weight operand too big to keep whole
+keeps a prefix of its blocks in slots of their own (``_whole_weights``); an output going to
 HBM in short 512-column runs is evacuated per m-tile into one tile of the group's columns and
 stored by one DMA (``_wide_rows``). A per-K scale/shift of A (a folded layer-norm affine) is
 applied where A^T tiles are made (``matmul_prologue.py``). A resident block
@@ -329,7 +333,11 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     """A resident side read from a graph input (weights) keeps every block in its own slot when
     all of them fit: no block load then waits for the products of an earlier block, so the
     whole operand streams in ahead of the kernel (during the kernels before it) instead of
-    two blocks ahead and the rest behind the kernel's own products."""
+    two blocks ahead and the rest behind the kernel's own products. When they do not fit, as
+    many blocks as fit in ``AHEAD_SHARE`` of the kernel's SBUF share (a prefetch distance: an
+    LM head's first blocks load during the last layer, then the rest follow its products), the
+    partial last block in bytes of its own (``_emit``: as the first slot's tail alias it would
+    wait for the products of the block that used that slot last)."""
     buf = b.buffers.get(res.ref.buffer)
     if c.stream or buf is None or buf.role != "input" or b.is_resident(res.ref.buffer):
         return c

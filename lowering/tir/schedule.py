@@ -25,8 +25,9 @@ engine has several queues (``Target.dma_queues_per_engine``): loads of data no i
 the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
 queues, so that they never wait in line behind a transfer that waits for compute (an output
 store, a load of an intermediate); they wait only for their slot to be free, and run ahead
-into the next kernel's weights while the current kernel computes. Weight loads big enough that their
-data phase outlasts the queue's descriptor generation all take one queue (``_stream_loads``;
+into the next kernel's weights while the current kernel computes. Weight loads whose data phase
+is at least ``STREAM_SHARE`` of the queue's descriptor generation (the tilers cut weights into
+pieces of about one fixed phase: ``tiling/stream.paced_pieces``) all take one queue (``_stream_loads``;
 not a kernel's loads into several refilled buffers, which would hold each other up),
 the *weight stream*: issued in program order, i.e. in the order the kernels consume them, so
 the next kernel's weights never share the engines with (and delay) the current kernel's
@@ -108,8 +109,8 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
 
 def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[int]:
     """The weight loads that take the weight stream: per kernel, its weight loads whose data
-    phase outlasts their descriptor generation (one queue issuing them back to back keeps the
-    engines busy), unless the kernel refills more than one weight buffer (counting a buffer
+    phase is at least ``STREAM_SHARE`` of their descriptor generation (one queue issuing them
+    back to back keeps the engines that busy, and no busier: paced pieces), unless the kernel refills more than one weight buffer (counting a buffer
     with its tail aliases) by loads of at least ``BIG_LOAD`` bytes, as a GEMM streaming both
     operands does: on one in-order queue a load waiting for its slot would hold up the other
     operand's (trn1 NKI-tutorial GEMM 6865 -> 11076 us). A buffer holding its whole weight
