@@ -165,11 +165,10 @@ class _Side:
             self.pro.make(b, dap, dap, j, kt)
 
     def pieces(self, b: TirBuilder, p: int, f: int, transpose: bool = False) -> int:
-        """Transfers one [p, f] load of this side is cut into along f: weights (a graph
-        input, loaded ahead on the weight stream) in ``stream.paced_pieces``; anything else
-        whole."""
-        buf = b.buffers.get(self.ref.buffer)
-        if buf is None or buf.role != "input" or b.is_resident(self.ref.buffer) or p < 2:
+        """Transfers one [p, f] load of this side is cut into along f: weights loaded ahead
+        on the weight stream, during earlier kernels (``_ahead``), in ``stream.paced_pieces``,
+        so those kernels' small transfers do not wait behind them; anything else whole."""
+        if not _ahead(b, self.ref) or b.is_resident(self.ref.buffer) or p < 2:
             return 1
         return paced_pieces(b.target, p, f, self.ref.dtype.itemsize, transpose)
 
@@ -349,6 +348,8 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     whole = replace(c, block_bufs=nblocks)
     if footprint(shape, whole, b.target)[0] <= cap:
         return whole
+    if not _ahead(b, res.ref):      # nothing runs before it to load a prefix during
+        return c
     # else a prefix of the blocks in slots of their own, loaded ahead during the kernels
     # before, in at most AHEAD_SHARE of the kernel's share (the partial last block, if any, in
     # bytes of its own: ``_emit``)
@@ -658,7 +659,7 @@ def _bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
     N = k.ins[1].shape[-1]
     P = min(TM, k.ins[0].shape[-2])
     t = b.tile(f"bias{fi}b", Memory.SBUF, P, N, x.dtype, 2)
-    cw = -(-N // paced_pieces(b.target, P, N, x.dtype.itemsize))
+    cw = -(-N // (paced_pieces(b.target, P, N, x.dtype.itemsize) if _ahead(b, x) else 1))
     for c0 in range(0, N, cw):
         w = min(cw, N - c0)
         b.dma(t.ap(P, elem_offset=c0, dims=((1, w),)),
