@@ -260,7 +260,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
     bcast: list[int] = []
     if (folded and best.resident != "C" and not best.swap
-            and not any(b.is_resident(k.ins[i].buffer) for i in folded)
+            and all(_ahead(b, k.ins[i]) and not b.is_resident(k.ins[i].buffer) for i in folded)
             and not bias_by_products(shape, best, t, len(folded), WEIGHT_STREAMS_AHEAD)):
         bcast, folded = folded, []      # added when evacuating, from one broadcast tile
         epi = _bias_add_rounds(epi0, bcast)
