@@ -18,7 +18,11 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
-row bias folded into the accumulation is loaded once, whole (``_bias_row``); an output going to
+row bias is either folded into the accumulation, its row loaded once, whole (``_bias_row``), or
+added while evacuating from one broadcast tile per kernel (``_bias_bcast``), whichever
+``matmul_plan.bias_by_products`` prefers; weights come in paced pieces of about one DMA fixed
+phase each (``stream.paced_pieces``, ``_Side.pieces``); a weight operand too big to keep whole
+keeps a prefix of its blocks in slots of their own (``_whole_weights``); an output going to
 HBM in short 512-column runs is evacuated per m-tile into one tile of the group's columns and
 stored by one DMA (``_wide_rows``). A per-K scale/shift of A (a folded layer-norm affine) is
 applied where A^T tiles are made (``matmul_prologue.py``). A resident block
@@ -48,12 +52,14 @@ from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
-                                         SBUF_SHARE, choose_blocking, ev_dtype, footprint,
-                                         operand_form, staged)
+                                         SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
+                                         footprint, operand_form, staged)
 from lowering.tiling.matmul_transposed import emit_transposed
+from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
+from lowering.tir.plan import WEIGHT_STREAMS_AHEAD
 from runtime_sim.isa import DType, Memory
 
 F32 = DType.FP32
@@ -118,9 +124,13 @@ class _Side:
         ks = self.kstride * kstep
         dap = dst.ap(kt, elem_offset=dst_off, dims=((1, fw),))
         if self.form == DMA_T and fw > 1 and kt > 1:
-            src = hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + k0 * self.kstride, fw,
-                         self.fstride, ((kt, ks),))
-            b.dma(dap, src, transpose=True)
+            n = self.pieces(b, kt, fw, True)
+            cw = -(-fw // n)
+            for c0 in range(0, fw, cw):
+                w = min(cw, fw - c0)
+                src = hbm_ap(r.buffer, r.dtype, bbase + (f0 + c0) * self.fstride + k0 * self.kstride, w,
+                             self.fstride, ((kt, ks),))
+                b.dma(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, w),)), src, transpose=True)
             if self.pro is not None:
                 self.pro.make(b, dap, dap, j, kt)
             return
@@ -144,11 +154,23 @@ class _Side:
                 else:
                     b.tensor_copy(dcw, tpa, **({"engines": copy_engines} if copy_engines else {}))
             return
-        src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + f0 * self.fstride, kt,
-                     ks, ((fw, self.fstride),))
-        b.dma(dap, src)
+        n = self.pieces(b, kt, fw)
+        cw = -(-fw // n)
+        for c0 in range(0, fw, cw):
+            w = min(cw, fw - c0)
+            src = hbm_ap(r.buffer, r.dtype, bbase + k0 * self.kstride + (f0 + c0) * self.fstride, kt,
+                         ks, ((w, self.fstride),))
+            b.dma(dst.ap(kt, elem_offset=dst_off + c0, dims=((1, w),)), src)
         if self.pro is not None:
             self.pro.make(b, dap, dap, j, kt)
+
+    def pieces(self, b: TirBuilder, p: int, f: int, transpose: bool = False) -> int:
+        """Transfers one [p, f] load of this side is cut into along f: weights loaded ahead
+        on the weight stream, during earlier kernels (``_ahead``), in ``stream.paced_pieces``,
+        so those kernels' small transfers do not wait behind them; anything else whole."""
+        if not _ahead(b, self.ref) or b.is_resident(self.ref.buffer) or p < 2:
+            return 1
+        return paced_pieces(b.target, p, f, self.ref.dtype.itemsize, transpose)
 
     def packed(self, K: int) -> bool:
         """Rows (F) of K contiguous elements lying back to back, K a multiple of 128: X viewed
@@ -183,9 +205,19 @@ class _Side:
         ``(c*G + g) * fw`` of ``dst``): G consecutive rows, one contiguous run of G*fw elements
         when ``fw`` is the whole row."""
         r = self.ref
-        src = hbm_ap(r.buffer, r.dtype, bbase + c * (G * TK) * self.kstride + f0 * self.fstride,
-                     TK, G * self.kstride, ((G, self.kstride), (fw, self.fstride)))
-        b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
+        n = self.pieces(b, TK, G * fw)
+        base = bbase + c * (G * TK) * self.kstride + f0 * self.fstride
+        if n > 1 and self.fstride == 1 and self.kstride == fw:
+            # the G rows of a partition lie back to back: n runs of them
+            w = -(-(G * fw) // n)
+            for e0 in range(0, G * fw, w):
+                e = min(w, G * fw - e0)
+                b.dma(dst.ap(TK, elem_offset=c * (G * fw) + e0, dims=((1, e),)),
+                      hbm_ap(r.buffer, r.dtype, base + e0, TK, G * self.kstride, ((e, 1),)))
+        else:
+            src = hbm_ap(r.buffer, r.dtype, base, TK, G * self.kstride,
+                         ((G, self.kstride), (fw, self.fstride)))
+            b.dma(dst.ap(TK, elem_offset=c * (G * fw), dims=((1, G * fw),)), src)
         if self.pro is not None:
             for g in range(G):
                 t = dst.ap(TK, elem_offset=(c * G + g) * fw, dims=((1, fw),))
@@ -204,6 +236,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     t = b.target
     sa = _Side(A, A.strides[-1], A.strides[-2], M, _form(b, A, A.strides[-1], A.strides[-2], M))
     sb = _Side(Bm, Bm.strides[-2], Bm.strides[-1], N, _form(b, Bm, Bm.strides[-2], Bm.strides[-1], N))
+    epi0 = k.attrs.epilogue
     epi, folded = fold_row_bias(k)
     k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
     prologue = bool(k.attrs.prologue_inputs)
@@ -225,6 +258,16 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
     if best.resident != "C" and not best.swap:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
+    bcast: list[int] = []
+    if (folded and best.resident != "C" and not best.swap
+            and all(_ahead(b, k.ins[i]) and not b.is_resident(k.ins[i].buffer) for i in folded)
+            and not bias_by_products(shape, best, t, len(folded), WEIGHT_STREAMS_AHEAD)):
+        bcast, folded = folded, []      # added when evacuating, from one broadcast tile
+        epi = _bias_add_rounds(epi0, bcast)
+        k = KOp(k.kind, k.outs, k.ins, replace(k.attrs, epilogue=epi), k.origin)
+        used = sorted(epi.loads())
+        b.note(f"matmul: row bias added when evacuating PSUM, from one [{min(TM, M)}, {N}] "
+               f"broadcast tile, not by ones-row products on TensorE (bias_by_products)")
     b.note(f"matmul {'x'.join(map(str, batch)) + ' x ' if batch else ''}[{M}x{K}] @ [{K}x{N}] "
            f"{A.dtype.value}{' double_row' if kp.pack > 1 else ''}: A {sa.form}, B {sb.form}; chose {best}; "
            f"{len(scored)} candidates, next best: " + "; ".join(str(c) for c in scored[1:3]))
@@ -245,8 +288,11 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     elif best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
-        _emit(b, k, sa, sb, best, used, folded, _transpose_once(shape, best, t,
-                                                                 sb if best.resident == "A" else sa), kp)
+        strm = sb if best.resident == "A" else sa
+        once = _transpose_once(shape, best, t, strm)
+        if once:
+            strm.tp_bufs = _once_tp_bufs(shape, best, t)
+        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast))
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -264,21 +310,59 @@ def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
     return footprint(shape, c, t)[0] + max(0, extra) <= int(t.sbuf_bytes_per_partition * SBUF_SHARE)
 
 
+ONCE_TP_BUFS = 4     # PSUM slots of the up-front transposes (``_once_tp_bufs``), at most
+
+
+def _once_tp_bufs(shape: MatmulShape, c: Blocking, t) -> int:
+    """PSUM slots for the streamed side's up-front transposes (``_transpose_once``): with two,
+    TensorE waits for the copy out of PSUM of the transpose two before each one (a round trip
+    through the copy engine per K tile, on the chain between two kernels); deeper, it runs
+    ahead and the copies follow. Up to ``ONCE_TP_BUFS``, never more than the K tiles, and
+    only in PSUM banks the blocking leaves free beside its accumulators (``footprint`` counts
+    two transpose slots)."""
+    Kt = -(-shape.K // TK)
+    spare = t.psum_banks - footprint(shape, c, t)[1]
+    return max(2, min(ONCE_TP_BUFS, Kt, 2 + spare))
+
+
+AHEAD_SHARE = 0.5    # of a kernel's SBUF share for the slots of a weight operand that does not fit
+
+
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
     """A resident side read from a graph input (weights) keeps every block in its own slot when
     all of them fit: no block load then waits for the products of an earlier block, so the
     whole operand streams in ahead of the kernel (during the kernels before it) instead of
-    two blocks ahead and the rest behind the kernel's own products."""
+    two blocks ahead and the rest behind the kernel's own products. When they do not fit, as
+    many blocks as fit in ``AHEAD_SHARE`` of the kernel's SBUF share (a prefetch distance: an
+    LM head's first blocks load during the last layer, then the rest follow its products), the
+    partial last block in bytes of its own (``_emit``: as the first slot's tail alias it would
+    wait for the products of the block that used that slot last)."""
     buf = b.buffers.get(res.ref.buffer)
     if c.stream or buf is None or buf.role != "input" or b.is_resident(res.ref.buffer):
         return c
-    nblocks = -(-res.F // (c.block * (TM if c.resident == "A" else TN)))
+    width = c.block * (TM if c.resident == "A" else TN)
+    nblocks = -(-res.F // width)
     if nblocks <= c.block_bufs:
         return c
+    cap = int(b.target.sbuf_bytes_per_partition * SBUF_SHARE)
     whole = replace(c, block_bufs=nblocks)
-    if footprint(shape, whole, b.target)[0] > int(b.target.sbuf_bytes_per_partition * SBUF_SHARE):
+    if footprint(shape, whole, b.target)[0] <= cap:
+        return whole
+    if not _ahead(b, res.ref):      # nothing runs before it to load a prefix during
         return c
-    return whole
+    # else a prefix of the blocks in slots of their own, loaded ahead during the kernels
+    # before, in at most AHEAD_SHARE of the kernel's share (the partial last block, if any, in
+    # bytes of its own: ``_emit``)
+    full = res.F // width
+    tail = replace(c, block=-(-(res.F - full * width) // (TM if c.resident == "A" else TN)),
+                   block_bufs=1) if res.F % width else None
+    extra = footprint(shape, tail, b.target)[0] - footprint(shape, replace(tail, block_bufs=0),
+                                                               b.target)[0] if tail else 0
+    for bufs in range(min(full, nblocks - 1) - 1, c.block_bufs, -1):
+        more = replace(c, block_bufs=bufs)
+        if footprint(shape, more, b.target)[0] + extra <= cap * AHEAD_SHARE:
+            return more
+    return c
 
 
 def _ahead(b: TirBuilder, ref) -> bool:
@@ -343,6 +427,19 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     return (new if folded else epi), folded
 
 
+def _bias_add_rounds(x: Expr, rows: list[int]) -> Expr:
+    """``cast(add(acc, row))`` -> ``add(acc, row)`` of the cast's dtype, for the row biases
+    ``rows``: one instruction reading PSUM that rounds once, as the cast of the fp32 sum did
+    (the simulator computes in fp32 and rounds to the destination's dtype)."""
+    if (x.op is EOp.CAST and x.args[0].op is EOp.ADD and x.args[0].dtype is DType.FP32
+            and {a.op for a in x.args[0].args} == {EOp.ACC, EOp.LOAD}
+            and all(a.index in rows for a in x.args[0].args if a.op is EOp.LOAD)):
+        return Expr(EOp.ADD, x.args[0].args, x.dtype)
+    if not x.args:
+        return x
+    return replace(x, args=tuple(_bias_add_rounds(a, rows) for a in x.args))
+
+
 def _count_acc(x: Expr) -> int:
     return (x.op is EOp.ACC) + sum(_count_acc(a) for a in x.args)
 
@@ -355,7 +452,8 @@ def _prod(xs) -> int:
 
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
-          folded: list[int], once: bool = False, kp: KPack = KPack()) -> None:
+          folded: list[int], once: bool = False, kp: KPack = KPack(),
+          bcast: tuple[int, ...] = ()) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256)."""
@@ -375,13 +473,19 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         rbase, sbase = res.base(bidx), strm.base(bidx)
         rows = {fi: _bias_row(b, k, fi, bidx) for fi in folded}
+        pre = {fi: _bias_bcast(b, k, fi, bidx) for fi in bcast}
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
                 strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
-                blk = b.tile("res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw, dt, c.block_bufs)
+                # the partial last block of a refilled prefix (``_whole_weights``) in bytes of
+                # its own: as a tail alias it would wait for the products of the block that
+                # used the first slot last, not of the one ``block_bufs`` before it
+                own = rw < c.block * rt and 2 < c.block_bufs < res.F // (c.block * rt)
+                blk = b.tile("rtail" if own else "res", Memory.SBUF, kp.parts(TK), Kt * kp.pack * rw,
+                             dt, 1 if own else c.block_bufs)
                 rstage = res.stage(b, rbase, r0, rw, K)
             if G > 1:
                 with b.loop(K // (G * TK), "kr") as cg:
@@ -429,7 +533,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                 for fi in folded:
                     _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
                 if _wide_rows(b, k, c, rw, sw, bidx, r0, s0):
-                    _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                    _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns, pre)
                     continue
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
@@ -440,7 +544,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                         else:
                             m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
                             cell = (ja * nr + ia) * TN
-                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)))
+                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)),
+                                  pre=pre)
 
 
 WIDE_MAX = 8192    # bytes per partition of one wide output tile (``_wide_rows``)
@@ -460,7 +565,7 @@ def _wide_rows(b: TirBuilder, k: KOp, c: Blocking, rw: int, sw: int, bidx, r0, s
 
 
 def _wide_epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, c: Blocking, acc, r0, rw: int,
-                   s0, sw: int, rt: int, st: int, nr: int, ns: int) -> None:
+                   s0, sw: int, rt: int, st: int, nr: int, ns: int, pre=None) -> None:
     """The group's epilogue per m-tile into one [mt, all its columns] tile, stored by one DMA
     (runs of the whole group's columns instead of 512 per DMA)."""
     out = k.outs[0]
@@ -475,7 +580,8 @@ def _wide_epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, c: Blocking, ac
             cell = (am * ns + en) * TN if c.resident == "A" else (am * nr + en) * TN
             into = wide.ap(aw, elem_offset=e0, dims=((1, ew),))
             res = _epilogue(b, k, used, bidx, mb + a0, aw, nb + e0, ew,
-                            acc.ap(aw, elem_offset=cell, dims=((1, ew),)), into=into, store=False)
+                            acc.ap(aw, elem_offset=cell, dims=((1, ew),)), into=into, store=False,
+                            pre=pre)
             if res is not None and res.buf != into.buf:
                 b.tensor_copy(into, res)
         b.dma(out_ap(k, bidx, mb + a0, aw, nb, ntiles), wide.ap())
@@ -543,6 +649,24 @@ def _bias_row(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
     return row
 
 
+def _bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
+    """A row bias (``fold_row_bias``'s inputs) added when evacuating PSUM instead
+    (``bias_by_products``): the whole row on every partition of an m-tile, loaded once per batch
+    index before the blocks by one DMA reading it with partition stride 0 (a weight: it streams
+    ahead with the kernel's weights; in paced pieces, ``stream.paced_pieces``), each output
+    tile's epilogue reading its columns."""
+    x = k.ins[fi]
+    N = k.ins[1].shape[-1]
+    P = min(TM, k.ins[0].shape[-2])
+    t = b.tile(f"bias{fi}b", Memory.SBUF, P, N, x.dtype, 2)
+    cw = -(-N // (paced_pieces(b.target, P, N, x.dtype.itemsize) if _ahead(b, x) else 1))
+    for c0 in range(0, N, cw):
+        w = min(cw, N - c0)
+        b.dma(t.ap(P, elem_offset=c0, dims=((1, w),)),
+              hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + c0 * x.strides[-1], P, 0, ((w, x.strides[-1]),)))
+    return t
+
+
 def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, sw: int,
                    rt: int, st: int, nr: int, ns: int) -> None:
     """acc[cell] += ones[1, rows].T @ bias[1, cols] for every cell of the group: the row bias
@@ -565,14 +689,15 @@ def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
               nt: int, acc: TAP, into: TAP | None = None, store: bool = True,
-              tr: bool = False) -> TAP | None:
+              tr: bool = False, pre: dict | None = None) -> TAP | None:
     """Evaluate the epilogue on one output tile (``acc``: its accumulator) and store it;
     ``into``: an SBUF access of the output's dtype to compute the result into (default: a
     tile of the epilogue's own). ``store=False`` (with ``into``): leave the result there and
     return it for the caller to store (None when the output is resident in SBUF: done).
     ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul_transposed.py): N
     runs on partitions and M along the free dim, inputs and output are read and written
-    column-wise (never resident: ``MatmulShape.no_dma_out``)."""
+    column-wise (never resident: ``MatmulShape.no_dma_out``). ``pre``: inputs already in
+    SBUF for the whole kernel (``_bias_bcast``), by input index."""
     out = k.outs[0]
     P, F = (nt, mt) if tr else (mt, nt)
     p0, f0 = (n0, m0) if tr else (m0, n0)
@@ -584,6 +709,9 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     loads: dict[int, TAP] = {}
     for i in used:
         x = k.ins[i]
+        if pre and i in pre and not tr:
+            loads[i] = pre[i].ap(P, elem_offset=f0, dims=((1, F),))
+            continue
         ps, fs = strides(x)
         src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps + f0 * fs, P, ps, ((F, fs),))
         view = None if tr else b.resident_view(src, P)

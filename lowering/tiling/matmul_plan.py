@@ -649,6 +649,34 @@ def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
     return out
 
 
+def bias_by_products(s: MatmulShape, c: Blocking, t: Target, n: int = 1, ahead: int = 3) -> bool:
+    """Fold ``n`` row biases into PSUM (``matmul.fold_row_bias``: a ones-row product per output
+    tile on TensorE, ``max(min(64, m), n)`` cycles like a K tile's product) rather than add each
+    from a [128, N] broadcast tile when the tile leaves PSUM (``matmul._bias_bcast``: an add
+    reading PSUM instead of a copy, and P x N bytes more to load). The broadcast tile is a
+    weight load, streamed ahead with the kernel's weights (the memory plan keeps weights up to
+    ``ahead`` weight-streaming kernels ahead), so its bytes are free where the weight stream
+    keeps up with the compute: where the kernel's loads (its estimate, ``Blocking.detail``) take
+    at most ``ahead - 1`` times its TensorE time, the weights of the next kernels load while it
+    and the ones between compute. There, whichever leaves the busier of TensorE and the
+    evacuation engines (evacuation spread over two engines) less busy; elsewhere the program
+    waits for its weight stream, and the products cost no bytes."""
+    pr = _Probe(s, t)
+    cells = s.batch * -(-s.M // 128) * -(-s.N // 512)
+    products = n * cells * pr.matmul(min(128, s.M), min(512, s.N))
+
+    def sb(d, mem=Memory.SBUF):
+        return AP("p", mem, 0, min(128, s.M), 0, ((1, min(512, s.N)),), d)
+
+    add = Instr(Op.TENSOR_TENSOR, sb(s.out_dtype), (sb(DType.FP32, Memory.PSUM), sb(s.dtype)),
+                TensorTensorAttrs(AluOp.ADD))
+    adds = n * cells * max(0.0, instr_cost(add, Queue(EngineKind.VECTOR), t).busy_ns - min(pr.evac))
+    pe, evac = c.detail.get("pe", 0.0) * 1e3, c.detail.get("evac", 0.0) * 1e3
+    if c.detail.get("dma", 0.0) * 1e3 > (ahead - 1) * pe:
+        return True
+    return max(pe + products, evac) <= max(pe, evac + adds / 2)
+
+
 def products_ns(s: MatmulShape, pr: _Probe, swap: bool) -> float:
     """TensorE time of every product of the usual form (A^T tiles [128 k, <= 128 m]
     stationary, B tiles [128 k, <= 512 n] moving) or of the transposed one."""

@@ -22,6 +22,14 @@ Small chunks pay a transfer's fixed phase and the minimum initiation interval on
 large ones expose the first tile's loads and the last tile's stores around the compute.
 ``choose_chunk`` scores splits of the free axis into ``k`` chunks and returns the best.
 
+``paced_pieces``: how many pieces a weight transfer is cut into so that the weight stream (one
+in-order DMA queue, ``tir/schedule.py``) issues no faster than the DMA engines drain it. A queue
+issues one transfer per fixed phase while the engines serve transfers in issue order, so a
+stream of transfers whose data phase outlasts the fixed phase builds a backlog in the engines,
+and any small transfer issued on another queue (a gather of a chain of small kernels, an output
+store) waits behind all of it. Pieces whose data phase is the fixed phase keep the backlog to
+about one piece at the same throughput.
+
 Invariants
 - The returned chunk is in ``[1, min(n, f_max)]``.
 - Scoring is pure arithmetic on the ``Target`` plus the caller's compute estimate; no program
@@ -29,9 +37,11 @@ Invariants
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
-from runtime_sim.costs import dma_tile_data_ns
+from runtime_sim.costs import dma_tile_data_ns, instr_cost
+from runtime_sim.isa import AP, DmaAttrs, DType, Instr, Memory, Op, dma_queue
 from runtime_sim.targets import Target
 
 
@@ -88,3 +98,32 @@ def choose_chunk(t: Target, n: int, segments: list[tuple[int, int]], repeat: int
     best = min(chunk_candidates(n, f_max), key=lambda f: (score(f), -f))
     assert 1 <= best <= max(1, min(n, f_max))
     return best
+
+
+_OF_SIZE = {d.itemsize: d for d in reversed(list(DType))}
+PACE_MIN = 0.85   # of a fixed phase: the least data phase of a piece (the weight stream keeps the
+#                   engines at least this busy: tir/schedule.py STREAM_SHARE)
+
+
+@functools.lru_cache(maxsize=1024)
+def paced_pieces(t: Target, partitions: int, elems: int, itemsize: int, transpose: bool = False,
+                 run: int = 0) -> int:
+    """Equal pieces to cut an HBM->SBUF transfer of ``partitions`` x ``elems`` (runs of ``run``
+    contiguous elements, default the whole row; ``transpose``: a DMA transpose) into: the
+    nearest whole number of fixed phases in its data phase (the simulator's cost of the
+    transfer), or fewer when those would be shorter than ``PACE_MIN`` of it; at least one
+    (module docstring: a paced weight stream)."""
+    d = _OF_SIZE[itemsize]
+    r = run or elems
+    src = (AP("h", Memory.HBM, 0, 1, 0, ((partitions, elems), (1, partitions)), d) if transpose else
+           AP("h", Memory.HBM, 0, 1, 0, ((elems, partitions), (r, elems // r), (1, r)), d))
+    ins = Instr(Op.DMA_COPY, AP("s", Memory.SBUF, 0, partitions, 0, ((1, elems),), d), (src,),
+                DmaAttrs(transpose))
+    c = instr_cost(ins, dma_queue(0), t)
+    if c.issue_ns <= 0:
+        return 1
+    x = max(c.busy_ns, c.hbm_ns) / c.issue_ns
+    n = max(1, round(x))
+    if x / n < PACE_MIN:       # pieces too short to keep the engines busy: at least one phase
+        n = max(1, int(x))
+    return min(elems, n)

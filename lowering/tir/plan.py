@@ -11,7 +11,8 @@ matmul and the norm or attention kernels before it (GPT-2 small trn2: 1096 -> 10
 previous stream's start, 983 -> 976 us from after the second previous one: an attention
 between two matmuls left HBM idle for 12 us per layer; from after the third previous one,
 with the attention's transposes on TensorE: 858.7 -> 850.9 us), while about three kernels'
-weights are in flight on the in-order DMA engines; if that does not fit, *coarse* lifetimes: from
+weights are in flight on the in-order DMA engines; if that does not fit, the same with the
+weights fewer streams ahead (down to one); if that does not fit either, *coarse* lifetimes: from
 the start of the first to the end of the last *top-level statement* that touches it (one loop
 nest of a kernel, or a lone instruction), padded by ``LIFETIME_PAD`` statements, then exact; if that does not fit either, *fine* lifetimes in
 statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
@@ -110,15 +111,15 @@ def lifetimes(tp: TProgram, st: Structure) -> dict[str, tuple[int, int]]:
 
 def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, int]],
                      before: int = 1,
-                     weights: dict[str, tuple[int, set[str]]] | None = None
-                     ) -> dict[str, tuple[int, int]]:
+                     weights: dict[str, tuple[int, set[str]]] | None = None,
+                     ahead: int = 0) -> dict[str, tuple[int, int]]:
     """Coarse lifetimes widened to whole kernels, from the start of the kernel ``before``
     kernels ahead of the first one that touches the buffer to the end of the last: no two
     buffers of one kernel, or of kernels that close, share bytes (a kernel's loads never wait
     for bytes its own kernel or the ones just before still use, so they can run that far
     ahead). The kernel of a top-level statement is the ``k<i>`` prefix of its instructions'
     tags. ``weights`` (``weight_buffers``): such a buffer starts no later than the kernel after
-    the ``WEIGHT_STREAMS_AHEAD``-th previous weight-streaming kernel."""
+    the ``ahead``-th (default ``WEIGHT_STREAMS_AHEAD``) previous weight-streaming kernel."""
     kern_of: dict[int, int] = {}
     order: dict[str, int] = {}
     for sid in sorted(st.info):
@@ -143,8 +144,8 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
             prev = [k for k in loaders if k < kf]
             # from the kernel after the WEIGHT_STREAMS_AHEAD-th previous weight stream: the kernels
             # between two streams (an attention, a norm) keep HBM busy with the next streams' weights
-            ahead = WEIGHT_STREAMS_AHEAD
-            k0 = min(k0, prev[-ahead] + 1 if len(prev) >= ahead else prev[0] if prev else 0)
+            n = ahead or WEIGHT_STREAMS_AHEAD
+            k0 = min(k0, prev[-n] + 1 if len(prev) >= n else prev[0] if prev else 0)
         out[name] = (first.get(k0, f), last.get(kl, l))
     return out
 
@@ -213,7 +214,7 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
     plan = MemPlan()
     coarse = lifetimes(tp, st)
     fine = kernel = None
-    kernel_by_pad: dict[int, dict] = {}
+    kernel_by_pad: dict[tuple[int, int], dict] = {}
     for mem, cap in ((Memory.SBUF, target.sbuf_bytes_per_partition),
                      (Memory.PSUM, target.psum_bytes_per_partition)):
         present = [b for b in tp.buffers if b.memory is mem and b.name in coarse]
@@ -228,15 +229,16 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
         # whole loop nests first (padded, so neighbouring kernels need not share bytes; the
         # builder's aliases share their root's bytes), then phases inside a loop nest (every
         # buffer on its own: buffers of disjoint parts of one body share bytes)
-        for mode, pad in ([("kernel", k) for k in KERNEL_PADS]
-                          + [("coarse", LIFETIME_PAD), ("coarse", 0), ("fine", 0)]):
+        for mode, pad, ahead in ([("kernel", k, a) for k in KERNEL_PADS
+                                  for a in range(WEIGHT_STREAMS_AHEAD, 0, -1)]
+                                 + [("coarse", LIFETIME_PAD, 0), ("coarse", 0, 0), ("fine", 0, 0)]):
             if mode == "fine" and fine is None:
                 fine = fine_lifetimes(tp, st)
             if mode == "kernel":
-                if kernel_by_pad.get(pad) is None:      # the same for SBUF and PSUM
-                    kernel_by_pad[pad] = kernel_lifetimes(tp, st, coarse, pad,
-                                                          weight_buffers(tp, st))
-                kernel = kernel_by_pad[pad]
+                if kernel_by_pad.get((pad, ahead)) is None:      # the same for SBUF and PSUM
+                    kernel_by_pad[pad, ahead] = kernel_lifetimes(tp, st, coarse, pad,
+                                                                 weight_buffers(tp, st), ahead)
+                kernel = kernel_by_pad[pad, ahead]
                 pad = 0
             live = {"coarse": coarse, "kernel": kernel, "fine": fine}[mode]
             used = roots if mode != "fine" else present

@@ -25,8 +25,9 @@ engine has several queues (``Target.dma_queues_per_engine``): loads of data no i
 the program writes (weights, graph inputs) take a second queue of every engine, the *prefetch*
 queues, so that they never wait in line behind a transfer that waits for compute (an output
 store, a load of an intermediate); they wait only for their slot to be free, and run ahead
-into the next kernel's weights while the current kernel computes. Weight loads big enough that their
-data phase outlasts the queue's descriptor generation all take one queue (``_stream_loads``;
+into the next kernel's weights while the current kernel computes. Weight loads whose data phase
+is at least ``STREAM_SHARE`` of the queue's descriptor generation (the tilers cut weights into
+pieces of about one fixed phase: ``tiling/stream.paced_pieces``) all take one queue (``_stream_loads``;
 not a kernel's loads into several refilled buffers, which would hold each other up),
 the *weight stream*: issued in program order, i.e. in the order the kernels consume them, so
 the next kernel's weights never share the engines with (and delay) the current kernel's
@@ -51,6 +52,8 @@ from runtime_sim.targets import Target
 BIG_LOAD = 64 * 1024   # bytes: a load that matters to the stream (not a bias or a norm gain)
 TINY_II = 3   # an instruction of at most this many minimum initiation intervals is "tiny"
 PREFETCH_LANES = 2   # prefetch queues per engine: consecutive prefetching kernels alternate
+STREAM_SHARE = 0.85   # of its fixed phase: the least data phase of a weight-stream load (the
+#                      tilers cut weights into pieces of about one fixed phase: tiling/stream.py)
 
 
 def machine_ap(tp: TProgram, a: TAP, byte_offset: int | None = None) -> AP:
@@ -106,8 +109,8 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
 
 def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[int]:
     """The weight loads that take the weight stream: per kernel, its weight loads whose data
-    phase outlasts their descriptor generation (one queue issuing them back to back keeps the
-    engines busy), unless the kernel refills more than one weight buffer (counting a buffer
+    phase is at least ``STREAM_SHARE`` of their descriptor generation (one queue issuing them
+    back to back keeps the engines that busy, and no busier: paced pieces), unless the kernel refills more than one weight buffer (counting a buffer
     with its tail aliases) by loads of at least ``BIG_LOAD`` bytes, as a GEMM streaming both
     operands does: on one in-order queue a load waiting for its slot would hold up the other
     operand's (trn1 NKI-tutorial GEMM 6865 -> 11076 us). A buffer holding its whole weight
@@ -117,7 +120,7 @@ def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[
         ins = st.info[sid].ins
         if EngineKind.DMA in ins.engines and sid in st.weight_loads:
             c = instr_cost(probe_instr(tp, ins), q, target)
-            if c.busy_ns >= c.issue_ns:
+            if c.busy_ns >= STREAM_SHARE * c.issue_ns:
                 per[kernel_key(ins)].append(sid)
     out: set[int] = set()
     for sids in per.values():
