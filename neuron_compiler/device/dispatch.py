@@ -74,7 +74,17 @@ def _traced(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
             return a.to("cpu")
         return payload_of(a)
 
-    out = func(*tree_map(inner, args), **tree_map(inner, kwargs))
+    cargs, ckwargs = tree_map(inner, args), tree_map(inner, kwargs)
+    out = func(*cargs, **ckwargs)
+    # an in-place op on such a plain device tensor ran on its CPU copy: write the copy back, so
+    # the traced graph keeps the mutation (a factory's tensor updated in place inside compiled
+    # code: transformers' lazily created static KV cache)
+    for i in _written(func):
+        a = args[i] if i < len(args) else None
+        if isinstance(a, torch.Tensor) and not isinstance(a, NeuronTensor) \
+                and a.device.type == DEVICE_TYPE:
+            a.copy_(cargs[i])
+            by_payload[id(cargs[i])] = a
 
     def back(o: object) -> object:
         if not isinstance(o, torch.Tensor):
