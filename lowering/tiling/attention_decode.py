@@ -26,6 +26,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from lowering.kir import EOp, Expr, KOp
+from lowering.tiling.attention_rows import MAX_KEY_BLOCKS
 from lowering.tiling.attention_steps import F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part
 from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
@@ -35,7 +36,6 @@ from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, Memory
 
-MAX_KEY_BLOCKS = 4
 
 
 def decode_fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, sk: _Side, t) -> bool:

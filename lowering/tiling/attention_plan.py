@@ -9,11 +9,66 @@ Invariants
   an instruction itself.
 - The candidate bodies mirror what ``tile_rows`` emits for one query block (or two, for the
   maxes); they are scratch programs, never part of the program being tiled.
+- A choice depends only on its (hashable) arguments: each is computed once per process.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from lowering.tiling.attention_steps import F32, KB, QB, _cols
+from lowering.tiling.estimate import profile, scratch
 from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
+
+
+class _Body:
+    """A scratch program of tile_rows' instructions for query blocks of one shape: ``qk``,
+    ``row_max``, ``exp``, ``transpose`` (P^T pieces and their copy out of PSUM) and ``pv``
+    emit what tile_rows emits for one key block of width ``kw``."""
+
+    def __init__(self, s, D: int, Dv: int, dt, pdt, nk: int):
+        nd = -(-D // 128)
+        self.s, self.D, self.pdt = s, D, pdt
+        self.qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
+        self.kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
+        self.v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
+        self.o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+        self.mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
+        self.m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
+
+    def qk(self, name: str, kw: int):
+        s, sc = self.s, self.s.tile(name, Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
+        for d0 in range(0, self.D, 128):
+            dw = min(128, self.D - d0)
+            s.matmul(sc, self.qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
+                     self.kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
+        return sc
+
+    def row_max(self, c: int, sc, engine: EngineKind) -> None:
+        self.s.tensor_reduce(_cols(self.mb.ap(), c, 1), sc, AluOp.MAX, engines=(engine,))
+
+    def exp(self, name: str, c: int, sc, kw: int, vector: bool):
+        pc = self.s.tile(name, Memory.SBUF, QB, KB, self.pdt, 1).ap(dims=((1, kw),))
+        if vector:
+            self.s.exponential(pc, sc, self.m, accum=_cols(self.mb.ap(), c, 1))
+        else:
+            self.s.activation(pc, sc, ActFunc.EXP, bias_ap=self.m, reduce=AluOp.ADD,
+                              accum=_cols(self.mb.ap(), c, 1))
+        return pc
+
+    def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True):
+        s, n = self.s, -(-kw // 128) * QB
+        tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), n, self.pdt, 1)
+        pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), n, self.pdt, 1)
+        for s0 in range(0, kw, 128) if tensor else ():
+            sw = min(128, kw - s0)
+            s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
+        s.tensor_copy(pt.ap(), tp.ap(), engines=(copy_engine,))
+        return pt
+
+    def pv(self, pt, kw: int) -> None:
+        for s0 in range(0, kw, 128):
+            sw = min(128, kw - s0)
+            self.s.matmul(self.o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), self.v.ap(sw))
 
 
 def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool) -> dict:
@@ -21,43 +76,23 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool)
     exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
     ``tensor`` also its products, transposes and second products), priced by the simulator's
     cost table (``estimate.profile``)."""
-    from lowering.tiling.estimate import profile, scratch
-    nk, nd = len(kbs), -(-D // 128)
     with scratch(t) as s:
-        mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
-        m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
-        if tensor:
-            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
-            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+        body = _Body(s, D, Dv, dt, pdt, len(kbs))
         for c, (_, kw) in enumerate(kbs):
-            sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
-            pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-            for d0 in range(0, D, 128) if tensor else ():
-                dw = min(128, D - d0)
-                s.matmul(sc, qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
-                         kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
-            s.tensor_reduce(_cols(mb.ap(), c, 1), sc, AluOp.MAX,
-                            engines=(EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD,))
-            if c < nv:
-                s.exponential(pc, sc, m, accum=_cols(mb.ap(), c, 1))
-            else:
-                s.activation(pc, sc, ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD, accum=_cols(mb.ap(), c, 1))
-            tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-            pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-            for s0 in range(0, kw, 128) if tensor else ():
-                sw = min(128, kw - s0)
-                s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
-            s.tensor_copy(pt.ap(), tp.ap(), engines=(EngineKind.SCALAR if c < na else EngineKind.VECTOR,))
-            for s0 in range(0, kw, 128) if tensor else ():
-                sw = min(128, kw - s0)
-                s.matmul(o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
+            sc = (body.qk(f"s{c}", kw) if tensor
+                  else s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
+            body.row_max(c, sc, EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD)
+            pc = body.exp(f"p{c}", c, sc, kw, c < nv)
+            pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
+                                tensor)
+            if tensor:
+                body.pv(pt, kw)
     return profile(s)[0]
 
 
-def max_engines(t, prev_w: list[int], next_w: list[int], D: int, Dv: int, dt, pdt,
-                 copy_engines, nv: int) -> tuple[EngineKind, ...]:
+@lru_cache(maxsize=None)
+def max_engines(t, prev_w: tuple[int, ...], next_w: tuple[int, ...], D: int, Dv: int, dt, pdt,
+                copy_engine: EngineKind, nv: int) -> tuple[EngineKind, ...]:
     """The engine of each row-max reduce of a query block whose key blocks are ``next_w`` wide,
     issued (as tile_rows does) after its products and before the previous block's (``prev_w``)
     transposes, P^T copies and second products, then its own exps (the first ``nv`` on
@@ -65,48 +100,23 @@ def max_engines(t, prev_w: list[int], next_w: list[int], D: int, Dv: int, dt, pd
     the candidate (the first k maxes on VectorE, even key blocks first, the rest on GpSimdE)
     whose body, run alone in program order (``estimate.profile``'s makespan), ends first: the
     maxes gate the exps, the copies gate TensorE's second products, and VectorE serves both."""
-    from lowering.tiling.estimate import profile, scratch
-    n, nd = len(next_w), -(-D // 128)
+    n = len(next_w)
     order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
     best = None
     for k in range(n + 1):
         eng = tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
         with scratch(t) as s:
-            qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
-            kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-            v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-            o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
-            mb = s.tile("mb", Memory.SBUF, QB, n, F32, 1)
-            m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
-            sc = []
+            body = _Body(s, D, Dv, dt, pdt, n)
+            sc = [body.qk(f"s{c}", kw) for c, kw in enumerate(next_w)]
+            for c in range(n):
+                body.row_max(c, sc[c], eng[c])
+            s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
+            pts = [body.transpose(c, s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),)),
+                                  kw, copy_engine) for c, kw in enumerate(prev_w)]
             for c, kw in enumerate(next_w):
-                sc.append(s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
-                for d0 in range(0, D, 128):
-                    dw = min(128, D - d0)
-                    s.matmul(sc[c], qt.ap(dw, elem_offset=d0 // 128 * QB, dims=((1, QB),)),
-                             kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
-                s.tensor_reduce(_cols(mb.ap(), c, 1), sc[c], AluOp.MAX, engines=(eng[c],))
-            s.tensor_reduce(m, mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
-            pts = []
-            for c, kw in enumerate(prev_w):
-                pc = s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-                tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-                pts.append(s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1))
-                for s0 in range(0, kw, 128):
-                    sw = min(128, kw - s0)
-                    s.transpose(_cols(tp.ap(), s0 // 128 * QB, QB, sw), _cols(pc, s0, sw))
-                s.tensor_copy(pts[c].ap(), tp.ap(), engines=copy_engines)
-            for c, kw in enumerate(next_w):
-                pn = s.tile(f"pn{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),))
-                if c < nv:
-                    s.exponential(pn, sc[c], m, accum=_cols(mb.ap(), c, 1))
-                else:
-                    s.activation(pn, sc[c], ActFunc.EXP, bias_ap=m, reduce=AluOp.ADD,
-                                 accum=_cols(mb.ap(), c, 1))
-            for c, kw in enumerate(prev_w):
-                for s0 in range(0, kw, 128):
-                    sw = min(128, kw - s0)
-                    s.matmul(o.ap(), _cols(pts[c].ap(), s0 // 128 * QB, QB, sw), v.ap(sw))
+                body.exp(f"pn{c}", c, sc[c], kw, c < nv)
+            for pt, kw in zip(pts, prev_w):
+                body.pv(pt, kw)
         key = profile(s)[1]
         if best is None or key < best[0]:
             best = (key, eng)
@@ -116,7 +126,6 @@ def max_engines(t, prev_w: list[int], next_w: list[int], D: int, Dv: int, dt, pd
 def cheapest_engine(t, emit, engines) -> EngineKind:
     """The engine of ``engines`` on which the instruction ``emit(builder, engine)`` writes costs
     least (``estimate.profile``)."""
-    from lowering.tiling.estimate import profile, scratch
     best = None
     for e in engines:
         with scratch(t) as s:
@@ -127,6 +136,7 @@ def cheapest_engine(t, emit, engines) -> EngineKind:
     return best[1]
 
 
+@lru_cache(maxsize=None)
 def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
     """(nv, na): on a target with VectorE's fast exponential, the first ``nv`` key blocks' exps
     go to it (the others stay on ScalarE) and the first ``na`` blocks' P^T copies to ScalarE
@@ -146,6 +156,7 @@ def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
     return best[1]
 
 
+@lru_cache(maxsize=None)
 def dma_transposes(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
     """Whether a full query block's first key block takes its P^T by DMA transposes (SBUF ->
     SBUF) instead of TensorE: on a target that has them for 2-byte types and no background

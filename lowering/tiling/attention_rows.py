@@ -81,7 +81,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     V = k.ins[2]
     nd = -(-D // 128)
     Skv = _seen(k, Sq, Sk)
-    kbs = [(i * KB, min(KB, Skv - i * KB)) for i in range(-(-Skv // KB))]
+    kbs = tuple((i * KB, min(KB, Skv - i * KB)) for i in range(-(-Skv // KB)))
     nk = len(kbs)
     shares = _o_shares_bank(pdt, Dv, b.target)
     clamp = a.safe and a.score is not None
@@ -148,16 +148,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
 
-    plans: dict = {}
-
     def maxes_of(t: int) -> tuple[EngineKind, ...]:
-        """The row-max engines of query block t (``max_engines``, one plan per shape)."""
-        prev = [kw for c, _, kw, _ in visible((t - 1) % T) if c not in by_dma(visible((t - 1) % T))]
-        key = (tuple(prev), tuple(kw for _, _, kw, _ in visible(t)))
-        if key not in plans:
-            plans[key] = max_engines(b.target, list(key[0]), list(key[1]), D, Dv, dt, pdt,
-                                      (EngineKind.SCALAR,) if na else (EngineKind.VECTOR,), nv)
-        return plans[key]
+        """The row-max engines of query block t (``max_engines``)."""
+        pv = visible((t - 1) % T)
+        prev = tuple(kw for c, _, kw, _ in pv if c not in by_dma(pv))
+        return max_engines(b.target, prev, tuple(kw for _, _, kw, _ in visible(t)), D, Dv, dt,
+                           pdt, EngineKind.SCALAR if na else EngineKind.VECTOR, nv)
 
     def by_dma(vis) -> set[int]:
         """The key blocks whose P^T a query block seeing ``vis`` takes by DMA transposes."""

@@ -121,24 +121,17 @@ def test_broadcast_bias_matches_eager(tmp_path, M, K, N, gelu):
         torch.testing.assert_close(bad, ref.float(), rtol=2e-2, atol=atol)
 
 
-def test_bias_products_kept_in_the_first_kernel(tmp_path):
-    # nothing runs before the first kernel: its bias would load in the open, not ahead
+@pytest.mark.parametrize("case", ["first_kernel", "stream_behind"])
+def test_bias_products_kept(case, tmp_path):
+    """first_kernel: nothing runs before the first kernel, so its bias would load in the open,
+    not ahead. stream_behind: trn1's DMA is slow against its TensorE: a BERT-sized layer's
+    weights take more than WEIGHT_STREAMS_AHEAD - 1 times its products, and the bias stays a
+    product."""
     torch.manual_seed(0)
-    m = torch.nn.Linear(768, 2304).to(torch.bfloat16).eval()
+    m = (torch.nn.Linear(768, 2304).to(torch.bfloat16) if case == "first_kernel"
+         else _Addmm(768, 2304, False)).eval()
     x = torch.randn(128, 768, dtype=torch.bfloat16)
-    y, ref, _, notes = _compile_run(m, x, "trn2", tmp_path)
-    assert "row bias added when evacuating PSUM" not in notes
-    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2,
-                               atol=2e-2 * ref.float().abs().max().item())
-
-
-def test_bias_products_kept_where_the_weight_stream_is_behind(tmp_path):
-    # trn1's DMA is slow against its TensorE: a BERT-sized layer's weights take more than
-    # WEIGHT_STREAMS_AHEAD - 1 times its products, and the bias stays a product
-    torch.manual_seed(0)
-    m = _Addmm(768, 2304, False).eval()
-    x = torch.randn(128, 768, dtype=torch.bfloat16)
-    y, ref, _, notes = _compile_run(m, x, "trn1", tmp_path)
+    y, ref, _, notes = _compile_run(m, x, "trn2" if case == "first_kernel" else "trn1", tmp_path)
     assert "row bias added when evacuating PSUM" not in notes
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2,
                                atol=2e-2 * ref.float().abs().max().item())
