@@ -25,15 +25,14 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from lowering.kir import EOp, Expr, KOp
+from lowering.kir import KOp
 from lowering.tiling.attention_rows import MAX_KEY_BLOCKS
-from lowering.tiling.attention_steps import F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part
-from lowering.tiling.exprgen import ExprGen
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part,
+                                             _score_tile)
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import PE_T, RES_T
-from lowering.tir.affine import Affine, aff
+from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
-from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, Memory
 
 
@@ -115,7 +114,9 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         for c, (k0, kw) in enumerate(kbs):
             src, act_scale = S[c].ap(dims=((1, kw),)), a.scale
             if a.score is not None:
-                src, act_scale = _score(b, k, S[c], outer, H, k0, kw), 1.0
+                src = _score_tile(b, k, S[c], outer + (aff(0),), aff(0), H, aff(k0), kw,
+                                  p_axis=len(batch) - 1)
+                act_scale = 1.0
             srcs.append((src, act_scale))
             b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
         act_scale = srcs[0][1]
@@ -189,34 +190,3 @@ def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None
         w = min(128, Sk - j * 128)
         b.dma(vt.ap(w, elem_offset=off + j * Dv, dims=((1, Dv),)),
               hbm_ap(V.buffer, V.dtype, base + j * 128 * rs, w, rs, ((Dv, V.strides[-1]),)))
-
-
-def _score(b: TirBuilder, k: KOp, s, outer, H: int, k0: int, kw: int) -> TAP:
-    """The score expression on one [H heads, kw keys] block, in fp32 SBUF."""
-    a = k.attrs
-    out_rank = len(k.outs[0].shape)
-    head_axis = out_rank - 3
-    acc = b.tile("dsc", Memory.SBUF, H, kw, F32).ap()
-    b.tensor_scalar(acc, s.ap(dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
-
-    def leaf(x: Expr) -> TAP:
-        if x.op is EOp.ACC:
-            return acc
-        if x.op is EOp.LOAD:
-            r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
-            tl = b.tile(f"dmask{x.index}", Memory.SBUF, H, kw, r.dtype, 1).ap()
-            base = _boff(r, outer + (aff(0),)) + k0 * r.strides[-1]
-            b.dma(tl, hbm_ap(r.buffer, r.dtype, base, H, r.strides[head_axis], ((kw, r.strides[-1]),)))
-            return tl
-        tl = b.tile("didx", Memory.SBUF, H, kw, x.dtype, 1).ap()
-        if x.index == out_rank - 1:
-            b.iota(tl, k0, 0, (1,))
-        elif x.index == head_axis:
-            b.iota(tl, 0, 1, (0,))
-        elif x.index == out_rank - 2:
-            b.iota(tl, 0, 0, (0,))
-        else:
-            b.iota(tl, outer[x.index], 0, (0,))
-        return tl
-
-    return ExprGen(b, H, (kw,), leaf).tile_of(a.score, F32)

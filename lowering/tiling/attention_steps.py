@@ -252,10 +252,15 @@ def _transpose_block(b: TirBuilder, k: KOp, s, p: TAP, qr: int, kw: int, nsub: i
     return pt
 
 
-def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int) -> TAP:
-    """The score expression (and the causal mask) on one [qr, kw] block, in fp32 SBUF."""
+def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine, kw: int,
+                p_axis: int | None = None) -> TAP:
+    """The score expression (and the causal mask) on one [qr, kw] block, in fp32 SBUF: keys
+    along the free axis from ``k0``; on partitions ``qr`` consecutive indices of output axis
+    ``p_axis`` (default: the queries, from ``q0``; a batch axis from its ``bidx`` entry, the
+    query then fixed at ``q0``)."""
     a = k.attrs
     out_rank = len(k.outs[0].shape)
+    p_axis = out_rank - 2 if p_axis is None else p_axis
     acc = b.tile("sc", Memory.SBUF, qr, kw, F32).ap()
     b.tensor_scalar(acc, s.ap(qr, dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
     loads: dict[int, TAP] = {}
@@ -268,16 +273,18 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
                 r = k.ins[x.index + 1]      # the first product's operand i is ins[i + 1]
                 tl = b.tile(f"mask{x.index}", Memory.SBUF, qr, kw, r.dtype, 2)
                 base = _boff(r, bidx) + q0 * r.strides[-2] + k0 * r.strides[-1]
+                ps = r.strides[p_axis]
                 if r.strides[-1] == 0 and kw > 1:
-                    _row_broadcast(b, tl.ap(), r, base, qr, kw, x.index)
+                    _row_broadcast(b, tl.ap(), r, base, qr, kw, x.index, ps)
                 else:
-                    b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, base, qr, r.strides[-2],
-                                          ((kw, r.strides[-1]),)))
+                    b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, base, qr, ps, ((kw, r.strides[-1]),)))
                 loads[x.index] = tl.ap()
             return loads[x.index]
         tl = b.tile("idx", Memory.SBUF, qr, kw, x.dtype, 2).ap()
-        if x.index == out_rank - 2:
-            b.iota(tl, q0, 1, (0,))
+        if x.index == p_axis:
+            b.iota(tl, q0 if p_axis == out_rank - 2 else bidx[p_axis], 1, (0,))
+        elif x.index == out_rank - 2:
+            b.iota(tl, q0, 0, (0,))
         elif x.index == out_rank - 1:
             b.iota(tl, k0, 0, (1,))
         else:
@@ -290,13 +297,13 @@ def _score_tile(b: TirBuilder, k: KOp, s, bidx, q0: Affine, qr: int, k0: Affine,
     return res
 
 
-def _row_broadcast(b: TirBuilder, dst: TAP, r, base, qr: int, kw: int, i: int) -> None:
+def _row_broadcast(b: TirBuilder, dst: TAP, r, base, qr: int, kw: int, i: int, ps: int) -> None:
     """``dst`` [qr, kw] of an operand equal along the key axis (a per-query value, e.g. position
     ids of a packed-sequence mask): one element per row by DMA (a stride-0 transfer would move
     it element by element, kw times), then copied along the row on GpSimdE (integer types take
-    its exact path; an int64 row moves as its two int32 words)."""
+    its exact path; an int64 row moves as its two int32 words). ``ps``: the partition stride."""
     col = b.tile(f"mrow{i}", Memory.SBUF, qr, 1, r.dtype, 2).ap()
-    b.dma(col, hbm_ap(r.buffer, r.dtype, base, qr, r.strides[-2], ((1, 1),)))
+    b.dma(col, hbm_ap(r.buffer, r.dtype, base, qr, ps, ((1, 1),)))
     if r.dtype is DType.INT64:
         w = DType.INT32
         b.tensor_copy(replace(dst, dims=((2, kw), (1, 2)), dtype=w),
