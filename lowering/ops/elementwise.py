@@ -187,8 +187,7 @@ def _bitwise(logical: EOp, bits: EOp):
     """Bitwise ops: on bool the logical op, on int32/int64 the bit patterns (exact, GpSimdE's
     integer ALU word by word)."""
     def lower(ctx: LowerCtx, node: fx.Node, a, b) -> TensorRef:
-        op = logical if ctx.out_val.dtype == torch.bool else bits
-        return pointwise(ctx, node, [a, b], lambda l, dt: e(op, l[0], l[1], dtype=dt))
+        return _binary(logical if ctx.out_val.dtype == torch.bool else bits)(ctx, node, a, b)
     return lower
 
 
