@@ -58,6 +58,7 @@ class Row:
     simulated: float | None
     published: float                 # scaled in the reduced suite
     sens: dict[str, float] = field(default_factory=dict)
+    as_written: float | None = None  # the value of ``case.as_written`` (sensitivity runs)
 
     @property
     def gating(self) -> bool:
@@ -95,6 +96,8 @@ class Row:
             d["ratio"] = self.simulated / self.published
         if self.sens:
             d["sensitivity"] = dict(self.sens)
+        if self.as_written is not None:
+            d["as_written"] = self.as_written
         return d
 
 
@@ -118,6 +121,14 @@ class Runner:
             build = case.reduced[0] if self.reduced and case.reduced else case.build
             self.programs[k] = build(target, dtype)
         return self.programs[k]
+
+    def written(self, case: Case, fig: Figure) -> float:
+        """``fig``'s value for the source's program as written (``Case.as_written``, full size)."""
+        k = (case.name + " (as written)", fig.target, fig.dtype)
+        if k not in self.programs:
+            self.programs[k] = case.as_written(fig.target, fig.dtype)
+        alt = replace(case, name=k[0], build=case.as_written, reduced=None, as_written=None)
+        return self.value(alt, fig)
 
     def target(self, name: str, ov: Overrides) -> Target:
         t = get_target(name)
@@ -188,6 +199,8 @@ def run_suite(cases: tuple[Case, ...] = CASES, reduced: bool = False, only: str 
     rows = [Row(c, f, r.value(c, f), r.published(c, f)) for c in sel for f in c.figures]
     if sensitivity:
         for row in rows:
+            if row.case.as_written is not None and not reduced:
+                row.as_written = r.written(row.case, row.fig)
             for const in ASSUMED:
                 if not const.applies(row.fig.target):
                     continue
@@ -265,6 +278,9 @@ def format_table(rep: Report) -> str:
             said = f.excluded
         elif not r.ok():
             out.append(f"      red: {f.known_red or 'NOT EXPLAINED (a regression, or a new mismatch to explain)'}")
+        if r.as_written is not None:
+            out.append(f"      as written, no compiler hoist: {_fmt(f.metric, r.as_written)} {_cmp(r, r.as_written)}"
+                       f" ({'ok' if r.ok(r.as_written) else 'RED'})")
     out.append("-" * (len(head) + 24))
     gate = [r for r in rows if r.gating]
     red = [r for r in gate if not r.ok()]

@@ -24,10 +24,22 @@ channel tile[, seq tile]), as the source writes it (NS lines 56-85 / 137-162 / 2
 9. ``scanC = nisa.tensor_tensor(scan_res, C_i_bcast, ...)``    VectorE, PSUM input: N
 10. ``scanC_accum[...] += scanC``                              VectorE, SBUF x SBUF: 2N
 
-Nothing is hoisted, fused or reused beyond what the source writes: ``deltaU`` is computed in
-every state (the source's step 3 is inside the state loop), and ``mamba_v1`` loads delta_i and
-u_i in every (state, channel tile) iteration (NS lines 56 and 63). What the NKI compiler decides
-and the source does not say is chosen here, never from a measured figure:
+**deltaU hoisted (ASSUMED, the one transformation of the source).** ``deltaU = delta_i * u_i``
+reads only tiles loaded before the state loop, so it is the same in every state. The builders
+compute it once per channel tile (per seq tile in v3), in place of ``u_i`` (its only use), as
+the tutorial's compiler is taken to have done: sdk@v2.26.0 ``nl.affine_range`` ("Using
+``affine_range`` also allows Neuron compiler to perform additional loop-level optimizations",
+``general/nki/api/nki/language/__init__.py`` L239-241; every loop here is an ``affine_range``),
+and the published runs agree with it and not with the source as written: per (state, channel
+tile) VectorE was active 2.34 ms x 92.16% / 512 = 4,718 cycles in v1 and 1.61 ms x 99.63% / 512
+= 3,509 in v2, the same VectorE instructions as written (8N + 4 penalties = 4,496); hoisting
+removes one 2N instruction and its penalty from v2 (3,372) and cannot apply to v1, whose
+``delta_i``, ``u_i`` are loaded inside the state loop (NS lines 56, 63). No document states the
+hoist itself, so ``hoist=False`` builds the source as written and calibrate prints its value
+beside every row. Nothing else is hoisted, fused or reused beyond what the source writes.
+
+What the NKI compiler decides and the source does not say is chosen here, never from a measured
+figure:
 - ``nl.load`` is a DMA on one queue per role (delta/u, the small A/B/C rows, the stores);
 - a tile declared inside a loop body rotates through two buffers (one when two do not fit
   SBUF); the PSUM broadcasts rotate through four banks;
@@ -87,7 +99,8 @@ class _Mamba:
     def load_A(self, c: int, s: int, A_i) -> None:
         self.b.emit(Q_SMALL, Op.DMA_COPY, tile(A_i, F32, P, 1), (self.A.column(c * P, P, s),), DmaAttrs())
 
-    def step(self, bi: int, s: int, c: int, D, U, acc, col0: int = 0, scan_init=None, A_i=None) -> None:
+    def step(self, bi: int, s: int, c: int, D, U, acc, col0: int = 0, scan_init=None, A_i=None,
+             du_in_u: bool = False) -> None:
         """Steps 1-10 of the module docstring for one (batch, state, channel tile, seq tile)."""
         b, ft, k = self.b, self.ft, self.n % 2
         self.n += 1
@@ -100,8 +113,11 @@ class _Mamba:
                ActivationAttrs(ActFunc.EXP, scale_from_src=True))
         Bi = self.r_bi[k]
         b.emit(Q_SMALL, Op.DMA_COPY, tile(Bi, F32, 1, ft), (self.B.tile(bi * self.st + s, 1, col0, ft),), DmaAttrs())
-        du = tile(self.r_du[k], F32, P, ft)
-        b.emit(VECTOR, Op.TENSOR_TENSOR, du, (dsl, tile(U, F32, P, ft, col0)), TensorTensorAttrs(AluOp.MULTIPLY))
+        if du_in_u:
+            du = tile(U, F32, P, ft, col0)
+        else:
+            du = tile(self.r_du[k], F32, P, ft)
+            b.emit(VECTOR, Op.TENSOR_TENSOR, du, (dsl, tile(U, F32, P, ft, col0)), TensorTensorAttrs(AluOp.MULTIPLY))
         pb = tile(self.ps[(2 * self.n) % 4], F32, P, ft)
         b.emit(TENSOR, Op.MATMUL, pb, (tile(self.ones, F32, 1, P), tile(Bi, F32, 1, ft)), MatmulAttrs())
         dbu = tile(self.r_dbu[k], F32, P, ft)
@@ -122,6 +138,14 @@ class _Mamba:
         b.emit(VECTOR, Op.TENSOR_TENSOR, scc, (sc, pc), TensorTensorAttrs(AluOp.MULTIPLY))
         a = tile(acc, F32, P, ft, col0)
         b.emit(VECTOR, Op.TENSOR_TENSOR, a, (a, scc), TensorTensorAttrs(AluOp.ADD))
+
+    def hoist_delta_u(self, D, U, seq: int) -> None:
+        """``deltaU = delta_i * u_i`` once per channel tile, in place of ``u_i`` (its only use),
+        one instruction per ``ftile`` columns as the body writes it."""
+        for c0 in range(0, seq, self.ft):
+            u = tile(U, F32, P, self.ft, c0)
+            self.b.emit(VECTOR, Op.TENSOR_TENSOR, u, (tile(D, F32, P, self.ft, c0), u),
+                        TensorTensorAttrs(AluOp.MULTIPLY))
 
     def store(self, bi: int, c: int, acc) -> None:
         self.b.emit(Q_OUT, Op.DMA_COPY, self.out.tile(bi * self.ch + c * P, P, 0, self.seq),
@@ -156,10 +180,12 @@ def mamba_v1(target, batch: int = 1, seq: int = 512, channels: int = 256, state:
     return k.b.program()
 
 
-def mamba_v2(target, batch: int = 1, seq: int = 512, channels: int = 4096, state: int = 16):
+def mamba_v2(target, batch: int = 1, seq: int = 512, channels: int = 4096, state: int = 16, *,
+             hoist: bool = True):
     """``mamba_v2`` (NS lines 97-168): loops reordered to batch, channel tile, state; per channel
     tile zero ``scanC_accum`` (line 128), load delta_i and u_i once (lines 131-132); per state
-    load A_i, B_i, C_i and steps 2-10 (deltaU inside the state loop, line 146); store (165)."""
+    load A_i, B_i, C_i and steps 2-10 (deltaU written inside the state loop, line 146: once per
+    channel tile with ``hoist``, the module docstring); store (165)."""
     k = _Mamba(target, batch, seq, channels, state, seq)
     nt = channels // P
     ring = [(k.b.sbuf(f"delta{d}", seq * 4), k.b.sbuf(f"u{d}", seq * 4),
@@ -173,14 +199,16 @@ def mamba_v2(target, batch: int = 1, seq: int = 512, channels: int = 4096, state
             k.zero(acc, seq)
             k.load_rows(k.delta, bi * channels + c * P, D)
             k.load_rows(k.u, bi * channels + c * P, U)
+            if hoist:
+                k.hoist_delta_u(D, U, seq)
             for s in range(state):
-                k.step(bi, s, c, D, U, acc)
+                k.step(bi, s, c, D, U, acc, du_in_u=hoist)
             k.store(bi, c, acc)
     return k.b.program()
 
 
 def mamba_v3(target, batch: int = 1, seq: int = 8192, channels: int = 4096, state: int = 16,
-             seq_tile: int = 512):
+             seq_tile: int = 512, *, hoist: bool = True):
     """``mamba_v3`` (NS lines 172-260): v2 with the seq axis tiled at ``seq_len_fsize`` = 512
     (line 194) inside the state loop: per state load A_i and zero ``scan_init`` (lines 218-221);
     per seq tile steps 2-10 on 512-column slices, the scan starting from ``scan_init`` and
@@ -195,12 +223,14 @@ def mamba_v3(target, batch: int = 1, seq: int = 8192, channels: int = 4096, stat
             k.zero(acc, seq)
             k.load_rows(k.delta, bi * channels + c * P, D)
             k.load_rows(k.u, bi * channels + c * P, U)
+            if hoist:
+                k.hoist_delta_u(D, U, seq)
             for s in range(state):
                 A_i = k.r_a[s % 2]
                 k.load_A(c, s, A_i)
                 k.zero(init, 1)
                 for t in range(seq // seq_tile):
-                    k.step(bi, s, c, D, U, acc, col0=t * seq_tile, scan_init=init, A_i=A_i)
+                    k.step(bi, s, c, D, U, acc, col0=t * seq_tile, scan_init=init, A_i=A_i, du_in_u=hoist)
             k.store(bi, c, acc)
     return k.b.program()
 

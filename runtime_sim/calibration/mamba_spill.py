@@ -5,7 +5,8 @@ on it at seq >= 7168 (the tutorial's seq 8192 run: 53.33 ms, VectorE 58.93%, DMA
 
 Program: ``mamba_v2`` as the source writes it (aws-neuron/nki-samples@6905a68
 ``src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py`` lines 97-168, the per-state body
-of ``mamba.py``, deltaU computed in every state), with only what the sequence length forces:
+of ``mamba.py``; deltaU hoisted as there, ``hoist=False`` computes it in every state as
+written), with only what the sequence length forces:
 
 - Broadcasts are SBUF tiles. ``B_i.broadcast_to((128, seq))`` returns "a new tile ... in SBUF,
   but can be also assigned to a PSUM tensor" (sdk@2.26 ``nki.language.broadcast_to``), and a PSUM
@@ -19,10 +20,12 @@ of ``mamba.py``, deltaU computed in every state), with only what the sequence le
   partition from its production to its last use; freed slots are reused oldest first. The slots
   are the SBUF left after the small buffers, at most two per live tensor (double buffering).
 
-Working set (``live_sets``): delta, u and scanC_accum are live across the state loop; with the
-per-state temporaries the largest live set is 7 slots (at the broadcast of B and at deltaBu:
-{delta, u, acc, dA, dU, B_i or dBu, Bb}). Seven 24 KiB slots fit trn1's 192 KiB at seq 6144;
-at 7168 six fit, at 8192 five.
+Working set (``live_sets``): delta, u (holding deltaU when hoisted) and scanC_accum are live
+across the state loop. As written, with the per-state temporaries the largest live set is 7
+slots (at the broadcast of B and at deltaBu: {delta, u, acc, dA, dU, B_i or dBu, Bb}); hoisted,
+6 (no dU). Seven 24 KiB slots fit trn1's 192 KiB at seq 6144; at 7168 six fit, at 8192 five: as
+written the evictions start at 7168 (u), hoisted at 8192 (delta). A hoisted u is no copy of HBM
+data: evicting it costs a store and a reload.
 
 Evictions (``spill_plan``), derived by one rule, not chosen against any figure: walking the
 state's steps in order, wherever more tensors are live than slots, evict tensors that are live
@@ -62,6 +65,11 @@ STATE_STEPS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 CARRIED = ("delta", "u", "acc")
 FROM_HBM = ("delta", "u", "B_i", "C_i")     # HBM holds a copy: a reload needs no store
 ROWS = ("B_i", "C_i")                        # [1, seq]: 1/128 of a tile's bytes
+# As compiled (mamba.py, "deltaU hoisted"): ``u`` holds deltaU from the channel tile's start (its
+# only use), so the state body has no deltaU step and an evicted ``u`` needs a store.
+HOISTED_STEPS = tuple((n, tuple("u" if r == "dU" else r for r in reads), w)
+                      for n, reads, w in STATE_STEPS if n != "deltaU")
+HOISTED_FROM_HBM = ("delta", "B_i", "C_i")
 
 
 def _uses(t: str, steps=STATE_STEPS) -> list[int]:
@@ -109,12 +117,12 @@ class SpillPlan:
         return tuple(sorted({a.tensor for a in self.absences}))
 
 
-def _traffic(t: str, seq: int) -> int:
+def _traffic(t: str, seq: int, from_hbm=FROM_HBM) -> int:
     nbytes = seq * 4 * (1 if t in ROWS else P)
-    return nbytes * (1 if t in FROM_HBM else 2)
+    return nbytes * (1 if t in from_hbm else 2)
 
 
-def spill_plan(slots: int, seq: int = 8192, steps=STATE_STEPS) -> SpillPlan:
+def spill_plan(slots: int, seq: int = 8192, steps=STATE_STEPS, from_hbm=FROM_HBM) -> SpillPlan:
     """The evictions of the module docstring; raises if a step's operands alone exceed ``slots``."""
     n = len(steps)
     base = [set(s) for _, s in live_sets(steps)]
@@ -130,13 +138,13 @@ def spill_plan(slots: int, seq: int = 8192, steps=STATE_STEPS) -> SpillPlan:
                 us = _uses(t, steps)
                 nxt = min((u for u in us if u > i), default=us[0] + n)       # next use (next state: + n)
                 prv = max((u for u in us if u < i), default=us[-1] - n)      # previous use or production
-                cands.append((_traffic(t, seq), -(nxt - i), t, prv, nxt))
+                cands.append((_traffic(t, seq, from_hbm), -(nxt - i), t, prv, nxt))
             if not cands:
                 raise ValueError(f"step {steps[i][0]!r} needs {len(live[i])} slots of {slots}: {sorted(live[i])}")
             _, _, t, prv, nxt = min(cands)
             for j in range(prv + 1, nxt):
                 live[j % n].discard(t)
-            absences.append(Absence(t, prv % n, nxt % n, prv, t not in FROM_HBM))
+            absences.append(Absence(t, prv % n, nxt % n, prv, t not in from_hbm))
     placed = []
     for a in sorted(absences, key=lambda a: (a.after, a.tensor)):
         nxt = a.until + (n if a.until <= a.after else 0)
@@ -151,17 +159,22 @@ def spill_plan(slots: int, seq: int = 8192, steps=STATE_STEPS) -> SpillPlan:
     return SpillPlan(slots, peak, over, tuple(placed))
 
 
-def _slots(b, seq: int) -> int:
-    peak = max(len(s) for _, s in live_sets())
+def _variant(hoist: bool):
+    return (HOISTED_STEPS, HOISTED_FROM_HBM) if hoist else (STATE_STEPS, FROM_HBM)
+
+
+def _slots(b, seq: int, steps=STATE_STEPS) -> int:
+    peak = max(len(s) for _, s in live_sets(steps))
     return min(b.sbuf_free() // (seq * 4), 2 * peak)
 
 
-def plan_for(target, seq: int, max_slots: int | None = None) -> SpillPlan:
+def plan_for(target, seq: int, max_slots: int | None = None, hoist: bool = True) -> SpillPlan:
     """The eviction plan ``mamba_v2_long`` derives for ``seq`` on ``target``."""
+    steps, from_hbm = _variant(hoist)
     k = _Mamba(target, 1, seq, P, 1, seq)
     k.ring("A_i", 1)
-    s = _slots(k.b, seq)
-    return spill_plan(min(s, max_slots or s), seq)
+    s = _slots(k.b, seq, steps)
+    return spill_plan(min(s, max_slots or s), seq, steps, from_hbm)
 
 
 class _Slots:
@@ -183,18 +196,19 @@ class _Slots:
 
 
 def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096, state: int = 16, *,
-                  max_slots: int | None = None, piece: int = 512):
+                  max_slots: int | None = None, piece: int = 512, hoist: bool = True):
     """``mamba_v2`` for ``seq`` > 512 (see the module docstring). ``max_slots`` caps the slots
     (small functional tests of the seq 8192 eviction structure)."""
     k = _Mamba(target, batch, seq, channels, state, piece)
-    b, nt, n = k.b, channels // P, len(STATE_STEPS)
+    steps, from_hbm = _variant(hoist)
+    b, nt, n = k.b, channels // P, len(steps)
     r_a = k.ring("A_i", 1)
     ps = b.psum_banks("bcast", 4)
-    nslots = _slots(b, seq)
-    plan = spill_plan(min(nslots, max_slots or nslots), seq)
+    nslots = _slots(b, seq, steps)
+    plan = spill_plan(min(nslots, max_slots or nslots), seq, steps, from_hbm)
     sl = _Slots(k, plan.slots, seq)
-    scratch = {t: b.hbm(f"spill_{t}", P, seq, F32, role="scratch") for t in plan.spilled if t not in FROM_HBM}
-    last = {w: _uses(w)[-1] for _, _, w in STATE_STEPS if w not in CARRIED}
+    scratch = {t: b.hbm(f"spill_{t}", P, seq, F32, role="scratch") for t in plan.spilled if t not in from_hbm}
+    last = {w: _uses(w, steps)[-1] for _, _, w in steps if w not in CARRIED}
     away_at_start = {a.tensor for a in plan.absences if a.reload >= n}   # absent across the state boundary
     nb = [0]
 
@@ -208,10 +222,13 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
     def produce(t: str, bi: int, c: int, s: int, fresh: bool) -> None:
         """Bring t into a slot: a (re)load from HBM, the spill copy, or (acc, first time) zeros."""
         buf = sl.alloc(t)
-        if t in ("delta", "u"):
+        if t in ("delta", "u") and (fresh or t in from_hbm):
             q = Q_BIG if fresh else Q_SPILL
             src = (k.delta if t == "delta" else k.u).tile(bi * channels + c * P, P, 0, seq)
             b.emit(q, Op.DMA_COPY, whole(t), (src,), DmaAttrs())
+            if t == "u" and hoist:                  # deltaU in place of u (HOISTED_STEPS)
+                assert "delta" in sl.of, "deltaU needs delta in SBUF"
+                multiply("u", "delta", "u")
         elif t in ROWS:
             hbm = k.B if t == "B_i" else k.C
             b.emit(Q_SMALL, Op.DMA_COPY, tile(buf, F32, 1, seq), (hbm.tile(bi * state + s, 1, 0, seq),), DmaAttrs())
@@ -236,8 +253,8 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
                     produce(t, bi, c, 0, True)
             for s in range(state):
                 first, final = s == 0, s == state - 1
-                for i, (name, reads, wr) in enumerate(STATE_STEPS):
-                    deferred = any(a.tensor == wr and a.after == i and a.tensor in FROM_HBM for a in plan.absences)
+                for i, (name, reads, wr) in enumerate(steps):
+                    deferred = any(a.tensor == wr and a.after == i and a.tensor in from_hbm for a in plan.absences)
                     if wr not in CARRIED and not deferred and name not in ("load B", "load C"):
                         sl.alloc(wr)
                     if name == "exp":
@@ -253,7 +270,7 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
                     elif name in ("bcast B", "bcast C"):
                         bcast_to_sbuf(sl.of[wr], sl.of[reads[0]])
                     elif name == "deltaBu":
-                        multiply("dBu", "dU", "Bb")
+                        multiply("dBu", reads[0], "Bb")
                     elif name == "scan":
                         b.emit(VECTOR, Op.TENSOR_TENSOR_SCAN, whole("scan"), (whole("dA"), whole("dBu")),
                                TensorTensorScanAttrs())
@@ -276,7 +293,7 @@ def mamba_v2_long(target, batch: int = 1, seq: int = 8192, channels: int = 4096,
                         sl.free(a.tensor)
                     if final:                       # carried inputs end with their last use
                         for t in ("delta", "u"):
-                            if t in sl.of and _uses(t)[-1] == i:
+                            if t in sl.of and _uses(t, steps)[-1] == i:
                                 sl.free(t)
                     for a in plan.absences:         # reloads after this step
                         if a.reload % n != i:

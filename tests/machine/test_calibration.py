@@ -71,32 +71,38 @@ def _ops(prog, op: str) -> int:
     return sum(1 for ins in prog.streams.values() for i in ins if i.op.name == op)
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
-def test_mamba_kernels_compute_the_selective_scan_as_written(version):
+@pytest.mark.parametrize("version,hoist", [("v1", False), ("v2", False), ("v2", True), ("v3", False), ("v3", True)])
+def test_mamba_kernels_compute_the_selective_scan(version, hoist):
     bt, S, ch, st = 2, 128, 256, 3
     x = _mamba_inputs(bt, S, ch, st)
-    prog = {"v1": lambda: mb.mamba_v1("trn1", bt, S, ch, st), "v2": lambda: mb.mamba_v2("trn1", bt, S, ch, st),
-            "v3": lambda: mb.mamba_v3("trn1", bt, S, ch, st, seq_tile=32)}[version]()
+    prog = {"v1": lambda: mb.mamba_v1("trn1", bt, S, ch, st),
+            "v2": lambda: mb.mamba_v2("trn1", bt, S, ch, st, hoist=hoist),
+            "v3": lambda: mb.mamba_v3("trn1", bt, S, ch, st, seq_tile=32, hoist=hoist)}[version]()
     res = simulate(prog, x)
     out = res.outputs["out"].view(np.float32).reshape(bt, ch, S)
     ref = _mamba_ref(*(x[n].astype(np.float64) for n in ("delta", "u", "A", "B", "C")))
     np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
-    # as the source writes them: deltaU in every state (and seq tile); v1 loads delta and u per iteration
-    steps = bt * st * (ch // 128) * (S // 32 if version == "v3" else 1)
-    assert _ops(prog, "TENSOR_TENSOR") == 4 * steps           # deltaU, deltaBu, scanC, accumulate
+    # as written: deltaU in every state (and seq tile); hoisted: once per channel tile (and seq
+    # tile); v1 (loads inside the state loop: nothing to hoist) loads delta and u per iteration
+    pieces = S // 32 if version == "v3" else 1
+    steps = bt * st * (ch // 128) * pieces
+    delta_u = bt * (ch // 128) * pieces if hoist else steps
+    assert _ops(prog, "TENSOR_TENSOR") == 3 * steps + delta_u  # deltaBu, scanC, accumulate; deltaU
     big = [i for i in prog.streams[mb.Q_BIG]]
     assert len(big) == 2 * (bt * st * (ch // 128) if version == "v1" else bt * (ch // 128))
 
 
+@pytest.mark.parametrize("hoist", [False, True])
 @pytest.mark.parametrize("max_slots", [None, 6, 5, 4, 3])
-def test_mamba_v2_long_computes_the_same_values_under_every_eviction_plan(max_slots):
+def test_mamba_v2_long_computes_the_same_values_under_every_eviction_plan(max_slots, hoist):
     """The seq >= 7168 slot structure (evictions of delta, u, B_i; with fewer slots acc and dA
-    stored and reloaded) at a small size, every check on (races between reloads and reuse)."""
+    stored and reloaded; hoisted, u holds deltaU and is stored before its eviction) at a small
+    size, every check on (races between reloads and reuse)."""
     bt, S, ch, st = 2, 1024, 256, 3
     x = _mamba_inputs(bt, S, ch, st)
     ref = _mamba_ref(*(x[n].astype(np.float64) for n in ("delta", "u", "A", "B", "C")))
-    prog = ms.mamba_v2_long("trn1", bt, S, ch, st, piece=256, max_slots=max_slots)
-    plan = ms.plan_for("trn1", S, max_slots)
+    prog = ms.mamba_v2_long("trn1", bt, S, ch, st, piece=256, max_slots=max_slots, hoist=hoist)
+    plan = ms.plan_for("trn1", S, max_slots, hoist=hoist)
     assert len([b for b in prog.buffers if b.name.startswith("slot")]) == plan.slots
     res = simulate(prog, x)
     assert (res.stats.spill_bytes > 0) == any(a.store for a in plan.absences)
@@ -106,10 +112,15 @@ def test_mamba_v2_long_computes_the_same_values_under_every_eviction_plan(max_sl
 def test_mamba_v2_evictions_are_forced_by_capacity():
     assert max(len(s) for _, s in ms.live_sets()) == 7         # {delta, u, acc, dA, dU, B_i or dBu, Bb}
     assert ms.plan_for("trn1", 6144).spilled == ()             # seven 24 KiB slots fit
-    p7 = ms.plan_for("trn1", 7168)
+    p7 = ms.plan_for("trn1", 7168, hoist=False)
     assert p7.slots == 6 and p7.spilled == ("u",) and p7.over == ("bcast B", "deltaBu")
-    p8 = ms.plan_for("trn1", 8192)
+    p8 = ms.plan_for("trn1", 8192, hoist=False)
     assert p8.slots == 5 and p8.spilled == ("B_i", "delta", "u") and not any(a.store for a in p8.absences)
+    # deltaU hoisted (u holds it): one temporary fewer, 6 slots; at 8192 only delta is evicted
+    assert max(len(s) for _, s in ms.live_sets(ms.HOISTED_STEPS)) == 6
+    assert ms.plan_for("trn1", 7168).spilled == ()
+    h8 = ms.plan_for("trn1", 8192)
+    assert h8.slots == 5 and h8.spilled == ("delta",) and not any(a.store for a in h8.absences)
     # without evictions the seq 8192 working set does not fit trn1's SBUF
     assert 7 * 8192 * 4 > get_target("trn1").sbuf_bytes_per_partition
     prog = ms.mamba_v2_long("trn1", seq=8192, channels=128, state=2)
