@@ -8,6 +8,8 @@
   ``.export_chrome_trace(path)``);
 - ``NeuronOptions`` / ``validate_options``: the ``options=`` accepted by the backend;
 - ``neuron_backend``: the backend callable itself;
+- ``bucket_prompt`` / ``prompt_buckets``: a prompt left-padded to a bucket length, so that a new
+  prompt length does not compile again (``neuron_compiler.buckets``, ``docs/serving.md``);
 - the ``neuron`` device (``neuron_compiler.device``): ``x.to("neuron")``, factories with
   ``device="neuron"``, ``model.to("neuron")``; eager ops on device tensors run on the simulator,
   and ``torch.compile`` over them keeps everything on the device (``docs/device.md``).
@@ -22,6 +24,7 @@ Invariants
 """
 from __future__ import annotations
 
+from neuron_compiler.buckets import BucketedPrompt, bucket_prompt, prompt_buckets
 from neuron_compiler.errors import NeuronFallbackError, NeuronOptionError
 from neuron_compiler.options import NeuronOptions, validate_options
 from neuron_compiler.profile import Profile, profile
@@ -40,4 +43,5 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = ["device", "profile", "Profile", "NeuronOptions", "validate_options", "NeuronOptionError",
-           "NeuronFallbackError", "neuron_backend", "neuron_sim_backend", "__version__"]
+           "NeuronFallbackError", "neuron_backend", "neuron_sim_backend", "bucket_prompt", "prompt_buckets",
+           "BucketedPrompt", "__version__"]

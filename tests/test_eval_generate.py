@@ -115,6 +115,23 @@ def test_generate_reports_ttft_tpot_kv_and_eager_tokens(models, tmp_path, capsys
     assert f"{g['tpot_us']['p50']:,.2f}" in page and "http" not in page.split("<h2>Versions")[0]
 
 
+def test_buckets_pad_the_prompt_for_eager_and_every_target(models, tmp_path, capsys):
+    """--buckets: the 6-token prompt is left-padded to 8 with a mask; the tokens are the unpadded
+    prompt's (computed here without neuron-eval) and the report says which bucket."""
+    n, L = 4, 6
+    j = tmp_path / "b.json"
+    code, out, err = _run(capsys, f"{models}:make", "--generate", str(n), "--prompt-len", str(L),
+                          "--buckets", "4,8,16", "--targets", "trn2", "--warmup", "0", "--json", str(j))
+    assert code == 0, err
+    report = json.loads(j.read_text())
+    g = report["targets"]["trn2"]["generate"]
+    assert g["prompt_bucket"] == {"length": 8, "padding": 2, "buckets": [4, 8, 16], "pad_token_id": 0}
+    assert report["model"]["generate"]["prompt_bucket"] == g["prompt_bucket"]
+    assert g["prompt_len"] == L and g["tokens_match_eager"]
+    assert g["token_ids"] == _eager_tokens(models, "make", L, n)
+    assert "left-padded to its bucket of 8 (2 padding tokens, masked" in out
+
+
 def test_tokens_that_differ_from_eager_fail_with_exit_1(models, tmp_path, capsys):
     eager = _eager_tokens(models, "make_wrong", 7, 3)
     assert eager != [7, 7, 7]   # else the broken compile would not show
@@ -136,6 +153,10 @@ def test_tokens_that_differ_from_eager_fail_with_exit_1(models, tmp_path, capsys
     (["{models}:make", "--generate", "4", "--prompt-len", "0"], "--prompt-len must be >= 1"),
     (["{models}:make", "--generate", "20"], f"has {POSITIONS}"),
     (["{models}:make", "--generate", "4", "--train"], "cannot be combined"),
+    (["{models}:make", "--buckets", "8"], "--buckets applies to --generate"),
+    (["{models}:make", "--generate", "4", "--buckets", "8,x"], "--buckets: expected 'auto'"),
+    (["{models}:make", "--generate", "4", "--buckets", "4"], "longer than the largest bucket, 4"),
+    (["{models}:make", "--generate", "4", "--buckets", "22"], f"has {POSITIONS}"),
 ])
 def test_generate_usage_errors_exit_2(models, argv, words, capsys):
     code, out, err = _run(capsys, *[a.format(models=models) for a in argv])

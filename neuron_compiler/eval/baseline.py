@@ -179,11 +179,14 @@ class _Checks:
 
 def call_kind(report: dict) -> str:
     """What one measured call of ``report`` is: an inference, a training step, or a decode
-    step of ``--generate N`` after a prompt of L tokens (N and L must match to compare)."""
+    step of ``--generate N`` after a prompt of L tokens (N, L and the prompt's bucket must
+    match to compare)."""
     m = report.get("model", {})
     g = m.get("generate")
     if g:
-        return f"--generate {g.get('tokens')} --prompt-len {g.get('prompt_len')}"
+        b = g.get("prompt_bucket")
+        return (f"--generate {g.get('tokens')} --prompt-len {g.get('prompt_len')}"
+                + (f" in a bucket of {b['length']}" if b else ""))
     return "--train" if m.get("train") else "inference"
 
 

@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                         "against eager's; a call is then one decode step")
     p.add_argument("--prompt-len", type=int, default=None, metavar="L",
                    help="--generate: prompt length (default: the model input's length, or 8)")
+    p.add_argument("--buckets", default=None, metavar="auto|L1,L2,...",
+                   help="--generate: left-pad the prompt to the smallest of these lengths "
+                        "(auto: powers of two from 16 up to the model's positions minus N) with "
+                        "its attention mask, as a server does, so that every prompt length of a "
+                        "bucket reuses one prefill compile (neuron_compiler.bucket_prompt)")
     p.add_argument("--baseline", metavar="PATH", help="a previous --json report to compare with")
     p.add_argument("--max-slowdown", type=float, default=0.10, metavar="FRACTION",
                    help="allowed growth of p50 latency, simulated time and cost, and drop of "
@@ -127,6 +132,14 @@ def _config(args: argparse.Namespace):
             raise _UsageError(f"--{flag.replace('_', '-')} must be >= 0, got {v}")
     if args.prompt_len is not None and not args.generate:
         raise _UsageError("--prompt-len applies to --generate N only")
+    if args.buckets is not None:
+        if not args.generate:
+            raise _UsageError("--buckets applies to --generate N only")
+        from neuron_compiler.eval.generate import resolve_buckets
+        try:
+            resolve_buckets(args.buckets, None, args.generate)
+        except ValueError as exc:
+            raise _UsageError(f"--buckets: {exc}") from None
     if args.generate and args.train:
         raise _UsageError("--generate and --train cannot be combined: choose one")
     if args.generate < 0:
@@ -149,7 +162,7 @@ def _config(args: argparse.Namespace):
     cfg = EvalConfig(targets=targets, warmup=args.warmup, iters=args.iters,
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
                      prices=overrides, progress=progress, train=args.train,
-                     generate=args.generate, prompt_len=args.prompt_len,
+                     generate=args.generate, prompt_len=args.prompt_len, buckets=args.buckets,
                      auto_cast=args.auto_cast, **host)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
@@ -214,7 +227,7 @@ def _main(argv: Sequence[str] | None) -> int:
             check_trainable(loaded)
         if args.generate:
             from neuron_compiler.eval.generate import check_generative
-            check_generative(loaded, args.generate, args.prompt_len)
+            check_generative(loaded, args.generate, args.prompt_len, args.buckets)
     except ModelBuildError as exc:
         report = empty_report(cfg.targets, args.model)
         report["compile"] = {"ok": False, "error": str(exc), "failed_target": None,

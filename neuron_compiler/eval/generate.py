@@ -6,6 +6,9 @@ One generation, the same call for eager and for every target:
     model.generate(prompt, attention_mask=ones, max_new_tokens=N, min_new_tokens=N,
                    do_sample=False, cache_implementation="static",
                    return_dict_in_generate=True, output_logits=True)
+With ``--buckets``, the prompt is left-padded to its bucket with its attention mask
+(``neuron_compiler.bucket_prompt``), for eager and every target alike, as a server does so that
+the prompt lengths of one bucket share one prefill compile.
 On a target, ``model.forward`` is replaced by ``torch.compile(model.forward, backend=neuron)``
 wrapped in a recorder that opens one ``neuron_compiler.profile()`` per forward call (profiles
 nest, so each call's own simulated time, transfer, call overhead and fallback time are read
@@ -46,6 +49,7 @@ import numpy as np
 import torch
 
 import neuron_compiler
+from neuron_compiler.buckets import bucket_prompt, prompt_buckets
 from neuron_compiler.eval.accuracy import dtype_name
 from neuron_compiler.eval.zoo import LoadedModel, ModelSpecError
 
@@ -54,7 +58,45 @@ KV_FORMULA = "layers x 2 (K, V) x batch x kv_heads x max_cache_len x head_dim x 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions")
 
 
-def check_generative(loaded: LoadedModel, n: int, prompt_len: int | None) -> None:
+def position_limit(model: torch.nn.Module) -> int | None:
+    return next((getattr(model.config, k) for k in _POSITION_KEYS
+                 if isinstance(getattr(model.config, k, None), int)), None)
+
+
+def resolve_buckets(spec: str, limit: int | None, n: int) -> tuple[int, ...]:
+    """``--buckets``: "auto" (``prompt_buckets`` up to the model's positions minus N; 2048
+    without a position limit) or comma-separated lengths."""
+    if spec == "auto":
+        return prompt_buckets(max((limit or 2048) - n, 1))
+    try:
+        sizes = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"expected 'auto' or comma-separated lengths >= 1, got {spec!r}")
+    return sizes
+
+
+def generation_prompt(loaded: LoadedModel, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(prompt ids, attention mask, the report's prompt entry): ``prompt_ids``, left-padded to
+    its bucket with ``--buckets`` (``neuron_compiler.bucket_prompt``; eager and every target
+    get the same padded prompt)."""
+    ids, source = prompt_ids(loaded, cfg.prompt_len)
+    info = {"prompt": source, "prompt_len": int(ids.shape[1]), "bucket": None}
+    if cfg.buckets is None:
+        return ids, torch.ones_like(ids), info
+    model = loaded.model
+    sizes = resolve_buckets(cfg.buckets, position_limit(model), cfg.generate)
+    pad = next((v for v in (getattr(model.config, "pad_token_id", None),
+                            getattr(model.config, "eos_token_id", None)) if isinstance(v, int)), 0)
+    b = bucket_prompt(ids, buckets=sizes, pad_token_id=pad)
+    info["bucket"] = {"length": b.bucket, "padding": b.padding, "buckets": list(sizes),
+                      "pad_token_id": pad}
+    return b.input_ids, b.attention_mask, info
+
+
+def check_generative(loaded: LoadedModel, n: int, prompt_len: int | None,
+                     buckets: str | None = None) -> None:
     """Raise ``ModelSpecError`` unless ``loaded`` can generate ``n`` tokens after a prompt of
     ``prompt_len`` (module docstring)."""
     model = loaded.model
@@ -76,12 +118,16 @@ def check_generative(loaded: LoadedModel, n: int, prompt_len: int | None) -> Non
     if prompt_len is not None and prompt_len < 1:
         raise ModelSpecError(f"--prompt-len must be >= 1, got {prompt_len}")
     ids, _ = prompt_ids(loaded, prompt_len)
-    limit = next((getattr(model.config, k) for k in _POSITION_KEYS
-                  if isinstance(getattr(model.config, k, None), int)), None)
+    limit = position_limit(model)
+    if buckets is not None:
+        try:
+            ids = bucket_prompt(ids, buckets=resolve_buckets(buckets, limit, n)).input_ids
+        except ValueError as exc:
+            raise ModelSpecError(f"--buckets: {exc}") from None
     if limit is not None and ids.shape[1] + n > limit:
         raise ModelSpecError(f"--generate {n} after a prompt of {ids.shape[1]} tokens needs "
                              f"{ids.shape[1] + n} positions; {name} has {limit}: lower N or "
-                             f"--prompt-len")
+                             f"--prompt-len" + (" or the buckets" if buckets is not None else ""))
 
 
 def prompt_ids(loaded: LoadedModel, prompt_len: int | None) -> tuple[torch.Tensor, str]:
@@ -149,9 +195,11 @@ class _Recorder:
         return out
 
 
-def _generate(model: torch.nn.Module, ids: torch.Tensor, n: int) -> object:
+def _generate(model: torch.nn.Module, ids: torch.Tensor, n: int,
+              mask: torch.Tensor | None = None) -> object:
     with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+        return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                              max_new_tokens=n,
                               min_new_tokens=n, do_sample=False,
                               cache_implementation="static", return_dict_in_generate=True,
                               output_logits=True)
@@ -173,13 +221,13 @@ def eager_generate(loaded: LoadedModel, cfg) -> tuple[dict, dict]:
     """(reference values, the report's ``model.generate`` entry): one eager generation for the
     tokens and the KV cache, one more with FLOPs counted for the prefill and a decode step."""
     from neuron_compiler.eval.flops import model_flop_counter
-    ids, source = prompt_ids(loaded, cfg.prompt_len)
+    ids, mask, prompt = generation_prompt(loaded, cfg)
     n = cfg.generate
     model = copy.deepcopy(loaded.model)
     rec = _Recorder(model.forward, model.forward, profiled=False)
     model.forward = rec.wrapped
     t0 = time.perf_counter()
-    out = _generate(model, ids, n)
+    out = _generate(model, ids, n, mask)
     wall = time.perf_counter() - t0
     walls = [c["wall_s"] * 1e3 for c in rec.calls]
     flops = []
@@ -188,12 +236,12 @@ def eager_generate(loaded: LoadedModel, cfg) -> tuple[dict, dict]:
         prec = _Recorder(probe.forward, probe.forward, profiled=False)
         prec.count_at = (at, model_flop_counter)
         probe.forward = prec.wrapped
-        _generate(probe, ids, 2)
+        _generate(probe, ids, 2, mask)
         flops.append(int(prec.counter.get_total_flops()))
     tokens = out.sequences[:, ids.shape[1]:]
     return _values(out, ids.shape[1]), {
-        "tokens": n, "prompt_len": int(ids.shape[1]), "batch": int(ids.shape[0]),
-        "prompt": source,
+        "tokens": n, "prompt_len": prompt["prompt_len"], "batch": int(ids.shape[0]),
+        "prompt": prompt["prompt"], "prompt_bucket": prompt["bucket"],
         "call": (f"model.generate(prompt, max_new_tokens={n}, min_new_tokens={n}, "
                  f"do_sample=False, cache_implementation='static')"),
         "forward_calls": len(rec.calls),
@@ -222,7 +270,7 @@ def run_generate(loaded: LoadedModel, ref: dict, model_info: dict, target: str,
     torch._dynamo.reset()
     options = target_options(cfg, target)
     backend = CountingBackend(options)
-    ids, _ = prompt_ids(loaded, cfg.prompt_len)
+    ids, mask, prompt = generation_prompt(loaded, cfg)
     n = cfg.generate
     model = copy.deepcopy(loaded.model)
     rec = _Recorder(torch.compile(model.forward, backend=backend), model.forward, True)
@@ -240,7 +288,7 @@ def run_generate(loaded: LoadedModel, ref: dict, model_info: dict, target: str,
             rec.count_at = (n - 1, HostFlops) if run == max(cfg.warmup - 1, 0) else None
             t0 = time.perf_counter()
             with neuron_compiler.profile() as prof:
-                out = _generate(model, ids, n)
+                out = _generate(model, ids, n, mask)
             if run == 0:
                 first_call_s = time.perf_counter() - t0
                 graphs_after_first = backend.graphs
@@ -266,7 +314,8 @@ def run_generate(loaded: LoadedModel, ref: dict, model_info: dict, target: str,
     mismatch = None if bool(same.all()) else int((~same).any(dim=0).nonzero()[0, 0])
     tpot = per_target["latency_us"]
     per_target["generate"] = {
-        "tokens": n, "prompt_len": int(ids.shape[1]), "batch": int(ids.shape[0]),
+        "tokens": n, "prompt_len": prompt["prompt_len"], "batch": int(ids.shape[0]),
+        "prompt_bucket": prompt["bucket"],
         "ttft_us": _latency(prefill),
         "ttft": {"simulated_us": prefill["simulated_time_us"],
                  "transfer_us": prefill["transfer_time_us"],

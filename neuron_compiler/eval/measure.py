@@ -117,6 +117,7 @@ class EvalConfig:
     train: bool = False                                       # one training step per call
     generate: int = 0                     # --generate N: tokens per generation (0: inference)
     prompt_len: int | None = None         # --prompt-len L (None: the input's length, or 8)
+    buckets: str | None = None            # --buckets: "auto" or "L1,L2,..." (None: no padding)
     auto_cast: str = "none"                                   # the backend option
     host_link_gbps: float | None = None                       # backend options; None: default
     call_overhead_us: float | None = None

@@ -92,9 +92,12 @@ def _side_by_side(report: dict) -> list[str]:
 
 def generate_text(g: dict) -> str:
     """What ``--generate`` ran, in one sentence (``model.generate`` of the report)."""
+    b = g.get("prompt_bucket")
+    padded = ("" if not b else f", left-padded to its bucket of {b['length']} ({b['padding']} "
+              f"padding tokens, masked; buckets {', '.join(map(str, b['buckets']))})")
     return (f"greedy generation of {g['tokens']} tokens with a static KV cache after a prompt "
-            f"of {g['prompt_len']} tokens ({g['prompt']}), batch {g['batch']}; each measured "
-            f"call below is one decode step (latency = TPOT), the prefill is TTFT")
+            f"of {g['prompt_len']} tokens ({g['prompt']}){padded}, batch {g['batch']}; each "
+            f"measured call below is one decode step (latency = TPOT), the prefill is TTFT")
 
 
 def generation_table(report: dict) -> list[str]:
