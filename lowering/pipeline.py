@@ -4,6 +4,8 @@
       -> build_kir            kernel-level IR, one kernel per op        (ir_pre_fusion.txt)
       -> fuse                 elementwise chains, matmul epilogues      (ir_post_fusion.txt)
       -> fold_norm_affine     layer-norm weight/bias into the matmuls reading the norm
+      -> update_inputs_in_place  an output copied whole from an input, then scattered into,
+                              written into that input's buffer (a KV cache's index_copy_)
       -> choose_input_layouts resident weights stored as their matmuls read them
       -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
@@ -26,6 +28,7 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.fusion import fuse
+from lowering.passes.inplace import update_inputs_in_place
 from lowering.passes.layouts import choose_input_layouts
 from lowering.passes.norm_fold import fold_norm_affine
 from lowering.passes.residency import choose_resident, row_lengths
@@ -59,6 +62,9 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     fuse(kp)
     if fold_norm_affine(kp):
         kp.notes.append("layer-norm affine folded into the A^T tiles of the matmuls reading it")
+    merged = update_inputs_in_place(kp)
+    if merged:
+        kp.notes.append("outputs written in place into the input they copy: " + ", ".join(merged))
     layouts = choose_input_layouts(kp, [s.shape for s in input_specs],
                                    [s.resident for s in input_specs], t)
     if any(layouts):

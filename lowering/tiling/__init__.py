@@ -70,6 +70,8 @@ def tile_program(kp: KProgram, target: Target, resident: dict | None = None) -> 
     if resident:
         b.notes.append("resident in SBUF: " + ", ".join(
             f"{n} ({r.rows}x{r.cols}, {r.bytes_per_partition} B/partition)" for n, r in resident.items()))
+    # an input is a program output only when a kernel writes it (passes/inplace.py)
+    written = {r.buffer for k in kp.kernels for r in k.outs}
     outs = tuple(dict.fromkeys(r.buffer for r in kp.outputs
-                               if kp.buffers[r.buffer].role is not Role.INPUT))
+                               if kp.buffers[r.buffer].role is not Role.INPUT or r.buffer in written))
     return b.program(tuple(kp.inputs), outs), b.notes

@@ -6,7 +6,9 @@ fixed costs dwarf their work. Here the H heads of a batch item share every instr
 products:
     Qm = blockdiag(q_0 .. q_{H-1})           [D, H x H] (head h's block: q_h in column h, else 0)
     S_c += Qm_h.T @ K_h^T[:, c]             TensorE, for every head h: row h of S_c [H, 512]
-                                             gets head h's scores, the other rows + 0
+                                             gets head h's scores, the other rows + 0; heads of
+                                             64 features two at a time (``paired``: head 2j on
+                                             partitions 0-63, 2j+1 on 64-127, one product)
     m = rowmax(S), P = exp(scale S - m), l   one reduce per bank, one across; ScalarE per bank
     P^T_j = transpose(P[:, j])               [128 keys, H] per 128 keys, one copy out of PSUM
     O[0, h] += P^T_j[:, h].T @ V_h[j]        TensorE: head h's output row at its own columns
@@ -78,19 +80,25 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         halves = 2 if D <= 64 else 1
         P = 64 * (halves - 1) + D
         slots = -(-H // halves)
-        # Q^T of every head, then the block-diagonal [D, H x H]: eye[d, h, m] = (h == m)
+        # the two heads of a slot share each score product when they fill all 128 partitions
+        # (D == 64: no partitions between the halves; ``_paired``)
+        paired = halves == 2 and D == 64
+        nq = slots if paired else H          # stationary blocks [P, H], one per product
+        # Q^T of every head, then the blocks: eye[d, j, m] = (m == head of block j in half u)
         qt = b.tile("dq", Memory.SBUF, P, H, dt, 1)
-        eye = b.tile("deye", Memory.SBUF, P, H * H, dt, 1)
-        qm = b.tile("dqm", Memory.SBUF, P, H * H, dt, 1)
+        eye = b.tile("deye", Memory.SBUF, P, nq * H, dt, 1)
+        qm = b.tile("dqm", Memory.SBUF, P, nq * H, dt, 1)
         for u in range(halves):
             for h in range(H):
                 sq.load(b, _Part(qt, 64 * u, aff(0)), aff(h), sq.base(outer + (aff(h),)), aff(0), D,
                         aff(0), 1)
             hh = dict(partition_start=64 * u)
-            b.iota(eye.ap(D, dims=((H, H), (1, H)), **hh), 0, 0, (1, -1))          # h - m
+            grid = dict(dims=((H, nq), (1, H)), **hh)
+            # paired: block j holds head 2j + u in half u (j*2 + u - m); else head j (j - m)
+            b.iota(eye.ap(D, **grid), u if paired else 0, 0, (2 if paired else 1, -1))
             b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
-            b.tensor_tensor(qm.ap(D, dims=((H, H), (1, H)), **hh), eye.ap(D, dims=((H, H), (1, H)), **hh),
-                            qt.ap(D, dims=((1, H), (0, H)), **hh), AluOp.MULTIPLY)
+            b.tensor_tensor(qm.ap(D, **grid), eye.ap(D, **grid), qt.ap(D, dims=((0, nq), (1, H)), **hh),
+                            AluOp.MULTIPLY)
         # K^T and V of every head
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
@@ -103,12 +111,15 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         # scores: head h's row of each bank
         S = [b.tile(f"ds{c}", Memory.PSUM, H, KB, F32, 1) for c in range(nk)]
         for c, (k0, kw) in enumerate(kbs):
-            for h in range(H):
-                p0 = 64 * (h % halves)
+            for j in range(nq):
+                if paired:      # heads 2j and 2j + 1 (the last slot of an odd H: 2j alone)
+                    p0, pp, slot = 0, P if 2 * j + 1 < H else D, j
+                else:
+                    p0, pp, slot = 64 * (j % halves), D, j // halves
                 b.matmul(S[c].ap(dims=((1, kw),)),
-                         qm.ap(D, partition_start=p0, elem_offset=h * H, dims=((1, H),)),
-                         kt.ap(D, partition_start=p0, elem_offset=h // halves * Sk + k0, dims=((1, kw),)),
-                         start_when=(h,))
+                         qm.ap(pp, partition_start=p0, elem_offset=j * H, dims=((1, H),)),
+                         kt.ap(pp, partition_start=p0, elem_offset=slot * Sk + k0, dims=((1, kw),)),
+                         start_when=(j,))
         mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
         srcs = []
         for c, (k0, kw) in enumerate(kbs):
