@@ -44,11 +44,16 @@ def rng_seed_words() -> np.ndarray:
 @dataclass(frozen=True)
 class TensorSpec:
     """One graph input. ``resident``: its data stays in HBM across calls (a parameter, uploaded
-    once): the compiler may store it in a layout of its own (``CompiledGraph.input_layouts``)."""
+    once): the compiler may store it in a layout of its own (``CompiledGraph.input_layouts``).
+    ``mutated``: the caller overwrites this input with one of the graph's outputs and nothing
+    else reads its old value (AOTAutograd's input mutation, e.g. a static KV cache's
+    ``index_copy_``): that output may be computed in the input's own buffer
+    (``lowering.passes.inplace``)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     resident: bool = False
+    mutated: bool = False
 
     @property
     def numel(self) -> int:

@@ -62,7 +62,7 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     fuse(kp)
     if fold_norm_affine(kp):
         kp.notes.append("layer-norm affine folded into the A^T tiles of the matmuls reading it")
-    merged = update_inputs_in_place(kp)
+    merged = update_inputs_in_place(kp, {n for n, s in zip(kp.inputs, input_specs) if s.mutated})
     if merged:
         kp.notes.append("outputs written in place into the input they copy: " + ", ".join(merged))
     layouts = choose_input_layouts(kp, [s.shape for s in input_specs],

@@ -247,6 +247,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
 
     def compiler(kind: str) -> Callable:
         def compile_fn(aten_gm: GraphModule, aten_inputs: Sequence[object]) -> Callable:
+            if kind == "inference":
+                _mark_mutated_inputs(aten_gm)
             runner = compile_aten_graph(aten_gm, kind, opts)
             return make_boxed_func(runner)
         return compile_fn
@@ -255,6 +257,34 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
                            inference_compiler=compiler("inference"),
                            decompositions=decomposition_table(opts.target))
     return backend(gm, example_inputs)
+
+
+MUTATED = "neuron_mutated_input"
+
+
+def _mark_mutated_inputs(gm: GraphModule) -> None:
+    """Flag (``node.meta[MUTATED]``) the placeholders of an inference graph whose data the
+    caller overwrites with one of the graph's outputs: AOTAutograd's input mutations (its
+    runtime wrapper copies the updated value back; ``fw_metadata.input_info[i].mutates_data``).
+    Nothing is flagged when the metadata is missing or does not match the placeholders one to
+    one (then no output is ever computed in an input's buffer: the safe side)."""
+    from torch._guards import TracingContext
+    ctx = TracingContext.try_get()
+    info = getattr(getattr(ctx, "fw_metadata", None), "input_info", None)
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if not info or len(info) != len(places):
+        return
+    for node, inp in zip(places, info):
+        if getattr(inp, "mutates_data", False) and not getattr(inp, "mutates_metadata", False):
+            node.meta[MUTATED] = True
+
+
+def mutated_partition_inputs(outer: GraphModule, pname: str) -> tuple[bool, ...]:
+    """Per input of partition ``pname``: a mutated graph input (``_mark_mutated_inputs``)
+    whose only reader is this partition, so its old value is dead once the partition runs."""
+    call = next(n for n in outer.graph.nodes if n.op == "call_module" and n.target == pname)
+    return tuple(isinstance(a, torch.fx.Node) and a.op == "placeholder"
+                 and bool(a.meta.get(MUTATED)) and len(a.users) == 1 for a in call.args)
 
 
 def neuron_sim_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor],
@@ -321,6 +351,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: st
     for pname in plan.device_partitions:
         sub = getattr(outer, pname)
         setattr(outer, pname, DevicePartition(sub, pname, record, opts, dump,
-                                              plan.partition_ops[pname]))
+                                              plan.partition_ops[pname],
+                                              mutated_partition_inputs(outer, pname)))
     wrap_fallback_nodes(outer, plan.node_reasons, record, default_reason="unknown")
     return NeuronGraph(outer, record, device_outputs=device_outputs)

@@ -132,7 +132,7 @@ def request_key(parts: dict) -> str:
 
 def request(graph_hash: str, specs: tuple, options: tuple, target: str) -> dict:
     """Everything a lowering depends on, JSON-ready: the graph's structural hash, the input
-    specs (shape, dtype, resident), the options, the target description and the versions."""
+    specs (shape, dtype, resident, mutated), the options, the target description and the versions."""
     import torch
 
     import neuron_compiler

@@ -181,7 +181,7 @@ def program_key(gm: GraphModule, specs: list, options: NeuronOptions,
         h.update(b"\n")
     opts = tuple(sorted((k, repr(v)) for k, v in options.to_dict().items()
                         if k not in _RUNTIME_ONLY_OPTIONS))
-    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype), s.resident) for s in specs), opts,
+    return (h.hexdigest(), tuple((tuple(s.shape), str(s.dtype), s.resident, s.mutated) for s in specs), opts,
             compiler)
 
 

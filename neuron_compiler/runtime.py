@@ -363,9 +363,12 @@ class DevicePartition(torch.nn.Module):
     """Stands in for one fused submodule; see the module docstring."""
 
     def __init__(self, sub: GraphModule, name: str, graph: GraphRecord, options: NeuronOptions,
-                 dump: object | None, ops: Counter):
+                 dump: object | None, ops: Counter, mutated: tuple[bool, ...] = ()):
         super().__init__()
         self.sub, self.name, self.graph, self.options, self.dump = sub, name, graph, options, dump
+        # per input: the caller overwrites it with an output, nothing else reads it
+        # (backend.mutated_partition_inputs; TensorSpec.mutated)
+        self.mutated = mutated
         self.ops = ops
         self.target = get_target(options.target)
         self.host = host_assumptions(options)    # host link, per-call overhead
@@ -520,13 +523,14 @@ class DevicePartition(torch.nn.Module):
         api = lowering_api()
         t0 = time.perf_counter()
         gm = specialise(self.sub, args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        mutated = self.mutated + (False,) * (len(args) - len(self.mutated))
+        tensors = [(a, m) for a, m in zip(args, mutated) if isinstance(a, torch.Tensor)]
         # a parameter of an inference graph is uploaded once and then stays in HBM: the compiler
         # may choose its layout (lowering.passes.layouts); training graphs keep torch's layouts
         # (their weights change every step and are shared with the backward)
         specs = [api.TensorSpec(tuple(int(s) for s in t.shape), t.dtype,
-                                self.graph.kind == "inference" and RESIDENCY.is_parameter(t))
-                 for t in tensors]
+                                self.graph.kind == "inference" and RESIDENCY.is_parameter(t), m)
+                 for t, m in tensors]
         out_node = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         out_nodes = list(out_node) if isinstance(out_node, (tuple, list)) else [out_node]
         out_meta = [n.meta["val"] for n in out_nodes]

@@ -80,20 +80,23 @@ def unsupported_nodes(gm: fx.GraphModule) -> list[str]:
 
 
 def compile_fn(fn: Callable, *inputs: torch.Tensor, target: str = "trn2",
-               dumps: dict[str, str] | None = None) -> tuple[fx.GraphModule, CompiledGraph]:
+               dumps: dict[str, str] | None = None,
+               mutated: tuple[int, ...] = ()) -> tuple[fx.GraphModule, CompiledGraph]:
+    """``mutated``: the inputs (by position) the caller overwrites with an output
+    (``TensorSpec.mutated``)."""
     gm = trace(fn, *inputs)
     bad = unsupported_nodes(gm)
     assert not bad, "nodes the lowering does not support:\n  " + "\n  ".join(bad)
-    specs = [TensorSpec(tuple(x.shape), x.dtype) for x in inputs]
+    specs = [TensorSpec(tuple(x.shape), x.dtype, mutated=i in mutated) for i, x in enumerate(inputs)]
     sink = (lambda name, text: dumps.__setitem__(name, text)) if dumps is not None else None
     return gm, compile_graph(gm, specs, target=target, dump=sink)
 
 
 def lower_and_run(fn: Callable, *inputs: torch.Tensor, target: str = "trn2",
-                  expect_instructions: bool = True) -> Lowered:
+                  expect_instructions: bool = True, mutated: tuple[int, ...] = ()) -> Lowered:
     """Lower ``fn`` for ``target``, run it on the simulator; return the device outputs."""
     dumps: dict[str, str] = {}
-    gm, cg = compile_fn(fn, *inputs, target=target, dumps=dumps)
+    gm, cg = compile_fn(fn, *inputs, target=target, dumps=dumps, mutated=mutated)
     outs, res = cg.run([to_numpy(x) for x in inputs], mode="functional")
     if expect_instructions:
         assert res.stats.instructions > 0, "the program executed no instruction"

@@ -36,7 +36,7 @@ def _update(cache, pos, row):
 def test_cache_update_in_place_matches_eager(dtype, s, pos):
     cache, row = _cache(s=s, dtype=dtype), _cache(s=1, dtype=dtype)
     p = torch.tensor([pos])
-    low = lower_and_run(lambda c, p, r: _update(c, p, r), cache, p, row)
+    low = lower_and_run(lambda c, p, r: _update(c, p, r), cache, p, row, mutated=(0,))
     ref = _update(cache, p, row)
     assert torch.equal(low.outputs[0], ref)
     cg = low.compiled
@@ -59,7 +59,7 @@ def test_cache_update_then_attention_reads_it():
         k2, v2 = _update(k, p, kr), _update(v, p, vr)
         a = torch.nn.functional.scaled_dot_product_attention(q, k2[:, :, :201], v2[:, :, :201])
         return a, k2, v2
-    low = lower_and_run(fn, q, k, v, kr, vr, p)
+    low = lower_and_run(fn, q, k, v, kr, vr, p, mutated=(1, 2))
     ref = fn(q, k, v, kr, vr, p)
     assert torch.equal(low.outputs[1], ref[1]) and torch.equal(low.outputs[2], ref[2])
     err = (low.outputs[0].float() - ref[0].float()).abs().max().item()
@@ -76,8 +76,42 @@ def test_copy_kept_when_the_input_is_read_again(case):
         fn = lambda c, p, r: (_update(c, p, r), c * 2)         # the old cache is read after
     else:
         fn = lambda c, p, r: (_update(c, p, r), c)             # the old cache is returned
-    low = lower_and_run(fn, cache, p, row)
+    low = lower_and_run(fn, cache, p, row, mutated=(0,))
     ref = fn(cache, p, row)
     assert torch.equal(low.outputs[0], ref[0]) and torch.equal(low.outputs[1], ref[1])
     assert "written in place" not in low.dumps["ir_post_fusion.txt"]
     assert len(_copies(low.dumps["ir_post_fusion.txt"])) == 1
+
+
+def test_copy_kept_when_the_input_is_not_mutated():
+    """An out-of-place index_put of an input the caller keeps (not an input mutation) keeps its
+    copy: on the hardware the update must not write over the caller's tensor."""
+    cache, row = _cache(s=130), _cache(s=1)
+    p = torch.tensor([5])
+    low = lower_and_run(lambda c, p, r: _update(c, p, r), cache, p, row)
+    assert torch.equal(low.outputs[0], _update(cache, p, row))
+    assert "written in place" not in low.dumps["ir_post_fusion.txt"]
+    assert len(_copies(low.dumps["ir_post_fusion.txt"])) == 1
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_compiled_index_copy_updates_in_place_only_when_it_mutates(tmp_path, in_place):
+    """Through torch.compile: ``cache.index_copy_`` (an input mutation, AOTAutograd's metadata)
+    is written into the cache's buffer; ``cache.index_copy`` (out of place, the caller keeps
+    ``cache``) keeps the copy. Values equal eager's both ways, the caller's tensor as eager leaves it."""
+    import neuron_compiler
+
+    def f(c, p, r):
+        return c.index_copy_(2, p, r) if in_place else c.index_copy(2, p, r)
+
+    cache, row, p = _cache(s=130, dtype=torch.float32), _cache(s=1, dtype=torch.float32), torch.tensor([7])
+    ref_cache = cache.clone()
+    ref = f(ref_cache, p, row)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="neuron", options={"target": "trn2", "dump_dir": str(tmp_path)})
+    with neuron_compiler.profile() as prof:
+        out = cf(cache, p, row)
+    assert prof.to_dict()["fallback_nodes"] == 0
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
+    post = "".join(q.read_text() for q in tmp_path.rglob("ir_post_fusion.txt"))
+    assert ("written in place" in post) == in_place, post
