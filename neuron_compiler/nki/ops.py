@@ -273,9 +273,9 @@ def tensor_reduce(dst: NkiTensor, op: AluOp, data: NkiTensor, axis, negate: bool
         raise ValueError(f"reduce over axis {axis} of {data.shape}: the partition axis (0) cannot "
                          f"be reduced by tensor_reduce (reduce across partitions with a matmul or "
                          f"a transpose)")
-    if axes != list(range(data.ndim - len(axes), data.ndim)):
-        raise ValueError(f"reduce over axis {axis} of {data.shape}: only the innermost axes can be "
-                         f"reduced (transpose the tile first)")
+    if axes != list(range(data.ndim - len(axes), data.ndim)):   # reduced free axes last
+        keep = [a for k, a in enumerate(data.axes) if k not in axes]
+        data = data._with(axes=tuple(keep) + tuple(data.axes[k] for k in axes))
     src = _unmerged(data)
     t.emit(VECTOR, Op.TENSOR_REDUCE, dst, (src,), TensorReduceAttrs(op, len(axes), bool(negate)))
     _psum_written(dst, matmul=False)

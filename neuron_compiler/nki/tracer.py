@@ -36,7 +36,7 @@ import sys
 
 from runtime_sim.checks import MachineError, PsumGroups, check_instr, check_psum_bank, psum_banks_of
 from runtime_sim.errors import CapacityError
-from runtime_sim.isa import (AP, Buffer, DType, EngineKind, Instr, Memory, Op, OpAttrs, Program,
+from runtime_sim.isa import (Buffer, DType, EngineKind, Instr, Memory, Op, OpAttrs, Program,
                              Queue, dma_queue)
 from runtime_sim.targets import Target
 
@@ -319,6 +319,7 @@ class Tracer:
     def emit(self, queue: Queue, op: Op, dst: NkiTensor | None, srcs: tuple[NkiTensor, ...],
              attrs: OpAttrs, accum: NkiTensor | None = None) -> Instr:
         """Emit one instruction on ``queue``, with its waits (module docstring), and check it."""
+        dst, srcs, accum = _partition_first(dst, srcs, accum)
         stream = self.streams.setdefault(queue, [])
         sem = f"{queue.name}.done"
         dma = queue.engine is EngineKind.DMA
@@ -385,5 +386,18 @@ class Tracer:
                        {q: tuple(v) for q, v in self.streams.items()}, tuple(self.inputs), tuple(outs))
 
 
-def ap_of(v: NkiTensor) -> AP:
-    return v.ap()
+def _partition_first(dst, srcs, accum):
+    """An on-chip operand whose partition axis is not its first (a block ``(n, par_dim(P), F)``
+    addressed whole): every operand of that rank gets the same axis moved first, which keeps
+    element i of one operand paired with element i of the others."""
+    views = [v for v in (dst, accum, *srcs) if v is not None]
+    k = next((next(i for i, a in enumerate(v.axes) if a[2]) for v in views
+              if any(a[2] for a in v.axes[1:])), None)
+    if k is None:
+        return dst, srcs, accum
+
+    def move(v):
+        if v is None or v.ndim <= k:
+            return v
+        return v._with(axes=(v.axes[k],) + v.axes[:k] + v.axes[k + 1:])
+    return move(dst), tuple(move(s) for s in srcs), move(accum)
