@@ -23,7 +23,7 @@ instructions), ``language``/``isa``/``typing`` (the API), ``kernel`` (jit, calls
 
 Imports: runtime_sim (the machine) and neuron_compiler.profile only; never lowering.
 """
-from . import isa, language, typing  # noqa: F401
+from . import compiler, isa, language, typing  # noqa: F401
 from .aliases import install_aliases, uninstall_aliases
 from .kernel import Kernel, KernelRun, jit, simulate, simulate_kernel, target
 

@@ -34,6 +34,11 @@ class engine(enum.Enum):
     sync = "sync"
 
 
+# SDK 2.26 spelling of the engines
+tensor_engine, vector_engine, scalar_engine, gpsimd_engine, unknown_engine = (
+    engine.tensor, engine.vector, engine.scalar, engine.gpsimd, engine.unknown)
+
+
 class reduce_cmd(enum.Enum):
     idle = 0
     reset = 1
@@ -160,7 +165,8 @@ def nc_matmul(*args, **kwargs):
     """``stationary[K, M].T @ moving[K, N]`` on TensorE into an fp32 PSUM tile ``[M, N]``."""
     new = _is_new(args, kwargs, 2)
     a = _split(args, kwargs, ("stationary", "moving"), new)
-    for k in ("is_stationary_onezero", "is_moving_onezero", "is_transpose"):
+    # is_*_onezero: a hint that an operand holds only 0/1 (no effect on values or on the cost model)
+    for k in ("is_transpose",):
         if a.get(k):
             raise NotImplementedError(f"nisa.nc_matmul({k}=True) is not modelled")
     perf = a.get("perf_mode")

@@ -99,6 +99,7 @@ class _Traced:
     arg_outputs: dict        # argument index -> buffer name (arguments the kernel wrote)
     ret_kind: str            # "none" | "one" | "tuple" | "list"
     ops: list[str]
+    constants: dict          # input name -> host data of nl.shared_constant tensors
 
 
 class Kernel:
@@ -132,8 +133,9 @@ class Kernel:
         t = get_target(tname)
         arrays, torch_like = _host_arrays(args)
         traced = self._trace(t, args, arrays, kwargs)
-        inputs = {name: np.ascontiguousarray(arr) for name, arr in
-                  zip(traced.program.inputs, [a for a in arrays if a is not None])}
+        inputs = dict(traced.constants)
+        inputs.update({name: np.ascontiguousarray(arr) for name, arr in
+                       zip(traced.program.inputs, [a for a in arrays if a is not None])})
         res = sim_run(traced.program, inputs, mode="functional", checks=self.checks)
         outs = [_from_bytes(res.outputs[n], shape, dt) for n, shape, dt in traced.outputs]
         for i, n in traced.arg_outputs.items():
@@ -188,7 +190,7 @@ class Kernel:
             program = tracer.program()
         arg_outputs = {i: n for i, n in arg_store.items() if n in program.outputs and n not in tracer.outputs}
         ops_used = sorted({ins.op.value for s in program.streams.values() for ins in s})
-        traced = _Traced(program, specs, arg_outputs, kind, ops_used)
+        traced = _Traced(program, specs, arg_outputs, kind, ops_used, dict(tracer.constants))
         if key is not None:
             self._cache[key] = traced
         return traced

@@ -341,6 +341,26 @@ def softmax(x, axis=-1, dtype=None, mask=None, **kwargs) -> NkiTensor:
     return ops.binary(AluOp.DIVIDE, e, s, dtype or x.dtype)
 
 
+def shared_constant(constant, dtype=None, **kwargs) -> NkiTensor:
+    """An HBM tensor holding ``constant`` (a host array), converted to ``dtype``."""
+    data = np.asarray(constant)
+    if dtype is not None:
+        data = data.astype(np.float32 if data.dtype.kind == "b" else data.dtype).astype(np_dtype(to_dtype(dtype)))
+    t = current()
+    st = t.hbm(tuple(data.shape), to_dtype(data.dtype), "const", role="constant")
+    t.constants[st.name] = np.ascontiguousarray(data)
+    return st.view()
+
+
+def shared_identity_matrix(n, dtype=np.uint8, **kwargs) -> NkiTensor:
+    return shared_constant(np.identity(int(n)), dtype)
+
+
+def static_cast(x, dtype):
+    """A host array (numpy) converted to ``dtype`` (NKI's test helper; not a kernel op)."""
+    return np.asarray(x).astype(np_dtype(to_dtype(dtype)))
+
+
 def device_print(*args, **kwargs) -> None:
     """Accepted and ignored (values exist only after the simulator runs)."""
 

@@ -104,15 +104,19 @@ class par_dim:
 
 class Storage:
     """One allocation. ``pdim``: the partition dimension of an on-chip tile's shape (None for
-    HBM). PSUM state for matmul accumulation (ops.py): ``mm_open``, the views a matmul wrote
+    HBM). ``block_elems``: in PSUM, the blocks of a tensor with dimensions before the partition
+    dimension (``(n, par_dim(128), 512)``) each start a bank, as NKI places PSUM tiles; None:
+    row-major. PSUM state for matmul accumulation (ops.py): ``mm_open``, the views a matmul wrote
     that nothing has read since (``accumulate=None``); ``mm_written``, the views a matmul wrote
     since the last other write (``+=``); ``zeroed``, set to 0 by a memset and not written since."""
 
-    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: DType, pdim: int | None) -> None:
+    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: DType, pdim: int | None,
+                 block_elems: int | None = None) -> None:
         self.buffer = buffer
         self.shape = shape
         self.dtype = dtype
         self.pdim = pdim
+        self.block_elems = block_elems      # address stride of one block (dims before pdim)
         self.mm_open: set = set()
         self.mm_written: set = set()
         self.zeroed = False
@@ -131,6 +135,8 @@ class Storage:
         acc = 1
         for d in reversed(range(len(self.shape))):
             if d == self.pdim:
+                if self.block_elems is not None:
+                    acc = self.block_elems
                 continue
             st[d] = acc
             acc *= self.shape[d]

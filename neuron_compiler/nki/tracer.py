@@ -119,11 +119,12 @@ class _Psum:
         self.last = [0] * banks
         self.seq = 0
 
-    def alloc(self, size: int) -> int | None:
+    def alloc(self, size: int, blocks: bool = False) -> int | None:
+        """``blocks``: a tensor of bank-aligned blocks may take several consecutive banks."""
         self.seq += 1
         nb = -(-size // self.bank_bytes)
         if nb > 1:
-            if nb > self.multi:
+            if nb > self.multi and not blocks:
                 return None
             for b0 in range(len(self.used) - nb + 1):
                 if all(not self.used[b] for b in range(b0, b0 + nb)):
@@ -151,7 +152,7 @@ class _Psum:
         b0 = offset // self.bank_bytes
         if nb > 1:
             for b in range(b0, b0 + nb):
-                self.used[b] = [u for u in self.used[b] if u[0] != b * self.bank_bytes]
+                self.used[b] = [u for u in self.used[b] if u != (b * self.bank_bytes, self.bank_bytes)]
         else:
             self.used[b0] = [u for u in self.used[b0] if u != (offset, size)]
 
@@ -196,7 +197,7 @@ class Tracer:
         self.grid: tuple[int, ...] = ()
         self.shared: list[Storage] = []         # shared_hbm tensors, by creation order (SPMD)
         self._shared_i = 0
-        self._live: set[int] = set()
+        self.constants: dict[str, "object"] = {}   # input name -> host data (nl.shared_constant)
 
     # ---- context -----------------------------------------------------------------------------
     def __enter__(self) -> "Tracer":
@@ -236,7 +237,7 @@ class Tracer:
         b = Buffer(self._name(name or "hbm"), Memory.HBM, 1, n * dtype.itemsize)
         self._add_buffer(b)
         st = Storage(b, shape, dtype, None)
-        if role == "input":
+        if role in ("input", "constant"):
             self.inputs.append(b.name)
         elif role == "shared":
             self.shared.append(st)
@@ -262,10 +263,23 @@ class Tracer:
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf.top)
             release = self.sbuf.release
         else:
-            off = self.psum.alloc(nbytes)
+            block = None
+            nblocks = 1
+            for s in shape[:pdim]:
+                nblocks *= s
+            tile_bytes = nbytes // max(1, nblocks)
+            if nblocks > 1 and tile_bytes <= t.psum_bank_bytes:   # blocks never cross a bank
+                stride = 1 << max(0, (tile_bytes - 1).bit_length())
+                block = stride // dtype.itemsize
+                nbytes = (nblocks - 1) * stride + tile_bytes
+            off = self.psum.alloc(nbytes, blocks=block is not None)
             if off is None:
                 bank = t.psum_bank_bytes
-                if nbytes > bank * max(1, t.matmul_psum_banks):
+                if block is not None:
+                    msg = (f"{what}: its {nblocks} blocks need {-(-nbytes // bank)} consecutive free "
+                           f"PSUM banks of {bank} B; {t.psum_banks} banks on {t.name}, "
+                           f"{sum(1 for u in self.psum.used if u)} holding live PSUM tiles")
+                elif nbytes > bank * max(1, t.matmul_psum_banks):
                     msg = (f"{what}: needs {nbytes} B per partition; a PSUM tile lies within one "
                            f"{bank} B bank (nl.tile_size.psum_fmax = {bank // 4} fp32)")
                     if t.matmul_psum_banks > 1:
@@ -279,7 +293,7 @@ class Tracer:
         b = Buffer(self._name(name or ("psum" if memory is Memory.PSUM else "sb")), memory, parts, nbytes, off)
         self._add_buffer(b)
         self._inherit(b)
-        st = Storage(b, shape, dtype, pdim)
+        st = Storage(b, shape, dtype, pdim, block if memory is Memory.PSUM else None)
         on_release(st, self._release, release, memory, off, nbytes, b.name)
         return st
 
