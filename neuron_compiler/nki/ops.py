@@ -285,7 +285,7 @@ def tensor_reduce(dst: NkiTensor, op: AluOp, data: NkiTensor, axis, negate: bool
 
 def _unmerged(v: NkiTensor) -> NkiTensor:
     """``v`` whose access pattern keeps one dim per free axis (reductions count dims)."""
-    return _Unmerged(v.storage, v.offset, v.pstart, v.axes, v.box)
+    return _Unmerged(v.storage, v.offset, v.pstart, v.axes, v.box, checks=v.checks, clips=v.clips)
 
 
 class _Unmerged(NkiTensor):

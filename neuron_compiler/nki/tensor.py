@@ -168,13 +168,15 @@ class NkiTensor:
     __array_priority__ = 1000   # numpy scalars defer to our operators
 
     def __init__(self, storage: Storage, offset: int, pstart: int, axes: tuple[Axis, ...],
-                 box, base: bool = False) -> None:
+                 box, base: bool = False, checks: tuple = (), clips: tuple = ()) -> None:
         self.storage = storage
         self.offset = offset
         self.pstart = pstart
         self.axes = axes
         self.box = box
         self.base = base
+        self.checks = checks    # (what, const, ((arange, coef), ...), bound): index in [0, bound)
+        self.clips = clips      # ((arange id, lo, hi), ...): mask bounds applied to this view
 
     # -- what a kernel sees ------------------------------------------------------------------
     @property
@@ -251,7 +253,8 @@ class NkiTensor:
         return st.name, ((a.partition_start, a.partition_start + a.partitions), (off + lo, off + hi))
 
     def _with(self, **kw) -> "NkiTensor":
-        d = dict(storage=self.storage, offset=self.offset, pstart=self.pstart, axes=self.axes, box=self.box)
+        d = dict(storage=self.storage, offset=self.offset, pstart=self.pstart, axes=self.axes, box=self.box,
+                 checks=self.checks, clips=self.clips)
         d.update(kw)
         return NkiTensor(**d)
 
@@ -287,9 +290,27 @@ class NkiTensor:
         if hi <= lo:
             raise ValueError(f"{self!r}: mask leaves axis {k} empty ([{lo}, {hi}))")
         axes = self.axes[:k] + ((s, hi - lo, isp, ids),) + self.axes[k + 1:]
+        clips = self.clips + tuple((i, lo, hi) for i in ids)
         if isp:
-            return self._with(pstart=self.pstart + lo, axes=axes)
-        return self._with(offset=self.offset + s * lo, axes=axes)
+            return self._with(pstart=self.pstart + lo, axes=axes, clips=clips)
+        return self._with(offset=self.offset + s * lo, axes=axes, clips=clips)
+
+    def validate(self) -> None:
+        """Raise IndexError if an arange index reaches outside its tensor dimension once the
+        masks applied to this view are taken into account (NKI: out-of-range indices must be
+        masked off)."""
+        for what, const, terms, bound in self.checks:
+            lo = hi = const
+            for a, c in terms:
+                r0, r1 = 0, a.size
+                for i, l, h in self.clips:
+                    if i == a.id:
+                        r0, r1 = max(r0, l), min(r1, h)
+                lo += min(c * r0, c * (r1 - 1))
+                hi += max(c * r0, c * (r1 - 1))
+            if lo < 0 or hi >= bound:
+                raise IndexError(f"index out of bounds: {what} indexed over [{lo}, {hi + 1}); "
+                                 f"mask the out-of-range indices (mask=...)")
 
     # -- operators (nl.* element-wise ops) -------------------------------------------------------
     def _bin(self, other, name: str, reverse: bool = False):
@@ -398,6 +419,7 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
     offset, pstart = v.offset, v.pstart
     out: list = []
     grid_at = None
+    checks = list(v.checks)
     box = list(v.box) if (v.box is not None and v.base) else None
     for d, (item, (s, n, isp, _)) in enumerate(zip(items, v.axes)):
         name = f"{v.storage.name} dimension {d} (size {n})"
@@ -409,8 +431,9 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 out.append(None)
             lo = item.const + sum(min(0, c * (a.size - 1)) for a, c in item.terms)
             hi = item.const + sum(max(0, c * (a.size - 1)) for a, c in item.terms) + 1
-            if lo < 0 or hi > n:
-                raise IndexError(f"index out of bounds: {name} indexed over [{lo}, {hi})")
+            if lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
+                checks.append((name, item.const, item.terms, n))
+                lo, hi = max(lo, 0), min(hi, n)
             coefs = item.by_position()
             off_pos = item.ndim - grid_nd   # an expression of fewer dims aligns right (numpy)
             if isp:
@@ -466,7 +489,8 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 box[d] = (i, i + 1)
     if grid_at is not None:
         out[grid_at:grid_at + 1] = [tuple(g) for g in grid]
-    return NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box)
+    return NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
+                     checks=tuple(checks), clips=v.clips)
 
 
 def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:

@@ -333,6 +333,12 @@ class Tracer:
     def emit(self, queue: Queue, op: Op, dst: NkiTensor | None, srcs: tuple[NkiTensor, ...],
              attrs: OpAttrs, accum: NkiTensor | None = None) -> Instr:
         """Emit one instruction on ``queue``, with its waits (module docstring), and check it."""
+        for v in (dst, accum, *srcs):
+            if v is not None and v.checks:
+                try:
+                    v.validate()
+                except IndexError as e:
+                    raise IndexError(f"{e} (in NKI kernel {self.kernel_name!r} at {source_line()})") from None
         dst, srcs, accum = _partition_first(dst, srcs, accum)
         stream = self.streams.setdefault(queue, [])
         sem = f"{queue.name}.done"
