@@ -3,7 +3,8 @@
 After it, ``import nki``, ``import nki.language as nl``, ``import nki.isa as nisa``,
 ``from neuronxcc import nki``, ``import neuronxcc.nki.language as nl`` (and ``.isa``,
 ``.typing``) resolve to ``neuron_compiler.nki`` -- but only for a top-level name (``nki``,
-``neuronxcc``) that no installed package provides: a real Neuron SDK is never shadowed.
+``neuronxcc``) that no installed package provides: a real Neuron SDK is never shadowed (a
+directory of that name without ``__init__.py``, a namespace package, does not count).
 
 Invariant: the aliases are ``sys.modules`` entries and nothing else; ``uninstall_aliases()``
 removes exactly the entries ``install_aliases()`` added.
@@ -24,9 +25,11 @@ def _real(top: str) -> bool:
     if m is not None:
         return not getattr(m, "__neuron_nki_alias__", False)
     try:
-        return importlib.util.find_spec(top) is not None
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
+    # a bare directory of that name (a namespace package, e.g. a tests/nki folder) is no install
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def install_aliases() -> dict[str, str]:

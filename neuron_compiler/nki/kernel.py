@@ -140,7 +140,7 @@ class Kernel:
         outs = [_from_bytes(res.outputs[n], shape, dt) for n, shape, dt in traced.outputs]
         for i, n in traced.arg_outputs.items():
             _write_back(args[i], arrays[i], _from_bytes(res.outputs[n], arrays[i].shape, to_dtype(arrays[i].dtype)))
-        if torch_like:
+        if torch_like is not None:
             outs = [_to_torch(o, torch_like) for o in outs]
         run = KernelRun(self.__name__, t.name, self.grid, traced.program, res, outs, traced.ops)
         run.outputs_value = _shape_return(traced.ret_kind, outs)
@@ -244,7 +244,7 @@ def _host_arrays(args):
         if isinstance(v, np.ndarray):
             out.append(v)
         elif _is_torch(v):
-            torch_like = torch_like or v
+            torch_like = v if torch_like is None else torch_like
             out.append(_torch_to_numpy(v))
         else:
             out.append(None)

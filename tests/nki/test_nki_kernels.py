@@ -5,8 +5,8 @@ import pytest
 
 from neuron_compiler import nki
 
-from . import kernels_v1 as v1
-from . import kernels_v2 as v2
+import nki_kernels_v1 as v1
+import nki_kernels_v2 as v2
 
 STYLES = [pytest.param(v1, id="v1"), pytest.param(v2, id="v2")]
 rng = np.random.default_rng(0)

@@ -1,9 +1,12 @@
 """The project's own NKI kernels in the SDK 2.26 (``neuronxcc.nki``) style: values returned
 by ``nl.*`` / ``nisa.*``, ``nl.arange`` index grids with masks at the tile edges, SPMD grids.
 Written for these tests; every shape may cross the 128-partition / 512-element tile edges."""
+import itertools
+
 import neuron_compiler.nki as nki
 import neuron_compiler.nki.isa as nisa
 import neuron_compiler.nki.language as nl
+from nki_tiles import edges
 
 P, F = 128, 512
 
@@ -28,12 +31,9 @@ def transpose(a):
     """``a.T`` by 128 x 128 TensorE transposes (nisa.nc_transpose), edges sliced."""
     rows, cols = a.shape
     out = nl.ndarray((cols, rows), dtype=a.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range((rows + P - 1) // P):
-        for j in nl.affine_range((cols + P - 1) // P):
-            r, c = min(P, rows - i * P), min(P, cols - j * P)
-            t = nl.load(a[i * P:i * P + r, j * P:j * P + c])
-            tt = nisa.nc_transpose(t)
-            nl.store(out[j * P:j * P + c, i * P:i * P + r], value=nl.copy(tt))
+    for (i0, r), (j0, c) in itertools.product(edges(rows, P), edges(cols, P)):
+        tt = nisa.nc_transpose(nl.load(a[i0:i0 + r, j0:j0 + c]))
+        nl.store(out[j0:j0 + c, i0:i0 + r], value=nl.copy(tt))
     return out
 
 
@@ -43,17 +43,12 @@ def matmul(lhsT, rhs):
     K, M = lhsT.shape
     _, N = rhs.shape
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
-    for m in nl.affine_range((M + P - 1) // P):
-        mm = min(P, M - m * P)
-        for n in nl.affine_range((N + F - 1) // F):
-            nn = min(F, N - n * F)
-            acc = nl.zeros((mm, nn), nl.float32, buffer=nl.psum)
-            for k in nl.affine_range((K + P - 1) // P):
-                kk = min(P, K - k * P)
-                x = nl.load(lhsT[k * P:k * P + kk, m * P:m * P + mm])
-                y = nl.load(rhs[k * P:k * P + kk, n * F:n * F + nn])
-                acc += nl.matmul(x, y, transpose_x=True)
-            nl.store(out[m * P:m * P + mm, n * F:n * F + nn], value=nl.copy(acc))
+    for (m0, mm), (n0, nn) in itertools.product(edges(M, P), edges(N, F)):
+        acc = nl.zeros((mm, nn), nl.float32, buffer=nl.psum)
+        for k0, kk in edges(K, P):
+            acc += nl.matmul(nl.load(lhsT[k0:k0 + kk, m0:m0 + mm]),
+                             nl.load(rhs[k0:k0 + kk, n0:n0 + nn]), transpose_x=True)
+        nl.store(out[m0:m0 + mm, n0:n0 + nn], value=nl.copy(acc))
     return out
 
 
@@ -63,17 +58,15 @@ def row_stats(a):
     rows, cols = a.shape
     s_out = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     m_out = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    for i in nl.affine_range((rows + P - 1) // P):
-        r = min(P, rows - i * P)
+    for i0, r in edges(rows, P):
         s = nl.zeros((r, 1), nl.float32)
         m = nl.full((r, 1), -3.0e38, nl.float32)
-        for j in nl.sequential_range((cols + F - 1) // F):
-            c = min(F, cols - j * F)
-            t = nl.load(a[i * P:i * P + r, j * F:j * F + c])
+        for j0, c in edges(cols, F):
+            t = nl.load(a[i0:i0 + r, j0:j0 + c])
             s[...] = nl.add(s, nl.sum(t, axis=1, keepdims=True))
             m[...] = nl.maximum(m, nl.max(t, axis=1, keepdims=True))
-        nl.store(s_out[i * P:i * P + r, :], value=s)
-        nl.store(m_out[i * P:i * P + r, :], value=m)
+        nl.store(s_out[i0:i0 + r, :], value=s)
+        nl.store(m_out[i0:i0 + r, :], value=m)
     return s_out, m_out
 
 
