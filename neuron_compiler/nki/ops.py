@@ -140,7 +140,15 @@ def broadcast_shape(*shapes) -> tuple[int, ...]:
 # ---- data movement ------------------------------------------------------------------------------
 
 def dma(dst: NkiTensor, src: NkiTensor) -> NkiTensor:
+    """``dst <- src`` by DMA. NKI's dma_copy casts ("The DMA engines automatically handle data
+    type conversion", nki.isa.dma_copy); the machine's DMA does not (runtime_sim), so a cast is
+    a VectorE tensor_copy through an SBUF tile on the on-chip side."""
     t = current()
+    if dst.mdtype is not src.mdtype:
+        if src.memory is not Memory.HBM:
+            return dma(dst, tensor_copy(tile_like(src.shape, dst.mdtype), src))
+        if dst.memory is not Memory.HBM:
+            return tensor_copy(dst, dma(tile_like(dst.shape, src.mdtype), src))
     t.emit(t.dma_queue_for(dst, src), Op.DMA_COPY, dst, (src,), DmaAttrs())
     return dst
 
