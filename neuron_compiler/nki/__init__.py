@@ -1,0 +1,35 @@
+"""An NKI-compatible front end: NKI kernels traced into the machine program, checked by the
+machine's rules and run on the simulator (values and time), on trn1, trn2 or trn3.
+
+    from neuron_compiler import nki
+    import neuron_compiler.nki.language as nl
+    import neuron_compiler.nki.isa as nisa
+
+    @nki.jit
+    def add(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a[0:128, 0:512]) + nl.load(b[0:128, 0:512])
+        nl.store(out[0:128, 0:512], value=t)
+        return out
+
+    c = add(a, b)                                # numpy in, numpy out (torch in, torch out)
+    run = nki.simulate(add, a, b, target="trn3")  # values + time: run.time_us, run.summary()
+
+Both API generations are accepted (language.py, isa.py); ``install_aliases()`` lets unchanged
+kernel files ``import nki`` / ``neuronxcc.nki``. Modules: ``index`` (arange/mgrid/masks),
+``tensor`` (storages and views), ``tracer`` (allocation, synchronisation, checks), ``ops`` (the
+instructions), ``language``/``isa``/``typing`` (the API), ``kernel`` (jit, calls, profile),
+``aliases``. docs/nki.md is the guide.
+
+Imports: runtime_sim (the machine) and neuron_compiler.profile only; never lowering.
+"""
+from . import compiler, isa, language, typing  # noqa: F401
+from .aliases import install_aliases, uninstall_aliases
+from .kernel import Kernel, KernelRun, jit, simulate, simulate_kernel, target
+
+baremetal = jit
+benchmark = jit
+trace = jit
+
+__all__ = ["jit", "simulate", "simulate_kernel", "target", "install_aliases", "uninstall_aliases",
+           "Kernel", "KernelRun", "language", "isa", "typing", "baremetal", "benchmark", "trace"]

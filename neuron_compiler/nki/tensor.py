@@ -1,0 +1,525 @@
+"""Tensors of a traced NKI kernel: storages in HBM/SBUF/PSUM and views of them.
+
+A ``Storage`` is one allocation: an HBM tensor (a kernel argument or an ``nl.ndarray(...,
+buffer=nl.shared_hbm)``), or an on-chip tile in SBUF/PSUM (``nl.ndarray``/``nl.zeros``/the
+result of an ``nl.*`` op). An ``NkiTensor`` is a view of a storage: an element offset and a
+list of axes ``(stride in elements, size)``; on-chip views also have a partition range, one of
+their axes being the partition axis. Indexing a view (ints, slices, ``nl.ds``, ``nl.arange``
+expressions, ``...``) gives a view; no data moves until an instruction reads it.
+
+Invariants
+- A view's ``shape`` is the sizes of its axes; elements are visited in row-major order of that
+  shape, as the machine's access patterns do (runtime_sim.isa.AP).
+- An on-chip view has at most one partition axis and, to become an instruction operand, it must
+  be the first axis (``ap()``): partition = first dimension, as in NKI. A view that indexed its
+  partition axis with an integer has one partition.
+- An HBM view of a base tensor carries the box (index range per tensor dimension) it touches;
+  the tracer orders HBM accesses by these boxes (views of views keep their parent's box, a
+  superset).
+- Broadcast views (stride 0) are read-only operands; writing through them is an AccessPatternError
+  of the machine.
+"""
+from __future__ import annotations
+
+import weakref
+
+import ml_dtypes
+import numpy as np
+
+from runtime_sim.isa import AP, Buffer, DType, Memory
+
+from .index import DynSlice, IndexExpr, Mask
+
+
+# ---- dtypes -----------------------------------------------------------------------------------
+
+_ALIASES = {"float8_e4m3": DType.FP8_E4M3, "float8_e4m3fn": DType.FP8_E4M3,
+            "float8_e5m2": DType.FP8_E5M2, "bool": DType.BOOL, "bool_": DType.BOOL}
+
+
+def to_dtype(dt) -> DType:
+    """A machine dtype from an NKI/numpy/torch/ml_dtypes dtype (or a DType)."""
+    if isinstance(dt, DType):
+        return dt
+    name = getattr(dt, "name", None) if not isinstance(dt, str) else dt
+    if name is None and isinstance(dt, type):
+        name = np.dtype(dt).name
+    if isinstance(name, str):
+        name = name.replace("torch.", "")
+        if name in _ALIASES:
+            return _ALIASES[name]
+        for d in DType:
+            if d.value == name:
+                return d
+    if str(dt).startswith("torch."):
+        return to_dtype(str(dt)[6:])
+    try:
+        return DType.from_numpy(np.dtype(dt))
+    except (TypeError, ValueError):
+        raise TypeError(f"NKI dtype {dt!r} has no machine type (supported: "
+                        f"{', '.join(d.value for d in DType)})") from None
+
+
+def np_dtype(d: DType):
+    """The numpy dtype a kernel sees as ``tensor.dtype`` (bool for BOOL)."""
+    return np.dtype(np.bool_) if d is DType.BOOL else d.np
+
+
+# ---- buffers (nl.sbuf, nl.psum, nl.shared_hbm, ...) ---------------------------------------------
+
+class BufferKind:
+    """``nl.sbuf`` / ``nl.psum`` / ``nl.hbm`` / ``nl.shared_hbm`` / ``nl.private_hbm``."""
+
+    def __init__(self, name: str, memory: Memory) -> None:
+        self.name, self.memory = name, memory
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = BufferKind("sbuf", Memory.SBUF)
+psum = BufferKind("psum", Memory.PSUM)
+hbm = BufferKind("hbm", Memory.HBM)
+shared_hbm = BufferKind("shared_hbm", Memory.HBM)
+private_hbm = BufferKind("private_hbm", Memory.HBM)
+
+
+class par_dim:
+    """``nl.par_dim(n)``: marks the partition dimension of a tile's shape."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __index__(self) -> int:
+        return self.size
+
+    def __int__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"par_dim({self.size})"
+
+
+# ---- storages -----------------------------------------------------------------------------------
+
+class Storage:
+    """One allocation. ``pdim``: the partition dimension of an on-chip tile's shape (None for
+    HBM). ``block_elems``: in PSUM, the blocks of a tensor with dimensions before the partition
+    dimension (``(n, par_dim(128), 512)``) each start a bank, as NKI places PSUM tiles; None:
+    row-major. PSUM state for matmul accumulation (ops.py): ``mm_open``, the views a matmul wrote
+    that nothing has read since (``accumulate=None``); ``mm_written``, the views a matmul wrote
+    since the last other write (``+=``); ``zeroed``, set to 0 by a memset and not written since."""
+
+    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: DType, pdim: int | None,
+                 block_elems: int | None = None) -> None:
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+        self.pdim = pdim
+        self.block_elems = block_elems      # address stride of one block (dims before pdim)
+        self.mm_open: set = set()
+        self.mm_written: set = set()
+        self.zeroed = False
+
+    @property
+    def memory(self) -> Memory:
+        return self.buffer.memory
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+    def strides(self) -> list[int]:
+        """Element strides per dimension (the partition dimension gets 0: it is not addressed)."""
+        st = [0] * len(self.shape)
+        acc = 1
+        for d in reversed(range(len(self.shape))):
+            if d == self.pdim:
+                if self.block_elems is not None:
+                    acc = self.block_elems
+                continue
+            st[d] = acc
+            acc *= self.shape[d]
+        return st
+
+    def view(self) -> "NkiTensor":
+        axes = tuple((0 if d == self.pdim else s, n, d == self.pdim, frozenset())
+                     for d, (s, n) in enumerate(zip(self.strides(), self.shape)))
+        box = tuple((0, n) for n in self.shape) if self.memory is Memory.HBM else None
+        return NkiTensor(self, 0, 0, axes, box, base=True)
+
+
+def free_elems(shape: tuple[int, ...], pdim: int | None) -> int:
+    n = 1
+    for d, s in enumerate(shape):
+        if d != pdim:
+            n *= s
+    return n
+
+
+# ---- views ------------------------------------------------------------------------------------
+
+Axis = tuple  # (stride, size, is_partition, arange ids)
+
+
+class NkiTensor:
+    """A view of a storage (see the module docstring). Arithmetic operators call ``nl.*``."""
+
+    __array_priority__ = 1000   # numpy scalars defer to our operators
+
+    def __init__(self, storage: Storage, offset: int, pstart: int, axes: tuple[Axis, ...],
+                 box, base: bool = False, checks: tuple = (), clips: tuple = ()) -> None:
+        self.storage = storage
+        self.offset = offset
+        self.pstart = pstart
+        self.axes = axes
+        self.box = box
+        self.base = base
+        self.checks = checks    # (what, const, ((arange, coef), ...), bound): index in [0, bound)
+        self.clips = clips      # ((arange id, lo, hi), ...): mask bounds applied to this view
+
+    # -- what a kernel sees ------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(a[1] for a in self.axes)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.axes)
+
+    @property
+    def dtype(self):
+        return np_dtype(self.storage.dtype)
+
+    @property
+    def mdtype(self) -> DType:
+        return self.storage.dtype
+
+    @property
+    def buffer(self) -> BufferKind:
+        m = self.storage.memory
+        return sbuf if m is Memory.SBUF else psum if m is Memory.PSUM else shared_hbm
+
+    @property
+    def memory(self) -> Memory:
+        return self.storage.memory
+
+    @property
+    def partitions(self) -> int:
+        for st, n, isp, _ in self.axes:
+            if isp:
+                return n
+        return 1
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"NkiTensor({self.storage.name}, shape={self.shape}, dtype={self.storage.dtype.value}, {self.memory.value})"
+
+    # -- geometry --------------------------------------------------------------------------------
+    def key(self) -> tuple:
+        """Identity of the elements addressed (storage, offset, partitions, axes)."""
+        return (self.storage.name, self.offset, self.pstart, tuple(a[:3] for a in self.axes))
+
+    def ap(self) -> AP:
+        """This view as a machine access pattern (partition axis first for on-chip views)."""
+        st = self.storage
+        isz = st.dtype.itemsize
+        if st.memory is Memory.HBM:
+            dims = _merge([(s, n) for s, n, _, _ in self.axes])
+            return AP(st.name, Memory.HBM, 0, 1, self.offset * isz, tuple(dims) or ((1, 1),), st.dtype)
+        axes = self.axes
+        if axes and axes[0][2]:
+            parts, free = axes[0][1], axes[1:]
+        elif any(a[2] for a in axes):
+            raise ValueError(f"{self!r}: the partition dimension must be the first dimension of an "
+                             f"operand (axes {[a[1] for a in axes]}, partition at "
+                             f"{[a[2] for a in axes].index(True)})")
+        else:
+            parts, free = 1, axes
+        dims = _merge([(s, n) for s, n, _, _ in free])
+        return AP(st.name, st.memory, self.pstart, parts, self.offset * isz, tuple(dims) or ((1, 1),), st.dtype)
+
+    def footprint(self):
+        """(space, box) the tracer orders accesses by: HBM tensor box, or physical on-chip
+        (partition range, byte range)."""
+        st = self.storage
+        if st.memory is Memory.HBM:
+            return st.name, self.box
+        a = self.ap()
+        lo, hi = a.byte_extent()
+        off = st.buffer.offset or 0
+        return st.name, ((a.partition_start, a.partition_start + a.partitions), (off + lo, off + hi))
+
+    def _with(self, **kw) -> "NkiTensor":
+        d = dict(storage=self.storage, offset=self.offset, pstart=self.pstart, axes=self.axes, box=self.box,
+                 checks=self.checks, clips=self.clips)
+        d.update(kw)
+        return NkiTensor(**d)
+
+    # -- indexing -----------------------------------------------------------------------------------
+    def __getitem__(self, key) -> "NkiTensor":
+        return index_view(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        from . import ops
+        ops.assign(self[key], value)
+
+    def broadcast_to(self, shape) -> "NkiTensor":
+        from . import ops
+        return ops.broadcast_to(self, tuple(int(s) for s in shape))
+
+    def reshape(self, shape) -> "NkiTensor":
+        return reshape(self, tuple(int(s) for s in shape))
+
+    def masked(self, mask: Mask | None) -> "NkiTensor":
+        if mask is None:
+            return self
+        v = self
+        for k, (s, n, isp, ids) in enumerate(self.axes):
+            b = mask.of(ids)
+            if b is not None:
+                v = v.clip(k, b[0], b[1])
+        return v
+
+    def clip(self, k: int, lo: int, hi: int) -> "NkiTensor":
+        """Axis ``k`` restricted to ``[lo, hi)``."""
+        s, n, isp, ids = self.axes[k]
+        hi = min(hi, n)
+        if hi <= lo:
+            raise ValueError(f"{self!r}: mask leaves axis {k} empty ([{lo}, {hi}))")
+        axes = self.axes[:k] + ((s, hi - lo, isp, ids),) + self.axes[k + 1:]
+        clips = self.clips + tuple((i, lo, hi) for i in ids)
+        if isp:
+            return self._with(pstart=self.pstart + lo, axes=axes, clips=clips)
+        return self._with(offset=self.offset + s * lo, axes=axes, clips=clips)
+
+    def validate(self) -> None:
+        """Raise IndexError if an arange index reaches outside its tensor dimension once the
+        masks applied to this view are taken into account (NKI: out-of-range indices must be
+        masked off)."""
+        for what, const, terms, bound in self.checks:
+            lo = hi = const
+            for a, c in terms:
+                r0, r1 = 0, a.size
+                for i, l, h in self.clips:
+                    if i == a.id:
+                        r0, r1 = max(r0, l), min(r1, h)
+                lo += min(c * r0, c * (r1 - 1))
+                hi += max(c * r0, c * (r1 - 1))
+            if lo < 0 or hi >= bound:
+                raise IndexError(f"index out of bounds: {what} indexed over [{lo}, {hi + 1}); "
+                                 f"mask the out-of-range indices (mask=...)")
+
+    # -- operators (nl.* element-wise ops) -------------------------------------------------------
+    def _bin(self, other, name: str, reverse: bool = False):
+        from . import language as nl
+        f = getattr(nl, name)
+        return f(other, self) if reverse else f(self, other)
+
+    def __add__(self, o):
+        return self._bin(o, "add")
+
+    def __radd__(self, o):
+        return self._bin(o, "add", True)
+
+    def __sub__(self, o):
+        return self._bin(o, "subtract")
+
+    def __rsub__(self, o):
+        return self._bin(o, "subtract", True)
+
+    def __mul__(self, o):
+        return self._bin(o, "multiply")
+
+    def __rmul__(self, o):
+        return self._bin(o, "multiply", True)
+
+    def __truediv__(self, o):
+        return self._bin(o, "divide")
+
+    def __rtruediv__(self, o):
+        return self._bin(o, "divide", True)
+
+    def __pow__(self, o):
+        return self._bin(o, "power")
+
+    def __neg__(self):
+        from . import language as nl
+        return nl.negative(self)
+
+    def __gt__(self, o):
+        return self._bin(o, "greater")
+
+    def __ge__(self, o):
+        return self._bin(o, "greater_equal")
+
+    def __lt__(self, o):
+        return self._bin(o, "less")
+
+    def __le__(self, o):
+        return self._bin(o, "less_equal")
+
+    def __and__(self, o):
+        return self._bin(o, "logical_and")
+
+    def __or__(self, o):
+        return self._bin(o, "logical_or")
+
+    def _inplace(self, o, op: str):
+        from . import ops
+        ops.update(self, o, op)
+        return self
+
+    def __iadd__(self, o):
+        return self._inplace(o, "add")
+
+    def __isub__(self, o):
+        return self._inplace(o, "subtract")
+
+    def __imul__(self, o):
+        return self._inplace(o, "multiply")
+
+    def __itruediv__(self, o):
+        return self._inplace(o, "divide")
+
+    __hash__ = object.__hash__
+
+
+def _merge(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Drop size-1 axes and merge axes that are contiguous with their inner neighbour."""
+    out: list[tuple[int, int]] = []
+    for s, n in dims:
+        if n == 1:
+            continue
+        if out and out[-1][0] == s * n:
+            out[-1] = (s, out[-1][1] * n)
+        else:
+            out.append((s, n))
+    return out
+
+
+def _norm_key(key, ndim: int) -> list:
+    key = list(key) if isinstance(key, tuple) else [key]
+    if any(k is Ellipsis for k in key):
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        fill = ndim - (len(key) - 1)
+        key = key[:i] + [slice(None)] * fill + key[i + 1:]
+    if len(key) > ndim:
+        raise IndexError(f"too many indices: {len(key)} for a tensor of {ndim} dimensions")
+    return key + [slice(None)] * (ndim - len(key))
+
+
+def index_view(v: NkiTensor, key) -> NkiTensor:
+    """``v[key]`` (module docstring)."""
+    items = _norm_key(key, v.ndim)
+    grid_nd = max((k.ndim for k in items if isinstance(k, IndexExpr)), default=0)
+    grid = [[0, 1, False, frozenset()] for _ in range(grid_nd)]   # stride, size, is_p, ids
+    offset, pstart = v.offset, v.pstart
+    out: list = []
+    grid_at = None
+    checks = list(v.checks)
+    box = list(v.box) if (v.box is not None and v.base) else None
+    for d, (item, (s, n, isp, _)) in enumerate(zip(items, v.axes)):
+        name = f"{v.storage.name} dimension {d} (size {n})"
+        if isinstance(item, DynSlice):
+            item = item.as_slice()
+        if isinstance(item, IndexExpr):
+            if grid_at is None:
+                grid_at = len(out)
+                out.append(None)
+            lo = item.const + sum(min(0, c * (a.size - 1)) for a, c in item.terms)
+            hi = item.const + sum(max(0, c * (a.size - 1)) for a, c in item.terms) + 1
+            if lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
+                checks.append((name, item.const, item.terms, n))
+                lo, hi = max(lo, 0), min(hi, n)
+            coefs = item.by_position()
+            off_pos = item.ndim - grid_nd   # an expression of fewer dims aligns right (numpy)
+            if isp:
+                if len(coefs) != 1 or next(iter(coefs.values())) != 1:
+                    raise IndexError(f"{name} is the partition dimension: its index must be one "
+                                     f"nl.arange with coefficient 1, got {item!r}")
+                pstart += item.const
+                (pos, _), = coefs.items()
+                g = grid[pos - off_pos]
+                g[2] = True
+            else:
+                offset += s * item.const
+            for pos, c in coefs.items():
+                g = grid[pos - off_pos]
+                size = item.shape[pos]
+                if g[1] not in (1, size):
+                    raise IndexError(f"index grids do not broadcast: {g[1]} and {size}")
+                g[1] = size
+                if not isp:
+                    g[0] += s * c
+                g[3] = g[3] | item.aranges_at(pos)
+            if box is not None:
+                box[d] = (lo, hi)
+        elif isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            if item.start is not None and not -n <= int(item.start) <= n or \
+                    item.stop is not None and int(item.stop) > n:
+                raise IndexError(f"index out of bounds: {name} sliced as [{item.start}:{item.stop}]")
+            size = max(0, (stop - start + step - 1) // step) if step > 0 else max(0, (start - stop - step - 1) // -step)
+            if size == 0:
+                raise IndexError(f"empty slice of {name}: [{item.start}:{item.stop}]")
+            if isp:
+                if step != 1:
+                    raise IndexError(f"{name} is the partition dimension: slices need step 1")
+                pstart += start
+                out.append((0, size, True, frozenset()))
+            else:
+                offset += s * start
+                out.append((s * step, size, False, frozenset()))
+            if box is not None:
+                box[d] = (min(start, start + step * (size - 1)), max(start, start + step * (size - 1)) + 1)
+        else:
+            i = int(item)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"index out of bounds: {name} indexed with {int(item)}")
+            if isp:
+                pstart += i
+            else:
+                offset += s * i
+            if box is not None:
+                box[d] = (i, i + 1)
+    if grid_at is not None:
+        out[grid_at:grid_at + 1] = [tuple(g) for g in grid]
+    return NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
+                     checks=tuple(checks), clips=v.clips)
+
+
+def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:
+    """Reshape a view whose free axes are contiguous (partition axis, if any, kept first)."""
+    if int(np.prod(shape)) != int(np.prod(v.shape)):
+        raise ValueError(f"cannot reshape {v.shape} to {shape}")
+    free = [a for a in v.axes if not a[2]]
+    dims = _merge([(s, n) for s, n, _, _ in free])
+    if len(dims) > 1 or (dims and dims[0][0] != 1):
+        raise ValueError(f"{v!r}: only contiguous free axes can be reshaped")
+    has_p = any(a[2] for a in v.axes)
+    axes = []
+    rest = shape
+    if has_p:
+        if shape[0] != v.partitions:
+            raise ValueError(f"reshape keeps the partition dimension ({v.partitions}) first, got {shape}")
+        axes.append((0, shape[0], True, frozenset()))
+        rest = shape[1:]
+    acc = 1
+    tail = []
+    for n in reversed(rest):
+        tail.append((acc, n, False, frozenset()))
+        acc *= n
+    return v._with(axes=tuple(axes + tail[::-1]), box=v.box if v.storage.memory is Memory.HBM else None)
+
+
+def on_release(storage: Storage, fn, *args) -> None:
+    """Call ``fn(*args)`` when ``storage`` is no longer referenced (its memory may be reused)."""
+    weakref.finalize(storage, fn, *args)
+
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
