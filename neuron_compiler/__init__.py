@@ -14,6 +14,9 @@
   ``device="neuron"``, ``model.to("neuron")``; eager ops on device tensors run on the simulator,
   and ``torch.compile`` over them keeps everything on the device (``docs/device.md``).
 
+``neuron_compiler.nki``: NKI kernels (``@nki.jit``, both API styles) traced into the simulator's
+program, checked by the machine's rules, valued and timed on trn1/trn2/trn3 (``docs/nki.md``).
+
 The ``neuron-eval`` command (``python -m neuron_compiler.eval``) lives in ``neuron_compiler.eval``.
 
 Invariants
