@@ -444,7 +444,9 @@ class Profile:
                     f"  {label:22s}: simulated {ph['simulated_time_us']:.2f} us, transfer "
                     f"{ph['transfer_time_us']:.2f} us ({_bytes(ph['transfer_bytes'])}), call "
                     f"overhead {ph['call_overhead_time_us']:.2f} us, fallback "
-                    f"{ph['fallback_time_us']:.2f} us  [{ph['graph_calls']} graph calls]")
+                    f"{ph['fallback_time_us']:.2f} us"
+                    + (f", collectives {ph['collective_time_us']:.2f} us" if d["collectives"]
+                       else "") + f"  [{ph['graph_calls']} graph calls]")
         if d["fallbacks"]:
             lines += ["", "Fallbacks (run in eager PyTorch):"]
             rows = [("op", "count", "time us", "reason")]
