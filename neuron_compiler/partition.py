@@ -14,10 +14,16 @@ What is counted ("ATen compute nodes")
   Python arithmetic on SymInts. Those never go into a device partition and are never asked
   about: they run on the host as part of the outer graph at no recorded cost.
 
+Collectives (``neuron_compiler.collectives``): a ``_c10d_functional`` collective or wait node is a
+device operation that the lowering does not compile: it stays in the outer graph (run by
+torch.distributed, timed by the collective model), is counted as a device node and listed in
+``PartitionPlan.collectives``, never as a fallback.
+
 Invariants
 - Every node that ``why_unsupported`` accepted ends up in a device partition; every counted
   node outside the partitions has a reason in ``PartitionPlan.fallbacks``.
-- ``device_nodes + fallback_nodes`` equals the number of counted nodes of the input graph.
+- ``device_nodes + fallback_nodes`` equals the number of counted nodes of the input graph;
+  ``device_nodes`` includes the collective nodes.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import importlib
 import logging
 import operator
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -33,10 +39,12 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupport
 
+from neuron_compiler.collectives import collective_kind
 from neuron_compiler.profile import FallbackEntry
 
 DEVICE_PREFIX = "fused_"
 NOT_PARTITIONED = "supported by the lowering, but left outside every device partition"
+COLLECTIVE = "a collective: run by torch.distributed, timed by the collective model"
 
 _aten = torch.ops.aten
 SHAPE_QUERY_OPS = frozenset({
@@ -93,6 +101,8 @@ class NeuronOperatorSupport(OperatorSupport):
         if node.op == "call_function" and node.target is operator.getitem:
             src = node.args[0]
             r = self.reason(src) if isinstance(src, Node) else "getitem of a non-node"
+        elif collective_kind(node) is not None:
+            r = COLLECTIVE
         elif not is_compute_node(node):
             r = "not an ATen compute node (runs on the host)"
         else:
@@ -118,6 +128,7 @@ class PartitionPlan:
     fallback_nodes: int
     fallbacks: tuple[FallbackEntry, ...]
     node_reasons: dict[str, str]            # outer-graph fallback node name -> reason
+    collectives: dict[str, str] = field(default_factory=dict)  # node name -> op (collective, wait)
 
 
 def partition_graph(gm: GraphModule) -> PartitionPlan:
@@ -135,8 +146,11 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
     partition_ops: dict[str, Counter] = {}
     fallback_count: Counter = Counter()
     node_reasons: dict[str, str] = {}
+    collectives: dict[str, str] = {}
     for node in fused.graph.nodes:
-        if node.op == "call_module" and str(node.target).startswith(DEVICE_PREFIX):
+        if collective_kind(node) is not None:
+            collectives[node.name] = op_name(node)
+        elif node.op == "call_module" and str(node.target).startswith(DEVICE_PREFIX):
             sub = getattr(fused, str(node.target))
             device.append(str(node.target))
             partition_ops[str(node.target)] = Counter(
@@ -145,7 +159,7 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
             reason = reasons_by_name.get(node.name, NOT_PARTITIONED)
             node_reasons[node.name] = reason
             fallback_count[(op_name(node), reason)] += 1
-    device_nodes = sum(sum(c.values()) for c in partition_ops.values())
+    device_nodes = sum(sum(c.values()) for c in partition_ops.values()) + len(collectives)
     fallback_nodes = sum(fallback_count.values())
     if device_nodes + fallback_nodes != n_compute:
         raise AssertionError(
@@ -154,7 +168,7 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
     fallbacks = tuple(FallbackEntry(op, c, r) for (op, r), c in
                       sorted(fallback_count.items(), key=lambda kv: (-kv[1], kv[0])))
     return PartitionPlan(fused, tuple(device), partition_ops, device_nodes, fallback_nodes,
-                         fallbacks, node_reasons)
+                         fallbacks, node_reasons, collectives)
 
 
 def plan_table(plan: PartitionPlan) -> dict:
@@ -165,6 +179,7 @@ def plan_table(plan: PartitionPlan) -> dict:
         "fallbacks": [{"op": e.op, "count": e.count, "reason": e.reason} for e in plan.fallbacks],
         "partitions": {p: dict(sorted(plan.partition_ops[p].items()))
                        for p in plan.device_partitions},
+        "collectives": dict(plan.collectives),
     }
 
 
@@ -197,6 +212,11 @@ def format_plan(plan: PartitionPlan, title: str = "") -> str:
         lines.append(f"  {name}: {sum(ops.values())} nodes")
         for op, c in sorted(ops.items()):
             lines.append(f"    {op} x{c}")
+    if plan.collectives:
+        lines.append("")
+        lines.append(f"collectives ({len(plan.collectives)} nodes, torch.distributed, timed by "
+                     f"the collective model):")
+        lines += [f"  {name}: {op}" for name, op in plan.collectives.items()]
     lines.append("")
     lines.append(f"fallback ops ({plan.fallback_nodes} nodes, eager PyTorch):")
     for e in plan.fallbacks:

@@ -23,7 +23,10 @@ Invariants
   ``runtime.py``: only where host data enters the device or a host consumer reads device data;
   resident tensors cost nothing); ``call_overhead_time_us`` the runtime's per-call launch
   overhead, charged once per device-partition call; ``fallback_time_us`` the measured host wall
-  time of eager fallback ops. The four are disjoint; none includes compile time.
+  time of eager fallback ops; ``collective_time_us`` the modelled time of the collectives
+  (``neuron_compiler.collectives``: values from torch.distributed, time from
+  ``runtime_sim.collectives``), listed per op in ``collectives``. The five are disjoint; none
+  includes compile time.
 - ``assumptions`` lists, per distinct compiled-graph setting that ran, the host-link bandwidth
   and the per-call overhead in force, each with its source (``neuron_compiler.assumptions``:
   ``"option"`` or the default's reason); ``summary()`` prints them.
@@ -116,7 +119,32 @@ class _PartitionStats:
 
 
 _PHASE_KEYS = ("simulated_ns", "transfer_ns", "transfer_bytes", "transfers", "fallback_ns",
-               "compile_s", "overhead_ns")
+               "compile_s", "overhead_ns", "collective_ns")
+
+
+@dataclass
+class _CollectiveStats:
+    """The calls of one collective op of one compiled graph with one size and group."""
+
+    graph: GraphRecord
+    op: str
+    cost: object                      # runtime_sim.collectives.CollectiveCost (the same per call)
+    calls: int = 0
+    host_ns: int = 0                  # measured wall time of torch.distributed's calls
+
+    def to_dict(self, graph_name: str) -> dict:
+        c = self.cost
+        return {"name": f"{graph_name}/{self.op}", "graph": graph_name, "op": self.op,
+                "kind": c.kind, "target": c.target, "ranks": c.ranks,  # type: ignore[attr-defined]
+                "lnc": c.placement.lnc, "chips": c.placement.chips,  # type: ignore[attr-defined]
+                "instances": c.placement.instances,  # type: ignore[attr-defined]
+                "bytes": int(c.nbytes), "algorithm": c.algorithm,  # type: ignore[attr-defined]
+                "bound": c.bound, "calls": self.calls,  # type: ignore[attr-defined]
+                "time_per_call_us": c.total_ns / 1e3,  # type: ignore[attr-defined]
+                "latency_per_call_us": c.latency_ns / 1e3,  # type: ignore[attr-defined]
+                "transfer_per_call_us": c.transfer_ns / 1e3,  # type: ignore[attr-defined]
+                "time_us": c.total_ns * self.calls / 1e3,  # type: ignore[attr-defined]
+                "host_time_us": self.host_ns / 1e3}
 
 
 @dataclass
@@ -132,6 +160,7 @@ class Profile:
     _loose_transfer: Counter = field(default_factory=Counter)  # producer not seen in the profile
     _phase: dict[tuple[int, str], Counter] = field(default_factory=dict)  # (graph id, phase)
     _user_copies: dict[str, Counter] = field(default_factory=dict)  # direction -> count, bytes, ns
+    _collectives: dict[tuple, _CollectiveStats] = field(default_factory=dict)
     compiles: int = 0
     compile_time_s: float = 0.0
     cache_hits: int = 0
@@ -213,6 +242,16 @@ class Profile:
             self._loose_transfer.update(ns=ns, bytes=nbytes, transfers=transfers)
         self._bump(transfer_ns=ns, transfer_bytes=nbytes, transfers=transfers)
 
+    def note_collective(self, graph: GraphRecord, op: str, cost: object, host_ns: int) -> None:
+        """One collective call: its modelled ``cost`` (``runtime_sim.collectives``) and the
+        wall time torch.distributed took (``host_ns``, for reference only)."""
+        key = (id(graph), op, cost.kind, cost.nbytes, cost.ranks)  # type: ignore[attr-defined]
+        rec = self._collectives.setdefault(key, _CollectiveStats(graph, op, cost))
+        rec.calls += 1
+        rec.host_ns += host_ns
+        self._graphs.setdefault(id(graph), graph)
+        self._bump(collective_ns=cost.total_ns)  # type: ignore[attr-defined]
+
     def note_user_copy(self, direction: str, nbytes: int, ns: float) -> None:
         """The user copied one tensor between the host and the ``neuron`` device
         (``direction``: ``"to_device"`` or ``"to_host"``), ``nbytes`` in ``ns`` on the link."""
@@ -290,6 +329,8 @@ class Profile:
         targets = sorted({g.target for g in self._graphs.values()})
         fallback_ns = sum(self._fallback_ns.values())
         user = self._user_copies_dict()
+        colls = [c.to_dict(names.get(id(c.graph), c.graph.name))
+                 for c in self._collectives.values()]
         return {
             "target": ", ".join(targets) if targets else None,
             "simulated_time_us": sum(p["simulated_time_us"] for p in parts),
@@ -306,6 +347,8 @@ class Profile:
                              + sum(u["count"] for u in user.values())),
             "user_copies": user,
             "call_overhead_time_us": sum(p["call_overhead_time_us"] for p in parts),
+            "collective_time_us": sum(c["time_us"] for c in colls),
+            "collectives": colls,
             "assumptions": self._assumptions(),
             "warmup": self._phase_dict("warmup"),
             "steady_state": self._phase_dict("steady"),
@@ -359,6 +402,7 @@ class Profile:
             "transfers": int(round(out["transfers"])),
             "call_overhead_time_us": out["overhead_ns"] / 1e3,
             "fallback_time_us": out["fallback_ns"] / 1e3,
+            "collective_time_us": out["collective_ns"] / 1e3,
             "compile_time_s": out["compile_s"],
         }
 
@@ -379,6 +423,9 @@ class Profile:
             f"  runtime call overhead : {d['call_overhead_time_us']:12.2f} us   "
             f"({_overhead_text(d['assumptions'])} per device-partition call)",
             f"  eager fallback (wall) : {d['fallback_time_us']:12.2f} us",
+            *([f"  collectives (modelled): {d['collective_time_us']:12.2f} us   "
+               f"({sum(c['calls'] for c in d['collectives'])} calls; values from "
+               f"torch.distributed)"] if d["collectives"] else []),
             f"  ATen compute nodes    : {d['device_nodes']} on device, {d['fallback_nodes']} "
             f"fallback" + (f" ({100.0 * d['device_nodes'] / total:.1f}% on device)" if total
                            else ""),
@@ -397,7 +444,9 @@ class Profile:
                     f"  {label:22s}: simulated {ph['simulated_time_us']:.2f} us, transfer "
                     f"{ph['transfer_time_us']:.2f} us ({_bytes(ph['transfer_bytes'])}), call "
                     f"overhead {ph['call_overhead_time_us']:.2f} us, fallback "
-                    f"{ph['fallback_time_us']:.2f} us  [{ph['graph_calls']} graph calls]")
+                    f"{ph['fallback_time_us']:.2f} us"
+                    + (f", collectives {ph['collective_time_us']:.2f} us" if d["collectives"]
+                       else "") + f"  [{ph['graph_calls']} graph calls]")
         if d["fallbacks"]:
             lines += ["", "Fallbacks (run in eager PyTorch):"]
             rows = [("op", "count", "time us", "reason")]
@@ -418,6 +467,12 @@ class Profile:
                             + tuple(f"{100.0 * p['engine_busy'].get(e, 0.0):.0f}"
                                     for e in engines))
             lines += _table(rows, left={0})
+        if d["collectives"]:
+            lines += ["", "Collectives (device operations; time from runtime_sim.collectives):"]
+            rows = [("collective", "ranks", "bytes", "algorithm", "bound", "calls", "us/call")]
+            rows += [(c["name"], str(c["ranks"]), str(c["bytes"]), c["algorithm"], c["bound"],
+                      str(c["calls"]), f"{c['time_per_call_us']:.2f}") for c in d["collectives"]]
+            lines += _table(rows, left={0, 3, 4})
         if d["assumptions"]:
             from neuron_compiler.assumptions import describe
             lines += ["", "Assumptions (values in force, and where they come from):"]
@@ -440,8 +495,28 @@ class Profile:
                      f"{rec.input_shapes} x{rec.calls}")
             events += to_chrome_trace(result, process_name=pname, pid=pid,
                                       engine_labels=True)["traceEvents"]
+        events += self._collective_trace(pid=len(self._parts) + 1)
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+
+    def _collective_trace(self, pid: int) -> list[dict]:
+        """One process of the collectives: one complete event per distinct collective (op,
+        size, group), laid end to end, each lasting one call's modelled time."""
+        if not self._collectives:
+            return []
+        events: list[dict] = [
+            {"ph": "M", "pid": pid, "name": "process_name",
+             "args": {"name": "collectives (modelled: runtime_sim.collectives)"}},
+            {"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": "cc (CC-Core)"}}]
+        names = self._graph_names()
+        ts = 0.0
+        for c in self._collectives.values():
+            d = c.to_dict(names.get(id(c.graph), c.graph.name))
+            events.append({"ph": "X", "pid": pid, "tid": 0, "ts": ts,
+                           "dur": d["time_per_call_us"], "name": f"{d['kind']} ({d['algorithm']})",
+                           "cat": "collective", "args": d})
+            ts += d["time_per_call_us"]
+        return events
 
 
 def _link_text(assumptions: list[dict]) -> str:

@@ -100,6 +100,7 @@ from torch.utils._pytree import tree_leaves
 
 from neuron_compiler.assumptions import assumptions_of, host_assumptions
 from neuron_compiler.cache import DiskCache, disk_cache, request_key
+from neuron_compiler.collectives import CollectiveOp, collective_kind
 from neuron_compiler.cache import request as cache_request
 from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
                                               Producer, Residency, tensor_bytes)
@@ -326,13 +327,16 @@ class FallbackOp(torch.nn.Module):
 
 def wrap_fallback_nodes(gm: GraphModule, reasons: dict[str, str], graph: GraphRecord,
                         default_reason: str) -> GraphModule:
-    """Replace every compute ``call_function`` node of ``gm`` with a timed ``FallbackOp``."""
+    """Replace every compute ``call_function`` node of ``gm`` with a timed ``FallbackOp`` (a
+    collective with a ``CollectiveOp``)."""
     for i, node in enumerate(list(gm.graph.nodes)):
         if not is_compute_node(node):
             continue
-        name = f"eager_{i}_{node.name}"
-        gm.add_submodule(name, FallbackOp(node.target, op_name(node),
-                                          reasons.get(node.name, default_reason), graph))
+        kind = collective_kind(node)       # a collective is a device operation (collectives.py)
+        name = f"{'collective' if kind else 'eager'}_{i}_{node.name}"
+        gm.add_submodule(name, CollectiveOp(node.target, op_name(node), kind, graph) if kind else
+                         FallbackOp(node.target, op_name(node),
+                                    reasons.get(node.name, default_reason), graph))
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, node.args, node.kwargs)
         new.meta = dict(node.meta)

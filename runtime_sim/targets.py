@@ -293,3 +293,103 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise ValueError(f"unknown target {name!r}; expected one of {sorted(TARGETS)}") from None
+
+
+# =============================================================================================
+# Interconnect: chip-to-chip links, topology and collective latencies (runtime_sim.collectives)
+# =============================================================================================
+# Sources (aws-neuron-sdk@81ce03a; hardware-sources.md section 4):
+#  INTRA = neuron-runtime/explore/intranode-collective-comm.rst
+#  INTER = neuron-runtime/explore/internode-collective-comm.rst
+#  COLL  = neuron-runtime/about/collectives.rst
+#  NCCOM = tools/neuron-sys-tools/nccom-test.rst
+#  TRN1A = about-neuron/arch/neuron-hardware/trn1-arch.rst; TRN2A = .../trn2-arch.rst;
+#  TRN3A = .../trn3-arch.rst; CHIP2 = .../trainium2.rst; CHIP3 = .../trainium3.rst
+#
+# Bandwidth convention. ASSUMED: a per-chip interconnect figure is what the chip can send (and,
+# at the same time, receive): per direction, summed over its links, each link carrying an equal
+# share. Evidence, not a fit: TRN3A L94 calls four PCIe Gen6 x8 links "a total of 256 GB/s of
+# bidirectional bandwidth", and a PCIe Gen6 x8 link carries ~64 GB/s per direction (PCI-SIG:
+# 64 GT/s per lane), so AWS's "bidirectional" per-chip figure is the per-direction sum.
+@dataclass(frozen=True)
+class Interconnect:
+    """The chip-to-chip side of one generation (every number with its source, per instance)."""
+
+    target: str
+    links_per_chip: int          # NeuronLinks per chip
+    chip_link_bytes_per_ns: float  # per chip, per direction, over all its links (GB/s)
+    topology: str                # "torus2d" (point-to-point NeuronLink) | "switch" (all-to-all)
+    torus_side: int              # chips per torus row (torus2d); unused for "switch"
+    chips_per_instance: int      # chips of one NeuronLink domain (an instance / UltraServer)
+    default_lnc: int             # physical NeuronCores per logical core (= per rank)
+    hop_ns: float                # per-hop latency inside the NeuronLink domain
+    inter_hop_ns: float          # per-hop latency between instances (EFA)
+    efa_bytes_per_ns_per_chip: float  # EFA bandwidth per chip, per direction (GB/s)
+
+    @property
+    def link_bytes_per_ns(self) -> float:
+        """One link's share of the chip's bandwidth, per direction."""
+        return self.chip_link_bytes_per_ns / self.links_per_chip
+
+
+# Per-hop latency, every generation: INTRA L61 "the per-hop latency of Ring/KangaRing is about
+# 1-2 us (HBM load dependent)": the midpoint of the range is taken (the document is trn2-era;
+# ASSUMED the same on trn1 and trn3, for which no figure is published). Between instances:
+# INTER L66 "the per-hop or point-to-point latency is ~15us"; COLL L114 (trn2.48xl, ib_write_lat)
+# "a minimal packet takes 15us (latency) to go from an HBM in one server to an HBM of another".
+_HOP_NS = 1500.0
+_INTER_HOP_NS = 15000.0
+
+INTERCONNECTS: dict[str, Interconnect] = {
+    "trn1": Interconnect(
+        target="trn1",
+        links_per_chip=4,               # ARCH1 L24: "4 (Trainium) NeuronLink-v2"
+        chip_link_bytes_per_ns=384.0,   # CHIP2 L134-136 "Inter-chip Interconnect (GB/sec/chip)" 384;
+                                        # TRN1A L58 (trn1.32xlarge; trn1n.32xlarge: 768, L69)
+        topology="torus2d",             # TRN1A L77, L82: "2D Torus topology"
+        torus_side=4,                   # ASSUMED 4x4 as trn2 (TRN2A L33): TRN1A gives 16 chips
+                                        # (L50-52) in a 2D torus, its shape only in a figure
+        chips_per_instance=16,          # TRN1A L50-52: trn1.32xlarge, 16 Trainium chips
+        default_lnc=1,                  # NCCOM L567-568: "1 for inf2 and trn1"
+        hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,
+        efa_bytes_per_ns_per_chip=800.0 / 8 / 16,  # TRN1A L59: 800 Gbps per trn1.32xlarge / 16
+    ),
+    "trn2": Interconnect(
+        target="trn2",
+        links_per_chip=4,               # ARCH2 L19: "4 NeuronLink-v3"
+        # TRN2A L97-99: "Intra-instance NeuronLink-v3 bandwidth (GB/sec/chip) 1,024". CHIP2
+        # L36-37 / L134-137 give 1,280 per chip: 1,024 inside the instance + 256 between the
+        # instances of an UltraServer (TRN2A L100-102); a trn2.48xlarge has the 1,024.
+        chip_link_bytes_per_ns=1024.0,
+        topology="torus2d",             # TRN2A L33: "4x4, 2D Torus"; COLL L121
+        torus_side=4,                   # TRN2A L33
+        chips_per_instance=16,          # TRN2A L29, L70-71: 16 Trainium2 chips
+        default_lnc=2,                  # NCCOM L567-568: "2 for trn2 and trn3"; COLL L110
+        hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,
+        efa_bytes_per_ns_per_chip=200.0 / 8,  # COLL L110: "each connected to a 200Gbps EFA"
+    ),
+    "trn3": Interconnect(
+        target="trn3",
+        links_per_chip=4,               # ARCH3 L19: "4 NeuronLink-v4"
+        # TRN3A L78-80: "NeuronLink-v4 bandwidth (GiB/sec/device) 2,048" (the instance table,
+        # as trn2's figure above). Disagreeing: CHIP3 L41 "2.56 TB/sec bandwidth per device";
+        # TRN3A L116-124 PCIe Gen6 256 + 320 + 128 = 704 GB/s (hardware-sources.md
+        # "Known contradictions" 4). Override with dataclasses.replace to try another.
+        chip_link_bytes_per_ns=2048.0 * 1.073741824,
+        topology="switch",              # TRN3A L7, L13: NeuronSwitch-v1 all-to-all, "replacing
+                                        # the previous 2D-torus"
+        torus_side=0,
+        chips_per_instance=64,          # TRN3A L13: Gen1 UltraServer, 64 devices, one scale-up domain
+        default_lnc=2,                  # NCCOM L567-568: "2 for trn2 and trn3"
+        hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,  # ASSUMED as trn2 (no trn3 figure)
+        efa_bytes_per_ns_per_chip=12800.0 / 8 / 64,  # TRN3A L81-83: 12,800 Gbps per Gen1 (64 chips)
+    ),
+}
+
+
+def get_interconnect(name: str) -> Interconnect:
+    try:
+        return INTERCONNECTS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r} for the interconnect; expected one of "
+                         f"{sorted(INTERCONNECTS)}") from None
