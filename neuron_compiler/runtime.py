@@ -93,7 +93,6 @@ import ml_dtypes
 import numpy as np
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
@@ -101,6 +100,7 @@ from torch.utils._pytree import tree_leaves
 from neuron_compiler.assumptions import assumptions_of, host_assumptions
 from neuron_compiler.cache import DiskCache, disk_cache, request_key
 from neuron_compiler.collectives import CollectiveOp, collective_kind
+from neuron_compiler.specialise import clone_graph_module, specialise
 from neuron_compiler.cache import request as cache_request
 from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
                                               Producer, Residency, tensor_bytes)
@@ -209,55 +209,6 @@ def _describe(t: torch.Tensor) -> str:
 def hbm_capacity_bytes(target: object) -> int:
     """HBM bytes one NeuronCore of ``target`` may use: its chip's HBM / cores per chip."""
     return int(target.hbm_bytes_per_core)  # type: ignore[attr-defined]
-
-
-# ---- graph surgery -----------------------------------------------------------------------------
-def clone_graph_module(gm: GraphModule) -> GraphModule:
-    g = torch.fx.Graph()
-    out = g.graph_copy(gm.graph, {})
-    g.output(out)
-    return GraphModule(gm, g)
-
-
-def _needs_specialisation(gm: GraphModule, args: tuple) -> bool:
-    if any(not isinstance(a, torch.Tensor) for a in args):
-        return True
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        vals = val if isinstance(val, (tuple, list)) else (val,)
-        for v in vals:
-            if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
-                return True
-            if v is None and n.op not in ("output",):
-                return True
-    return False
-
-
-def specialise(gm: GraphModule, args: tuple) -> GraphModule:
-    """``gm`` with SymInt inputs replaced by their values and ``meta['val']`` re-propagated on
-    concrete shapes (``gm`` itself when it is already static)."""
-    if not _needs_specialisation(gm, args):
-        return gm
-    new = clone_graph_module(gm)
-    placeholders = [n for n in new.graph.nodes if n.op == "placeholder"]
-    tensors = []
-    for ph, a in zip(placeholders, args):
-        if isinstance(a, torch.Tensor):
-            tensors.append(a)
-            continue
-        value = int(a) if isinstance(a, (torch.SymInt, int)) else a
-        for user in list(ph.users):
-            user.args = torch.fx.node.map_arg(user.args, lambda n, ph=ph, v=value:
-                                              v if n is ph else n)
-            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n, ph=ph, v=value:
-                                                v if n is ph else n)
-        new.graph.erase_node(ph)
-    new.recompile()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode(allow_non_fake_inputs=True)  # get_attr constants stay real
-    fakes = [mode.from_tensor(t.detach()) for t in tensors]
-    FakeTensorProp(new, mode).propagate(*fakes)
-    return new
 
 
 # ---- residency (neuron_compiler.device.residency) ---------------------------------------------
