@@ -441,7 +441,13 @@ class AttentionKAttrs:
     (``k > q + causal_offset``) are masked with -inf, and whole key blocks past the diagonal are
     skipped. ``safe``: a row whose scores are all -inf gives 0 (torch's ``_safe_softmax``)
     instead of NaN. ``epilogue``: expression over ACC (the normalised output, fp32) giving the
-    output dtype. ``p_dtype``: dtype of the probabilities fed to the second product."""
+    output dtype. ``p_dtype``: dtype of the probabilities fed to the second product.
+
+    ``new_kv``: a decode attention over a KV cache read before its one-row update
+    (``passes/decode_cache.py``): ``ins[new_kv:new_kv + 4] = (KN [*B, 1, D], VN [*B, 1, Dv],
+    pos_k, pos_v)``, the new key and value rows and the int32 positions (one element each) they
+    are written at; key ``pos_k`` of KT is KN's row and row ``pos_v`` of V is VN's, whatever KT and
+    V hold there (as if the rows were written first). None: KT and V are used as they are."""
 
     scale: float
     score: Expr | None
@@ -450,6 +456,7 @@ class AttentionKAttrs:
     safe: bool
     epilogue: Expr
     p_dtype: DType
+    new_kv: int | None = field(default=None, metadata={"quiet_default": True})
 
 
 @dataclass(frozen=True)
@@ -570,7 +577,8 @@ class KOp:
                      ("a_shift", m.a_shift, "in")]
             a = ", ".join(f"{n}={p}{v}" for n, v, p in parts if v is not None)
         else:
-            a = ", ".join(f"{k}={getattr(self.attrs, k)}" for k in self.attrs.__dataclass_fields__)
+            a = ", ".join(f"{k}={getattr(self.attrs, k)}" for k, f in self.attrs.__dataclass_fields__.items()
+                          if not (f.metadata.get("quiet_default") and getattr(self.attrs, k) == f.default))
         return f"{outs} = {self.kind.value}[{a}]({ins})  # {','.join(self.origin)}"
 
 

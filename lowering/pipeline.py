@@ -6,6 +6,8 @@
       -> fold_norm_affine     layer-norm weight/bias into the matmuls reading the norm
       -> update_inputs_in_place  an output copied whole from an input, then scattered into,
                               written into that input's buffer (a KV cache's index_copy_)
+      -> attend_before_cache_update  a decode attention reads the cache before its one-row
+                              update, plus the new rows (the update moves after it)
       -> choose_input_layouts resident weights stored as their matmuls read them
       -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
@@ -27,6 +29,7 @@ import torch.fx as fx
 from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
+from lowering.passes.decode_cache import attend_before_cache_update
 from lowering.passes.fusion import fuse
 from lowering.passes.inplace import update_inputs_in_place
 from lowering.passes.layouts import choose_input_layouts
@@ -65,6 +68,9 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     merged = update_inputs_in_place(kp, {n for n, s in zip(kp.inputs, input_specs) if s.mutated})
     if merged:
         kp.notes.append("outputs written in place into the input they copy: " + ", ".join(merged))
+    early = attend_before_cache_update(kp, t)
+    if early:
+        kp.notes.append("decode attention before its cache update: " + "; ".join(early))
     layouts = choose_input_layouts(kp, [s.shape for s in input_specs],
                                    [s.resident for s in input_specs], t)
     if any(layouts):

@@ -15,9 +15,22 @@ products:
     out[h] = O[0, h] / l_h                   l^T [1, H] by one transpose; one multiply, one store
 K^T of a head comes by DMA transpose, V of a head in one DMA ([128 keys, chunks x Dv]).
 
+New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
+its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
+    s_new = Qm_h.T @ kn_h                    TensorE, [H, 1] (the products above with one key)
+    S_c = select(key == pos_k, s_new, S_c)   before the score expression: the stale key's score
+                                             never reaches the softmax
+    P^T' = P^T * (key != pos_v)              the stale value row gets probability 0 ...
+    p_new = onehot(pos_v).T @ P^T            [1, H]: each head's probability of key pos_v ...
+    O[0, h] += p_new[h] * vn_h               ... which multiplies the new row instead
+The masks depend only on the positions, so they and the cache loads wait for nothing the layer
+computes. A stale value row must be finite (0 x inf is NaN): a static cache starts zeroed and
+holds rows that earlier steps wrote.
+
 Invariants
 - Applies when ``decode_fits``: one query, 2-128 heads on the innermost batch axis, D <= 128,
-  at most four key blocks of 512 (whole score rows in PSUM), an epilogue of casts only.
+  at most four key blocks of 512 (whole score rows in PSUM), an epilogue of casts only. A kernel
+  with new rows that does not fit is an internal error (the pass asks ``new_rows_fit`` first).
 - The products of the heads accumulate into one PSUM group per score bank: head 0 starts it,
   every other head adds zeros outside its own row, so each row holds exactly its head's sums.
 - Score expressions see the same leaves as elsewhere: INDEX over the head axis varies along
@@ -27,20 +40,40 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
+from lowering.errors import LoweringError
 from lowering.kir import KOp
 from lowering.tiling.attention_rows import MAX_KEY_BLOCKS
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part,
                                              _score_tile)
 from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_plan import PE_T, RES_T
+from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
-from runtime_sim.isa import ActFunc, AluOp, Memory
+from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory, Op, SelectAttrs
 
 
 
 def decode_fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, sk: _Side, t) -> bool:
     """Whether ``tile_decode`` applies (module docstring, Invariants)."""
+    ok = _fits(k, batch, Sq, Sk, D, Dv, sk.form, t)
+    if not ok and k.attrs.new_kv is not None:
+        raise LoweringError(f"attention {','.join(k.origin[:1])}: new cache rows (new_kv) but the "
+                            f"decode tiler does not apply (batch {batch}, Sq={Sq}, Sk={Sk}, D={D})")
+    return ok
+
+
+def new_rows_fit(k: KOp, t) -> bool:
+    """Whether ``tile_decode`` takes ``k``, an attention with ``new_kv`` set (the pass's check)."""
+    Q, KT, V = k.ins[:3]
+    KN, VN = k.ins[k.attrs.new_kv:k.attrs.new_kv + 2]
+    *batch, Sq, D = Q.shape
+    Sk, Dv = KT.shape[-1], V.shape[-1]
+    return (min(Sq, Sk, D, Dv) > 0 and KN.dtype == KT.dtype == Q.dtype and VN.dtype == V.dtype
+            and _fits(k, batch, Sq, Sk, D, Dv, operand_form(KT.strides[-2], KT.strides[-1], Sk,
+                                                            KT.dtype, t), t))
+
+
+def _fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, form, t) -> bool:
     a = k.attrs
     if Sq != 1 or not batch or D > 128 or Dv > 512:
         return False
@@ -51,8 +84,9 @@ def decode_fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, sk: _Side, t) 
         return False
     nk = -(-Sk // KB)
     per_bank = t.psum_bank_bytes // (Dv * 4)
-    tp = 1 if sk.form in (PE_T, RES_T) else 0        # K^T by TensorE transposes
-    banks = nk + -(-H // per_bank) + 2 + tp          # scores, outputs, P^T, l^T
+    tp = 1 if form in (PE_T, RES_T) else 0           # K^T by TensorE transposes
+    fix = 1 if a.new_kv is not None else 0           # the new key's scores and p_new
+    banks = nk + -(-H // per_bank) + 2 + tp + fix    # scores, outputs, P^T, l^T
     nch = -(-Sk // 128)
     return (nk <= MAX_KEY_BLOCKS and banks <= t.psum_banks
             and nch * H * a.p_dtype.itemsize <= t.psum_bank_bytes)
@@ -71,6 +105,9 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
     per_bank = t.psum_bank_bytes // (Dv * 4)
     groups = [(h0, min(per_bank, H - h0)) for h0 in range(0, H, per_bank)]
     clamp = a.safe and a.score is not None
+    new = a.new_kv is not None
+    if new:
+        KN, VN, PK, PV = k.ins[a.new_kv:a.new_kv + 4]
     b.note(f"attention decode: {H} heads of one query each over {Sk} keys, heads on partitions "
            f"(block-diagonal queries, {nk} score banks, outputs in {len(groups)} banks)")
     with ExitStack() as es:
@@ -88,10 +125,17 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         qt = b.tile("dq", Memory.SBUF, P, H, dt, 1)
         eye = b.tile("deye", Memory.SBUF, P, nq * H, dt, 1)
         qm = b.tile("dqm", Memory.SBUF, P, nq * H, dt, 1)
+        if new:
+            onek, onev, keepv = _position_masks(b, PK, PV, H, Sk, pdt)
         for u in range(halves):
-            for h in range(H):
-                sq.load(b, _Part(qt, 64 * u, aff(0)), aff(h), sq.base(outer + (aff(h),)), aff(0), D,
-                        aff(0), 1)
+            if new:     # every head's q in one DMA per half (features on partitions)
+                b.dma(qt.ap(D, partition_start=64 * u, dims=((1, H),)),
+                      hbm_ap(Q.buffer, Q.dtype, _boff(Q, outer + (aff(0),)), D, Q.strides[-1],
+                             ((H, Q.strides[-3]),)))
+            else:
+                for h in range(H):
+                    sq.load(b, _Part(qt, 64 * u, aff(0)), aff(h), sq.base(outer + (aff(h),)), aff(0),
+                            D, aff(0), 1)
             hh = dict(partition_start=64 * u)
             grid = dict(dims=((H, nq), (1, H)), **hh)
             # paired: block j holds head 2j + u in half u (j*2 + u - m); else head j (j - m)
@@ -99,6 +143,17 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
             b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
             b.tensor_tensor(qm.ap(D, **grid), eye.ap(D, **grid), qt.ap(D, dims=((0, nq), (1, H)), **hh),
                             AluOp.MULTIPLY)
+        if new:         # the new rows, before the cache loads on the DMA queues
+            knt = b.tile("dkn", Memory.SBUF, P, slots, dt, 1)
+            for u in range(halves):
+                n_u = len(range(u, H, halves))
+                b.dma(knt.ap(D, partition_start=64 * u, dims=((1, n_u),)),
+                      hbm_ap(KN.buffer, KN.dtype, _boff(KN, outer + (aff(u),)), D, KN.strides[-1],
+                             ((n_u, halves * KN.strides[-3]),)))
+            vn = b.tile("dvn", Memory.SBUF, 1, H * Dv, VN.dtype, 1)
+            b.dma(vn.ap(dims=((Dv, H), (1, Dv))),
+                  hbm_ap(VN.buffer, VN.dtype, _boff(VN, outer + (aff(0),)), 1, 0,
+                         ((H, VN.strides[-3]), (Dv, VN.strides[-1]))))
         # K^T and V of every head
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
@@ -108,18 +163,36 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                 sk.load(b, _Part(kt, 64 * (h % halves), aff(0)), aff(h // halves * Sk + k0),
                         sk.base(bidx), aff(0), D, aff(k0), kw)
             _load_v_head(b, V, bidx, Sk, Dv, vt, h * nch * Dv)
+        def block(j):   # (first partition, partitions, K^T slot) of stationary block j
+            if paired:      # heads 2j and 2j + 1 (the last slot of an odd H: 2j alone)
+                return 0, P if 2 * j + 1 < H else D, j
+            return 64 * (j % halves), D, j // halves
+
+        if new:         # the new key's scores s_new [H, 1], into column 0 of ``fx``
+            fx = b.tile("dfx", Memory.PSUM, H, 1 + H, F32, 1)
+            for j in range(nq):
+                p0, pp, slot = block(j)
+                b.matmul(fx.ap(dims=((1, 1),)),
+                         qm.ap(pp, partition_start=p0, elem_offset=j * H, dims=((1, H),)),
+                         knt.ap(pp, partition_start=p0, elem_offset=slot, dims=((1, 1),)),
+                         start_when=(j,))
+            sn = b.tile("dsn", Memory.SBUF, H, 1, F32, 1)
+            b.tensor_copy(sn.ap(), fx.ap(dims=((1, 1),)))
         # scores: head h's row of each bank
         S = [b.tile(f"ds{c}", Memory.PSUM, H, KB, F32, 1) for c in range(nk)]
         for c, (k0, kw) in enumerate(kbs):
             for j in range(nq):
-                if paired:      # heads 2j and 2j + 1 (the last slot of an odd H: 2j alone)
-                    p0, pp, slot = 0, P if 2 * j + 1 < H else D, j
-                else:
-                    p0, pp, slot = 64 * (j % halves), D, j // halves
+                p0, pp, slot = block(j)
                 b.matmul(S[c].ap(dims=((1, kw),)),
                          qm.ap(pp, partition_start=p0, elem_offset=j * H, dims=((1, H),)),
                          kt.ap(pp, partition_start=p0, elem_offset=slot * Sk + k0, dims=((1, kw),)),
                          start_when=(j,))
+            if new:     # key pos_k: the new key's score, whatever the stale one is
+                sel = b.tile(f"dsel{c}", Memory.SBUF, H, KB, F32, 1)
+                b.emit(Op.SELECT, sel.ap(dims=((1, kw),)),
+                       (onek.ap(elem_offset=k0, dims=((1, kw),)), sn.ap(dims=((0, kw),)),
+                        S[c].ap(dims=((1, kw),))), SelectAttrs(), engines=(EngineKind.VECTOR,))
+                S[c] = sel
         mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
         srcs = []
         for c, (k0, kw) in enumerate(kbs):
@@ -159,6 +232,21 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                 w = min(128, Sk - j * 128)
                 b.tensor_copy(pt.ap(w, elem_offset=j * H, dims=((1, H),)),
                               tps.ap(w, elem_offset=j * H, dims=((1, H),)))
+        ptv = pt
+        if new:     # value row pos_v: probability 0 in P^T', p_new [1, H] kept apart
+            ptv = b.tile("dptm", Memory.SBUF, min(Sk, 128), nch * H, pdt, 1)
+            for j0, jn, w in ([(0, nch, 128)] if Sk % 128 == 0 else
+                              [(j, 1, min(128, Sk - j * 128)) for j in range(nch)]):
+                b.tensor_tensor(ptv.ap(w, elem_offset=j0 * H, dims=((H, jn), (1, H))),
+                                tps.ap(w, elem_offset=j0 * H, dims=((H, jn), (1, H))),
+                                keepv.ap(w, elem_offset=j0, dims=((1, jn), (0, H))), AluOp.MULTIPLY)
+            for j in range(nch):
+                w = min(128, Sk - j * 128)
+                b.matmul(fx.ap(1, elem_offset=1, dims=((1, H),)),
+                         onev.ap(w, elem_offset=j, dims=((1, 1),)),
+                         pt.ap(w, elem_offset=j * H, dims=((1, H),)), start_when=(j,))
+            pn = b.tile("dpn", Memory.SBUF, 1, H, pdt, 1)
+            b.tensor_copy(pn.ap(), fx.ap(1, elem_offset=1, dims=((1, H),)))
         # 1 / l, as a row [1, H]
         den = b.tile("dden", Memory.SBUF, H, 1, F32, 1).ap()
         b.tensor_reduce(den, L, AluOp.ADD)
@@ -177,8 +265,12 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                 for j in range(nch):
                     w = min(128, Sk - j * 128)
                     b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
-                             pt.ap(w, elem_offset=j * H + h, dims=((1, 1),)),
+                             ptv.ap(w, elem_offset=j * H + h, dims=((1, 1),)),
                              vt.ap(w, elem_offset=(h * nch + j) * Dv, dims=((1, Dv),)), start_when=(j,))
+                if new:
+                    b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
+                             pn.ap(1, elem_offset=h, dims=((1, 1),)),
+                             vn.ap(1, elem_offset=h * Dv, dims=((1, Dv),)), start_when=(1,))
             wt = b.tile(f"dw{g}", Memory.SBUF, 1, per_bank * Dv, out.dtype, 1)
             b.tensor_tensor(wt.ap(dims=((Dv, hn), (1, Dv))), o.ap(dims=((Dv, hn), (1, Dv))),
                             rlt.ap(elem_offset=h0, dims=((1, hn), (0, Dv))), AluOp.MULTIPLY)
@@ -201,3 +293,24 @@ def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None
         w = min(128, Sk - j * 128)
         b.dma(vt.ap(w, elem_offset=off + j * Dv, dims=((1, Dv),)),
               hbm_ap(V.buffer, V.dtype, base + j * 128 * rs, w, rs, ((Dv, V.strides[-1]),)))
+
+
+def _position_masks(b: TirBuilder, PK, PV, H: int, Sk: int, pdt):
+    """From the positions (int32, one element each): ``onek`` [H, Sk], 1 at key pos_k on every
+    row; keys on partitions (key p + 128 c at [p, c]), ``onev`` and ``keepv`` [128, chunks], 1
+    at key pos_v and 1 elsewhere. Compared in fp32 (exact for every key index)."""
+    nch, w0 = -(-Sk // 128), min(Sk, 128)
+    out = []
+    for name, r, p, steps in (("k", PK, H, (1,)), ("v", PV, w0, (128,))):
+        pi = b.tile(f"dp{name}i", Memory.SBUF, p, 1, r.dtype, 1)
+        b.dma(pi.ap(), hbm_ap(r.buffer, r.dtype, r.offset, p, 0, ()))
+        pf = b.tile(f"dp{name}", Memory.SBUF, p, 1, F32, 1)
+        b.tensor_copy(pf.ap(), pi.ap())
+        n = Sk if name == "k" else nch
+        ix = b.tile(f"dix{name}", Memory.SBUF, p, n, F32, 1)
+        b.iota(ix.ap(), 0, 0 if name == "k" else 1, steps)
+        for op in ((AluOp.IS_EQUAL,) if name == "k" else (AluOp.IS_EQUAL, AluOp.NOT_EQUAL)):
+            m = b.tile(f"d{op.value}{name}", Memory.SBUF, p, n, pdt, 1)
+            b.tensor_scalar(m.ap(), ix.ap(), op, pf.ap(), engines=(EngineKind.VECTOR,))
+            out.append(m)
+    return tuple(out)
