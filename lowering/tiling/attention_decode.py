@@ -128,14 +128,11 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         if new:
             onek, onev, keepv = _position_masks(b, PK, PV, H, Sk, pdt)
         for u in range(halves):
-            if new:     # every head's q in one DMA per half (features on partitions)
-                b.dma(qt.ap(D, partition_start=64 * u, dims=((1, H),)),
-                      hbm_ap(Q.buffer, Q.dtype, _boff(Q, outer + (aff(0),)), D, Q.strides[-1],
-                             ((H, Q.strides[-3]),)))
-            else:
-                for h in range(H):
-                    sq.load(b, _Part(qt, 64 * u, aff(0)), aff(h), sq.base(outer + (aff(h),)), aff(0),
-                            D, aff(0), 1)
+            # every head's q in one DMA per half (features on partitions): one fixed phase,
+            # not one per head
+            b.dma(qt.ap(D, partition_start=64 * u, dims=((1, H),)),
+                  hbm_ap(Q.buffer, Q.dtype, _boff(Q, outer + (aff(0),)), D, Q.strides[-1],
+                         ((H, Q.strides[-3]),)))
             hh = dict(partition_start=64 * u)
             grid = dict(dims=((H, nq), (1, H)), **hh)
             # paired: block j holds head 2j + u in half u (j*2 + u - m); else head j (j - m)
