@@ -17,6 +17,9 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 load B[k, group]                       (three slots: loads run ahead)
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
+Where every K tile of both sides is in SBUF when a group starts (a weight loaded ahead, an
+activation transposed once), the group's products run cell-major instead, each cell's epilogue
+under the next cell's products (``matmul_cells.py``, ``matmul_plan.cell_tail``).
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
 row bias is either folded into the accumulation, its row loaded once, whole (``matmul_cells.bias_row``), or
 added while evacuating from one broadcast tile per kernel (``matmul_cells.bias_bcast``), whichever
