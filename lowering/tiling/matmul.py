@@ -17,9 +17,12 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
                 load B[k, group]                       (three slots: loads run ahead)
                 for m-tile, n-tile: matmul             (the group starts at k == 0)
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
+Where every K tile of both sides is in SBUF when a group starts (a weight loaded ahead, an
+activation transposed once), the group's products run cell-major instead, each cell's epilogue
+under the next cell's products (``matmul_cells.py``, ``matmul_plan.cell_tail``).
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
-row bias is either folded into the accumulation, its row loaded once, whole (``_bias_row``), or
-added while evacuating from one broadcast tile per kernel (``_bias_bcast``), whichever
+row bias is either folded into the accumulation, its row loaded once, whole (``matmul_cells.bias_row``), or
+added while evacuating from one broadcast tile per kernel (``matmul_cells.bias_bcast``), whichever
 ``matmul_plan.bias_by_products`` prefers; weights come in paced pieces of about one DMA fixed
 phase each (``stream.paced_pieces``, ``_Side.pieces``); a weight operand too big to keep whole
 keeps a prefix of its blocks in slots of their own (``_whole_weights``); an output going to
@@ -48,12 +51,14 @@ from dataclasses import dataclass, replace
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
+from lowering.tiling.matmul_cells import (Slice, bias_bcast, bias_products, bias_row, boff,
+                                          cell_operands, cell_tile, emit_cells)
 from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
-                                         footprint, operand_form, staged)
+                                         cell_tail, footprint, operand_form, staged, AHEAD_SHARE)
 from lowering.tiling.matmul_transposed import emit_transposed
 from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
@@ -250,7 +255,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
                         tuple(k.ins[i].dtype for i in used), _epi_tiles(epi),
                         no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack,
                         no_swap=no_swap, no_dma_out=no_dma_out, a_packed=sa.packed(K),
-                        b_packed=sb.packed(K), a_ahead=_ahead(b, A),
+                        b_packed=sb.packed(K), a_ahead=_ahead(b, A), b_ahead=_ahead(b, Bm),
                         cast_only=_casts_only(epi))
     try:
         best, scored = choose_blocking(shape, t)
@@ -283,7 +288,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         res, strm, rt = (sa, sb, TM) if best.resident == "A" else (sb, sa, TN)
         sa.pro = APrologue(b, k, K, 1 if best.swap else _kgroup(res, strm, K, best, rt, t))
     if best.swap:
-        emit_transposed(b, k, sa, sb, best, used, folded, _epilogue, _bias_row, out_ap,
+        emit_transposed(b, k, sa, sb, best, used, folded, _epilogue, bias_row, out_ap,
                         ev_dtype(shape))
     elif best.resident == "C":
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
@@ -292,7 +297,11 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         once = _transpose_once(shape, best, t, strm)
         if once:
             strm.tp_bufs = _once_tp_bufs(shape, best, t)
-        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast))
+        ctail = cell_tail(shape, best, t, WEIGHT_STREAMS_AHEAD) if once else 0
+        if ctail:
+            b.note("matmul: cell-major products, each cell's epilogue under the next cell's "
+                   "products (matmul_cells.py)")
+        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail)
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -325,7 +334,6 @@ def _once_tp_bufs(shape: MatmulShape, c: Blocking, t) -> int:
     return max(2, min(ONCE_TP_BUFS, Kt, 2 + spare))
 
 
-AHEAD_SHARE = 0.5    # of a kernel's SBUF share for the slots of a weight operand that does not fit
 
 
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
@@ -453,10 +461,11 @@ def _prod(xs) -> int:
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
           folded: list[int], once: bool = False, kp: KPack = KPack(),
-          bcast: tuple[int, ...] = ()) -> None:
+          bcast: tuple[int, ...] = (), ctail: int = 0) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
-    the K packing (``matmul_fp8``: fp8 double-row K tiles of 256)."""
+    the K packing (``matmul_fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
+    the last ``ctail`` K tiles of a group run cell-major (``matmul_cells.py``)."""
     A = k.ins[0]
     *batch, M, K = A.shape
     dt = A.dtype
@@ -472,8 +481,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
         rbase, sbase = res.base(bidx), strm.base(bidx)
-        rows = {fi: _bias_row(b, k, fi, bidx) for fi in folded}
-        pre = {fi: _bias_bcast(b, k, fi, bidx) for fi in bcast}
+        rows = {fi: bias_row(b, k, fi, bidx) for fi in folded}
+        pre = {fi: bias_bcast(b, k, fi, bidx, _ahead(b, k.ins[fi])) for fi in bcast}
         if once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
@@ -500,10 +509,13 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
             for s0, sw in b.tiled(strm.F, c.group * st, "grp"):
                 nr, ns = -(-rw // rt), -(-sw // st)
                 acc = b.tile("acc", Memory.PSUM, TM, nr * ns * TN, F32, c.acc_bufs)
+                wide = _wide_rows(b, k, c, rw, sw, bidx, r0, s0)
+                nch = -(-K // TK) if G == 1 else K // (G * TK)     # K chunks: tiles or groups
+                split = nch - -(-ctail // G) if once and ctail and not c.stream and not wide else nch
                 sstage = strm.stage(b, sbase, s0, sw, K)
-                for j, k0, kt, ks, first in _ktiles(b, K, G, "k", TK):
+                for j, k0, kt, ks, first in _ktiles(b, K, G, "k", TK, hi=split):
                     if once:
-                        sblk = _Slice(tall, j * strm.F)
+                        sblk = Slice(tall, j * strm.F)
                     else:
                         sblk = b.tile("str", Memory.SBUF, kp.parts(kt), kp.pack * sw, dt, c.stream_bufs)
                         if ks > 1:    # a K group (never packed)
@@ -518,34 +530,24 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                         koff = j * rw if G > 1 else kp.koff(k0, rw)
                     for i0, iw in b.tiled(rw, rt, "i"):
                         for j0, jw in b.tiled(sw, st, "j"):
-                            ia, ja = i0 // rt, j0 // st          # tile indices (affine)
-                            if c.resident == "A":
-                                cell = (ia * ns + ja) * TN
-                                stat = kp.ap(blk, kt, koff + i0, iw, rw)
-                                mov = kp.ap(sblk, kt, j0, jw, sw)
-                                dst = acc.ap(iw, elem_offset=cell, dims=((1, jw),))
-                            else:
-                                cell = (ja * nr + ia) * TN
-                                stat = kp.ap(sblk, kt, j0, jw, sw)
-                                mov = kp.ap(blk, kt, koff + i0, iw, rw)
-                                dst = acc.ap(jw, elem_offset=cell, dims=((1, iw),))
-                            kp.matmul(b, dst, stat, mov, first)
+                            kp.matmul(b, *cell_operands(kp, c, acc, blk, sblk, kt, koff, i0, iw, j0,
+                                                        jw, rw, sw, rt, st, nr, ns), first)
+                if split < nch:      # the last K tiles cell-major (matmul_cells.py)
+                    emit_cells(b, kp, c, acc, blk, tall, strm.F,
+                               lambda: _ktiles(b, K, G, "kc", TK, lo=split),
+                               rw, sw, r0, s0, rt, st, nr, ns, [rows[fi] for fi in folded],
+                               lambda m0, mt, n0, nt, a: _epilogue(b, k, used, bidx, m0, mt, n0, nt,
+                                                                   a, pre=pre))
+                    continue
                 for fi in folded:
-                    _bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
-                if _wide_rows(b, k, c, rw, sw, bidx, r0, s0):
+                    bias_products(b, rows[fi], c, acc, r0, rw, s0, sw, rt, st, nr, ns)
+                if wide:
                     _wide_epilogue(b, k, used, bidx, c, acc, r0, rw, s0, sw, rt, st, nr, ns, pre)
                     continue
                 for i0, iw in b.tiled(rw, rt, "ei"):
                     for j0, jw in b.tiled(sw, st, "ej"):
-                        ia, ja = i0 // rt, j0 // st
-                        if c.resident == "A":
-                            m0, mt, n0, nt = r0 + i0, iw, s0 + j0, jw
-                            cell = (ia * ns + ja) * TN
-                        else:
-                            m0, mt, n0, nt = s0 + j0, jw, r0 + i0, iw
-                            cell = (ja * nr + ia) * TN
-                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, acc.ap(mt, elem_offset=cell, dims=((1, nt),)),
-                                  pre=pre)
+                        m0, mt, n0, nt, a = cell_tile(c, acc, r0, s0, i0, iw, j0, jw, rt, st, nr, ns)
+                        _epilogue(b, k, used, bidx, m0, mt, n0, nt, a, pre=pre)
 
 
 WIDE_MAX = 8192    # bytes per partition of one wide output tile (``_wide_rows``)
@@ -614,77 +616,24 @@ def _kgroup(res: _Side, strm: _Side, K: int, c: Blocking, rt: int, t) -> int:
     return next((g for g in range(2, Kt + 1) if Kt % g == 0 and g * run >= GROUP_RUN), Kt)
 
 
-def _ktiles(b: TirBuilder, K: int, G: int, hint: str, tk: int = TK):
+def _ktiles(b: TirBuilder, K: int, G: int, hint: str, tk: int = TK, lo: int = 0, hi: int | None = None):
     """(tile index, first K row, rows, row step, start_when) of every K tile: the plain tiles
     of ``tk`` rows (the last one partial), or K groups of G full tiles (``_kgroup``) as two
-    nested loops."""
-    if G == 1:
-        for k0, kt in b.tiled(K, tk, hint):
-            yield k0 // tk, k0, kt, 1, (k0,)
+    nested loops; only chunks (tiles, or groups of G) ``lo .. hi`` (default: all), those from
+    ``lo > 0`` accumulating onto the earlier ones."""
+    n = -(-K // tk) if G == 1 else K // (G * TK)
+    hi = n if hi is None else hi
+    if hi <= lo:
         return
-    with b.loop(K // (G * TK), hint + "c") as cg:
+    if G == 1:
+        for k0, kt in b.tiled(min(K, hi * tk) - lo * tk, tk, hint):
+            k0 = k0 + lo * tk
+            yield k0 // tk, k0, kt, 1, ((1,) if lo else (k0,))
+        return
+    with b.loop(hi - lo, hint + "c") as c:
+        cg = c + lo
         with b.loop(G, hint + "g") as g:
-            yield cg * G + g, cg * (G * TK) + g, TK, G, (cg, g)
-
-
-class _Slice:
-    """Elements from ``off`` of every partition of a tile, used where a tile is expected."""
-
-    def __init__(self, tile: Tile, off):
-        self.tile, self.off = tile, off
-
-    def ap(self, partitions: int | None = None, elem_offset=0, **kw) -> TAP:
-        return self.tile.ap(partitions, elem_offset=self.off + elem_offset, **kw)
-
-
-def _bias_row(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
-    """The whole bias row of a folded row bias (``fold_row_bias``) in one partition, loaded once
-    per batch index before the blocks: a few KiB at most, and no reload between the groups (a
-    small load issued mid-kernel waits in the DMA engines' queues behind the next kernel's
-    prefetched weights)."""
-    x = k.ins[fi]
-    N = k.ins[1].shape[-1]
-    row = b.tile(f"bias{fi}", Memory.SBUF, 1, N, x.dtype, 2)
-    b.dma(row.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx), 1, 0, ((N, x.strides[-1]),)))
-    return row
-
-
-def _bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
-    """A row bias (``fold_row_bias``'s inputs) added when evacuating PSUM instead
-    (``bias_by_products``): the whole row on every partition of an m-tile, loaded once per batch
-    index before the blocks by one DMA reading it with partition stride 0 (a weight: it streams
-    ahead with the kernel's weights; in paced pieces, ``stream.paced_pieces``), each output
-    tile's epilogue reading its columns."""
-    x = k.ins[fi]
-    N = k.ins[1].shape[-1]
-    P = min(TM, k.ins[0].shape[-2])
-    t = b.tile(f"bias{fi}b", Memory.SBUF, P, N, x.dtype, 2)
-    cw = -(-N // (paced_pieces(b.target, P, N, x.dtype.itemsize) if _ahead(b, x) else 1))
-    for c0 in range(0, N, cw):
-        w = min(cw, N - c0)
-        b.dma(t.ap(P, elem_offset=c0, dims=((1, w),)),
-              hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + c0 * x.strides[-1], P, 0, ((w, x.strides[-1]),)))
-    return t
-
-
-def _bias_products(b: TirBuilder, row: Tile, c: Blocking, acc, r0, rw: int, s0, sw: int,
-                   rt: int, st: int, nr: int, ns: int) -> None:
-    """acc[cell] += ones[1, rows].T @ bias[1, cols] for every cell of the group: the row bias
-    folded into the accumulation (see ``fold_row_bias``); ``row``: ``_bias_row``."""
-    n0 = s0 if c.resident == "A" else r0
-    ones = b.tile("ones", Memory.SBUF, 1, 128, row.buf.dtype, 1)
-    b.memset(ones.ap(), 1.0)
-    for i0, iw in b.tiled(rw, rt, "bi"):
-        for j0, jw in b.tiled(sw, st, "bj"):
-            ia, ja = i0 // rt, j0 // st
-            if c.resident == "A":      # i: m-tiles, j: n-tiles
-                b.matmul(acc.ap(iw, elem_offset=(ia * ns + ja) * TN, dims=((1, jw),)),
-                         ones.ap(1, dims=((1, iw),)), row.ap(1, elem_offset=n0 + j0, dims=((1, jw),)),
-                         start_when=(1,))
-            else:                      # i: n-tiles, j: m-tiles
-                b.matmul(acc.ap(jw, elem_offset=(ja * nr + ia) * TN, dims=((1, iw),)),
-                         ones.ap(1, dims=((1, jw),)), row.ap(1, elem_offset=n0 + i0, dims=((1, iw),)),
-                         start_when=(1,))
+            yield cg * G + g, cg * (G * TK) + g, TK, G, ((1,) if lo else (cg, g))
 
 
 def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int, n0: Affine,
@@ -697,7 +646,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul_transposed.py): N
     runs on partitions and M along the free dim, inputs and output are read and written
     column-wise (never resident: ``MatmulShape.no_dma_out``). ``pre``: inputs already in
-    SBUF for the whole kernel (``_bias_bcast``), by input index."""
+    SBUF for the whole kernel (``matmul_cells.bias_bcast``), by input index."""
     out = k.outs[0]
     P, F = (nt, mt) if tr else (mt, nt)
     p0, f0 = (n0, m0) if tr else (m0, n0)
@@ -713,7 +662,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
             loads[i] = pre[i].ap(P, elem_offset=f0, dims=((1, F),))
             continue
         ps, fs = strides(x)
-        src = hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps + f0 * fs, P, ps, ((F, fs),))
+        src = hbm_ap(x.buffer, x.dtype, boff(x, bidx) + p0 * ps + f0 * fs, P, ps, ((F, fs),))
         view = None if tr else b.resident_view(src, P)
         if view is not None:
             loads[i] = view
@@ -723,7 +672,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
             # row bias in the transposed tile): one element per partition, read with free
             # stride 0 (a [P, F] broadcast DMA would move F chunks per partition)
             tl = b.tile(f"epi{i}c", Memory.SBUF, P, 1, x.dtype, 2)
-            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, _boff(x, bidx) + p0 * ps, P, ps, ()))
+            b.dma(tl.ap(), hbm_ap(x.buffer, x.dtype, boff(x, bidx) + p0 * ps, P, ps, ()))
             loads[i] = tl.ap(dims=((0, F),))
             continue
         tl = b.tile(f"epi{i}", Memory.SBUF, P, F, x.dtype, 2)
@@ -750,7 +699,7 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     gen = ExprGen(b, P, (F,), leaf, bufs=EPI_BUFS)
     expr = k.attrs.epilogue if k.attrs.epilogue is not None else Expr(EOp.ACC)
     ops, ofs = strides(out)
-    dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + p0 * ops + f0 * ofs, P, ops, ((F, ofs),))
+    dst = hbm_ap(out.buffer, out.dtype, boff(out, bidx) + p0 * ops + f0 * ofs, P, ops, ((F, ofs),))
     target = None if tr else b.resident_view(dst, P)
     if target is not None:            # the output stays in SBUF: evacuate PSUM straight into it
         gen.tile_of(expr, out.dtype, out=target)
@@ -772,10 +721,5 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
 def out_ap(k: KOp, bidx, m0: Affine, mt: int, n0: Affine, nt: int) -> TAP:
     """The HBM access of output rows ``m0 .. m0+mt``, columns ``n0 .. n0+nt``."""
     out = k.outs[0]
-    return hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + m0 * out.strides[-2]
+    return hbm_ap(out.buffer, out.dtype, boff(out, bidx) + m0 * out.strides[-2]
                   + n0 * out.strides[-1], mt, out.strides[-2], ((nt, out.strides[-1]),))
-
-
-def _boff(ref, bidx) -> Affine:
-    """Element offset of batch index ``bidx`` (the leading axes) in ``ref``."""
-    return ref.offset + sum((i * st for i, st in zip(bidx, ref.strides[:-2])), aff(0))

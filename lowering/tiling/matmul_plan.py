@@ -47,6 +47,7 @@ DIRECT, DMA_T, PE_T, STRIDED = "direct", "dma_transpose", "pe_transpose", "strid
 RES_T = "resident_transpose"
 OUTRES_BANKS = 4    # resident="C": PSUM banks the cells of an m-tile take in turn (the m-tile loop reuses them)
 SBUF_SHARE = 0.92   # of a partition for one matmul kernel (the rest: the neighbours' prefetched tiles)
+AHEAD_SHARE = 0.5   # of that for the slots of weights loaded ahead (``cell_tail``, ``matmul._whole_weights``)
 STAGE_SHARE = 0.5  # of that for the staged rows of TensorE-transposed operands (see staged)
 TA, TB = 512, 128   # transposed form: A^T (moving) and B (stationary) tile widths
 BANK = 512          # fp32 elements per partition of a PSUM bank (the transposed form's cell slot)
@@ -92,6 +93,7 @@ class MatmulShape:
     b_packed: bool = False   # B's columns lie back to back (the same for B^T: a linear's weight)
     a_ahead: bool = False    # A's loads may run ahead, during earlier kernels (a graph input
     #                          read by a kernel that does not open the program)
+    b_ahead: bool = False    # the same for B
 
 
 def _ktiles(s: MatmulShape) -> tuple[int, int]:
@@ -547,6 +549,24 @@ def stream_slots(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> int:
         work = max(data, c.block * c.group * pr.mm)
     lat = t.dma_transfer_ns
     return max(3, min(8, -(-int(lat + data) // max(1, int(work))) + 1))
+
+
+def cell_tail(s: MatmulShape, c: Blocking, t: Target, ahead: int) -> int:
+    """K tiles at the end of a group whose products run cell-major (``matmul_cells.py``; only
+    where every K tile of both sides is in SBUF when the group starts): all of them when the
+    resident operand is a weight the schedule loads ahead (``ahead``: weight-streaming kernels,
+    ``tir.plan.WEIGHT_STREAMS_AHEAD``) and ``ahead`` kernels' weights of its size fit the share
+    of SBUF a kernel leaves for them (``AHEAD_SHARE``): then its K tiles are loaded during the
+    kernels before it, and each cell's epilogue runs under the next cell's products instead of
+    all of them after the group's last product. Else none: a weight that streams in during the
+    kernel's own products (Llama's 8 MiB projections on trn2) arrives K tile by K tile, and
+    cell-major order would leave all but the first cell's products for after its last tile."""
+    if not (s.b_ahead if c.resident == "B" else s.a_ahead):
+        return 0
+    per_partition = -(-s.K // 128) * (s.N if c.resident == "B" else s.M) * s.dtype.itemsize
+    if per_partition * ahead > AHEAD_SHARE * SBUF_SHARE * t.sbuf_bytes_per_partition:
+        return 0
+    return -(-s.K // 128)
 
 
 def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
