@@ -55,8 +55,11 @@ class _Body:
                               accum=_cols(self.mb.ap(), c, 1))
         return pc
 
-    def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True):
+    def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True,
+                  dma: bool = False):
         s, n = self.s, -(-kw // 128) * QB
+        if dma:     # by DMA transposes (not counted: see estimate.profile), straight into SBUF
+            return s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), n, self.pdt, 1)
         tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), n, self.pdt, 1)
         pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), n, self.pdt, 1)
         for s0 in range(0, kw, 128) if tensor else ():
@@ -71,11 +74,12 @@ class _Body:
             self.s.matmul(self.o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), self.v.ap(sw))
 
 
-def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool) -> dict:
+def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
+               dma: int = 0) -> dict:
     """Busy time per engine of one full query block's work as tile_rows emits it (row maxes,
     exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
-    ``tensor`` also its products, transposes and second products), priced by the simulator's
-    cost table (``estimate.profile``)."""
+    ``tensor`` also its products, transposes and second products; the first ``dma`` key blocks'
+    P^T by DMA transposes), priced by the simulator's cost table (``estimate.profile``)."""
     with scratch(t) as s:
         body = _Body(s, D, Dv, dt, pdt, len(kbs))
         for c, (_, kw) in enumerate(kbs):
@@ -84,7 +88,7 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool)
             body.row_max(c, sc, EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD)
             pc = body.exp(f"p{c}", c, sc, kw, c < nv)
             pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
-                                tensor)
+                                tensor, dma=c < dma)
             if tensor:
                 body.pv(pt, kw)
     return profile(s)[0]
@@ -157,14 +161,17 @@ def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=None)
-def dma_transposes(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
-    """Whether a full query block's first key block takes its P^T by DMA transposes (SBUF ->
-    SBUF) instead of TensorE: on a target that has them for 2-byte types and no background
-    transposes, when TensorE is the busiest engine of the block (``block_busy``). One key
-    block only: a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a
-    second block's transfers would queue behind the first's past the second products that
-    read them."""
+def dma_transposes(t, widths: tuple[int, ...], D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
+    """Whether a unit of query blocks whose key blocks (in bank order) are ``widths`` wide takes
+    its first bank's P^T by DMA transposes (SBUF -> SBUF) instead of TensorE transposes and a
+    PSUM -> SBUF copy: on a target that has them for 2-byte types and no background
+    transposes, when that lowers the busiest compute engine of the unit (``block_busy``: TensorE
+    loses the transposes, VectorE the copy). The first bank only: its exp is the unit's first,
+    so its transposes have the rest of the unit's exps to land before the second products read
+    them; a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a second
+    bank's transfers would queue behind the first's past the products that read them."""
     if t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2:
         return False
-    busy = block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True)
-    return busy.get(EngineKind.TENSOR, 0.0) > max(v for e, v in busy.items() if e is not EngineKind.TENSOR)
+    kbs = tuple((0, kw) for kw in widths)
+    return (max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True, dma=1).values())
+            < max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True).values()))

@@ -123,10 +123,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     # so then K^T carries the scale
     nv, na = exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
     vexp = set(range(nv))
-    dma_t = dma_transposes(b.target, kbs, D, Dv, dt, pdt, nv, na)
-    if dma_t:
-        b.note("attention: TensorE is the busiest engine of a query block: the first key block's "
-               "P^T by DMA transposes (SBUF -> SBUF) in the query blocks that see every key block")
     if nv:
         b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
@@ -170,7 +166,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 "m": b.tile(f"rm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "nm": b.tile(f"rnm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "den": b.tile(f"rden{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
-                "rl": b.tile(f"rrl{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "o": None if shares else b.tile(f"ro{j}_{u}", Memory.PSUM, QB, Dv, F32, 1),
                 "w": b.tile(f"rw{j}_{u}", Memory.SBUF, QB, Dv, k.outs[0].dtype, 1)}
                for j in range(rows)]
@@ -207,7 +202,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
 
     def by_dma(i: int) -> set[int]:
         """The banks whose P^T unit i takes by DMA transposes."""
-        return {0} if dma_t and len(widths(i)) == nk and len(units[i]) == 1 else set()
+        return {0} if dma_transposes(b.target, widths(i), D, Dv, dt, pdt, nv, na) else set()
+
+    ndma = sum(1 for i in range(NU) if by_dma(i))
+    if ndma:
+        b.note(f"attention: {ndma} of {NU} units take their first bank's P^T by DMA transposes "
+               "(SBUF -> SBUF): it lowers their busiest engine (TensorE's transposes, VectorE's copy)")
 
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
         bidx = outer + (h,)
@@ -262,8 +262,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     act_scale = 1.0
                 srcs[s] = (src, act_scale)
                 # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
-                b.tensor_reduce(_cols(tmp[j]["mb"].ap(qr), x, 1), src,
-                                AluOp.MAX if act_scale >= 0 else AluOp.MIN, engines=(max_eng[s],))
+                # (a row of one key block without VectorE's exps: its max is the row's)
+                mx = tmp[j]["m"].ap(qr) if len(vis) == 1 and not vexp else _cols(tmp[j]["mb"].ap(qr), x, 1)
+                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN, engines=(max_eng[s],))
         for j, (t, s0, vis) in enumerate(urows):
             qr = blocks[t][1]
             act_scale = srcs[s0][1]
@@ -274,7 +275,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 # m for VectorE's exponential (it subtracts), -m for ScalarE's bias: side by side
                 b.tensor_reduce(m, mb, AluOp.MAX, engines=(EngineKind.GPSIMD,))
                 b.tensor_reduce(nm, mb, AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
-            else:
+            elif len(vis) > 1:
                 b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
             if vexp:
                 pass
@@ -331,15 +332,15 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         def rest() -> None:
             for j, (t, s0, vis) in enumerate(urows):
                 q0, qr = blocks[t]
-                # 1 / sum on GpSimdE (ScalarE's queue holds the next unit's exps: a reciprocal
-                # there would wait for them, and the last score bank for this row's output read)
-                den = tmp[j]["den"].ap(qr)
-                b.tensor_reduce(den, _cols(tmp[j]["l"].ap(qr), 0, len(vis)), AluOp.ADD,
-                                engines=(EngineKind.GPSIMD,))
+                # the row sum on GpSimdE (ScalarE's queue holds the next unit's exps: an
+                # instruction there would wait for them); one key block's sum is the row's
+                den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
+                if len(vis) > 1:
+                    den = tmp[j]["den"].ap(qr)
+                    b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
                 if clamp:
-                    b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
-                rl = tmp[j]["rl"].ap(qr)
-                b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
+                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
+                    den = tmp[j]["den"].ap(qr)
                 # the output behind the P^T pieces of the row's last bank
                 last = s0 + len(vis) - 1
                 O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dv) if shares
@@ -349,7 +350,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                         sub = s1 // 128
                         b.matmul(O.ap(qr), _cols(pts[s0 + x], sub * qr, qr, sw),
                                  _v_rows(vts[c], sub, s1, sw, Dv), start_when=(s1 + k0,))
-                _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl, tmp[j]["w"])
+                _store(b, k, bidx, q0, qr, Dv, O.ap(qr), den, tmp[j]["w"], op=AluOp.DIVIDE)
         return tp, rest
 
     def item(h: Affine, hh: int, last: bool) -> None:

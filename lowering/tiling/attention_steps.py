@@ -49,9 +49,10 @@ def _only_casts(e: Expr) -> bool:
 
 
 def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP,
-           w=None) -> None:
-    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output (PSUM or SBUF);
-    ``w``: the staging tile [qr, Dv] of the output dtype to use when the epilogue is casts."""
+           w=None, op: AluOp = AluOp.MULTIPLY) -> None:
+    """out rows [q0, q0 + qr) = epilogue(o op rl), o the unnormalised output (PSUM or SBUF), rl
+    1 / the row sums (``op`` MULTIPLY) or the row sums (DIVIDE); ``w``: the staging tile
+    [qr, Dv] of the output dtype to use when the epilogue is casts."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
@@ -59,12 +60,12 @@ def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl
     if _only_casts(a.epilogue):      # normalise and round in one instruction
         w = target if target is not None else (w.ap(qr) if w is not None else
                                                b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap())
-        b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
+        b.tensor_scalar(w, o, op, rl)
         if target is None:
             b.dma(dst, w)
         return
     on = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
-    b.tensor_scalar(on, o, AluOp.MULTIPLY, rl)
+    b.tensor_scalar(on, o, op, rl)
     gen = ExprGen(b, qr, (Dv,), lambda x: on)
     if target is not None:
         gen.tile_of(a.epilogue, out.dtype, out=target)
