@@ -46,8 +46,8 @@ from __future__ import annotations
 from lowering.kir import KOp
 from lowering.tiling.attention_plan import cheapest_engine, dma_transposes, exp_plan, max_engines
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
-                                             _load_k, _load_v, _o_shares_bank, _pt_bytes, _score_tile,
-                                             _store, _transpose_block, _v_rows)
+                                             _load_k, _load_v, _mask_tile, _o_shares_bank, _pt_bytes,
+                                             _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
@@ -100,16 +100,16 @@ def _seen(k: KOp, Sq: int, Sk: int) -> int:
 
 
 def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, ...], nh: int,
-              Sq: int, D: int, Sk: int, Dv: int, masks: dict | None = None) -> None:
+              Sq: int, D: int, Sk: int, Dv: int, hidden: float) -> None:
     """Every batch item of the innermost batch axis (``nh`` of them, inside the loops ``outer``;
     one when the attention has no batch axes: its index then meets no stride) as one pipeline
     of units of query blocks (``_units``): K^T and V of
     item h in set h % 2, loaded (with item h+1's first unit's products, max and exp)
     while item h-1's last unit finishes, so no item boundary drains the engines. The
-    item loop is unrolled by two (the K/V sets alternate). Causal (``masks``: the additive
-    diagonal masks by offset): query block t takes only the key blocks its last row sees, the
-    last one cut at that row's diagonal, and adds the mask of its offset to the block that
-    crosses the diagonal before the max (every row sees at least one key: causal_offset >= 0)."""
+    item loop is unrolled by two (the K/V sets alternate). Causal: query block t takes only
+    the key blocks its last row sees, the last one cut at that row's diagonal, and adds a bf16
+    mask (0 or ``hidden``) to the columns of the block that crosses the diagonal from its first
+    hidden one on, before the max (every row sees at least one key: causal_offset >= 0)."""
     a = k.attrs
     dt, pdt = sq.ref.dtype, a.p_dtype
     V = k.ins[2]
@@ -138,7 +138,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
 
     def visible(t: int) -> list[tuple[int, int, int, int | None]]:
         """(c, k0, kw, diagonal offset or None) of the key blocks query block t sees."""
-        if masks is None:
+        if not a.causal:
             return [(c, k0, kw, None) for c, (k0, kw) in enumerate(kbs)]
         q0, qr = blocks[t][0].const, blocks[t][1]
         end = min(Skv, q0 + qr + a.causal_offset)
@@ -185,7 +185,13 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             out.append((t, s0, vis))
             s0 += len(vis)
         return out
-    if masks is not None:      # the bf16 masks go into the scores on TensorE: S += I^T @ mask
+    if a.causal:      # the bf16 masks go into the scores on TensorE: S += I^T @ mask
+        # the columns from a diagonal block's first hidden one, c0 = max(0, 1 - d), on: at most
+        # 127 (the last row sees the block's last column), hidden where c0 + x - p + d > 0; one
+        # [128, 128] tile per distinct c0 + d = max(d, 1), usually one for every block
+        masks = {e: _mask_tile(b, f"rmask{e}", e, QB, DType.BF16, hidden)
+                 for e in sorted({max(d, 1) for t in range(len(blocks)) for *_, d in visible(t)
+                                  if d is not None})}
         ident = b.tile("rident", Memory.SBUF, QB, QB, DType.BF16)
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
@@ -249,7 +255,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 if diag is not None:    # hidden keys: columns from 1 - diag on
                     c0 = max(0, 1 - diag)
                     b.matmul(_cols(S[s].ap(qr), c0, kw - c0, qr), ident.ap(QB, dims=((1, qr),)),
-                             _cols(masks[diag].ap(QB), c0, kw - c0, QB), start_when=(1,))
+                             _cols(masks[max(diag, 1)].ap(QB), 0, kw - c0, QB), start_when=(1,))
                 if between is not None:
                     between(s)
                 if s == 0 and nxt is not None:
@@ -275,6 +281,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 # m for VectorE's exponential (it subtracts), -m for ScalarE's bias: side by side
                 b.tensor_reduce(m, mb, AluOp.MAX, engines=(EngineKind.GPSIMD,))
                 b.tensor_reduce(nm, mb, AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
+            elif len(vis) > 1 and not clamp:
+                # -scale * max on ScalarE, in one instruction just ahead of the row's exps:
+                # min(-scale * mb) (the maxes, or with a negative scale the minima) into nm
+                b.activation(mb, mb, ActFunc.COPY, scale=-act_scale, reduce=AluOp.MIN, accum=nm)
+                continue
             elif len(vis) > 1:
                 b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
             if vexp:

@@ -37,6 +37,19 @@ def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
     return k0 - q0 - off
 
 
+def _mask_tile(b: TirBuilder, name: str, base: int, width: int, dt: DType, hidden: float):
+    """An additive causal mask [128, width] of ``dt``: 0 where ``c - p + base <= 0`` (column c,
+    partition p), ``hidden`` elsewhere; built on GpSimdE with its iota (the kernel's first
+    VectorE work waits in VectorE's queue behind the previous kernel's PSUM evacuations, and
+    these depend on nothing)."""
+    t = b.tile(name, Memory.SBUF, QB, width, dt)
+    pool = (EngineKind.GPSIMD,)
+    b.iota(t.ap(), base, -1, (1,))                     # c - p + base
+    b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0, engines=pool)
+    b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden, engines=pool)   # 0 or hidden
+    return t
+
+
 def _only_casts(e: Expr) -> bool:
     """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
     dtype gives the same values."""
