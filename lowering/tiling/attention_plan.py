@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lowering.tiling.attention_steps import F32, KB, QB, _cols
+from lowering.tiling.attention_steps import F32, KB, QB, _cols, _ones_column
 from lowering.tiling.estimate import profile, scratch
 from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
 
@@ -30,8 +30,10 @@ class _Body:
         self.s, self.D, self.pdt = s, D, pdt
         self.qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
         self.kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-        self.v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-        self.o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+        # the row sums from the second product (``_ones_column``): V and the output one wider
+        self.ones = _ones_column(pdt, Dv, s.target)
+        self.v = s.tile("v", Memory.SBUF, 128, Dv + self.ones, dt, 1)
+        self.o = s.tile("o", Memory.PSUM, QB, Dv + self.ones, F32, 1)
         self.mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
         self.m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
 
@@ -48,11 +50,11 @@ class _Body:
 
     def exp(self, name: str, c: int, sc, kw: int, vector: bool):
         pc = self.s.tile(name, Memory.SBUF, QB, KB, self.pdt, 1).ap(dims=((1, kw),))
+        acc = {} if self.ones else {"accum": _cols(self.mb.ap(), c, 1)}
         if vector:
-            self.s.exponential(pc, sc, self.m, accum=_cols(self.mb.ap(), c, 1))
+            self.s.exponential(pc, sc, self.m, **acc)
         else:
-            self.s.activation(pc, sc, ActFunc.EXP, bias_ap=self.m, reduce=AluOp.ADD,
-                              accum=_cols(self.mb.ap(), c, 1))
+            self.s.activation(pc, sc, ActFunc.EXP, bias_ap=self.m, reduce=AluOp.ADD if acc else None, **acc)
         return pc
 
     def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True,

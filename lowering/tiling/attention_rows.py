@@ -46,8 +46,8 @@ from __future__ import annotations
 from lowering.kir import KOp
 from lowering.tiling.attention_plan import cheapest_engine, dma_transposes, exp_plan, max_engines
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
-                                             _load_k, _load_v, _mask_tile, _o_shares_bank, _pt_bytes,
-                                             _score_tile, _store, _transpose_block, _v_rows)
+                                             _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
+                                             _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
@@ -123,6 +123,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     # so then K^T carries the scale
     nv, na = exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
     vexp = set(range(nv))
+    # the row sums from the second product (V with a column of ones): no exp sums them, which
+    # costs ScalarE an initiation interval per exp, and no instruction adds a row's sums up
+    # (``_ones_column``: not with VectorE's exponential, which sums for free)
+    ones = _ones_column(pdt, Dv, b.target)
+    Dw = Dv + 1 if ones else Dv
     if nv:
         b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
@@ -162,19 +167,22 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         # bytes by, and every sharing is a wait on another block's instructions
         tmp = [{"qt": b.tile(f"rqt{j}_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
                 "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
-                "l": b.tile(f"rl{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
+                "l": None if ones else b.tile(f"rl{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
                 "m": b.tile(f"rm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "nm": b.tile(f"rnm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "den": b.tile(f"rden{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
-                "o": None if shares else b.tile(f"ro{j}_{u}", Memory.PSUM, QB, Dv, F32, 1),
+                "o": None if shares else b.tile(f"ro{j}_{u}", Memory.PSUM, QB, Dw, F32, 1),
                 "w": b.tile(f"rw{j}_{u}", Memory.SBUF, QB, Dv, k.outs[0].dtype, 1)}
                for j in range(rows)]
         PT = [b.tile(f"rpt{c}_{u}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
               for c, kw in enumerate(_bank_widths(kbs, units, visible))]
         sets.append((S, P, PT, tmp))
     kv = [([b.tile(f"rk{c}_{w}", Memory.SBUF, min(D, 128), nd * kw, dt, 1) for c, (_, kw) in enumerate(kbs)],
-           [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dv, V.dtype, 1)
+           [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dw, V.dtype, 1)
             for c, (_, kw) in enumerate(kbs)]) for w in range(2)]
+    for c, (_, kw) in enumerate(kbs if ones else ()):   # the ones, once: V loads skip them
+        for w in range(2):
+            b.memset(kv[w][1][c].ap(min(kw, 128), elem_offset=Dv, dims=((Dw, -(-kw // 128)),)), 1.0)
     NU = len(units)
 
     def rows_of(i: int) -> list[tuple[int, int, list]]:
@@ -224,7 +232,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
                 b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
         for c, (k0, kw) in enumerate(kbs if v else ()):
-            _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
+            _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c], Dw)
 
     def load_q(h: Affine, i: int, u: int) -> None:
         bidx = outer + (h,)
@@ -301,15 +309,16 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         def exps() -> None:
             for j, (t, s0, vis) in enumerate(urows):
                 qr = blocks[t][1]
-                m, nm, L = tmp[j]["m"].ap(qr), tmp[j]["nm"].ap(qr), tmp[j]["l"].ap(qr)
+                m, nm = tmp[j]["m"].ap(qr), tmp[j]["nm"].ap(qr)
                 for x, (c, k0, kw, _) in enumerate(vis):
                     s = s0 + x
                     src, sc = srcs[s]
+                    acc = {} if ones else {"accum": _cols(tmp[j]["l"].ap(qr), x, 1)}
                     if s in vexp:
-                        b.exponential(P[s].ap(qr, dims=((1, kw),)), src, m, accum=_cols(L, x, 1))
+                        b.exponential(P[s].ap(qr, dims=((1, kw),)), src, m, **acc)
                     else:
                         b.activation(P[s].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
-                                     reduce=AluOp.ADD, accum=_cols(L, x, 1))
+                                     reduce=AluOp.ADD if acc else None, **acc)
                     if s in dmat:   # P^T by DMA transposes: a unit period ahead of its use
                         for s1 in range(0, kw, 128):   # unrolled: one queue each
                             sw = min(128, kw - s1)
@@ -343,25 +352,28 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         def rest() -> None:
             for j, (t, s0, vis) in enumerate(urows):
                 q0, qr = blocks[t]
-                # the row sum on GpSimdE (ScalarE's queue holds the next unit's exps: an
-                # instruction there would wait for them); one key block's sum is the row's
-                den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
-                if len(vis) > 1:
-                    den = tmp[j]["den"].ap(qr)
-                    b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
-                if clamp:
-                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
-                    den = tmp[j]["den"].ap(qr)
-                # the output behind the P^T pieces of the row's last bank
+                # the output (and with ``ones`` the row sum, its last column) behind the P^T
+                # pieces of the row's last bank
                 last = s0 + len(vis) - 1
-                O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dv) if shares
+                O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dw) if shares
                      else tmp[j]["o"])
                 for x, (c, k0, kw, _) in enumerate(vis):
                     for s1, sw in b.tiled(kw, 128, "pv"):
                         sub = s1 // 128
                         b.matmul(O.ap(qr), _cols(pts[s0 + x], sub * qr, qr, sw),
-                                 _v_rows(vts[c], sub, s1, sw, Dv), start_when=(s1 + k0,))
-                _store(b, k, bidx, q0, qr, Dv, O.ap(qr), den, tmp[j]["w"], op=AluOp.DIVIDE)
+                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 + k0,))
+                if ones:
+                    den = _cols(O.ap(qr), Dv, 1)
+                else:   # the sums on GpSimdE (ScalarE's queue holds the next unit's exps: an
+                    # instruction there would wait for them); one key block's sum is the row's
+                    den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
+                    if len(vis) > 1:
+                        den = tmp[j]["den"].ap(qr)
+                        b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
+                if clamp:
+                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
+                    den = tmp[j]["den"].ap(qr)
+                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
         return tp, rest
 
     def item(h: Affine, hh: int, last: bool) -> None:

@@ -168,14 +168,14 @@ def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
     return _cols(vt.ap(), sub * Dv, Dv, sw)
 
 
-def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None):
+def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None, stride: int | None = None):
     """V [kw keys on partitions in 128-row pieces, Dv] of one key block (into ``vt`` when
-    given). (Reading a resident V in place, as the matmul operand, measured slower on GPT-2
-    than this copy: 1170 vs 1100 us.)"""
+    given, its pieces ``stride`` columns apart, default Dv). (Reading a resident V in place, as
+    the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
     nsub = -(-kw // 128)
     vt = vt if vt is not None else b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
     for s0, sw in b.tiled(kw, 128, "vs"):
-        b.dma(vt.ap(sw, elem_offset=s0 // 128 * Dv, dims=((1, Dv),)),
+        b.dma(vt.ap(sw, elem_offset=s0 // 128 * (stride or Dv), dims=((1, Dv),)),
               hbm_ap(V.buffer, V.dtype, _boff(V, bidx) + (k0 + s0) * V.strides[-2], sw,
                      V.strides[-2], ((Dv, V.strides[-1]),)))
     return vt
@@ -234,6 +234,17 @@ def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
     """A key block's P^T transposes and the [128, Dv] fp32 output of its second product fit
     its score bank together (then a query block needs one bank per parity, not two)."""
     return _pt_bytes(KB // 128, pdt) + Dv * 4 <= t.psum_bank_bytes
+
+
+def _ones_column(pdt: DType, Dv: int, t) -> bool:
+    """Whether the two-phase path takes the row sums from its second product, V with a column
+    of ones (P @ [V | 1] = [P V | sum P], one more moving column) instead of its exps' sums:
+    on a target without VectorE's exponential (which sums for free: with it, the wider second
+    products cost more than ScalarE's sums save, SDPA [1,8,2048,128] trn3 231.5 -> 234.0 us),
+    when the output [128, Dv + 1] still fits a PSUM bank, sharing the last score bank whenever
+    [128, Dv] would."""
+    return (t.vector_exp_speedup <= 1 and (Dv + 1) * 4 <= t.psum_bank_bytes
+            and _o_shares_bank(pdt, Dv + 1, t) == _o_shares_bank(pdt, Dv, t))
 
 
 def _pt_bytes(nsub: int, pdt: DType) -> int:
