@@ -180,9 +180,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     kv = [([b.tile(f"rk{c}_{w}", Memory.SBUF, min(D, 128), nd * kw, dt, 1) for c, (_, kw) in enumerate(kbs)],
            [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dw, V.dtype, 1)
             for c, (_, kw) in enumerate(kbs)]) for w in range(2)]
-    for c, (_, kw) in enumerate(kbs if ones else ()):   # the ones, once: V loads skip them
-        for w in range(2):
-            b.memset(kv[w][1][c].ap(min(kw, 128), elem_offset=Dv, dims=((Dw, -(-kw // 128)),)), 1.0)
     NU = len(units)
 
     def rows_of(i: int) -> list[tuple[int, int, list]]:
@@ -203,6 +200,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         ident = b.tile("rident", Memory.SBUF, QB, QB, DType.BF16)
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    # the ones of V, once (V loads skip them): after the masks, which the first products need
+    for c, (_, kw) in enumerate(kbs if ones else ()):
+        for w in range(2):
+            b.memset(kv[w][1][c].ap(min(kw, 128), elem_offset=Dv, dims=((Dw, -(-kw // 128)),)), 1.0)
 
     def widths(i: int) -> tuple[int, ...]:
         return tuple(kw for _, _, vis in rows_of(i) for _, _, kw, _ in vis)
@@ -223,20 +224,27 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         b.note(f"attention: {ndma} of {NU} units take their first bank's P^T by DMA transposes "
                "(SBUF -> SBUF): it lowers their busiest engine (TensorE's transposes, VectorE's copy)")
 
-    def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
+    def load_kv(h: Affine, w: int, k: bool = True, v: bool = True, cs=None) -> None:
+        """K^T (``k``) and V (``v``) of item h into set w: key blocks ``cs`` (default all)."""
         bidx = outer + (h,)
         kts, vts = kv[w]
-        for c, (k0, kw) in enumerate(kbs if k else ()):
+        cs = range(nk) if cs is None else cs
+        for c in cs if k else ():
+            k0, kw = kbs[c]
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
             if prescale:
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
                 b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
-        for c, (k0, kw) in enumerate(kbs if v else ()):
+        for c in cs if v else ():
+            k0, kw = kbs[c]
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c], Dw)
 
-    def load_q(h: Affine, i: int, u: int) -> None:
+    def load_q(h: Affine, i: int, u: int, rows=None) -> None:
+        """Q^T of unit i's rows (``rows``: default all) of item h into parity u's tiles."""
         bidx = outer + (h,)
         for j, t in enumerate(units[i]):
+            if rows is not None and j not in rows:
+                continue
             q0, qr = blocks[t]
             for d0, dw in b.tiled(D, 128, "d"):
                 sq.load(b, sets[u][3][j]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
@@ -376,21 +384,29 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
         return tp, rest
 
+    def order(hh: int) -> list[int]:
+        """The units of an item in set hh in the order they run: odd items reversed, so an
+        item's last unit and the next item's first are alike (long rows end one item and start
+        the next, short rows likewise), and with an even number of items the kernel drains
+        after the short rows."""
+        return list(range(NU))[::-1 if hh % 2 else 1]
+
     def item(h: Affine, hh: int, last: bool) -> None:
         """Item h (its K/V in set hh): every unit's late stage, each after the next unit's
         early stage (the next item's first, with its K/V loads, unless ``last``)."""
-        for i in range(NU):
-            u = (hh * NU + i) % 2
+        od, nod = order(hh), order(1 - hh)
+        for p, i in enumerate(od):
+            u = (hh * NU + p) % 2
             tp, rest = late(h, hh, i, u)
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
-            if i + 1 < NU:
-                nxt = (h, i + 2) if i + 2 < NU else None if last else (h + 1, 0)
-                exps = early(h, hh, i + 1, (u + 1) % 2, nxt, between=between)
+            if p + 1 < NU:
+                nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
+                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
             elif not last:
                 load_kv(h + 1, 1 - hh)
-                exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, (h + 1, 1 % NU), between=between)
+                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
             else:
                 between = None
             for s in range(nk):     # (those no product of the next unit ran beside)
@@ -399,9 +415,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 exps()
             rest()
 
-    # the first products wait for the first Q^T and the K^T blocks only: those loads go first
-    load_q(aff(0), 0, 0)
-    load_kv(aff(0), 0, v=False)
+    # the first products wait for the first Q^T and the K^T blocks only: those loads go first,
+    # the first row's Q^T and the first K^T block ahead of the rest
+    load_q(aff(0), 0, 0, rows=(0,))
+    load_kv(aff(0), 0, v=False, cs=(0,))
+    load_q(aff(0), 0, 0, rows=tuple(range(1, len(units[0]))))
+    load_kv(aff(0), 0, v=False, cs=tuple(range(1, nk)))
     early(aff(0), 0, 0, 0, (aff(0), 1 % NU))()
     load_kv(aff(0), 0, k=False)
     pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
