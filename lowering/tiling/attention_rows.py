@@ -11,23 +11,30 @@ once and stay in SBUF for all the query blocks; per query block t (parity u = t 
 the two parities alternate):
     S_c = Q_t^T.T @ K^T_c                    TensorE -> PSUM bank (u, c), for every key block c
     m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``max_engines``): one reduce per
-                                             bank, one across
-    P_c = exp(scale * S_c - m), l_c = sum    ScalarE, one activation per bank
-    P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF
-    O = sum_c P^T_c.T @ V_c                  TensorE, one accumulation group in bank (u, last)
-    out = epilogue(O / sum_c l_c)
+                                             bank; -scale * m in one ScalarE instruction
+    P_c = exp(scale * S_c - m)               ScalarE, one activation per bank (with its row sum
+                                             l_c only beside VectorE's exponential)
+    P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF;
+                                             on trn2 a unit's first bank, a full key block, by
+                                             SBUF -> SBUF DMA transposes (``dma_transposes``)
+    [O | l] = sum_c P^T_c.T @ [V_c | 1]      TensorE, one accumulation group in bank (u, last);
+                                             the ones column gives the row sum (``_ones_column``)
+    out = epilogue(O / l)                    one instruction, dividing by the sum
 Query block t+1's products and row max are issued before block t's transposes, its exps after
 them (so block t's PSUM -> SBUF copies of P^T never queue behind them on ScalarE/VectorE), then
 block t's second products: every in-order engine finds the next block's early work ahead of the
 one that waits (as ``_items`` does for one-block heads). With TensorE's background transposes
 (NC-v4) block t's transposes sit between block t+1's products, where the background lane runs
 them; with VectorE's fast exponential (NC-v4) some key blocks' exps run there (``exp_plan``).
-Causal (``masks``): a query block takes the key blocks its last row sees only, the last one cut
-at that row's diagonal, and the diagonal's bf16 mask goes into the scores on TensorE. The
+Causal: a query block takes the key blocks its last row sees only, the last one cut at that
+row's diagonal, and a bf16 mask goes into the diagonal block's scores on TensorE, over the
+(at most 127) columns from its first hidden one: a [128, 128] window tile per distinct offset
+of the diagonal inside it, usually one for the whole kernel. The
 pipeline's step is a *unit* (``_units``): consecutive query blocks whose key blocks fit one
 parity's score banks together (causal rows of one key block go four at a time, of two key
 blocks two at a time), each row with its own statistics, in the banks after the previous
-row's; a lone short row would leave TensorE idle for the latency of its softmax chain.
+row's; a lone short row would leave TensorE idle for the latency of its softmax chain. Odd
+batch items take their units in reverse order (long rows end one item and start the next).
 
 Invariants
 - Every transpose of a block precedes its first second product: the output shares the last
@@ -57,7 +64,8 @@ MAX_KEY_BLOCKS = 4
 
 
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
-    """Whether the two-phase form applies: unmasked, more than one key block and at most as
+    """Whether the two-phase form applies: unmasked or causal without a score expression (every
+    row sees a key), more than one key block and at most as
     many as two parities of score banks (plus an output bank each unless it shares the last
     score bank) leave in PSUM, and more than one query block per head to pipeline."""
     a = k.attrs
