@@ -44,7 +44,7 @@ from lowering.kir import AttentionKAttrs, KOp
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
-                                             _diag_offsets, _early, _finish, _late, _load_k, _load_v,
+                                             _diag_offsets, _early, _finish, _late, _load_k, _load_v, _mask_tile,
                                              _o_shares_bank, _pt_bytes, _qk, _score_tile, _store,
                                              _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
@@ -96,7 +96,7 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     # _items), in bf16
     pe_mask = (items or rows) and a.score is None and a.causal_offset >= 0
     masks = (_causal_masks(b, k, Sq, Sk, J, *((DType.BF16, PE_MASK) if pe_mask else (F32, LOWEST)))
-             if k.attrs.causal else None)
+             if k.attrs.causal and not rows else None)
     if items:
         # one step per batch item: pipeline the items themselves (see _items)
         with ExitStack() as es:
@@ -108,10 +108,10 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     if rows:
         b.note(f"attention: whole score rows in PSUM ({-(-Sk // KB)} banks per query block), "
                "two-phase softmax, query blocks software-pipelined across heads"
-               + ("; causal: each query block's visible key blocks only" if masks is not None else ""))
+               + ("; causal: each query block's visible key blocks only" if a.causal else ""))
         with ExitStack() as es:
             outer = tuple(es.enter_context(b.loop(n, "b")) for n in batch[:-1])
-            tile_rows(b, k, sq, sk, outer, batch[-1] if batch else 1, Sq, D, Sk, Dv, masks)
+            tile_rows(b, k, sq, sk, outer, batch[-1] if batch else 1, Sq, D, Sk, Dv, PE_MASK)
         return
     with ExitStack() as es:
         bidx = tuple(es.enter_context(b.loop(n, "b")) for n in batch)
@@ -152,18 +152,7 @@ def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F
                 d = _diag_offsets(q0, qr, k0, min(KB, Sk - k0), off)
                 if d is not None:
                     ds.add(d)
-    out = {}
-    for d in sorted(ds):
-        t = b.tile(f"mask{len(out)}", Memory.SBUF, QB, KB, dt)
-        # on GpSimdE with its iota: the kernel's first VectorE work waits in VectorE's queue
-        # behind the previous kernel's PSUM evacuations, and these depend on nothing
-        pool = (EngineKind.GPSIMD,)
-        b.iota(t.ap(), d, -1, (1,))                     # c - p + d
-        b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0,
-                        engines=pool)
-        b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden, engines=pool)   # 0 or hidden
-        out[d] = t
-    return out
+    return {d: _mask_tile(b, f"mask{i}", d, KB, dt, hidden) for i, d in enumerate(sorted(ds))}
 
 
 def _group(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, g0: Affine, gw: int, D: int, Sk: int,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lowering.tiling.attention_steps import F32, KB, QB, _cols
+from lowering.tiling.attention_steps import F32, KB, QB, _cols, _ones_column
 from lowering.tiling.estimate import profile, scratch
 from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
 
@@ -30,8 +30,10 @@ class _Body:
         self.s, self.D, self.pdt = s, D, pdt
         self.qt = s.tile("qt", Memory.SBUF, min(D, 128), nd * QB, dt, 1)
         self.kt = s.tile("kt", Memory.SBUF, min(D, 128), nd * KB, dt, 1)
-        self.v = s.tile("v", Memory.SBUF, 128, Dv, dt, 1)
-        self.o = s.tile("o", Memory.PSUM, QB, Dv, F32, 1)
+        # the row sums from the second product (``_ones_column``): V and the output one wider
+        self.ones = _ones_column(pdt, Dv, s.target)
+        self.v = s.tile("v", Memory.SBUF, 128, Dv + self.ones, dt, 1)
+        self.o = s.tile("o", Memory.PSUM, QB, Dv + self.ones, F32, 1)
         self.mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
         self.m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
 
@@ -48,15 +50,18 @@ class _Body:
 
     def exp(self, name: str, c: int, sc, kw: int, vector: bool):
         pc = self.s.tile(name, Memory.SBUF, QB, KB, self.pdt, 1).ap(dims=((1, kw),))
+        acc = {} if self.ones else {"accum": _cols(self.mb.ap(), c, 1)}
         if vector:
-            self.s.exponential(pc, sc, self.m, accum=_cols(self.mb.ap(), c, 1))
+            self.s.exponential(pc, sc, self.m, **acc)
         else:
-            self.s.activation(pc, sc, ActFunc.EXP, bias_ap=self.m, reduce=AluOp.ADD,
-                              accum=_cols(self.mb.ap(), c, 1))
+            self.s.activation(pc, sc, ActFunc.EXP, bias_ap=self.m, reduce=AluOp.ADD if acc else None, **acc)
         return pc
 
-    def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True):
+    def transpose(self, c: int, pc, kw: int, copy_engine: EngineKind, tensor: bool = True,
+                  dma: bool = False):
         s, n = self.s, -(-kw // 128) * QB
+        if dma:     # by DMA transposes (not counted: see estimate.profile), straight into SBUF
+            return s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), n, self.pdt, 1)
         tp = s.tile(f"t{c}", Memory.PSUM, min(kw, 128), n, self.pdt, 1)
         pt = s.tile(f"pt{c}", Memory.SBUF, min(kw, 128), n, self.pdt, 1)
         for s0 in range(0, kw, 128) if tensor else ():
@@ -71,11 +76,12 @@ class _Body:
             self.s.matmul(self.o.ap(), _cols(pt.ap(), s0 // 128 * QB, QB, sw), self.v.ap(sw))
 
 
-def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool) -> dict:
+def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
+               dma: int = 0) -> dict:
     """Busy time per engine of one full query block's work as tile_rows emits it (row maxes,
     exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
-    ``tensor`` also its products, transposes and second products), priced by the simulator's
-    cost table (``estimate.profile``)."""
+    ``tensor`` also its products, transposes and second products; the first ``dma`` key blocks'
+    P^T by DMA transposes), priced by the simulator's cost table (``estimate.profile``)."""
     with scratch(t) as s:
         body = _Body(s, D, Dv, dt, pdt, len(kbs))
         for c, (_, kw) in enumerate(kbs):
@@ -84,7 +90,7 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool)
             body.row_max(c, sc, EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD)
             pc = body.exp(f"p{c}", c, sc, kw, c < nv)
             pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
-                                tensor)
+                                tensor, dma=c < dma)
             if tensor:
                 body.pv(pt, kw)
     return profile(s)[0]
@@ -96,28 +102,43 @@ def max_engines(t, prev_w: tuple[int, ...], next_w: tuple[int, ...], D: int, Dv:
     """The engine of each row-max reduce of a query block whose key blocks are ``next_w`` wide,
     issued (as tile_rows does) after its products and before the previous block's (``prev_w``)
     transposes, P^T copies and second products, then its own exps (the first ``nv`` on
-    VectorE's fast exponential). Chosen by the cost table:
-    the candidate (the first k maxes on VectorE, even key blocks first, the rest on GpSimdE)
-    whose body, run alone in program order (``estimate.profile``'s makespan), ends first: the
-    maxes gate the exps, the copies gate TensorE's second products, and VectorE serves both."""
+    VectorE's fast exponential). Chosen by the cost table among the candidates: without
+    VectorE's exps, every split of the maxes between VectorE and GpSimdE, kept by the body's
+    makespan (``estimate.profile``: run alone in program order, the maxes gate the exps and the
+    copies gate TensorE's second products) plus the busier of the two engines' time (the
+    pipelined units' throughput: VectorE also copies P^T); with them (NC-v4), the first k
+    maxes on VectorE, even key blocks first, kept by the makespan alone (the body leaves out
+    the background transposes: the wider search measured SDPA [1,8,2048,128] trn3 231.5 ->
+    253.7 us)."""
     n = len(next_w)
-    order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
+    if nv:
+        order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
+        cands = [tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
+                 for k in range(n + 1)]
+    else:
+        cands = [tuple(EngineKind.VECTOR if k >> c & 1 else EngineKind.GPSIMD for c in range(n))
+                 for k in range(2 ** n)]
     best = None
-    for k in range(n + 1):
-        eng = tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
+    for eng in cands:
         with scratch(t) as s:
             body = _Body(s, D, Dv, dt, pdt, n)
             sc = [body.qk(f"s{c}", kw) for c, kw in enumerate(next_w)]
             for c in range(n):
                 body.row_max(c, sc[c], eng[c])
-            s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
+            if nv:          # m and -m on GpSimdE, as tile_rows does for VectorE's exps
+                s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
+                s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
+            elif n > 1:     # else -scale * max in one ScalarE instruction
+                s.activation(body.mb.ap(), body.mb.ap(), ActFunc.COPY, scale=-1.0, reduce=AluOp.MIN,
+                             accum=body.m)
             pts = [body.transpose(c, s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),)),
                                   kw, copy_engine) for c, kw in enumerate(prev_w)]
             for c, kw in enumerate(next_w):
                 body.exp(f"pn{c}", c, sc[c], kw, c < nv)
             for pt, kw in zip(pts, prev_w):
                 body.pv(pt, kw)
-        key = profile(s)[1]
+        busy, span = profile(s)
+        key = span if nv else span + max(busy.get(EngineKind.VECTOR, 0.0), busy.get(EngineKind.GPSIMD, 0.0))
         if best is None or key < best[0]:
             best = (key, eng)
     return best[1]
@@ -157,14 +178,21 @@ def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=None)
-def dma_transposes(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
-    """Whether a full query block's first key block takes its P^T by DMA transposes (SBUF ->
-    SBUF) instead of TensorE: on a target that has them for 2-byte types and no background
-    transposes, when TensorE is the busiest engine of the block (``block_busy``). One key
-    block only: a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a
-    second block's transfers would queue behind the first's past the second products that
-    read them."""
-    if t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2:
+def dma_transposes(t, widths: tuple[int, ...], D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
+    """Whether a unit of query blocks whose key blocks (in bank order) are ``widths`` wide takes
+    its first bank's P^T by DMA transposes (SBUF -> SBUF) instead of TensorE transposes and a
+    PSUM -> SBUF copy: on a target that has them for 2-byte types and no background
+    transposes, when that lowers the busiest compute engine of the unit (``block_busy``: TensorE
+    loses the transposes, VectorE the copy). The first bank only: its exp is the unit's first,
+    so its transposes have the rest of the unit's exps to land before the second products read
+    them; a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a second
+    bank's transfers would queue behind the first's past the products that read them. A full
+    key block only: a narrower bank (a short causal row) saves TensorE a transpose or two, less
+    than the DMA's fixed phase adds to the latency of the row's second products (causal SDPA
+    [1,8,2048,128] trn2: 182.3 -> 181.7 us without them)."""
+    if (t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2
+            or widths[0] < KB):
         return False
-    busy = block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True)
-    return busy.get(EngineKind.TENSOR, 0.0) > max(v for e, v in busy.items() if e is not EngineKind.TENSOR)
+    kbs = tuple((0, kw) for kw in widths)
+    return (max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True, dma=1).values())
+            < max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True).values()))

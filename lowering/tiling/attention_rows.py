@@ -11,25 +11,40 @@ once and stay in SBUF for all the query blocks; per query block t (parity u = t 
 the two parities alternate):
     S_c = Q_t^T.T @ K^T_c                    TensorE -> PSUM bank (u, c), for every key block c
     m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``max_engines``): one reduce per
-                                             bank, one across
-    P_c = exp(scale * S_c - m), l_c = sum    ScalarE, one activation per bank
-    P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF
-    O = sum_c P^T_c.T @ V_c                  TensorE, one accumulation group in bank (u, last)
-    out = epilogue(O / sum_c l_c)
+                                             bank; -scale * m in one ScalarE instruction
+    P_c = exp(scale * S_c - m)               ScalarE, one activation per bank (with its row sum
+                                             l_c only beside VectorE's exponential)
+    P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF;
+                                             on trn2 a unit's first bank, a full key block, by
+                                             SBUF -> SBUF DMA transposes (``dma_transposes``)
+    [O | l] = sum_c P^T_c.T @ [V_c | 1]      TensorE, one accumulation group in bank (u, last);
+                                             the ones column gives the row sum (``_ones_column``)
+    out = epilogue(O / l)                    one instruction, dividing by the sum
 Query block t+1's products and row max are issued before block t's transposes, its exps after
 them (so block t's PSUM -> SBUF copies of P^T never queue behind them on ScalarE/VectorE), then
 block t's second products: every in-order engine finds the next block's early work ahead of the
 one that waits (as ``_items`` does for one-block heads). With TensorE's background transposes
 (NC-v4) block t's transposes sit between block t+1's products, where the background lane runs
 them; with VectorE's fast exponential (NC-v4) some key blocks' exps run there (``exp_plan``).
-Causal (``masks``): a query block takes the key blocks its last row sees only, the last one cut
-at that row's diagonal, and the diagonal's bf16 mask goes into the scores on TensorE.
+Causal: a query block takes the key blocks its last row sees only, the last one cut at that
+row's diagonal, and a bf16 mask goes into the diagonal block's scores on TensorE, over the
+(at most 127) columns from its first hidden one: a [128, 128] window tile per distinct offset
+of the diagonal inside it, usually one for the whole kernel. The
+pipeline's step is a *unit* (``_units``): consecutive query blocks whose key blocks fit one
+parity's score banks together (causal rows of one key block go four at a time, of two key
+blocks two at a time), each row with its own statistics, in the banks after the previous
+row's; a lone short row would leave TensorE idle for the latency of its softmax chain. Odd
+batch items take their units in reverse order (long rows end one item and start the next).
 
 Invariants
 - Every transpose of a block precedes its first second product: the output shares the last
   score bank behind the P^T pieces, and a transpose into a bank would close an accumulation
   group open there.
-- PSUM: two parities x ``NK`` banks, one slot each (``rows_fits`` checks the budget).
+- PSUM: two parities x ``NK`` banks, one slot each (``rows_fits`` checks the budget); a unit's
+  rows take consecutive banks of its parity, each row's output behind the P^T pieces of its
+  last bank (so multi-row units only when the output shares a score bank).
+- Every PSUM writer is a TensorE instruction, so a bank's accumulation groups follow TensorE's
+  program order: a unit's transposes, then each row's second products in turn.
 - A row whose every score is -inf (only under a score expression) ends as 0 with ``safe``
   (m clamped to the lowest finite value, l to the smallest normal) or NaN, as eager.
 """
@@ -38,8 +53,8 @@ from __future__ import annotations
 from lowering.kir import KOp
 from lowering.tiling.attention_plan import cheapest_engine, dma_transposes, exp_plan, max_engines
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
-                                             _load_k, _load_v, _o_shares_bank, _pt_bytes, _score_tile,
-                                             _store, _transpose_block, _v_rows)
+                                             _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
+                                             _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
@@ -49,7 +64,8 @@ MAX_KEY_BLOCKS = 4
 
 
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
-    """Whether the two-phase form applies: unmasked, more than one key block and at most as
+    """Whether the two-phase form applies: unmasked or causal without a score expression (every
+    row sees a key), more than one key block and at most as
     many as two parities of score banks (plus an output bank each unless it shares the last
     score bank) leave in PSUM, and more than one query block per head to pipeline."""
     a = k.attrs
@@ -60,22 +76,48 @@ def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
             and 2 * per + tp_banks <= t.psum_banks)
 
 
+def _units(seen: list[int], nk: int, shares: bool) -> list[list[int]]:
+    """Consecutive query blocks packed into units that share one parity's ``nk`` score banks
+    (the blocks of a unit see ``seen[t]`` key blocks each, at most ``nk`` together): short
+    causal rows go through the pipeline together, so a unit's TensorE work covers the latency
+    of its softmax chain. One block per unit when the output takes a bank of its own."""
+    units: list[list[int]] = []
+    for t, n in enumerate(seen):
+        if units and shares and sum(seen[x] for x in units[-1]) + n <= nk:
+            units[-1].append(t)
+        else:
+            units.append([t])
+    return units
+
+
+def _bank_widths(kbs, units, visible) -> list[int]:
+    """The widest key block any row of any unit puts in each bank."""
+    w = [0] * len(kbs)
+    for un in units:
+        s = 0
+        for t in un:
+            for _, _, kw, _ in visible(t):
+                w[s] = max(w[s], kw)
+                s += 1
+    return w
+
+
 def _seen(k: KOp, Sq: int, Sk: int) -> int:
     """Keys any query sees (causal: up to the last query's diagonal)."""
     return min(Sk, Sq + k.attrs.causal_offset) if k.attrs.causal else Sk
 
 
 def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, ...], nh: int,
-              Sq: int, D: int, Sk: int, Dv: int, masks: dict | None = None) -> None:
+              Sq: int, D: int, Sk: int, Dv: int, hidden: float) -> None:
     """Every batch item of the innermost batch axis (``nh`` of them, inside the loops ``outer``;
     one when the attention has no batch axes: its index then meets no stride) as one pipeline
-    of query blocks: K^T and V of
-    item h in set h % 2, loaded (with item h+1's first query block's products, max and exp)
-    while item h-1's last query block finishes, so no item boundary drains the engines. The
-    item loop is unrolled by two (the K/V sets alternate). Causal (``masks``: the additive
-    diagonal masks by offset): query block t takes only the key blocks its last row sees, the
-    last one cut at that row's diagonal, and adds the mask of its offset to the block that
-    crosses the diagonal before the max (every row sees at least one key: causal_offset >= 0)."""
+    of units of query blocks (``_units``): K^T and V of
+    item h in set h % 2, loaded (with item h+1's first unit's products, max and exp)
+    while item h-1's last unit finishes, so no item boundary drains the engines. The
+    item loop is unrolled by two (the K/V sets alternate). Causal: query block t takes only
+    the key blocks its last row sees, the last one cut at that row's diagonal, and adds a bf16
+    mask (0 or ``hidden``) to the columns of the block that crosses the diagonal from its first
+    hidden one on, before the max (every row sees at least one key: causal_offset >= 0)."""
     a = k.attrs
     dt, pdt = sq.ref.dtype, a.p_dtype
     V = k.ins[2]
@@ -89,10 +131,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     # so then K^T carries the scale
     nv, na = exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
     vexp = set(range(nv))
-    dma_t = dma_transposes(b.target, kbs, D, Dv, dt, pdt, nv, na)
-    if dma_t:
-        b.note("attention: TensorE is the busiest engine of a query block: the first key block's "
-               "P^T by DMA transposes (SBUF -> SBUF) in the query blocks that see every key block")
+    # the row sums from the second product (V with a column of ones): no exp sums them, which
+    # costs ScalarE an initiation interval per exp, and no instruction adds a row's sums up
+    # (``_ones_column``: not with VectorE's exponential, which sums for free)
+    ones = _ones_column(pdt, Dv, b.target)
+    Dw = Dv + 1 if ones else Dv
     if nv:
         b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
@@ -104,36 +147,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             s.tile("k2", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), AluOp.MULTIPLY, a.scale,
             engines=(e,)), ELEMENTWISE)
     interleave = b.target.background_transpose
-    # (the output behind the last block's P^T pieces)
-    o_col = _pt_bytes(-(-kbs[-1][1] // 128), pdt) // 4
-    sets = []
-    for u in range(2):
-        S = [b.tile(f"rs{c}_{u}", Memory.PSUM, 128, KB, F32, 1) for c in range(nk)]
-        O = (_Cols(S[-1], o_col, QB, Dv) if shares else b.tile(f"ro_{u}", Memory.PSUM, QB, Dv, F32, 1))
-        P = [b.tile(f"rp{c}_{u}", Memory.SBUF, QB, KB, pdt, 1) for c in range(nk)]
-        L = b.tile(f"rl_{u}", Memory.SBUF, QB, nk, F32, 1)
-        # per parity also the query block's Q^T, statistics, P^T and output staging: a tile per
-        # query block would leave the planner only short lifetimes to share bytes by, and every
-        # sharing is a wait on another block's instructions
-        tmp = {"qt": b.tile(f"rqt_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
-               "mb": b.tile(f"rmb_{u}", Memory.SBUF, QB, nk, F32, 1),
-               "m": b.tile(f"rm_{u}", Memory.SBUF, QB, 1, F32, 1),
-               "nm": b.tile(f"rnm_{u}", Memory.SBUF, QB, 1, F32, 1),
-               "den": b.tile(f"rden_{u}", Memory.SBUF, QB, 1, F32, 1),
-               "rl": b.tile(f"rrl_{u}", Memory.SBUF, QB, 1, F32, 1),
-               "pt": [b.tile(f"rpt{c}_{u}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
-                      for c, (_, kw) in enumerate(kbs)],
-               "w": b.tile(f"rw_{u}", Memory.SBUF, QB, Dv, k.outs[0].dtype, 1)}
-        sets.append((S, O, P, L, tmp))
-    kv = [([b.tile(f"rk{c}_{w}", Memory.SBUF, min(D, 128), nd * kw, dt, 1) for c, (_, kw) in enumerate(kbs)],
-           [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dv, V.dtype, 1)
-            for c, (_, kw) in enumerate(kbs)]) for w in range(2)]
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
-    T = len(blocks)
 
     def visible(t: int) -> list[tuple[int, int, int, int | None]]:
         """(c, k0, kw, diagonal offset or None) of the key blocks query block t sees."""
-        if masks is None:
+        if not a.causal:
             return [(c, k0, kw, None) for c, (k0, kw) in enumerate(kbs)]
         q0, qr = blocks[t][0].const, blocks[t][1]
         end = min(Skv, q0 + qr + a.causal_offset)
@@ -143,179 +161,275 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 kw = min(kw, end - k0)
                 out.append((c, k0, kw, _diag_offsets(q0, qr, k0, kw, a.causal_offset)))
         return out
-    if masks is not None:      # the bf16 masks go into the scores on TensorE: S += I^T @ mask
+    units = _units([len(visible(t)) for t in range(len(blocks))], nk, shares)
+    rows = max(len(un) for un in units)
+    if rows > 1:
+        b.note(f"attention: short causal rows in units of up to {rows} query blocks sharing a "
+               f"parity's {nk} score banks ({len(units)} units per item)")
+    sets = []
+    for u in range(2):
+        S = [b.tile(f"rs{c}_{u}", Memory.PSUM, 128, KB, F32, 1) for c in range(nk)]
+        P = [b.tile(f"rp{c}_{u}", Memory.SBUF, QB, KB, pdt, 1) for c in range(nk)]
+        # per parity and row of a unit also the query block's Q^T, statistics, P^T and output
+        # staging: a tile per query block would leave the planner only short lifetimes to share
+        # bytes by, and every sharing is a wait on another block's instructions
+        tmp = [{"qt": b.tile(f"rqt{j}_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
+                "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
+                "l": None if ones else b.tile(f"rl{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
+                "m": b.tile(f"rm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
+                "nm": b.tile(f"rnm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
+                "den": b.tile(f"rden{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
+                "o": None if shares else b.tile(f"ro{j}_{u}", Memory.PSUM, QB, Dw, F32, 1),
+                "w": b.tile(f"rw{j}_{u}", Memory.SBUF, QB, Dv, k.outs[0].dtype, 1)}
+               for j in range(rows)]
+        PT = [b.tile(f"rpt{c}_{u}", Memory.SBUF, min(kw, 128), -(-kw // 128) * QB, pdt, 1)
+              for c, kw in enumerate(_bank_widths(kbs, units, visible))]
+        sets.append((S, P, PT, tmp))
+    kv = [([b.tile(f"rk{c}_{w}", Memory.SBUF, min(D, 128), nd * kw, dt, 1) for c, (_, kw) in enumerate(kbs)],
+           [b.tile(f"rv{c}_{w}", Memory.SBUF, min(kw, 128), -(-kw // 128) * Dw, V.dtype, 1)
+            for c, (_, kw) in enumerate(kbs)]) for w in range(2)]
+    NU = len(units)
+
+    def rows_of(i: int) -> list[tuple[int, int, list]]:
+        """(query block, first bank, visible key blocks) of each row of unit i."""
+        out, s0 = [], 0
+        for t in units[i]:
+            vis = visible(t)
+            out.append((t, s0, vis))
+            s0 += len(vis)
+        return out
+    if a.causal:      # the bf16 masks go into the scores on TensorE: S += I^T @ mask
+        # the columns from a diagonal block's first hidden one, c0 = max(0, 1 - d), on: at most
+        # 127 (the last row sees the block's last column), hidden where c0 + x - p + d > 0; one
+        # [128, 128] tile per distinct c0 + d = max(d, 1), usually one for every block
+        masks = {e: _mask_tile(b, f"rmask{e}", e, QB, DType.BF16, hidden)
+                 for e in sorted({max(d, 1) for t in range(len(blocks)) for *_, d in visible(t)
+                                  if d is not None})}
         ident = b.tile("rident", Memory.SBUF, QB, QB, DType.BF16)
         b.iota(ident.ap(), 0, -1, (1,))                              # c - p
         b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    # the ones of V, once (V loads skip them): after the masks, which the first products need
+    for c, (_, kw) in enumerate(kbs if ones else ()):
+        for w in range(2):
+            b.memset(kv[w][1][c].ap(min(kw, 128), elem_offset=Dv, dims=((Dw, -(-kw // 128)),)), 1.0)
 
-    def maxes_of(t: int) -> tuple[EngineKind, ...]:
-        """The row-max engines of query block t (``max_engines``)."""
-        pv = visible((t - 1) % T)
-        prev = tuple(kw for c, _, kw, _ in pv if c not in by_dma(pv))
-        return max_engines(b.target, prev, tuple(kw for _, _, kw, _ in visible(t)), D, Dv, dt,
-                           pdt, EngineKind.SCALAR if na else EngineKind.VECTOR, nv)
+    def widths(i: int) -> tuple[int, ...]:
+        return tuple(kw for _, _, vis in rows_of(i) for _, _, kw, _ in vis)
 
-    def by_dma(vis) -> set[int]:
-        """The key blocks whose P^T a query block seeing ``vis`` takes by DMA transposes."""
-        return {0} if dma_t and len(vis) == nk else set()
+    def maxes_of(i: int) -> tuple[EngineKind, ...]:
+        """The row-max engines of unit i's banks (``max_engines``)."""
+        dm = by_dma((i - 1) % NU)
+        prev = tuple(kw for s, kw in enumerate(widths((i - 1) % NU)) if s not in dm)
+        return max_engines(b.target, prev, widths(i), D, Dv, dt, pdt,
+                           EngineKind.SCALAR if na else EngineKind.VECTOR, nv)
 
-    def load_kv(h: Affine, w: int, k: bool = True, v: bool = True) -> None:
+    def by_dma(i: int) -> set[int]:
+        """The banks whose P^T unit i takes by DMA transposes."""
+        return {0} if dma_transposes(b.target, widths(i), D, Dv, dt, pdt, nv, na) else set()
+
+    ndma = sum(1 for i in range(NU) if by_dma(i))
+    if ndma:
+        b.note(f"attention: {ndma} of {NU} units take their first bank's P^T by DMA transposes "
+               "(SBUF -> SBUF): it lowers their busiest engine (TensorE's transposes, VectorE's copy)")
+
+    def load_kv(h: Affine, w: int, k: bool = True, v: bool = True, cs=None) -> None:
+        """K^T (``k``) and V (``v``) of item h into set w: key blocks ``cs`` (default all)."""
         bidx = outer + (h,)
         kts, vts = kv[w]
-        for c, (k0, kw) in enumerate(kbs if k else ()):
+        cs = range(nk) if cs is None else cs
+        for c in cs if k else ():
+            k0, kw = kbs[c]
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
             if prescale:
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
                 b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
-        for c, (k0, kw) in enumerate(kbs if v else ()):
-            _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c])
+        for c in cs if v else ():
+            k0, kw = kbs[c]
+            _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c], Dw)
 
-    def load_q(h: Affine, t: int, u: int) -> None:
+    def load_q(h: Affine, i: int, u: int, rows=None) -> None:
+        """Q^T of unit i's rows (``rows``: default all) of item h into parity u's tiles."""
         bidx = outer + (h,)
-        q0, qr = blocks[t]
-        for d0, dw in b.tiled(D, 128, "d"):
-            sq.load(b, sets[u][4]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
+        for j, t in enumerate(units[i]):
+            if rows is not None and j not in rows:
+                continue
+            q0, qr = blocks[t]
+            for d0, dw in b.tiled(D, 128, "d"):
+                sq.load(b, sets[u][3][j]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
-    def early(h: Affine, w: int, t: int, u: int, nxt=None, between=None):
-        """Query block t's products, row max and statistics; ``between(c)`` is called after
-        key block c's product (the previous block's transposes, to run beside it). Returns the
-        exps as a callable: the caller issues them after the previous block's transposes, whose
-        PSUM -> SBUF copies would otherwise queue behind them on ScalarE/VectorE."""
+    def early(h: Affine, w: int, i: int, u: int, nxt=None, between=None):
+        """Unit i's products, row maxes and statistics; ``between(s)`` is called after bank s's
+        product (the previous unit's transposes, to run beside it). Returns the exps as a
+        callable: the caller issues them after the previous unit's transposes, whose PSUM ->
+        SBUF copies would otherwise queue behind them on ScalarE/VectorE."""
         bidx = outer + (h,)
         kts = kv[w][0]
-        q0, qr = blocks[t]
-        S, O, P, L, tmp = sets[u]
-        qt = tmp["qt"]
-        mb = tmp["mb"].ap(qr)
+        S, P, PT, tmp = sets[u]
         srcs = {}
-        vis = visible(t)
-        max_eng = maxes_of(t)
-        for c, k0, kw, diag in vis:
-            for d0, dw in b.tiled(D, 128, "dm"):
-                b.matmul(S[c].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
-                         kts[c].ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
-            if diag is not None:    # hidden keys: columns from 1 - diag on
-                c0 = max(0, 1 - diag)
-                b.matmul(_cols(S[c].ap(qr), c0, kw - c0, qr), ident.ap(QB, dims=((1, qr),)),
-                         _cols(masks[diag].ap(QB), c0, kw - c0, QB), start_when=(1,))
-            if between is not None:
-                between(c)
-            if c == 0 and nxt is not None:
-                # the next block's Q^T, a block ahead: its queue never holds it behind
-                # transfers that wait for this block's exps
-                load_q(nxt[0], nxt[1], 1 - u)
-            src, act_scale = S[c].ap(qr, dims=((1, kw),)), (1.0 if prescale else a.scale)
-            if a.score is not None:
-                src = _score_tile(b, k, S[c], bidx, q0, qr, aff(k0), kw)
-                act_scale = 1.0
-            srcs[c] = (src, act_scale)
-            # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
-            b.tensor_reduce(_cols(mb, c, 1), src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
-                            engines=(max_eng[c],))
-        act_scale = srcs[0][1]
-        mb = _cols(mb, 0, len(vis))
-        m = tmp["m"].ap(qr)
-        nm = tmp["nm"].ap(qr)
-        if vexp:
-            # m for VectorE's exponential (it subtracts), -m for ScalarE's bias: side by side
-            b.tensor_reduce(m, mb, AluOp.MAX, engines=(EngineKind.GPSIMD,))
-            b.tensor_reduce(nm, mb, AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
-        else:
-            b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
-        if vexp:
-            pass
-        elif clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
-            b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
-                            LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
-        else:
-            b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
+        max_eng = maxes_of(i)
+        urows = rows_of(i)
+        for j, (t, s0, vis) in enumerate(urows):
+            q0, qr = blocks[t]
+            qt = tmp[j]["qt"]
+            for x, (c, k0, kw, diag) in enumerate(vis):
+                s = s0 + x
+                for d0, dw in b.tiled(D, 128, "dm"):
+                    b.matmul(S[s].ap(qr, dims=((1, kw),)), qt.ap(dw, elem_offset=d0 // 128 * qr, dims=((1, qr),)),
+                             kts[c].ap(dw, elem_offset=d0 // 128 * kw, dims=((1, kw),)), start_when=(d0,))
+                if diag is not None:    # hidden keys: columns from 1 - diag on
+                    c0 = max(0, 1 - diag)
+                    b.matmul(_cols(S[s].ap(qr), c0, kw - c0, qr), ident.ap(QB, dims=((1, qr),)),
+                             _cols(masks[max(diag, 1)].ap(QB), 0, kw - c0, QB), start_when=(1,))
+                if between is not None:
+                    between(s)
+                if s == 0 and nxt is not None:
+                    # the next unit's Q^T, a unit ahead: its queue never holds it behind
+                    # transfers that wait for this unit's exps
+                    load_q(nxt[0], nxt[1], 1 - u)
+                src, act_scale = S[s].ap(qr, dims=((1, kw),)), (1.0 if prescale else a.scale)
+                if a.score is not None:
+                    src = _score_tile(b, k, S[s], bidx, q0, qr, aff(k0), kw)
+                    act_scale = 1.0
+                srcs[s] = (src, act_scale)
+                # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
+                # (a row of one key block without VectorE's exps: its max is the row's)
+                mx = tmp[j]["m"].ap(qr) if len(vis) == 1 and not vexp else _cols(tmp[j]["mb"].ap(qr), x, 1)
+                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN, engines=(max_eng[s],))
+        for j, (t, s0, vis) in enumerate(urows):
+            qr = blocks[t][1]
+            act_scale = srcs[s0][1]
+            mb = _cols(tmp[j]["mb"].ap(qr), 0, len(vis))
+            m = tmp[j]["m"].ap(qr)
+            nm = tmp[j]["nm"].ap(qr)
+            if vexp:
+                # m for VectorE's exponential (it subtracts), -m for ScalarE's bias: side by side
+                b.tensor_reduce(m, mb, AluOp.MAX, engines=(EngineKind.GPSIMD,))
+                b.tensor_reduce(nm, mb, AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
+            elif len(vis) > 1 and not clamp:
+                # -scale * max on ScalarE, in one instruction just ahead of the row's exps:
+                # min(-scale * mb) (the maxes, or with a negative scale the minima) into nm
+                b.activation(mb, mb, ActFunc.COPY, scale=-act_scale, reduce=AluOp.MIN, accum=nm)
+                continue
+            elif len(vis) > 1:
+                b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
+            if vexp:
+                pass
+            elif clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+                b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
+                                LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
+            else:
+                b.tensor_scalar(nm, m, AluOp.MULTIPLY, -act_scale)
 
-        dmat = by_dma(vis)
+        dmat = by_dma(i)
 
         def exps() -> None:
-            for c, k0, kw, _ in vis:
-                src, sc = srcs[c]
-                if c in vexp:
-                    b.exponential(P[c].ap(qr, dims=((1, kw),)), src, m, accum=_cols(L.ap(qr), c, 1))
-                else:
-                    b.activation(P[c].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
-                                 reduce=AluOp.ADD, accum=_cols(L.ap(qr), c, 1))
-                if c in dmat:   # P^T by DMA transposes: a block period ahead of its use
-                    pt = tmp["pt"][c]
-                    for s0 in range(0, kw, 128):   # unrolled: one queue each
-                        sw = min(128, kw - s0)
-                        b.dma(_cols(pt.ap(), s0 // 128 * qr, qr, sw),
-                              _cols(P[c].ap(qr, dims=((1, kw),)), s0, sw), transpose=True)
+            for j, (t, s0, vis) in enumerate(urows):
+                qr = blocks[t][1]
+                m, nm = tmp[j]["m"].ap(qr), tmp[j]["nm"].ap(qr)
+                for x, (c, k0, kw, _) in enumerate(vis):
+                    s = s0 + x
+                    src, sc = srcs[s]
+                    acc = {} if ones else {"accum": _cols(tmp[j]["l"].ap(qr), x, 1)}
+                    if s in vexp:
+                        b.exponential(P[s].ap(qr, dims=((1, kw),)), src, m, **acc)
+                    else:
+                        b.activation(P[s].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
+                                     reduce=AluOp.ADD if acc else None, **acc)
+                    if s in dmat:   # P^T by DMA transposes: a unit period ahead of its use
+                        for s1 in range(0, kw, 128):   # unrolled: one queue each
+                            sw = min(128, kw - s1)
+                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw),
+                                  _cols(P[s].ap(qr, dims=((1, kw),)), s1, sw), transpose=True)
         return exps
 
-    def late(h: Affine, w: int, t: int, u: int):
-        """Query block t's transposes (``tp(c)`` per key block) and the rest (``rest()``:
-        1 / sum, second products, store), for the caller to place."""
+    def late(h: Affine, w: int, i: int, u: int):
+        """Unit i's transposes (``tp(s)`` per bank) and the rest (``rest()``: 1 / sum, second
+        products, store), for the caller to place."""
         bidx = outer + (h,)
         vts = kv[w][1]
-        q0, qr = blocks[t]
-        S, O, P, L, tmp = sets[u]
+        S, P, PT, tmp = sets[u]
         pts: list = [None] * nk
-        vis = visible(t)
-        width = {c: kw for c, _, kw, _ in vis}
-        dmat = by_dma(vis)
+        urows = rows_of(i)
+        bank = {s0 + x: (blocks[t][1], kw) for t, s0, vis in urows for x, (_, _, kw, _) in enumerate(vis)}
+        dmat = by_dma(i)
 
-        def tp(c: int) -> None:
-            if c not in width or pts[c] is not None:
+        def tp(s: int) -> None:
+            if s not in bank or pts[s] is not None:
                 return
-            kw = width[c]
-            if c in dmat:        # by DMA, issued with the exps
-                pts[c] = tmp["pt"][c].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),))
+            qr, kw = bank[s]
+            if s in dmat:        # by DMA, issued with the exps
+                pts[s] = PT[s].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),))
                 return
             eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
-                   (EngineKind.SCALAR,) if c < na else (EngineKind.VECTOR,))
-            pts[c] = _transpose_block(b, k, S[c], P[c].ap(qr, dims=((1, kw),)), qr, kw,
-                                      -(-kw // 128), pt=tmp["pt"][c], engines=eng)
+                   (EngineKind.SCALAR,) if s < na else (EngineKind.VECTOR,))
+            pts[s] = _transpose_block(b, k, S[s], P[s].ap(qr, dims=((1, kw),)), qr, kw,
+                                      -(-kw // 128), pt=PT[s], engines=eng)
 
         def rest() -> None:
-            # 1 / sum on GpSimdE (ScalarE's queue holds the next block's exps: a reciprocal
-            # there would wait for them, and the last score bank for this block's output read)
-            den = tmp["den"].ap(qr)
-            b.tensor_reduce(den, _cols(L.ap(qr), 0, len(vis)), AluOp.ADD, engines=(EngineKind.GPSIMD,))
-            if clamp:
-                b.tensor_scalar(den, den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
-            rl = tmp["rl"].ap(qr)
-            b.tensor_scalar(rl, den, AluOp.DIVIDE, 1.0, reverse0=True, engines=(EngineKind.GPSIMD,))
-            for c, k0, kw, _ in vis:
-                for s0, sw in b.tiled(kw, 128, "pv"):
-                    sub = s0 // 128
-                    b.matmul(O.ap(qr), _cols(pts[c], sub * qr, qr, sw), _v_rows(vts[c], sub, s0, sw, Dv),
-                             start_when=(s0 + k0,))
-            _store(b, k, bidx, q0, qr, Dv, O.ap(qr), rl, tmp["w"])
+            for j, (t, s0, vis) in enumerate(urows):
+                q0, qr = blocks[t]
+                # the output (and with ``ones`` the row sum, its last column) behind the P^T
+                # pieces of the row's last bank
+                last = s0 + len(vis) - 1
+                O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dw) if shares
+                     else tmp[j]["o"])
+                for x, (c, k0, kw, _) in enumerate(vis):
+                    for s1, sw in b.tiled(kw, 128, "pv"):
+                        sub = s1 // 128
+                        b.matmul(O.ap(qr), _cols(pts[s0 + x], sub * qr, qr, sw),
+                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 + k0,))
+                if ones:
+                    den = _cols(O.ap(qr), Dv, 1)
+                else:   # the sums on GpSimdE (ScalarE's queue holds the next unit's exps: an
+                    # instruction there would wait for them); one key block's sum is the row's
+                    den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
+                    if len(vis) > 1:
+                        den = tmp[j]["den"].ap(qr)
+                        b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
+                if clamp:
+                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
+                    den = tmp[j]["den"].ap(qr)
+                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
         return tp, rest
 
+    def order(hh: int) -> list[int]:
+        """The units of an item in set hh in the order they run: odd items reversed, so an
+        item's last unit and the next item's first are alike (long rows end one item and start
+        the next, short rows likewise), and with an even number of items the kernel drains
+        after the short rows."""
+        return list(range(NU))[::-1 if hh % 2 else 1]
+
     def item(h: Affine, hh: int, last: bool) -> None:
-        """Item h (its K/V in set hh): every query block's late stage, each after the next
-        block's early stage (the next item's first, with its K/V loads, unless ``last``)."""
-        for t in range(T):
-            u = (hh * T + t) % 2
-            tp, rest = late(h, hh, t, u)
-            # with background transposes, block t's transposes run beside block t+1's products
+        """Item h (its K/V in set hh): every unit's late stage, each after the next unit's
+        early stage (the next item's first, with its K/V loads, unless ``last``)."""
+        od, nod = order(hh), order(1 - hh)
+        for p, i in enumerate(od):
+            u = (hh * NU + p) % 2
+            tp, rest = late(h, hh, i, u)
+            # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
-            if t + 1 < T:
-                nxt = (h, t + 2) if t + 2 < T else None if last else (h + 1, 0)
-                exps = early(h, hh, t + 1, (u + 1) % 2, nxt, between=between)
+            if p + 1 < NU:
+                nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
+                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
             elif not last:
                 load_kv(h + 1, 1 - hh)
-                exps = early(h + 1, 1 - hh, 0, (u + 1) % 2, (h + 1, 1), between=between)
+                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
             else:
                 between = None
-            for c in range(nk):     # (those no product of the next block ran beside)
-                tp(c)
+            for s in range(nk):     # (those no product of the next unit ran beside)
+                tp(s)
             if exps is not None:
                 exps()
             rest()
 
-    # the first products wait for the first Q^T and the K^T blocks only: those loads go first
-    load_q(aff(0), 0, 0)
-    load_kv(aff(0), 0, v=False)
-    early(aff(0), 0, 0, 0, (aff(0), 1))()
+    # the first products wait for the first Q^T and the K^T blocks only: those loads go first,
+    # the first row's Q^T and the first K^T block ahead of the rest
+    load_q(aff(0), 0, 0, rows=(0,))
+    load_kv(aff(0), 0, v=False, cs=(0,))
+    load_q(aff(0), 0, 0, rows=tuple(range(1, len(units[0]))))
+    load_kv(aff(0), 0, v=False, cs=tuple(range(1, nk)))
+    early(aff(0), 0, 0, 0, (aff(0), 1 % NU))()
     load_kv(aff(0), 0, k=False)
     pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
     if pairs:

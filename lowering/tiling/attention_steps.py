@@ -37,6 +37,19 @@ def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
     return k0 - q0 - off
 
 
+def _mask_tile(b: TirBuilder, name: str, base: int, width: int, dt: DType, hidden: float):
+    """An additive causal mask [128, width] of ``dt``: 0 where ``c - p + base <= 0`` (column c,
+    partition p), ``hidden`` elsewhere; built on GpSimdE with its iota (the kernel's first
+    VectorE work waits in VectorE's queue behind the previous kernel's PSUM evacuations, and
+    these depend on nothing)."""
+    t = b.tile(name, Memory.SBUF, QB, width, dt)
+    pool = (EngineKind.GPSIMD,)
+    b.iota(t.ap(), base, -1, (1,))                     # c - p + base
+    b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0, engines=pool)
+    b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden, engines=pool)   # 0 or hidden
+    return t
+
+
 def _only_casts(e: Expr) -> bool:
     """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
     dtype gives the same values."""
@@ -49,9 +62,10 @@ def _only_casts(e: Expr) -> bool:
 
 
 def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP,
-           w=None) -> None:
-    """out rows [q0, q0 + qr) = epilogue(o * rl), o the unnormalised output (PSUM or SBUF);
-    ``w``: the staging tile [qr, Dv] of the output dtype to use when the epilogue is casts."""
+           w=None, op: AluOp = AluOp.MULTIPLY) -> None:
+    """out rows [q0, q0 + qr) = epilogue(o op rl), o the unnormalised output (PSUM or SBUF), rl
+    1 / the row sums (``op`` MULTIPLY) or the row sums (DIVIDE); ``w``: the staging tile
+    [qr, Dv] of the output dtype to use when the epilogue is casts."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
@@ -59,12 +73,12 @@ def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl
     if _only_casts(a.epilogue):      # normalise and round in one instruction
         w = target if target is not None else (w.ap(qr) if w is not None else
                                                b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap())
-        b.tensor_scalar(w, o, AluOp.MULTIPLY, rl)
+        b.tensor_scalar(w, o, op, rl)
         if target is None:
             b.dma(dst, w)
         return
     on = b.tile("on", Memory.SBUF, qr, Dv, F32).ap()
-    b.tensor_scalar(on, o, AluOp.MULTIPLY, rl)
+    b.tensor_scalar(on, o, op, rl)
     gen = ExprGen(b, qr, (Dv,), lambda x: on)
     if target is not None:
         gen.tile_of(a.epilogue, out.dtype, out=target)
@@ -154,14 +168,14 @@ def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
     return _cols(vt.ap(), sub * Dv, Dv, sw)
 
 
-def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None):
+def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None, stride: int | None = None):
     """V [kw keys on partitions in 128-row pieces, Dv] of one key block (into ``vt`` when
-    given). (Reading a resident V in place, as the matmul operand, measured slower on GPT-2
-    than this copy: 1170 vs 1100 us.)"""
+    given, its pieces ``stride`` columns apart, default Dv). (Reading a resident V in place, as
+    the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us.)"""
     nsub = -(-kw // 128)
     vt = vt if vt is not None else b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
     for s0, sw in b.tiled(kw, 128, "vs"):
-        b.dma(vt.ap(sw, elem_offset=s0 // 128 * Dv, dims=((1, Dv),)),
+        b.dma(vt.ap(sw, elem_offset=s0 // 128 * (stride or Dv), dims=((1, Dv),)),
               hbm_ap(V.buffer, V.dtype, _boff(V, bidx) + (k0 + s0) * V.strides[-2], sw,
                      V.strides[-2], ((Dv, V.strides[-1]),)))
     return vt
@@ -220,6 +234,17 @@ def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
     """A key block's P^T transposes and the [128, Dv] fp32 output of its second product fit
     its score bank together (then a query block needs one bank per parity, not two)."""
     return _pt_bytes(KB // 128, pdt) + Dv * 4 <= t.psum_bank_bytes
+
+
+def _ones_column(pdt: DType, Dv: int, t) -> bool:
+    """Whether the two-phase path takes the row sums from its second product, V with a column
+    of ones (P @ [V | 1] = [P V | sum P], one more moving column) instead of its exps' sums:
+    on a target without VectorE's exponential (which sums for free: with it, the wider second
+    products cost more than ScalarE's sums save, SDPA [1,8,2048,128] trn3 231.5 -> 234.0 us),
+    when the output [128, Dv + 1] still fits a PSUM bank, sharing the last score bank whenever
+    [128, Dv] would."""
+    return (t.vector_exp_speedup <= 1 and (Dv + 1) * 4 <= t.psum_bank_bytes
+            and _o_shares_bank(pdt, Dv + 1, t) == _o_shares_bank(pdt, Dv, t))
 
 
 def _pt_bytes(nsub: int, pdt: DType) -> int:
