@@ -388,7 +388,7 @@ class Tracer:
         parts = shape[pdim]
         inner = free_elems(shape[pdim:], 0)
         fbytes = inner * dtype.itemsize
-        what = f"{memory.value.upper()} tile {name or ''} {list(shape)} {dtype.value} ({how})"
+        what = f"{memory.value.upper()} tile {name} {list(shape)} {dtype.value} ({how})".replace("  ", " ")
         if not 1 <= parts <= t.sbuf_partitions:
             raise self._fail(CapacityError(
                 f"{what}: partition dimension (dimension {pdim}) is {parts}; a tile "
