@@ -48,6 +48,7 @@ import torch
 
 from neuron_compiler.device.residency import RESIDENCY, tensor_bytes
 from neuron_compiler.profile import GraphRecord, active_profiles
+from runtime_sim.errors import MachineError
 
 from .kernel import OpCall, op_call
 
@@ -125,8 +126,13 @@ class NkiOpCall(torch.nn.Module):
                 sent, nbytes = sent + 1, nbytes + tensor_bytes(t)
         ns = assumptions_of(self.graph).transfer_ns(nbytes, transfers=sent) if sent else 0.0
         call = OpCall(self.graph, self.op_name, target, (ns, nbytes, sent))
-        with op_call(call):
-            out = self.op(*args, **kwargs)
+        try:
+            with op_call(call):
+                out = self.op(*args, **kwargs)
+        except MachineError as e:        # the kernel broke a machine rule when it ran
+            e.add_note(f"in nki_op {self.op_name} of compiled graph {self.graph.name} "
+                       f"(target {target})")
+            raise
         if not call.kernels:
             raise RuntimeError(f"nki_op {self.op_name}: its body called no @nki.jit kernel; an "
                                f"nki_op runs on the device only through its kernels")

@@ -136,6 +136,18 @@ def test_compiled_op_values_come_from_the_simulator(fresh_dynamo):
         np.testing.assert_allclose(y.numpy(), 2 * np.exp(x.numpy()), rtol=1e-3)
 
 
+@pytest.mark.parametrize("dtype,sim_mode", [(torch.float32, "timing"), (torch.bfloat16, "functional")])
+def test_compiled_op_values_in_both_modes_and_bf16(fresh_dynamo, dtype, sim_mode):
+    a, b = torch.randn(130, 40).to(dtype), torch.randn(130, 40).to(dtype)
+    cf = torch.compile(lambda a, b: mul(a, b) - 1, backend="neuron",
+                       options={**STRICT, "sim_mode": sim_mode})
+    with neuron_compiler.profile() as prof:
+        y = cf(a, b)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y, (a * b) - 1)
+    assert [p["partition"] for p in _nki_parts(prof.to_dict())] == ["nki nki_test.mul.default/mul_kernel"]
+
+
 def test_registered_autograd_trains(fresh_dynamo):
     w0 = torch.randn(160, 32) * 0.3
     target = torch.randn(160, 32)
