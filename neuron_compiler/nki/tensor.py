@@ -131,6 +131,8 @@ class Storage:
         self.block_elems = block_elems      # address stride of one block (dims before pdim)
         self.placement = None               # placement.Placement: blocks placed one by one
         self.written_boxes: set = set()     # footprint boxes instructions wrote (tracer.emit)
+        self.dead = ""                      # why its memory was reclaimed while referenced
+        self.reclaim = None                 # releases its memory now (on_release)
         self.mm_open: set = set()
         self.mm_written: set = set()
         self.zeroed = False
@@ -543,8 +545,9 @@ def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:
 
 
 def on_release(storage: Storage, fn, *args) -> None:
-    """Call ``fn(*args)`` when ``storage`` is no longer referenced (its memory may be reused)."""
-    weakref.finalize(storage, fn, *args)
+    """Call ``fn(*args)`` when ``storage`` is no longer referenced (its memory may be reused),
+    or when ``storage.reclaim()`` is called first (once)."""
+    storage.reclaim = weakref.finalize(storage, fn, *args)
 
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextvars
 import os
 import sys
+import weakref
 
 from runtime_sim.checks import MachineError, PsumGroups, check_instr, check_psum_bank, psum_banks_of
 from runtime_sim.errors import CapacityError
@@ -255,6 +256,7 @@ class Tracer:
         self.shared: list[Storage] = []         # shared_hbm tensors, by creation order (SPMD)
         self._shared_i = 0
         self.constants: dict[str, "object"] = {}   # input name -> host data (nl.shared_constant)
+        self._by_line: dict[tuple, list] = {}       # (memory, kernel line) -> weakrefs of tiles
 
     # ---- context -----------------------------------------------------------------------------
     def __enter__(self) -> "Tracer":
@@ -302,6 +304,31 @@ class Tracer:
         return st
 
     def onchip(self, memory: Memory, shape: tuple[int, ...], dtype: DType, pdim: int, name: str) -> Storage:
+        """A new SBUF/PSUM tile. When memory is short, the earlier tiles declared at the same
+        kernel line (previous loop iterations: NKI tiles declared in a loop body live for one
+        iteration) are reclaimed first, and using one of them afterwards is an error; then a
+        PSUM tensor of blocks is placed modulo the free banks (``_modulo_psum``)."""
+        line = source_line()
+        try:
+            st = self._onchip(memory, shape, dtype, pdim, name, modulo=False)
+        except CapacityError:
+            self._reclaim(memory, line)
+            st = self._onchip(memory, shape, dtype, pdim, name, modulo=True)
+        self._by_line.setdefault((memory, line), []).append(weakref.ref(st))
+        return st
+
+    def _reclaim(self, memory: Memory, line: str) -> None:
+        for ref in self._by_line.pop((memory, line), ()):
+            st = ref()
+            if st is not None and st.reclaim is not None and st.reclaim.alive:
+                st.dead = (f"{memory.value.upper()} tile {st.name} {list(st.shape)} declared at "
+                           f"{line} was used after a later declaration at that line reclaimed its "
+                           f"memory ({memory.value.upper()} was full; a tile declared in a loop "
+                           f"body lives for one iteration)")
+                st.reclaim()
+
+    def _onchip(self, memory: Memory, shape: tuple[int, ...], dtype: DType, pdim: int, name: str,
+                modulo: bool) -> Storage:
         parts = shape[pdim] if shape else 1
         t = self.target
         nbytes = free_elems(shape, pdim) * dtype.itemsize
@@ -330,7 +357,7 @@ class Tracer:
                 block = stride // dtype.itemsize
                 nbytes = (nblocks - 1) * stride + tile_bytes
             off = self.psum.alloc(nbytes, blocks=block is not None)
-            if off is None and block is not None and self.psum.free_run():
+            if off is None and block is not None and modulo and self.psum.free_run():
                 return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
             if off is None:
                 bank = t.psum_bank_bytes
@@ -480,6 +507,9 @@ class Tracer:
                     v.validate()
                 except IndexError as e:
                     raise IndexError(f"{e} (in NKI kernel {self.kernel_name!r} at {source_line()})") from None
+        for v in (dst, accum, *srcs):
+            if v is not None and v.storage.dead:
+                raise self._fail(CapacityError(v.storage.dead))
         dst, srcs, accum = _partition_first(dst, srcs, accum)
         stream = self.streams.setdefault(queue, [])
         sem = f"{queue.name}.done"

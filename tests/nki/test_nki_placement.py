@@ -130,3 +130,29 @@ def test_psum_blocks_beyond_the_banks_are_placed_modulo():
     k = _blocked_matmul(nl.psum, nblocks=12, slots_read_late=True)
     with pytest.raises(StaleBlockError, match="too few free PSUM banks for its 12 blocks"):
         k(lhsT, rhs)
+
+
+def _per_iteration_psum(keep_first: bool):
+    @nki.jit
+    def k(lhsT, rhs):
+        """Each iteration declares a 5-bank PSUM tensor (two do not fit in 8 banks)."""
+        out = nl.ndarray((128, 3 * 5 * 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(lhsT)
+        first = None
+        for it in nl.sequential_range(3):
+            acc = nl.ndarray((5, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+            first = acc if first is None and keep_first else first
+            for i in nl.affine_range(5):
+                c = (it * 5 + i) * 512
+                acc[i] = nisa.nc_matmul(x, nl.load(rhs[:, c:c + 512]))
+                src = first[i] if first is not None and it == 1 else acc[i]
+                nl.store(out[:, c:c + 512], value=nl.copy(src))
+        return out
+    return k
+
+
+def test_tiles_of_earlier_iterations_are_reclaimed_when_memory_is_short():
+    lhsT, rhs, ref = _operands(nblocks=15)
+    np.testing.assert_allclose(_per_iteration_psum(False)(lhsT, rhs), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(CapacityError, match=r"used after a later declaration at that line"):
+        _per_iteration_psum(True)(lhsT, rhs)
