@@ -13,7 +13,11 @@ kernels):
   per tile where possible (the bank least recently handed out), so accumulation groups of
   different tiles do not share a bank; tiles never cross a bank (on a target whose matmul spans
   several banks, a larger tile takes consecutive empty banks). A tile's memory is freed when
-  Python drops its last reference. Out of memory is the machine's ``CapacityError``.
+  Python drops its last reference. When memory is short, the live tiles declared earlier at
+  the same kernel line are reclaimed first (marked dead: an instruction using one raises);
+  then a PSUM tensor of blocks is placed modulo the free banks (placement.py). Tiles with an
+  explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
+  never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
   emitted, the footprints it reads and writes (physical partition x byte boxes on chip, index
   boxes of HBM tensors) are compared with earlier accesses: it waits for the last overlapping
