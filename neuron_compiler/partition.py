@@ -19,17 +19,25 @@ device operation that the lowering does not compile: it stays in the outer graph
 torch.distributed, timed by the collective model), is counted as a device node and listed in
 ``PartitionPlan.collectives``, never as a fallback.
 
+NKI ops (``neuron_compiler.nki.op``): a node of an op registered by ``nki_op`` (or the
+``auto_functionalized`` node of a mutating one) is a device operation of its own, as a
+collective is: it stays in the outer graph (``NkiOpCall`` runs its kernels on the simulator and
+records them as partitions of the graph), is counted as a device node and listed in
+``PartitionPlan.nki_ops``, never as a fallback. (Not yet spliced into a neighbouring
+partition's program.)
+
 Invariants
 - Every node that ``why_unsupported`` accepted ends up in a device partition; every counted
   node outside the partitions has a reason in ``PartitionPlan.fallbacks``.
 - ``device_nodes + fallback_nodes`` equals the number of counted nodes of the input graph;
-  ``device_nodes`` includes the collective nodes.
+  ``device_nodes`` includes the collective and NKI op nodes.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import operator
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -45,6 +53,7 @@ from neuron_compiler.profile import FallbackEntry
 DEVICE_PREFIX = "fused_"
 NOT_PARTITIONED = "supported by the lowering, but left outside every device partition"
 COLLECTIVE = "a collective: run by torch.distributed, timed by the collective model"
+NKI_OP = "an nki_op: its NKI kernels run on the simulator as programs of their own"
 
 _aten = torch.ops.aten
 SHAPE_QUERY_OPS = frozenset({
@@ -64,6 +73,14 @@ def op_name(node: Node) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return str(t)
     return getattr(t, "__name__", str(t))
+
+
+def is_nki_op_node(node: Node) -> bool:
+    """True for a node of an op registered by ``neuron_compiler.nki.nki_op`` (no such op can
+    exist unless ``neuron_compiler.nki.op`` was imported, so nothing is imported here)."""
+    mod = sys.modules.get("neuron_compiler.nki.op")
+    return (mod is not None and node.op == "call_function"
+            and mod.is_nki_op(node.target, tuple(node.args)))
 
 
 def _has_tensor(val: object) -> bool:
@@ -103,6 +120,8 @@ class NeuronOperatorSupport(OperatorSupport):
             r = self.reason(src) if isinstance(src, Node) else "getitem of a non-node"
         elif collective_kind(node) is not None:
             r = COLLECTIVE
+        elif is_nki_op_node(node):
+            r = NKI_OP
         elif not is_compute_node(node):
             r = "not an ATen compute node (runs on the host)"
         else:
@@ -129,6 +148,7 @@ class PartitionPlan:
     fallbacks: tuple[FallbackEntry, ...]
     node_reasons: dict[str, str]            # outer-graph fallback node name -> reason
     collectives: dict[str, str] = field(default_factory=dict)  # node name -> op (collective, wait)
+    nki_ops: dict[str, str] = field(default_factory=dict)      # node name -> op (nki_op)
 
 
 def partition_graph(gm: GraphModule) -> PartitionPlan:
@@ -147,9 +167,13 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
     fallback_count: Counter = Counter()
     node_reasons: dict[str, str] = {}
     collectives: dict[str, str] = {}
+    nki_ops: dict[str, str] = {}
     for node in fused.graph.nodes:
         if collective_kind(node) is not None:
             collectives[node.name] = op_name(node)
+        elif is_nki_op_node(node):
+            nki_ops[node.name] = sys.modules["neuron_compiler.nki.op"].nki_op_name(
+                node.target, tuple(node.args))
         elif node.op == "call_module" and str(node.target).startswith(DEVICE_PREFIX):
             sub = getattr(fused, str(node.target))
             device.append(str(node.target))
@@ -159,7 +183,8 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
             reason = reasons_by_name.get(node.name, NOT_PARTITIONED)
             node_reasons[node.name] = reason
             fallback_count[(op_name(node), reason)] += 1
-    device_nodes = sum(sum(c.values()) for c in partition_ops.values()) + len(collectives)
+    device_nodes = (sum(sum(c.values()) for c in partition_ops.values()) + len(collectives)
+                    + len(nki_ops))
     fallback_nodes = sum(fallback_count.values())
     if device_nodes + fallback_nodes != n_compute:
         raise AssertionError(
@@ -168,7 +193,7 @@ def partition_graph(gm: GraphModule) -> PartitionPlan:
     fallbacks = tuple(FallbackEntry(op, c, r) for (op, r), c in
                       sorted(fallback_count.items(), key=lambda kv: (-kv[1], kv[0])))
     return PartitionPlan(fused, tuple(device), partition_ops, device_nodes, fallback_nodes,
-                         fallbacks, node_reasons, collectives)
+                         fallbacks, node_reasons, collectives, nki_ops)
 
 
 def plan_table(plan: PartitionPlan) -> dict:
@@ -180,6 +205,7 @@ def plan_table(plan: PartitionPlan) -> dict:
         "partitions": {p: dict(sorted(plan.partition_ops[p].items()))
                        for p in plan.device_partitions},
         "collectives": dict(plan.collectives),
+        "nki_ops": dict(plan.nki_ops),
     }
 
 
@@ -217,6 +243,10 @@ def format_plan(plan: PartitionPlan, title: str = "") -> str:
         lines.append(f"collectives ({len(plan.collectives)} nodes, torch.distributed, timed by "
                      f"the collective model):")
         lines += [f"  {name}: {op}" for name, op in plan.collectives.items()]
+    if plan.nki_ops:
+        lines.append("")
+        lines.append(f"nki ops ({len(plan.nki_ops)} nodes, NKI kernels on the simulator):")
+        lines += [f"  {name}: {op}" for name, op in plan.nki_ops.items()]
     lines.append("")
     lines.append(f"fallback ops ({plan.fallback_nodes} nodes, eager PyTorch):")
     for e in plan.fallbacks:

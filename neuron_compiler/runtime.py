@@ -110,7 +110,8 @@ from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
 from neuron_compiler.logs import artifact, current_compile_id, log
 from neuron_compiler.options import NeuronOptions
-from neuron_compiler.partition import is_compute_node, lowering_api, op_name, split_out
+from neuron_compiler.partition import (is_compute_node, is_nki_op_node, lowering_api, op_name,
+                                       split_out)
 from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
                                            _process_local, _Program, _to_disk,
                                            program_cache_info, program_key)  # noqa: F401 (re-export)
@@ -279,15 +280,20 @@ class FallbackOp(torch.nn.Module):
 def wrap_fallback_nodes(gm: GraphModule, reasons: dict[str, str], graph: GraphRecord,
                         default_reason: str) -> GraphModule:
     """Replace every compute ``call_function`` node of ``gm`` with a timed ``FallbackOp`` (a
-    collective with a ``CollectiveOp``)."""
+    collective with a ``CollectiveOp``, an nki_op with an ``NkiOpCall``)."""
     for i, node in enumerate(list(gm.graph.nodes)):
         if not is_compute_node(node):
             continue
         kind = collective_kind(node)       # a collective is a device operation (collectives.py)
-        name = f"{'collective' if kind else 'eager'}_{i}_{node.name}"
-        gm.add_submodule(name, CollectiveOp(node.target, op_name(node), kind, graph) if kind else
-                         FallbackOp(node.target, op_name(node),
-                                    reasons.get(node.name, default_reason), graph))
+        if is_nki_op_node(node):           # so is an nki_op (neuron_compiler.nki.op)
+            from neuron_compiler.nki.op import NkiOpCall
+            name, mod = f"nki_{i}_{node.name}", NkiOpCall.for_node(node, graph)
+        else:
+            name = f"{'collective' if kind else 'eager'}_{i}_{node.name}"
+            mod = (CollectiveOp(node.target, op_name(node), kind, graph) if kind else
+                   FallbackOp(node.target, op_name(node), reasons.get(node.name, default_reason),
+                              graph))
+        gm.add_submodule(name, mod)
         with gm.graph.inserting_before(node):
             new = gm.graph.call_module(name, node.args, node.kwargs)
         new.meta = dict(node.meta)

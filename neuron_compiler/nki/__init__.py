@@ -19,17 +19,20 @@ Both API generations are accepted (language.py, isa.py); ``install_aliases()`` l
 kernel files ``import nki`` / ``neuronxcc.nki``. Modules: ``index`` (arange/mgrid/masks),
 ``tensor`` (storages and views), ``tracer`` (allocation, synchronisation, checks), ``ops`` (the
 instructions), ``language``/``isa``/``typing`` (the API), ``kernel`` (jit, calls, profile),
-``aliases``. docs/nki.md is the guide.
+``aliases``, ``op`` (``nki_op``: kernels as torch custom ops, device operations in compiled
+graphs). docs/nki.md is the guide.
 
-Imports: runtime_sim (the machine) and neuron_compiler.profile only; never lowering.
+Imports: runtime_sim (the machine), neuron_compiler.profile, and (op.py, at call time) the
+runtime's residency and transfer accounting; never lowering.
 """
 from . import compiler, isa, language, typing  # noqa: F401
 from .aliases import install_aliases, uninstall_aliases
 from .kernel import Kernel, KernelRun, jit, simulate, simulate_kernel, target
+from .op import nki_op
 
 baremetal = jit
 benchmark = jit
 trace = jit
 
 __all__ = ["jit", "simulate", "simulate_kernel", "target", "install_aliases", "uninstall_aliases",
-           "Kernel", "KernelRun", "language", "isa", "typing", "baremetal", "benchmark", "trace"]
+           "Kernel", "KernelRun", "nki_op", "language", "isa", "typing", "baremetal", "benchmark", "trace"]

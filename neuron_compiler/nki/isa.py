@@ -103,6 +103,17 @@ def _result(shape, dtype, like: NkiTensor, buffer=None) -> NkiTensor:
     return ops.new_tile(shape, dtype if dtype is not None else like.mdtype, mem)
 
 
+def _dst_and_data(a: dict, new: bool) -> tuple[NkiTensor, NkiTensor]:
+    """The masked destination and ``data`` source of a one-source instruction: the given
+    ``dst`` (newer form) or a new SBUF tile of ``data``'s shape and ``dtype=`` (SDK 2.26)."""
+    data = ops.materialize(a["data"])
+    if new:
+        return tuple(ops.apply_mask(a.get("mask"), a["dst"], data))
+    (data,) = ops.apply_mask(a.get("mask"), data)
+    dt = to_dtype(a["dtype"]) if a.get("dtype") is not None else None
+    return _result(data.shape, dt, data), data
+
+
 # ---- data movement --------------------------------------------------------------------------------
 
 def dma_copy(*args, **kwargs):
@@ -165,18 +176,17 @@ def nc_matmul(*args, **kwargs):
     """``stationary[K, M].T @ moving[K, N]`` on TensorE into an fp32 PSUM tile ``[M, N]``."""
     new = _is_new(args, kwargs, 2)
     a = _split(args, kwargs, ("stationary", "moving"), new)
-    # is_*_onezero: a hint that an operand holds only 0/1 (no effect on values or on the cost model)
-    for k in ("is_transpose",):
-        if a.get(k):
-            raise NotImplementedError(f"nisa.nc_matmul({k}=True) is not modelled")
+    # is_*_onezero: a hint that an operand holds only 0/1 (no effect on values or on the cost
+    # model); is_transpose: TensorE's transpose mode (ops.matmul)
+    tr = bool(a.get("is_transpose"))
     perf = a.get("perf_mode")
     if perf is not None and getattr(perf, "value", perf) not in ("none", None):
         raise NotImplementedError("nisa.nc_matmul(perf_mode=...) is not modelled by the NKI front end yet")
     st, mv = ops.materialize(a["stationary"]), ops.materialize(a["moving"])
     st, mv = ops.apply_mask(a.get("mask"), st, mv)
     if new:
-        return ops.matmul(a["dst"], st, mv, a.get("accumulate"))
-    return ops.PendingMatmul(st, mv)
+        return ops.matmul(a["dst"], st, mv, a.get("accumulate"), transpose=tr)
+    return ops.PendingMatmul(st, mv, transpose=tr)
 
 
 def nc_transpose(*args, **kwargs):
@@ -213,16 +223,32 @@ def tensor_scalar(*args, **kwargs):
     """``dst = (data op0 operand0) op1 operand1``; operands are numbers or [P, 1] tiles."""
     new = "dst" in kwargs or (len(args) >= 2 and isinstance(args[1], NkiTensor))
     a = _split(args, kwargs, ("data", "op0", "operand0", "reverse0", "op1", "operand1", "reverse1"), new)
-    data = ops.materialize(a["data"])
     op1 = alu_of(a["op1"]) if a.get("op1") is not None else None
-    if new:
-        dst = a["dst"]
-        dst, data = ops.apply_mask(a.get("mask"), dst, data)
-    else:
-        (data,) = ops.apply_mask(a.get("mask"), data)
-        dst = _result(data.shape, to_dtype(a["dtype"]) if a.get("dtype") is not None else None, data)
+    dst, data = _dst_and_data(a, new)
     return ops.tensor_scalar(dst, data, alu_of(a["op0"]), a["operand0"], a.get("reverse0", False),
                              op1, a.get("operand1"), a.get("reverse1", False), a.get("engine"))
+
+
+def tensor_scalar_reduce(*args, **kwargs):
+    """``dst = data op0 operand0`` and ``reduce_res = reduce_op(dst)`` over every free axis
+    (VectorE). Emitted as a tensor_scalar then a tensor_reduce of its result, both on the
+    chosen engine: NKI's values; the time counts a second pass over ``dst`` where the machine
+    reduces in the same pass (``runtime_sim``'s tensor_scalar has no reduce output). Only
+    ``reduce_cmd=reset_reduce`` (the default) is modelled."""
+    new = "dst" in kwargs or (len(args) >= 2 and isinstance(args[1], NkiTensor))
+    a = _split(args, kwargs, ("data", "op0", "operand0", "reduce_op", "reduce_res"), new)
+    cmd = a.get("reduce_cmd")
+    if cmd is not None and getattr(cmd, "name", cmd) != "reset_reduce":
+        raise NotImplementedError(f"nisa.tensor_scalar_reduce(reduce_cmd={cmd}) is not modelled "
+                                  f"(only reduce_cmd.reset_reduce)")
+    dst, data = _dst_and_data(a, new)
+    ops.tensor_scalar(dst, data, alu_of(a["op0"]), a["operand0"], a.get("reverse0", False),
+                      engine=a.get("engine"))
+    res = a.get("reduce_res")
+    if res is not None:
+        ops.tensor_reduce(res, alu_of(a["reduce_op"]), dst, tuple(range(1, dst.ndim)) or 1,
+                          a.get("reduce_res_negate", False))
+    return dst
 
 
 def activation(*args, **kwargs):
@@ -230,14 +256,8 @@ def activation(*args, **kwargs):
     reduced (``reduce_op``, default add) into it."""
     new = "dst" in kwargs or (bool(args) and isinstance(args[0], NkiTensor))
     a = _split(args, kwargs, ("op", "data", "bias", "scale", "reduce_op", "reduce_res"), new)
-    data = ops.materialize(a["data"])
     func = act_of(a["op"])
-    if new:
-        dst = a["dst"]
-        dst, data = ops.apply_mask(a.get("mask"), dst, data)
-    else:
-        (data,) = ops.apply_mask(a.get("mask"), data)
-        dst = _result(data.shape, to_dtype(a["dtype"]) if a.get("dtype") is not None else None, data)
+    dst, data = _dst_and_data(a, new)
     rop = alu_of(a["reduce_op"]) if a.get("reduce_op") is not None else None
     ops.activation(dst, func, data, a.get("bias"), a.get("scale", 1.0), rop, a.get("reduce_res"))
     return dst

@@ -42,6 +42,33 @@ from .tracer import Tracer
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("nki_target", default=None)
 
 
+@dataclass
+class OpCall:
+    """An ``nki_op`` node being run by a compiled graph (op.py): its kernel calls run on
+    ``target`` and are recorded as partitions ``nki <op>/<kernel>`` of ``graph``; ``pending``
+    (ns, bytes, tensors): the op's host->device copies, charged to its first kernel call."""
+
+    graph: object
+    op: str
+    target: str
+    pending: tuple | None = None
+    kernels: list = field(default_factory=list)
+    producer: tuple | None = None       # (graph, partition, signature) of the last kernel call
+
+
+_OP_CALL: contextvars.ContextVar[OpCall | None] = contextvars.ContextVar("nki_op_call", default=None)
+
+
+@contextlib.contextmanager
+def op_call(call: OpCall):
+    """Run the kernel calls inside the block as part of ``call`` (see ``OpCall``)."""
+    tok = _OP_CALL.set(call)
+    try:
+        yield call
+    finally:
+        _OP_CALL.reset(tok)
+
+
 @contextlib.contextmanager
 def target(name: str):
     """Run the kernel calls inside the block on ``name`` ("trn1", "trn2", "trn3")."""
@@ -124,12 +151,31 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
+        if any(_is_fake(a) for a in args):
+            return self.fake_call(*args, **kwargs)
         return self.simulate(*args, **kwargs).outputs_value
+
+    def fake_call(self, *args, target: str | None = None, **kwargs):
+        """The call on fake (or meta) torch tensors, as an ``nki_op``'s fake implementation
+        makes it: the kernel is traced on the argument shapes (its program built and checked)
+        but not simulated; returns empty tensors shaped as the HBM tensors it returns."""
+        import torch
+        call = _OP_CALL.get()
+        tname = target or (call.target if call else None) or self.target or _TARGET.get() or "trn2"
+        t = get_target(tname)
+        like = next(a for a in args if _is_fake(a))
+        arrays = [_ShapeOnly(tuple(int(s) for s in a.shape), _np_of_torch(a.dtype))
+                  if _is_torch(a) else (a if isinstance(a, np.ndarray) else None) for a in args]
+        traced = self._trace(t, args, arrays, kwargs)
+        outs = [torch.empty(shape, dtype=_torch_of(dt), device=like.device)
+                for _, shape, dt in traced.outputs]
+        return _shape_return(traced.ret_kind, outs)
 
     def simulate(self, *args, target: str | None = None, **kwargs) -> KernelRun:
         """Run on the simulator; return the ``KernelRun`` (``.outputs``, ``.time_us``,
         ``.summary()``, ``.export_chrome_trace(path)``)."""
-        tname = target or self.target or _TARGET.get() or "trn2"
+        call = _OP_CALL.get()
+        tname = target or (call.target if call else None) or self.target or _TARGET.get() or "trn2"
         t = get_target(tname)
         arrays, torch_like = _host_arrays(args)
         traced = self._trace(t, args, arrays, kwargs)
@@ -251,6 +297,33 @@ def _host_arrays(args):
     return out, torch_like
 
 
+def _is_fake(v) -> bool:
+    """A torch tensor without data: a FakeTensor (an op's fake implementation) or meta."""
+    if not _is_torch(v):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(v) or v.device.type == "meta"
+
+
+@dataclass(frozen=True)
+class _ShapeOnly:
+    """An argument's shape and dtype (what tracing needs) without data."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
+def _np_of_torch(dt) -> np.dtype:
+    return to_dtype(dt).np
+
+
+def _torch_of(dt: DType):
+    import torch
+    return {DType.BF16: torch.bfloat16, DType.FP8_E4M3: torch.float8_e4m3fn,
+            DType.FP8_E5M2: torch.float8_e5m2, DType.BOOL: torch.bool}.get(
+        dt, None) or torch.from_numpy(np.empty(0, dt.np)).dtype
+
+
 def _torch_to_numpy(v) -> np.ndarray:
     import torch
     t = v.detach()
@@ -289,9 +362,20 @@ _GRAPHS: dict = {}
 
 def _record(run: KernelRun, arrays) -> None:
     from neuron_compiler.profile import GraphRecord, active_profiles, graph_call
+    shapes = [list(a.shape) for a in arrays if a is not None]
+    call = _OP_CALL.get()
+    if call is not None:          # a kernel of an nki_op node of a compiled graph (op.py)
+        part = f"nki {call.op}/{run.kernel}" + (str(list(run.grid)) if run.grid else "")
+        sig = (run.grid, tuple(tuple(s) for s in shapes))
+        call.kernels.append(run)
+        call.producer = (call.graph, part, sig)
+        ns, nbytes, sent = call.pending or (0.0, 0, 0)
+        call.pending = None
+        for p in active_profiles():
+            p.note_partition_call(call.graph, part, sig, shapes, run, run.result, ns, nbytes, sent)
+        return
     if not active_profiles():
         return
-    shapes = [list(a.shape) for a in arrays if a is not None]
     key = (run.kernel, run.target)
     g = _GRAPHS.get(key)
     if g is None:

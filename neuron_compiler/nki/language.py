@@ -157,7 +157,8 @@ def ndarray(shape, dtype, buffer=None, name: str = "", **kwargs) -> NkiTensor:
     if buffer.memory is Memory.HBM:
         role = "shared" if buffer is shared_hbm else "private"
         return current().hbm(tuple(int(s) for s in shape), to_dtype(dtype), name or "out", role).view()
-    return ops.new_tile(shape, dtype, buffer.memory, name)
+    return ops.new_tile(shape, dtype, buffer.memory, name, getattr(buffer, "place", None),
+                        getattr(buffer, "how", ""))
 
 
 def zeros(shape, dtype, buffer=None, name: str = "", **kwargs) -> NkiTensor:

@@ -47,11 +47,15 @@ def engine_queue(engine, default: Queue) -> Queue:
 
 # ---- tiles --------------------------------------------------------------------------------------
 
-def new_tile(shape, dtype, memory: Memory = Memory.SBUF, name: str = "") -> NkiTensor:
-    """A new on-chip tile; the partition dimension is the ``nl.par_dim`` one, else the first."""
+def new_tile(shape, dtype, memory: Memory = Memory.SBUF, name: str = "", place=None,
+             how: str = "") -> NkiTensor:
+    """A new on-chip tile; the partition dimension is the ``nl.par_dim`` one, else the first.
+    ``place``: an allocation function (placement.py; ``how`` names it in errors)."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     pdim = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
     dims = tuple(int(s) for s in shape) or (1,)
+    if place is not None:
+        return current().placed(memory, dims, to_dtype(dtype), pdim, name, place, how).view()
     return current().onchip(memory, dims, to_dtype(dtype), pdim, name).view()
 
 
@@ -341,10 +345,21 @@ def transpose_tile(data: NkiTensor, dtype=None, engine=None) -> NkiTensor:
     return transpose(new_tile((f, p), dt, mem, "transpose"), data, engine)
 
 
-def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate=None) -> NkiTensor:
+def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate=None,
+           transpose: bool = False) -> NkiTensor:
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on TensorE (module docstring for
-    ``accumulate=None``)."""
+    ``accumulate=None``). ``transpose`` (``nc_matmul(is_transpose=True)``): TensorE's transpose
+    mode, ``dst = stationary.T`` bit-accurate (NaN/Inf kept), from NeuronCore-v3 on (trn2+): a
+    TensorE TRANSPOSE (``moving``, the identity, is not read); on NeuronCore-v2 (trn1) the mode
+    does not exist and the instruction is the plain matmul with the identity (NKI docs)."""
     st = dst.storage
+    if transpose and current().target.neuron_core != "NeuronCore-v2":
+        if accumulate:
+            raise ValueError(f"nc_matmul(is_transpose=True) into {dst!r}: transpose mode "
+                             f"overwrites its destination; accumulate=True is not allowed")
+        current().emit(TENSOR, Op.TRANSPOSE, dst, (stationary,), TransposeAttrs())
+        _psum_written(dst, matmul=False)
+        return dst
     key = dst.key()
     acc = (key in st.mm_open) if accumulate is None else bool(accumulate)
     current().emit(TENSOR, Op.MATMUL, dst, (stationary, moving), MatmulAttrs(accumulate=acc))
@@ -352,6 +367,10 @@ def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate=
     st.mm_written.add(key)
     st.zeroed = False
     return dst
+
+
+def _overlap_box(a, b) -> bool:
+    return all(x0 < y1 and y0 < x1 for (x0, x1), (y0, y1) in zip(a, b))
 
 
 def _psum_written(dst: NkiTensor, matmul: bool) -> None:
@@ -442,8 +461,8 @@ class PendingMatmul:
     """``nl.matmul`` / old ``nisa.nc_matmul`` result before it lands: ``psum += m`` accumulates
     it in place; any other use writes it to a new fp32 PSUM tile first (``materialize``)."""
 
-    def __init__(self, stationary: NkiTensor, moving: NkiTensor) -> None:
-        self.stationary, self.moving = stationary, moving
+    def __init__(self, stationary: NkiTensor, moving: NkiTensor, transpose: bool = False) -> None:
+        self.stationary, self.moving, self.transpose = stationary, moving, transpose
         m = int(np.prod(stationary.shape[1:])) if stationary.ndim > 1 else 1
         n = int(np.prod(moving.shape[1:])) if moving.ndim > 1 else 1
         self.shape = (m, n)
@@ -453,7 +472,8 @@ class PendingMatmul:
     def materialize(self) -> NkiTensor:
         if self._tile is None:
             self._tile = matmul(new_tile(self.shape, DType.FP32, Memory.PSUM, "matmul"),
-                                self.stationary, self.moving, accumulate=False)
+                                self.stationary, self.moving, accumulate=False,
+                                transpose=self.transpose)
         return self._tile
 
     def __getattr__(self, name):
@@ -480,7 +500,7 @@ def assign(dst: NkiTensor, value) -> None:
     either side), a number is a memset."""
     if isinstance(value, PendingMatmul):
         if value._tile is None and dst.memory is Memory.PSUM:
-            matmul(dst, value.stationary, value.moving, accumulate=False)
+            matmul(dst, value.stationary, value.moving, accumulate=False, transpose=value.transpose)
             return
         value = value.materialize()
     if isinstance(value, NkiTensor):
@@ -498,10 +518,18 @@ def update(dst: NkiTensor, value, op: str) -> None:
     """``dst op= value`` in place (module docstring for matmuls into PSUM)."""
     from .language import ALU_BY_NAME
     alu = ALU_BY_NAME[op]
-    if isinstance(value, PendingMatmul) and value._tile is None and dst.memory is Memory.PSUM and alu is AluOp.ADD:
+    if (isinstance(value, PendingMatmul) and value._tile is None and dst.memory is Memory.PSUM
+            and alu is AluOp.ADD and not value.transpose):
         st = dst.storage
         if dst.key() in st.mm_written or st.zeroed:
             matmul(dst, value.stationary, value.moving, accumulate=not st.zeroed)
+            return
+        box = dst.footprint()[1]
+        fresh = (st.placement.block_of(dst) not in st.placement.written
+                 if st.placement is not None else
+                 not any(_overlap_box(box, b) for b in st.written_boxes))
+        if fresh:                           # nothing to add to: the matmul starts the group
+            matmul(dst, value.stationary, value.moving, accumulate=False)
             return
     value = materialize(value)
     if isinstance(value, NkiTensor):

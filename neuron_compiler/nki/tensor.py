@@ -77,6 +77,18 @@ class BufferKind:
         return f"nl.{self.name}"
 
 
+class PlacedKind(BufferKind):
+    """``ncc.sbuf.mod_alloc(...)`` / ``ncc.psum.alloc(fn)``: a buffer kind with an allocation
+    function (placement.py) that places each block of the tensor."""
+
+    def __init__(self, kind: BufferKind, place, how: str) -> None:
+        super().__init__(kind.name, kind.memory)
+        self.place, self.how = place, how
+
+    def __repr__(self) -> str:
+        return self.how
+
+
 sbuf = BufferKind("sbuf", Memory.SBUF)
 psum = BufferKind("psum", Memory.PSUM)
 hbm = BufferKind("hbm", Memory.HBM)
@@ -117,6 +129,10 @@ class Storage:
         self.dtype = dtype
         self.pdim = pdim
         self.block_elems = block_elems      # address stride of one block (dims before pdim)
+        self.placement = None               # placement.Placement: blocks placed one by one
+        self.written_boxes: set = set()     # footprint boxes instructions wrote (tracer.emit)
+        self.dead = ""                      # why its memory was reclaimed while referenced
+        self.reclaim = None                 # releases its memory now (on_release)
         self.mm_open: set = set()
         self.mm_written: set = set()
         self.zeroed = False
@@ -230,6 +246,16 @@ class NkiTensor:
             dims = _merge([(s, n) for s, n, _, _ in self.axes])
             return AP(st.name, Memory.HBM, 0, 1, self.offset * isz, tuple(dims) or ((1, 1),), st.dtype)
         axes = self.axes
+        if st.placement is not None:       # blocks placed one by one (placement.py)
+            _, poff, boff, free = st.placement.locate(self)
+            kept = [a for a in axes if a[2] or a in free]
+            parts = next((a[1] for a in kept if a[2]), 1)
+            if parts > 1 and not kept[0][2]:
+                raise ValueError(f"{self!r}: the partition dimension must be the first dimension "
+                                 f"of an operand")
+            dims = _merge([(s, n) for s, n, _, _ in free])
+            return AP(st.name, st.memory, self.pstart + poff, parts, boff,
+                      tuple(dims) or ((1, 1),), st.dtype)
         if axes and axes[0][2]:
             parts, free = axes[0][1], axes[1:]
         elif any(a[2] for a in axes):
@@ -250,7 +276,8 @@ class NkiTensor:
         a = self.ap()
         lo, hi = a.byte_extent()
         off = st.buffer.offset or 0
-        return st.name, ((a.partition_start, a.partition_start + a.partitions), (off + lo, off + hi))
+        space = st.placement.space if st.placement is not None else st.name
+        return space, ((a.partition_start, a.partition_start + a.partitions), (off + lo, off + hi))
 
     def _with(self, **kw) -> "NkiTensor":
         d = dict(storage=self.storage, offset=self.offset, pstart=self.pstart, axes=self.axes, box=self.box,
@@ -518,8 +545,9 @@ def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:
 
 
 def on_release(storage: Storage, fn, *args) -> None:
-    """Call ``fn(*args)`` when ``storage`` is no longer referenced (its memory may be reused)."""
-    weakref.finalize(storage, fn, *args)
+    """Call ``fn(*args)`` when ``storage`` is no longer referenced (its memory may be reused),
+    or when ``storage.reclaim()`` is called first (once)."""
+    storage.reclaim = weakref.finalize(storage, fn, *args)
 
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)

@@ -13,7 +13,11 @@ kernels):
   per tile where possible (the bank least recently handed out), so accumulation groups of
   different tiles do not share a bank; tiles never cross a bank (on a target whose matmul spans
   several banks, a larger tile takes consecutive empty banks). A tile's memory is freed when
-  Python drops its last reference. Out of memory is the machine's ``CapacityError``.
+  Python drops its last reference. When memory is short, the live tiles declared earlier at
+  the same kernel line are reclaimed first (marked dead: an instruction using one raises);
+  then a PSUM tensor of blocks is placed modulo the free banks (placement.py). Tiles with an
+  explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
+  never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
   emitted, the footprints it reads and writes (physical partition x byte boxes on chip, index
   boxes of HBM tensors) are compared with earlier accesses: it waits for the last overlapping
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextvars
 import os
 import sys
+import weakref
 
 from runtime_sim.checks import MachineError, PsumGroups, check_instr, check_psum_bank, psum_banks_of
 from runtime_sim.errors import CapacityError
@@ -40,6 +45,7 @@ from runtime_sim.isa import (Buffer, DType, EngineKind, Instr, Memory, Op, OpAtt
                              Queue, dma_queue)
 from runtime_sim.targets import Target
 
+from .placement import Placement, StaleBlockError, blocks
 from .tensor import NkiTensor, Storage, free_elems, on_release
 
 ROTATE = 2          # freed same-size blocks kept aside before one is reused (see docstring)
@@ -73,6 +79,7 @@ class _Sbuf:
         self.top = 0
         self.free: list[tuple[int, int, int]] = []   # (offset, size, freed order)
         self.seq = 0
+        self.reserved: list[tuple[int, int]] = []    # explicitly placed (placement.py), for good
 
     def alloc(self, size: int) -> int | None:
         size = (size + ALIGN - 1) // ALIGN * ALIGN
@@ -111,6 +118,26 @@ class _Sbuf:
     def live_bytes(self) -> int:
         return self.top - sum(f[1] for f in self.free)
 
+    def reserve(self, lo: int, hi: int) -> bool:
+        """Take ``[lo, hi)`` for an explicitly placed tile for good; False when a live tile of
+        this allocator overlaps it."""
+        held = [(o, o + n) for o, n, _ in self.free] + self.reserved
+        live = _minus([(0, self.top)], held)
+        if any(a < hi and lo < b for a, b in live):
+            return False
+        self.free = [(o2, n2, q) for o, n, q in self.free
+                     for o2, n2 in _split_out(o, n, lo, hi)]
+        top = (hi + ALIGN - 1) // ALIGN * ALIGN
+        gaps = [(self.top, lo - self.top)] if lo > self.top else []
+        if top > max(self.top, hi):
+            gaps.append((max(self.top, hi), top - max(self.top, hi)))
+        for o, n in gaps:                  # free memory below the new top
+            self.seq += 1
+            self.free.append((o, n, self.seq))
+        self.top = max(self.top, top)
+        self.reserved.append((lo, hi))
+        return True
+
 
 class _Psum:
     def __init__(self, banks: int, bank_bytes: int, multi: int) -> None:
@@ -118,6 +145,7 @@ class _Psum:
         self.used = [[] for _ in range(banks)]        # per bank: live (offset, size)
         self.last = [0] * banks
         self.seq = 0
+        self.fixed: set[tuple[int, int]] = set()     # explicitly placed (placement.py)
 
     def alloc(self, size: int, blocks: bool = False) -> int | None:
         """``blocks``: a tensor of bank-aligned blocks may take several consecutive banks."""
@@ -147,6 +175,24 @@ class _Psum:
                 return off
         return None
 
+    def reserve(self, off: int, size: int) -> bool:
+        """Take ``[off, off + size)`` (within one bank) for an explicitly placed tile for good;
+        False when a live tile of this allocator overlaps it."""
+        b = off // self.bank_bytes
+        if any(o < off + size and off < o + n for o, n in self.used[b] if (o, n) not in self.fixed):
+            return False
+        self.used[b].append((off, size))
+        self.fixed.add((off, size))
+        return True
+
+    def free_run(self) -> int:
+        """The longest run of consecutive empty banks."""
+        best = run = 0
+        for u in self.used:
+            run = 0 if u else run + 1
+            best = max(best, run)
+        return best
+
     def release(self, offset: int, size: int) -> None:
         nb = max(1, -(-size // self.bank_bytes))
         b0 = offset // self.bank_bytes
@@ -155,6 +201,22 @@ class _Psum:
                 self.used[b] = [u for u in self.used[b] if u != (b * self.bank_bytes, self.bank_bytes)]
         else:
             self.used[b0] = [u for u in self.used[b0] if u != (offset, size)]
+
+
+def _split_out(o: int, n: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """``[o, o + n)`` without ``[lo, hi)``, as (offset, size) pieces."""
+    out = []
+    if o < lo:
+        out.append((o, min(o + n, lo) - o))
+    if o + n > hi:
+        out.append((max(o, hi), o + n - max(o, hi)))
+    return [p for p in out if p[1] > 0]
+
+
+def _minus(spans: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    for lo, hi in cut:
+        spans = [(a, a + n) for s0, s1 in spans for a, n in _split_out(s0, s1 - s0, lo, hi)]
+    return spans
 
 
 def _overlap(a, b) -> bool:
@@ -198,6 +260,7 @@ class Tracer:
         self.shared: list[Storage] = []         # shared_hbm tensors, by creation order (SPMD)
         self._shared_i = 0
         self.constants: dict[str, "object"] = {}   # input name -> host data (nl.shared_constant)
+        self._by_line: dict[tuple, list] = {}       # (memory, kernel line) -> weakrefs of tiles
 
     # ---- context -----------------------------------------------------------------------------
     def __enter__(self) -> "Tracer":
@@ -245,6 +308,31 @@ class Tracer:
         return st
 
     def onchip(self, memory: Memory, shape: tuple[int, ...], dtype: DType, pdim: int, name: str) -> Storage:
+        """A new SBUF/PSUM tile. When memory is short, the earlier tiles declared at the same
+        kernel line (previous loop iterations: NKI tiles declared in a loop body live for one
+        iteration) are reclaimed first, and using one of them afterwards is an error; then a
+        PSUM tensor of blocks is placed modulo the free banks (``_modulo_psum``)."""
+        line = source_line()
+        try:
+            st = self._onchip(memory, shape, dtype, pdim, name, modulo=False)
+        except CapacityError:
+            self._reclaim(memory, line)
+            st = self._onchip(memory, shape, dtype, pdim, name, modulo=True)
+        self._by_line.setdefault((memory, line), []).append(weakref.ref(st))
+        return st
+
+    def _reclaim(self, memory: Memory, line: str) -> None:
+        for ref in self._by_line.pop((memory, line), ()):
+            st = ref()
+            if st is not None and st.reclaim is not None and st.reclaim.alive:
+                st.dead = (f"{memory.value.upper()} tile {st.name} {list(st.shape)} declared at "
+                           f"{line} was used after a later declaration at that line reclaimed its "
+                           f"memory ({memory.value.upper()} was full; a tile declared in a loop "
+                           f"body lives for one iteration)")
+                st.reclaim()
+
+    def _onchip(self, memory: Memory, shape: tuple[int, ...], dtype: DType, pdim: int, name: str,
+                modulo: bool) -> Storage:
         parts = shape[pdim] if shape else 1
         t = self.target
         nbytes = free_elems(shape, pdim) * dtype.itemsize
@@ -273,6 +361,8 @@ class Tracer:
                 block = stride // dtype.itemsize
                 nbytes = (nblocks - 1) * stride + tile_bytes
             off = self.psum.alloc(nbytes, blocks=block is not None)
+            if off is None and block is not None and modulo and self.psum.free_run():
+                return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
             if off is None:
                 bank = t.psum_bank_bytes
                 if block is not None:
@@ -295,6 +385,88 @@ class Tracer:
         self._inherit(b)
         st = Storage(b, shape, dtype, pdim, block if memory is Memory.PSUM else None)
         on_release(st, self._release, release, memory, off, nbytes, b.name)
+        return st
+
+    def _modulo_psum(self, shape, dtype: DType, pdim: int, name: str, what: str, nblocks: int,
+                     block: int, tile_bytes: int) -> Storage:
+        """A PSUM tensor whose blocks do not all fit: half of the longest run of free banks
+        after keeping one for later tiles (at least one bank), its blocks placed modulo the slots there (placement.py: a block read after
+        another overwrote it is an error, never a wrong value)."""
+        bank = self.target.psum_bank_bytes
+        k = max(1, (self.psum.free_run() - 1) // 2)
+        off = self.psum.alloc(k * bank, blocks=True)
+        assert off is not None
+        stride = block * dtype.itemsize
+        per_bank = bank // stride
+        nslots = k * per_bank
+        slots = {idx: (0, (n % nslots) // per_bank * bank + (n % nslots) % per_bank * stride)
+                 for n, idx in enumerate(blocks(shape, pdim))}
+        b = Buffer(self._name(name or "psum"), Memory.PSUM, shape[pdim], k * bank, off)
+        self._add_buffer(b)
+        self._inherit(b)
+        st = Storage(b, shape, dtype, pdim, block)
+        how = (f"too few free PSUM banks for its {nblocks} blocks, so the front end placed them "
+               f"modulo {nslots} slots in {k} of the {self.target.psum_banks} banks; declare "
+               f"fewer blocks, or place them with ncc.psum.mod_alloc")
+        st.placement = Placement(what, tuple(shape[:pdim]), block, slots, b.name, how)
+        on_release(st, self._release, self.psum.release, Memory.PSUM, off, k * bank, b.name)
+        return st
+
+    def placed(self, memory: Memory, shape, dtype: DType, pdim: int, name: str, place,
+               how: str) -> Storage:
+        """A tile placed block by block by the kernel's allocation function (placement.py)."""
+        t = self.target
+        parts = shape[pdim]
+        inner = free_elems(shape[pdim:], 0)
+        fbytes = inner * dtype.itemsize
+        what = f"{memory.value.upper()} tile {name} {list(shape)} {dtype.value} ({how})".replace("  ", " ")
+        if not 1 <= parts <= t.sbuf_partitions:
+            raise self._fail(CapacityError(
+                f"{what}: partition dimension (dimension {pdim}) is {parts}; a tile "
+                f"has 1 to {t.sbuf_partitions} partitions on {t.name}"))
+        slots = {}
+        for idx in blocks(shape, pdim):
+            r = tuple(int(x) for x in place(idx, parts, fbytes))
+            if memory is Memory.PSUM:
+                bank, p, a = r
+                if not 0 <= bank < t.psum_banks or a < 0 or a + fbytes > t.psum_bank_bytes:
+                    raise self._fail(CapacityError(
+                        f"{what}: block {list(idx)} at bank {bank}, byte {a}, "
+                        f"{fbytes} B per partition: a PSUM block lies within one of the "
+                        f"{t.psum_banks} banks of {t.psum_bank_bytes} B on {t.name}"))
+                a += bank * t.psum_bank_bytes
+            else:
+                p, a = r
+                if a < 0 or a + fbytes > t.sbuf_bytes_per_partition:
+                    raise self._fail(CapacityError(
+                        f"{what}: block {list(idx)} at byte {a}, {fbytes} B per "
+                        f"partition, beyond SBUF's {t.sbuf_bytes_per_partition} B per partition "
+                        f"on {t.name}"))
+            if p < 0 or p + parts > t.sbuf_partitions:
+                raise self._fail(CapacityError(
+                    f"{what}: block {list(idx)} at partitions [{p}, {p + parts}), "
+                    f"beyond the {t.sbuf_partitions} partitions of {t.name}"))
+            slots[idx] = (p, a)
+        for p, a in set(slots.values()):
+            ok = (self.psum.reserve(a, fbytes) if memory is Memory.PSUM
+                  else self.sbuf.reserve(a, a + fbytes))
+            if not ok:
+                raise self._fail(CapacityError(
+                    f"{what}: bytes [{a}, {a + fbytes}) of {memory.value.upper()} are "
+                    f"held by a live tile the front end placed (a tile without an explicit "
+                    f"placement); place that tile explicitly too, or elsewhere"))
+        lo = min(a for _, a in slots.values())
+        hi = max(a for _, a in slots.values()) + fbytes
+        b = Buffer(self._name(name or "placed"), memory, max(p for p, _ in slots.values()) + parts,
+                   hi - lo, lo)
+        self._add_buffer(b)
+        self._inherit(b)
+        space = f"@{memory.value}"
+        self._records.setdefault(space, []).extend(self._records[b.name])
+        self._records[b.name] = []
+        st = Storage(b, shape, dtype, pdim)
+        st.placement = Placement(what, tuple(shape[:pdim]), inner,
+                                 {i: (p, a - lo) for i, (p, a) in slots.items()}, space, how)
         return st
 
     def _add_buffer(self, b: Buffer) -> None:
@@ -339,6 +511,9 @@ class Tracer:
                     v.validate()
                 except IndexError as e:
                     raise IndexError(f"{e} (in NKI kernel {self.kernel_name!r} at {source_line()})") from None
+        for v in (dst, accum, *srcs):
+            if v is not None and v.storage.dead:
+                raise self._fail(CapacityError(v.storage.dead))
         dst, srcs, accum = _partition_first(dst, srcs, accum)
         stream = self.streams.setdefault(queue, [])
         sem = f"{queue.name}.done"
@@ -354,6 +529,12 @@ class Tracer:
             if (p != sem or dma) and c > need.get(p, 0):
                 need[p] = c
 
+        try:
+            for v in (*srcs, *writes):
+                if v.storage.placement is not None:
+                    v.storage.placement.touch(v, write=v not in srcs)
+        except StaleBlockError as e:
+            raise self._fail(e) from None
         rfps = [s.footprint() for s in srcs]
         wfps = [w.footprint() for w in writes]
         for space, box in rfps:
@@ -375,11 +556,14 @@ class Tracer:
         stream.append(ins)
         for space, box in rfps:
             self._records[space].append([box, sem, n, False])
+        for w, (_, box) in zip(writes, wfps):
+            if w.memory is Memory.PSUM:
+                w.storage.written_boxes.add(box)
         for space, box in wfps:
             recs = self._records[space]
             recs[:] = [r for r in recs if not _covers(box, r[0])]
             recs.append([box, sem, n, True])
-            if self.bufmap[space].memory is Memory.HBM:
+            if space in self.bufmap and self.bufmap[space].memory is Memory.HBM:
                 self.written.add(space)
         return ins
 
