@@ -154,15 +154,16 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                          ((H, VN.strides[-3]), (Dv, VN.strides[-1]))))
         # the second products by columns or by rows (``_columns``)
         cols = _columns(t, H, Sk, Dv, new, V.dtype, pdt)
-        # K^T and V of every head
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
-        for h in range(H):
-            bidx = outer + (aff(h),)
-            for k0, kw in kbs:
+        # K^T bank by bank (every head's keys of the first bank first, so its products and
+        # score expression run while the later banks arrive), then V
+        for k0, kw in kbs:
+            for h in range(H):
                 sk.load(b, _Part(kt, 64 * (h % halves), aff(0)), aff(h // halves * Sk + k0),
-                        sk.base(bidx), aff(0), D, aff(k0), kw)
-            _load_v_head(b, V, bidx, Sk, Dv, vt, h * nch * Dv)
+                        sk.base(outer + (aff(h),)), aff(0), D, aff(k0), kw)
+        for h in range(H):
+            _load_v_head(b, V, outer + (aff(h),), Sk, Dv, vt, h * nch * Dv)
         def block(j):   # (first partition, partitions, K^T slot) of stationary block j
             if paired:      # heads 2j and 2j + 1 (the last slot of an odd H: 2j alone)
                 return 0, P if 2 * j + 1 < H else D, j
