@@ -39,7 +39,8 @@ from dataclasses import replace
 from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 
 MAX_ITEMS = 4096
-# Off: measured slower (decode_gpt2 trn2 1176.4 us off; on: 1213.4 before the cache loads were
+# Off: measured slower (latest: decode_gpt2 trn2 1090.5 us off, 1130.4 on; earlier figures:
+# trn2 1176.4 us off; on: 1213.4 before the cache loads were
 # prefetchable; trn3 1009.8 off, 1037.4 on). tir/analysis.weight_loads now counts the cache loads
 # as prefetchable (the cache is written only after them) and tir/plan.py gives their tiles an
 # early lifetime (CACHE_STREAMS_AHEAD): trn2 1221-1262 us, whatever the lifetime. What is left:

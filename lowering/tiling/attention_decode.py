@@ -11,9 +11,18 @@ products:
                                              partitions 0-63, 2j+1 on 64-127, one product)
     m = rowmax(S), P = exp(scale S - m), l   one reduce per bank, one across; ScalarE per bank
     P^T_j = transpose(P[:, j])               [128 keys, H] per 128 keys, one copy out of PSUM
-    O[0, h] += P^T_j[:, h].T @ V_h[j]        TensorE: head h's output row at its own columns
-    out[h] = O[0, h] / l_h                   l^T [1, H] by one transpose; one multiply, one store
-K^T of a head comes by DMA transpose, V of a head in one DMA ([128 keys, chunks x Dv]).
+    by rows:    O[0, h] += P^T_j[:, h].T @ V_h[j]   head h's output row at its own columns;
+                out[h] = O[0, h] / l_h               l^T [1, H] by one transpose, one multiply
+    by columns: O^T[:, pair] += V_pair[j].T @ P^T_j[:, pair]   two heads' V stationary (Dv <= 64;
+                one head up to 128), their two P^T columns moving: half the TensorE columns;
+                out[h] = O^T[u Dv:, h] / l_h         1 / l on every partition by ones^T @ diag,
+                                                     one transpose per half back to rows
+    (``_columns`` prices both on the cost model, ``estimate.profile``)
+An additive score term (ACC + X, X free of ACC: GPT-2's ``where(mask, 0, -inf)``) is evaluated
+for every bank before the products (``_additive``), so only the add waits for the scores.
+K^T comes by DMA transpose bank by bank (every head's first 512 keys, then the next 512), so
+the first bank's products and score expression run while the rest arrive (decode_gpt2 trn2
+1134.1 -> 1090.5 us against head by head); V of a head in one DMA ([128 keys, chunks x Dv]).
 
 New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
 its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
