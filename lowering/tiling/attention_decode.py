@@ -161,6 +161,12 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
             b.dma(vn.ap(dims=((Dv, H), (1, Dv))),
                   hbm_ap(VN.buffer, VN.dtype, _boff(VN, outer + (aff(0),)), 1, 0,
                          ((H, VN.strides[-3]), (Dv, VN.strides[-1]))))
+        # an additive score term (a mask: ACC + X) on every bank before the products, so it
+        # waits for nothing the products give (``_additive``); its loads before the cache's
+        bias = _additive(a.score)
+        if bias is not None:
+            bias = [_bias_tile(b, k, bias, outer + (aff(0),), H, k0, kw, len(batch) - 1)
+                    for k0, kw in kbs]
         # the second products by columns or by rows (``_columns``)
         cols = _columns(t, H, Sk, Dv, new, V.dtype, pdt)
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
@@ -188,12 +194,6 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                          start_when=(j,))
             sn = b.tile("dsn", Memory.SBUF, H, 1, F32, 1)
             b.tensor_copy(sn.ap(), fx.ap(dims=((1, 1),)))
-        # an additive score term (a mask: ACC + X) on every bank before the products, so it
-        # waits for nothing the products give (``_additive``)
-        bias = _additive(a.score)
-        if bias is not None:
-            bias = [_bias_tile(b, k, bias, outer + (aff(0),), H, k0, kw, len(batch) - 1)
-                    for k0, kw in kbs]
         # scores: head h's row of each bank
         S = [b.tile(f"ds{c}", Memory.PSUM, H, KB, F32, 1) for c in range(nk)]
         for c, (k0, kw) in enumerate(kbs):
