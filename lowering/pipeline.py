@@ -30,6 +30,7 @@ from lowering.compiled import CompiledGraph, OutputView, TensorSpec
 from lowering.errors import Unsupported
 from lowering.frontend import build_kir
 from lowering.passes.decode_cache import attend_before_cache_update
+from lowering.passes.hoist import hoist_small_kernels
 from lowering.passes.fusion import fuse
 from lowering.passes.inplace import update_inputs_in_place
 from lowering.passes.layouts import choose_input_layouts
@@ -68,6 +69,9 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     merged = update_inputs_in_place(kp, {n for n, s in zip(kp.inputs, input_specs) if s.mutated})
     if merged:
         kp.notes.append("outputs written in place into the input they copy: " + ", ".join(merged))
+    moved = hoist_small_kernels(kp)
+    if moved:
+        kp.notes.append("small pointwise kernels moved up to their inputs: " + "; ".join(moved))
     early = attend_before_cache_update(kp, t)
     if early:
         kp.notes.append("decode attention before its cache update: " + "; ".join(early))

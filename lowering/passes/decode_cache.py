@@ -39,13 +39,16 @@ from dataclasses import replace
 from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 
 MAX_ITEMS = 4096
-# Off: measured slower with today's plan and schedule (decode_gpt2 trn2 1177.4 -> 1213.4 us,
-# trn3 1015.6 -> 1040.9 us). The cache is written by the program, so its loads are not
-# prefetched (tir/analysis.weight_loads) and their SBUF tiles share bytes with the QKV
-# projection's weight buffers (tir/plan.py): they start only when that kernel's products end,
-# as before, and then hold up the small loads of q and the new rows on the in-order DMA engines.
-# (Moving the attention up to just after the QKV projection, so its tiles live from that
-# kernel's start: 1237.5 us, the early 3 MB holding up that kernel's weight stream.)
+# Off: measured slower (latest: decode_gpt2 trn2 1090.5 us off, 1130.4 on; earlier figures:
+# trn2 1176.4 us off; on: 1213.4 before the cache loads were
+# prefetchable; trn3 1009.8 off, 1037.4 on). tir/analysis.weight_loads now counts the cache loads
+# as prefetchable (the cache is written only after them) and tir/plan.py gives their tiles an
+# early lifetime (CACHE_STREAMS_AHEAD): trn2 1221-1262 us, whatever the lifetime. What is left:
+# (1) the attention's compute after the QKV projection (q -> scores -> new-key select -> score
+# mask -> softmax -> products) is ~18 us per layer, against ~10 us after the cache loads without
+# the pass, so hiding the 3 MB of loads saves little; (2) the early cache loads share the DMA
+# engines with the weight stream and delay the projection's small loads behind them on the
+# in-order engines (tir/schedule.py's queue choice, not this pass).
 ENABLED = False     # batch items compared one by one (a decode step has batch x heads of them)
 
 

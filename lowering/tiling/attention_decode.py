@@ -11,9 +11,18 @@ products:
                                              partitions 0-63, 2j+1 on 64-127, one product)
     m = rowmax(S), P = exp(scale S - m), l   one reduce per bank, one across; ScalarE per bank
     P^T_j = transpose(P[:, j])               [128 keys, H] per 128 keys, one copy out of PSUM
-    O[0, h] += P^T_j[:, h].T @ V_h[j]        TensorE: head h's output row at its own columns
-    out[h] = O[0, h] / l_h                   l^T [1, H] by one transpose; one multiply, one store
-K^T of a head comes by DMA transpose, V of a head in one DMA ([128 keys, chunks x Dv]).
+    by rows:    O[0, h] += P^T_j[:, h].T @ V_h[j]   head h's output row at its own columns;
+                out[h] = O[0, h] / l_h               l^T [1, H] by one transpose, one multiply
+    by columns: O^T[:, pair] += V_pair[j].T @ P^T_j[:, pair]   two heads' V stationary (Dv <= 64;
+                one head up to 128), their two P^T columns moving: half the TensorE columns;
+                out[h] = O^T[u Dv:, h] / l_h         1 / l on every partition by ones^T @ diag,
+                                                     one transpose per half back to rows
+    (``_columns`` prices both on the cost model, ``estimate.profile``)
+An additive score term (ACC + X, X free of ACC: GPT-2's ``where(mask, 0, -inf)``) is evaluated
+for every bank before the products (``_additive``), so only the add waits for the scores.
+K^T comes by DMA transpose bank by bank (every head's first 512 keys, then the next 512), so
+the first bank's products and score expression run while the rest arrive (decode_gpt2 trn2
+1134.1 -> 1090.5 us against head by head); V of a head in one DMA ([128 keys, chunks x Dv]).
 
 New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
 its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
@@ -41,15 +50,16 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from lowering.errors import LoweringError
-from lowering.kir import KOp
+from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.attention_rows import MAX_KEY_BLOCKS
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part,
-                                             _score_tile)
+                                             _row_broadcast, _score_tile)
+from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
-from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory, Op, SelectAttrs
+from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory, Op, SelectAttrs
 
 
 
@@ -151,15 +161,24 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
             b.dma(vn.ap(dims=((Dv, H), (1, Dv))),
                   hbm_ap(VN.buffer, VN.dtype, _boff(VN, outer + (aff(0),)), 1, 0,
                          ((H, VN.strides[-3]), (Dv, VN.strides[-1]))))
-        # K^T and V of every head
+        # an additive score term (a mask: ACC + X) on every bank before the products, so it
+        # waits for nothing the products give (``_additive``); its loads before the cache's
+        bias = _additive(a.score)
+        if bias is not None:
+            bias = [_bias_tile(b, k, bias, outer + (aff(0),), H, k0, kw, len(batch) - 1)
+                    for k0, kw in kbs]
+        # the second products by columns or by rows (``_columns``)
+        cols = _columns(t, H, Sk, Dv, new, V.dtype, pdt)
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
-        for h in range(H):
-            bidx = outer + (aff(h),)
-            for k0, kw in kbs:
+        # K^T bank by bank (every head's keys of the first bank first, so its products and
+        # score expression run while the later banks arrive), then V
+        for k0, kw in kbs:
+            for h in range(H):
                 sk.load(b, _Part(kt, 64 * (h % halves), aff(0)), aff(h // halves * Sk + k0),
-                        sk.base(bidx), aff(0), D, aff(k0), kw)
-            _load_v_head(b, V, bidx, Sk, Dv, vt, h * nch * Dv)
+                        sk.base(outer + (aff(h),)), aff(0), D, aff(k0), kw)
+        for h in range(H):
+            _load_v_head(b, V, outer + (aff(h),), Sk, Dv, vt, h * nch * Dv)
         def block(j):   # (first partition, partitions, K^T slot) of stationary block j
             if paired:      # heads 2j and 2j + 1 (the last slot of an odd H: 2j alone)
                 return 0, P if 2 * j + 1 < H else D, j
@@ -194,7 +213,13 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
         srcs = []
         for c, (k0, kw) in enumerate(kbs):
             src, act_scale = S[c].ap(dims=((1, kw),)), a.scale
-            if a.score is not None:
+            if bias is not None:        # scale S + X, as _score_tile computes ACC + X
+                acc = b.tile("dsc", Memory.SBUF, H, kw, F32, 1).ap()
+                b.tensor_scalar(acc, S[c].ap(dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
+                src = b.tile("dsb", Memory.SBUF, H, kw, F32, 1).ap()
+                b.tensor_tensor(src, acc, bias[c], AluOp.ADD)
+                act_scale = 1.0
+            elif a.score is not None:
                 src = _score_tile(b, k, S[c], outer + (aff(0),), aff(0), H, aff(k0), kw,
                                   p_axis=len(batch) - 1)
                 act_scale = 1.0
@@ -244,36 +269,192 @@ def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
                          pt.ap(w, elem_offset=j * H, dims=((1, H),)), start_when=(j,))
             pn = b.tile("dpn", Memory.SBUF, 1, H, pdt, 1)
             b.tensor_copy(pn.ap(), fx.ap(1, elem_offset=1, dims=((1, H),)))
-        # 1 / l, as a row [1, H]
         den = b.tile("dden", Memory.SBUF, H, 1, F32, 1).ap()
         b.tensor_reduce(den, L, AluOp.ADD)
         if clamp:
             b.tensor_scalar(den, den, AluOp.MAX, TINY)
         rl = b.tile("drl", Memory.SBUF, H, 1, F32, 1).ap()
         b.activation(rl, den, ActFunc.RECIPROCAL)
-        rlt_ps = b.tile("drlp", Memory.PSUM, 1, H, F32, 1)
-        b.transpose(rlt_ps.ap(), rl)
-        rlt = b.tile("drlt", Memory.SBUF, 1, H, F32, 1)
-        b.tensor_copy(rlt.ap(), rlt_ps.ap())
-        # second products: head h's output row at its own columns of its group's bank
-        for g, (h0, hn) in enumerate(groups):
-            o = b.tile(f"do{g}", Memory.PSUM, 1, per_bank * Dv, F32, 1)
-            for h in range(h0, h0 + hn):
-                for j in range(nch):
-                    w = min(128, Sk - j * 128)
-                    b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
-                             ptv.ap(w, elem_offset=j * H + h, dims=((1, 1),)),
-                             vt.ap(w, elem_offset=(h * nch + j) * Dv, dims=((1, Dv),)), start_when=(j,))
-                if new:
-                    b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
-                             pn.ap(1, elem_offset=h, dims=((1, 1),)),
-                             vn.ap(1, elem_offset=h * Dv, dims=((1, Dv),)), start_when=(1,))
-            wt = b.tile(f"dw{g}", Memory.SBUF, 1, per_bank * Dv, out.dtype, 1)
-            b.tensor_tensor(wt.ap(dims=((Dv, hn), (1, Dv))), o.ap(dims=((Dv, hn), (1, Dv))),
-                            rlt.ap(elem_offset=h0, dims=((1, hn), (0, Dv))), AluOp.MULTIPLY)
-            dst = hbm_ap(out.buffer, out.dtype, _boff(out, outer + (aff(h0),)), 1, 0,
-                         ((hn, out.strides[-3]), (Dv, out.strides[-1])))
-            b.dma(dst, wt.ap(dims=((Dv, hn), (1, Dv))))
+        if cols:
+            _products_by_columns(b, out, outer, H, Sk, Dv, vt, ptv, rl,
+                                 (vn, pn) if new else None)
+        else:
+            _products_by_rows(b, out, outer, H, Sk, Dv, vt, ptv, rl, (vn, pn) if new else None)
+
+
+def _uses_acc(x: Expr) -> bool:
+    return x.op is EOp.ACC or any(_uses_acc(y) for y in x.args)
+
+
+def _additive(score: Expr | None) -> Expr | None:
+    """X when the score expression is ACC + X (or X + ACC; ACC possibly cast to fp32, which it
+    is) and X does not use ACC (an additive mask, e.g. GPT-2's ``where(mask, 0, -inf)``), else
+    None."""
+    if score is None or score.op is not EOp.ADD or len(score.args) != 2:
+        return None
+    for acc, x in (score.args, score.args[::-1]):
+        if acc.op is EOp.CAST and acc.dtype is DType.FP32 and len(acc.args) == 1:
+            acc = acc.args[0]           # ACC is fp32: a cast to fp32 keeps it
+        if acc.op is EOp.ACC and not _uses_acc(x):
+            return x
+    return None
+
+
+def _bias_tile(b: TirBuilder, k: KOp, x: Expr, bidx, H: int, k0: int, kw: int, p_axis: int):
+    """``x`` (no ACC in it) on the [H, kw] block of keys from ``k0`` in its own dtype: heads on
+    partitions (output axis ``p_axis``), the query index 0; its LOAD and INDEX leaves as
+    ``attention_steps._score_tile`` reads them."""
+    out_rank = len(k.outs[0].shape)
+    loads: dict[int, object] = {}
+
+    def leaf(e: Expr):
+        if e.op is EOp.LOAD:
+            if e.index not in loads:
+                r = k.ins[e.index + 1]
+                tl = b.tile(f"dmask{e.index}", Memory.SBUF, H, kw, r.dtype, 1)
+                base = _boff(r, bidx) + k0 * r.strides[-1]
+                if r.strides[-1] == 0 and kw > 1:
+                    _row_broadcast(b, tl.ap(), r, base, H, kw, e.index, r.strides[p_axis])
+                else:
+                    b.dma(tl.ap(), hbm_ap(r.buffer, r.dtype, base, H, r.strides[p_axis],
+                                          ((kw, r.strides[-1]),)))
+                loads[e.index] = tl.ap()
+            return loads[e.index]
+        assert e.op is EOp.INDEX, e.op
+        tl = b.tile("didx", Memory.SBUF, H, kw, e.dtype, 1).ap()
+        if e.index == p_axis:                        # the head: along partitions
+            b.iota(tl, bidx[p_axis], 1, (0,))
+        elif e.index == out_rank - 1:                # the key: along the free axis
+            b.iota(tl, k0, 0, (1,))
+        else:                                        # the query (0) or an outer batch index
+            b.iota(tl, 0 if e.index == out_rank - 2 else bidx[e.index], 0, (0,))
+        return tl
+
+    return ExprGen(b, H, (kw,), leaf).tile_of(x)
+
+
+def _columns(t, H: int, Sk: int, Dv: int, new: bool, vdt, pdt) -> bool:
+    """Whether the second products go by columns (``_products_by_columns``: V of one or two
+    heads stationary, their P^T columns moving, O^T [Dv per head, H] in one bank) rather than
+    by rows (one head's P^T column stationary, its V moving, O [1, H Dv]): priced with the cost
+    model (``estimate.profile``) on the same shapes."""
+    if Dv > 128 or H * 4 > t.psum_bank_bytes:
+        return False
+    from lowering.tiling.estimate import profile, scratch
+    w0, nch = min(Sk, 128), -(-Sk // 128)
+    spans = []
+    for fn in (_products_by_columns, _products_by_rows):
+        with scratch(t) as sb:
+            vt = sb.tile("dv", Memory.SBUF, w0, H * nch * Dv, vdt, 1)
+            ptv = sb.tile("dpt", Memory.SBUF, w0, nch * H, pdt, 1)
+            rl = sb.tile("drl", Memory.SBUF, H, 1, F32, 1).ap()
+            o = sb.tile("out", Memory.SBUF, 1, 1, vdt, 1)
+            extra = None
+            if new:
+                extra = (sb.tile("dvn", Memory.SBUF, 1, H * Dv, vdt, 1),
+                         sb.tile("dpn", Memory.SBUF, 1, H, pdt, 1))
+            fn(sb, _SbufOut(o, Dv), (), H, Sk, Dv, vt, ptv, rl, extra)
+        spans.append(profile(sb)[1])
+    return spans[0] < spans[1]
+
+
+class _SbufOut:
+    """A stand-in for the output TensorRef in ``_columns``'s scratch bodies."""
+    def __init__(self, tile, Dv: int):
+        self.tile, self.Dv = tile, Dv
+
+
+def _store(b: TirBuilder, out, outer, h0: int, parts: int, pstride: int, dims, src) -> None:
+    if isinstance(out, _SbufOut):          # scratch: transfers are not priced
+        return
+    b.dma(hbm_ap(out.buffer, out.dtype, _boff(out, outer + (aff(h0),)), parts, pstride, dims), src)
+
+
+def _out_dtype(out):
+    return out.tile.dtype if isinstance(out, _SbufOut) else out.dtype
+
+
+def _products_by_rows(b: TirBuilder, out, outer, H: int, Sk: int, Dv: int, vt, ptv, rl,
+                      extra) -> None:
+    """O[0, h] += P^T_j[:, h].T @ V_h[j]: head h's output row at its own columns of its group's
+    bank (V chunk j of head h at (h nch + j) Dv); out[h] = O[0, h] / l_h, 1 / l as a row."""
+    t = b.target
+    nch = -(-Sk // 128)
+    per_bank = t.psum_bank_bytes // (Dv * 4)
+    groups = [(h0, min(per_bank, H - h0)) for h0 in range(0, H, per_bank)]
+    rlt_ps = b.tile("drlp", Memory.PSUM, 1, H, F32, 1)
+    b.transpose(rlt_ps.ap(), rl)
+    rlt = b.tile("drlt", Memory.SBUF, 1, H, F32, 1)
+    b.tensor_copy(rlt.ap(), rlt_ps.ap())
+    for g, (h0, hn) in enumerate(groups):
+        o = b.tile(f"do{g}", Memory.PSUM, 1, per_bank * Dv, F32, 1)
+        for h in range(h0, h0 + hn):
+            for j in range(nch):
+                w = min(128, Sk - j * 128)
+                b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
+                         ptv.ap(w, elem_offset=j * H + h, dims=((1, 1),)),
+                         vt.ap(w, elem_offset=(h * nch + j) * Dv, dims=((1, Dv),)), start_when=(j,))
+            if extra is not None:
+                vn, pn = extra
+                b.matmul(o.ap(elem_offset=(h - h0) * Dv, dims=((1, Dv),)),
+                         pn.ap(1, elem_offset=h, dims=((1, 1),)),
+                         vn.ap(1, elem_offset=h * Dv, dims=((1, Dv),)), start_when=(1,))
+        wt = b.tile(f"dw{g}", Memory.SBUF, 1, per_bank * Dv, _out_dtype(out), 1)
+        b.tensor_tensor(wt.ap(dims=((Dv, hn), (1, Dv))), o.ap(dims=((Dv, hn), (1, Dv))),
+                        rlt.ap(elem_offset=h0, dims=((1, hn), (0, Dv))), AluOp.MULTIPLY)
+        so = out.strides if not isinstance(out, _SbufOut) else (0, 0, 0)
+        _store(b, out, outer, h0, 1, 0, ((hn, so[-3]), (Dv, so[-1])),
+               wt.ap(dims=((Dv, hn), (1, Dv))))
+
+
+def _products_by_columns(b: TirBuilder, out, outer, H: int, Sk: int, Dv: int, vt, ptv, rl,
+                         extra) -> None:
+    """O^T[u Dv + d, h] += V_{h}[j][:, d] . P^T_j[:, h] for the ``nh`` heads h = h0 + u of a
+    block (V chunk j of head h at (h nch + j) Dv): one product
+    per block and chunk streams nh columns with nh Dv stationary columns (the rows form streams
+    Dv columns per head). Only column h of head h's partitions is kept; 1 / l reaches every
+    partition by a product (ones^T @ diag(1 / l)); out[h, d] = O^T[u Dv + d, h] / l_h, per half
+    u (heads u, u + nh, ...) transposed back to one row per head and stored row by row."""
+    nch = -(-Sk // 128)
+    nh = 2 if Dv in (32, 64) else 1
+    P = nh * Dv
+    ot = b.tile("dot", Memory.PSUM, P, H, F32, 1)
+    for h0 in range(0, H, nh):
+        hn = min(nh, H - h0)
+        for j in range(nch):
+            w = min(128, Sk - j * 128)
+            b.matmul(ot.ap(hn * Dv, elem_offset=h0, dims=((1, hn),)),
+                     vt.ap(w, elem_offset=(h0 * nch + j) * Dv, dims=((nch * Dv, hn), (1, Dv))),
+                     ptv.ap(w, elem_offset=j * H + h0, dims=((1, hn),)), start_when=(j,))
+        if extra is not None:
+            vn, pn = extra
+            b.matmul(ot.ap(hn * Dv, elem_offset=h0, dims=((1, hn),)),
+                     vn.ap(1, elem_offset=h0 * Dv, dims=((1, hn * Dv),)),
+                     pn.ap(1, elem_offset=h0, dims=((1, hn),)), start_when=(1,))
+    # 1 / l on every partition: rlb[p, h] = sum_k ones[k, p] (k == h) / l_k
+    ex = b.tile("dex", Memory.SBUF, H, H, F32, 1)
+    b.iota(ex.ap(), 0, 1, (-1,))
+    dg = b.tile("ddg", Memory.SBUF, H, H, F32, 1)
+    b.tensor_scalar(dg.ap(), ex.ap(), AluOp.IS_EQUAL, 0.0, op1=AluOp.MULTIPLY, operand1=rl)
+    ones = b.tile("d1", Memory.SBUF, H, P, F32, 1)
+    b.memset(ones.ap(), 1.0)
+    rlb = b.tile("drlb", Memory.PSUM, P, H, F32, 1)
+    b.matmul(rlb.ap(), ones.ap(), dg.ap())
+    slots = -(-H // nh)
+    wt = b.tile("dw", Memory.SBUF, P, slots, _out_dtype(out), 1)
+    so = out.strides if not isinstance(out, _SbufOut) else (0, 0, 0)
+    for u in range(min(nh, H)):
+        n_u = len(range(u, H, nh))
+        hh = dict(partition_start=u * Dv)
+        b.tensor_tensor(wt.ap(Dv, dims=((1, n_u),), **hh),
+                        ot.ap(Dv, elem_offset=u, dims=((nh, n_u),), **hh),
+                        rlb.ap(Dv, elem_offset=u, dims=((nh, n_u),), **hh), AluOp.MULTIPLY)
+        # heads back on partitions (one row each), so the store moves whole rows
+        tt = b.tile(f"dwt{u}", Memory.PSUM, n_u, Dv, wt.dtype, 1)
+        b.transpose(tt.ap(), wt.ap(Dv, dims=((1, n_u),), **hh))
+        rows = b.tile(f"dwr{u}", Memory.SBUF, n_u, Dv, wt.dtype, 1)
+        b.tensor_copy(rows.ap(), tt.ap())
+        _store(b, out, outer, u, n_u, nh * so[-3], ((Dv, so[-1]),), rows.ap())
 
 
 def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None:

@@ -97,16 +97,31 @@ class Structure:
 
     @cached_property
     def weight_loads(self) -> frozenset[int]:
-        """Loads into SBUF/PSUM of HBM data that no instruction of the program writes (weights,
-        graph inputs): what may prefetch (schedule) and stream ahead (plan)."""
+        """Loads into SBUF/PSUM of HBM data that no instruction writes before them: weights,
+        graph inputs, and data the program writes only in later top-level statements (a decode
+        step's KV cache read before its one-row update, ``passes/decode_cache.py``): what may
+        prefetch (schedule) and stream ahead (plan). Such a load reads the values the program
+        started with; the sync pass orders the later writes after it."""
         tp = self.tp
-        written = {a.buf for inf in self.info.values() for a in inf.ins.writes
-                   if tp.buffer(a.buf).memory is Memory.HBM}
+        first_write: dict[str, int] = {}     # HBM buffer -> its first writer's top-level statement
+        for inf in self.info.values():
+            for a in inf.ins.writes:
+                if tp.buffer(a.buf).memory is Memory.HBM:
+                    first_write[a.buf] = min(first_write.get(a.buf, inf.top), inf.top)
         return frozenset(
             sid for sid, inf in self.info.items()
             if inf.ins.dst is not None and tp.buffer(inf.ins.dst.buf).memory is not Memory.HBM
-            and inf.ins.srcs and all(tp.buffer(a.buf).memory is Memory.HBM and a.buf not in written
+            and inf.ins.srcs and all(tp.buffer(a.buf).memory is Memory.HBM
+                                     and first_write.get(a.buf, inf.top + 1) > inf.top
                                      for a in inf.ins.srcs))
+
+    @cached_property
+    def written_later(self) -> frozenset[str]:
+        """HBM buffers that ``weight_loads`` read and the program writes (after those loads):
+        a decode step's KV cache, not weights."""
+        read = {a.buf for sid in self.weight_loads for a in self.info[sid].ins.srcs}
+        return frozenset(a.buf for inf in self.info.values() for a in inf.ins.writes
+                         if a.buf in read)
 
     def flat(self, sid: int) -> Affine:
         f = self._flat.get(sid)

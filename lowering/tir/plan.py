@@ -12,7 +12,9 @@ previous stream's start, 983 -> 976 us from after the second previous one: an at
 between two matmuls left HBM idle for 12 us per layer; from after the third previous one,
 with the attention's transposes on TensorE: 858.7 -> 850.9 us), while about three kernels'
 weights are in flight on the in-order DMA engines; if that does not fit, the same with the
-weights fewer streams ahead (down to one); if that does not fit either, *coarse* lifetimes: from
+weights fewer streams ahead (down to one); a buffer filled from data the program writes only later
+(a decode step's KV cache read before its one-row update) lives from the kernel of the
+``CACHE_STREAMS_AHEAD``-th previous weight stream and does not count as a stream; if that does not fit either, *coarse* lifetimes: from
 the start of the first to the end of the last *top-level statement* that touches it (one loop
 nest of a kernel, or a lone instruction), padded by ``LIFETIME_PAD`` statements, then exact; if that does not fit either, *fine* lifetimes in
 statement positions: a buffer allocated per iteration of loop S lives during S, an unscoped one
@@ -49,6 +51,12 @@ SBUF_ALIGN = 64
 WEIGHT_STREAM_BYTES = 64 * 1024   # a kernel loading less (norm gains, biases) is not a weight stream
 WEIGHT_STREAMS_AHEAD = 3  # a weight buffer lives from the kernel after the 3rd previous stream
 #                           (GPT-2 small trn2 858.7 -> 850.9 us against 2, 927.4 with 4: SBUF full)
+CACHE_STREAMS_AHEAD = 4   # a buffer of data written later (a KV cache read before its update)
+#                          lives from the kernel of the 4th previous weight stream: in gpt2 decode,
+#                          the previous layer's QKV projection, so the cache loads can fill the HBM
+#                          idle during that layer's attention (decode_gpt2 trn2 with decode_cache on:
+#                          1221.3 us; from the kernel before only: 1222.1, 1st: 1261.8, 2nd: 1431.1,
+#                          3rd: 1237.4, 5th: 1247.8)
 
 
 @dataclass
@@ -132,15 +140,23 @@ def kernel_lifetimes(tp: TProgram, st: Structure, coarse: dict[str, tuple[int, i
         first[kk] = min(first.get(kk, top), top)
         last[kk] = max(last.get(kk, top), top)
     srcs: dict[int, set[str]] = defaultdict(set)
+    late = st.written_later
     for name, (sid, bufs) in (weights or {}).items():
-        srcs[kern_of[st.info[sid].top]] |= bufs
+        srcs[kern_of[st.info[sid].top]] |= bufs - late
     wbytes = {k: sum(tp.buffer(b).free[0] for b in bufs) for k, bufs in srcs.items()}
     loaders = sorted(k for k, n in wbytes.items() if n >= WEIGHT_STREAM_BYTES)
     out = {}
     for name, (f, l) in coarse.items():
         kf, kl = kern_of.get(f, 0), kern_of.get(l, 0)
         k0 = max(0, kf - before)
-        if weights and name in weights:
+        if weights and name in weights and weights[name][1] <= late:
+            # data the program writes later (a KV cache read before its update): from the kernel
+            # of the CACHE_STREAMS_AHEAD-th previous weight stream; not a stream itself, so the
+            # weights' lifetimes do not move
+            prev = [k for k in loaders if k < kf]
+            if CACHE_STREAMS_AHEAD:
+                k0 = min(k0, prev[-CACHE_STREAMS_AHEAD] if len(prev) >= CACHE_STREAMS_AHEAD else 0)
+        elif weights and name in weights:
             prev = [k for k in loaders if k < kf]
             # from the kernel after the WEIGHT_STREAMS_AHEAD-th previous weight stream: the kernels
             # between two streams (an attention, a norm) keep HBM busy with the next streams' weights
