@@ -41,6 +41,7 @@ import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
+from lowering.tiling.attention_bias import bias_tiles, invariant_bias
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
@@ -501,6 +502,8 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # trn2 899.7 -> 880.1 us)
     Q, KT = sq.ref, sk.ref
     prescale = False
+    # a mask shared by every head (score = scale * S + bias): evaluated once, added per head
+    bias_e = invariant_bias(k, len(outer) + 1)
     pairs = (sq.form == DMA_T and sk.form == DMA_T and D in (32, 64) and n % 2 == 0 and U % 2 == 0
              and len(blocks) == 1 and Q.strides[-3] == D * Q.strides[-1]
              and KT.strides[-3] == D * KT.strides[-2])
@@ -515,7 +518,8 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         # is: one VectorE/GpSimdE instruction less per head on the softmax chain
         # (the scale as the engines hold it, in fp32: 1/sqrt(64) is 0.12500000000000003 in fp64)
         s32 = float(np.float32(a.scale))
-        prescale = pe and a.score is None and not clamp and 0 < s32 <= 1 and math.frexp(s32)[0] == 0.5
+        prescale = (pe and (a.score is None and not clamp or bias_e is not None) and 0 < s32 <= 1
+                    and math.frexp(s32)[0] == 0.5)
         if prescale:
             lq = replace(lq, pro=ScaleBy(s32))
         # one PSUM bank of 4 transpose cells used in turn, so TensorE runs up to 4 transposes
@@ -533,6 +537,12 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                     psum=cell(2 * hp + 1, kw), copy_engines=ce)
         how = "TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose"
         b.note(f"attention: Q^T and K^T of two heads per {how}, {n // 2} pairs loaded ahead")
+
+    btiles = (bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale)
+              if bias_e is not None else None)
+    if btiles is not None:
+        b.note("attention: the score's bias is the same for every head: evaluated once per "
+               "query block, one add per head")
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)
@@ -556,7 +566,11 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                          diag[j].ap(QB, dims=((1, kw),)), start_when=(1,))
         for j, (q0, qr) in enumerate(blocks):
             src, act_scale = S[j].ap(qr, dims=((1, kw),)), 1.0 if prescale else a.scale
-            if a.score is not None:
+            if btiles is not None:
+                sc = b.tile("sb", Memory.SBUF, qr, kw, F32).ap()
+                b.tensor_tensor(sc, src, btiles[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
+                src = sc
+            elif a.score is not None:
                 src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
                 act_scale = 1.0
             if diag[j] is not None and not pe_mask:
@@ -564,7 +578,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc
             nm = b.tile("nm", Memory.SBUF, qr, 1, F32).ap()
-            if prescale:  # -max(scores) straight from the reduce
+            if prescale and not clamp:  # -max(scores) straight from the reduce
                 b.tensor_reduce(nm, src, AluOp.MAX, negate=True)
                 b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, bias_ap=nm,
                              reduce=AluOp.ADD, accum=L[j].ap())

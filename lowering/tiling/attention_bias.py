@@ -1,0 +1,83 @@
+"""Score expressions of the form ``scale * S + bias`` whose ``bias`` is the same for every batch
+index (heads, batch items): an attention mask shared by the heads, e.g. GPT-2's
+``where(mask[1, 1, Sq, Sk], 0, -inf)`` added to the scaled scores.
+
+Evaluating such a score expression per head repeats the whole mask computation (a load, two
+memsets and a select on VectorE/GpSimdE) for every head although its value does not change.
+Here the bias is evaluated once per query block, before the head loop, into an fp32 tile
+divided by the scale (exact: only for a power-of-two scale), so that each head adds it to its
+raw product in one instruction, ``S + bias / scale``, and the softmax takes the scale as
+before (exp(scale * x - scale * max)); when the scale already went into Q (``prescale``), the
+bias is used as it is.
+
+Invariant: a bias tile is written once, before the loop that reads it, and never again.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lowering.kir import EOp, Expr, KOp
+from lowering.tiling.attention_steps import F32, _score_tile
+from lowering.tir.affine import aff
+from lowering.tir.builder import TirBuilder
+from runtime_sim.isa import AluOp, Memory
+
+
+def _is_acc(e: Expr) -> bool:
+    while e.op is EOp.CAST and e.dtype is F32:
+        e = e.args[0]
+    return e.op is EOp.ACC
+
+
+def _has_acc(e: Expr) -> bool:
+    return e.op is EOp.ACC or any(_has_acc(a) for a in e.args)
+
+
+def _invariant(e: Expr, k: KOp, nbatch: int) -> bool:
+    """No leaf of ``e`` varies along the batch axes (the first ``nbatch`` of the score's)."""
+    if e.op is EOp.INDEX:
+        return e.index >= nbatch
+    if e.op is EOp.LOAD:
+        r = k.ins[e.index + 1]
+        return len(r.strides) == nbatch + 2 and all(s == 0 for s in r.strides[:nbatch])
+    return all(_invariant(a, k, nbatch) for a in e.args)
+
+
+def pow2_scale(scale: float) -> float | None:
+    """The scale as the engines hold it (fp32) when it is a power of two (dividing by it is
+    exact), else None."""
+    s32 = float(np.float32(scale))
+    return s32 if s32 > 0 and math.frexp(s32)[0] == 0.5 else None
+
+
+def invariant_bias(k: KOp, nbatch: int) -> Expr | None:
+    """``bias`` when the score expression is ``acc + bias`` (either order, fp32) with a bias
+    that reads no product and is the same for every batch index and the scale is a power of
+    two; else None."""
+    e = k.attrs.score
+    if e is None or e.op is not EOp.ADD or e.dtype is not F32 or pow2_scale(k.attrs.scale) is None:
+        return None
+    for acc, bias in (e.args, e.args[::-1]):
+        if _is_acc(acc) and not _has_acc(bias) and _invariant(bias, k, nbatch):
+            return bias
+    return None
+
+
+def bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: int,
+               prescaled: bool) -> list:
+    """One fp32 tile [qr, kw] per query block of ``bias`` (keys from 0), divided by the scale
+    unless the scale is already in the product (``prescaled``)."""
+    zero = tuple(aff(0) for _ in range(nbatch))
+    inv = 1.0 / pow2_scale(k.attrs.scale)
+    out = []
+    for j, (q0, qr) in enumerate(blocks):
+        v = _score_tile(b, k, None, zero, q0, qr, aff(0), kw, expr=bias)
+        t = b.tile(f"bias{j}", Memory.SBUF, qr, kw, F32, 1)
+        if prescaled or inv == 1.0:
+            b.tensor_copy(t.ap(), v)
+        else:
+            b.tensor_scalar(t.ap(), v, AluOp.MULTIPLY, inv)
+        out.append(t)
+    return out
