@@ -41,7 +41,7 @@ import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
-from lowering.tiling.attention_bias import bias_tiles, invariant_bias
+from lowering.tiling.attention_bias import bias_tiles, invariant_bias, pe_bias_tiles
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
@@ -135,6 +135,14 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                         g0 = g * J * QB
                         _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
                                shared)
+
+
+def _identity(b: TirBuilder):
+    """The identity [128, 128] in bf16 (GpSimdE), the stationary of ``S += I.T @ mask``."""
+    ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
+    b.iota(ident.ap(), 0, -1, (1,))                              # c - p
+    b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    return ident
 
 
 def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F32,
@@ -475,10 +483,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # ``pe_mask`` (every row sees a key): the bf16 mask goes into the scores on TensorE
     # (S += I.T @ mask, exact: 0 or -2^126), so the row max reads PSUM and no VectorE pass adds it
     pe_mask = pe_mask and any(m is not None for m in diag)
-    if pe_mask:
-        ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
-        b.iota(ident.ap(), 0, -1, (1,))                              # c - p
-        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    ident = _identity(b) if pe_mask else None
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
@@ -538,11 +543,21 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         how = "TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose"
         b.note(f"attention: Q^T and K^T of two heads per {how}, {n // 2} pairs loaded ahead")
 
-    btiles = (bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale)
-              if bias_e is not None else None)
+    # a bf16 bias (a boolean mask's 0 / -inf) goes into the scores on TensorE, as the causal
+    # mask above: the row max and the exp then read PSUM, and no VectorE pass adds it
+    pe_bias = (bias_e is not None and bias_e.dtype is DType.BF16 and not pe_mask
+               and all(m is None for m in diag))
+    btiles = okinv = None
+    if pe_bias:
+        btiles, okinv = pe_bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale, a.safe)
+        clamp = False           # finite scores, row sums >= 1: okinv replaces rows without keys
+        if ident is None:
+            ident = _identity(b)
+    elif bias_e is not None:
+        btiles = bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale)
     if btiles is not None:
         b.note("attention: the score's bias is the same for every head: evaluated once per "
-               "query block, one add per head")
+               f"query block, {'added on TensorE' if pe_bias else 'one add'} per head")
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)
@@ -566,7 +581,10 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                          diag[j].ap(QB, dims=((1, kw),)), start_when=(1,))
         for j, (q0, qr) in enumerate(blocks):
             src, act_scale = S[j].ap(qr, dims=((1, kw),)), 1.0 if prescale else a.scale
-            if btiles is not None:
+            if pe_bias:
+                b.matmul(src, ident.ap(qr, dims=((1, qr),)), btiles[j].ap(qr, dims=((1, kw),)),
+                         start_when=(1,))
+            elif btiles is not None:
                 sc = b.tile("sb", Memory.SBUF, qr, kw, F32).ap()
                 b.tensor_tensor(sc, src, btiles[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc
@@ -619,7 +637,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.tensor_scalar(d, den, AluOp.MAX, TINY)
                 den = d
             rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
-            b.activation(rl, den, ActFunc.RECIPROCAL)
+            b.activation(rl, den, ActFunc.RECIPROCAL, scale_ap=okinv[j] if pe_bias else None)
             _store(b, k, bidx, q0, qr, Dv, O[j].ap(), rl)
 
     for t in range(min(U - 1, n)):

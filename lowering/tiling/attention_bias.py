@@ -22,7 +22,7 @@ from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.attention_steps import F32, _score_tile
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder
-from runtime_sim.isa import AluOp, Memory
+from runtime_sim.isa import AluOp, DType, Memory
 
 
 def _is_acc(e: Expr) -> bool:
@@ -81,3 +81,38 @@ def bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: int,
             b.tensor_scalar(t.ap(), v, AluOp.MULTIPLY, inv)
         out.append(t)
     return out
+
+
+PE_HIDDEN = -2.0 ** 126     # a hidden key's bias on TensorE: finite and exact in bf16
+
+
+def pe_bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: int,
+                  prescaled: bool, safe: bool) -> tuple[list, list]:
+    """A bf16 ``bias`` (its values exact in bf16, and so divided by a power-of-two scale) added
+    to the scores on TensorE (``S += I.T @ bias``, as the causal mask of ``_items``): per query
+    block the bias tile [qr, kw] in bf16 with -inf (and anything below) raised to
+    ``PE_HIDDEN`` (0 x -inf would be NaN in the product), and ``okinv`` [qr, 1] fp32: 1 for a
+    row that sees a key, else inf (``safe``: 1 / (l x inf) = 0, torch's _safe_softmax) or NaN
+    (softmax of a row of -inf), the scale of the row sum's reciprocal. A row that sees no key
+    then has finite, equal scores (no inf - inf), and its output is replaced as eager's.
+    (Entries below ``PE_HIDDEN`` that are not -inf are raised too: only a row mixing such
+    values, and no larger one, would differ.)"""
+    zero = tuple(aff(0) for _ in range(nbatch))
+    inv = 1.0 if prescaled else 1.0 / pow2_scale(k.attrs.scale)
+    tiles, oks = [], []
+    for j, (q0, qr) in enumerate(blocks):
+        v = _score_tile(b, k, None, zero, q0, qr, aff(0), kw, expr=bias)
+        t = b.tile(f"pbias{j}", Memory.SBUF, qr, kw, DType.BF16, 1)
+        b.tensor_scalar(t.ap(), v, AluOp.MULTIPLY, inv, op1=AluOp.MAX, operand1=PE_HIDDEN)
+        m = b.tile(f"bmax{j}", Memory.SBUF, qr, 1, F32, 1).ap()
+        b.tensor_reduce(m, v, AluOp.MAX)
+        ok = b.tile(f"okinv{j}", Memory.SBUF, qr, 1, F32, 1).ap()
+        if safe:
+            b.tensor_scalar(ok, m, AluOp.IS_GT, float("-inf"), op1=AluOp.DIVIDE, operand1=1.0,
+                            reverse1=True)
+        else:
+            b.tensor_scalar(ok, m, AluOp.IS_GT, float("-inf"))
+            b.tensor_tensor(ok, ok, ok, AluOp.DIVIDE)
+        tiles.append(t)
+        oks.append(ok)
+    return tiles, oks

@@ -5,7 +5,8 @@ loop and added to each head's product in one instruction, against eager through 
 Shapes cross the tile edges: 130 queries and keys (a full query block and a partial one; one
 key block), heads of 64 (paired) and 32; a fully masked row under SDPA's safe softmax (0) and
 under a plain softmax (NaN); a power-of-two scale prescaled into Q (resident projection rows) and
-divided out of the bias (DMA-transposed Q/K); a per-head mask keeps the general path.
+divided out of the bias (DMA-transposed Q/K); a bf16 bias added on TensorE, an fp32 one by
+VectorE; a per-head mask keeps the general path.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_shared_mask_of_resident_heads_is_evaluated_once(target, S):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
     low = lower_and_run(fn, x, w, keep, target=target)
-    assert any(NOTE in n for n in _notes(low)), _notes(low)
+    assert any(NOTE in n and "added on TensorE" in n for n in _notes(low)), _notes(low)
+    assert ".pbias0[" in low.dumps["program.txt"]
     ref = fn(x, w, keep)
     assert (ref[0, :, 5] == 0).all()
     assert_close(low.outputs[0], ref)
@@ -70,7 +72,8 @@ def test_shared_additive_mask_is_divided_by_the_scale(dtype):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25)
 
     low = lower_and_run(fn, q, k, v, m, target="trn3")
-    assert any(NOTE in n for n in _notes(low)), _notes(low)
+    pe = "added on TensorE" if dtype == torch.bfloat16 else "one add"   # bf16 values only
+    assert any(NOTE in n and pe in n for n in _notes(low)), _notes(low)
     ref = fn(q, k, v, m)
     assert (ref[0, :, 7] == 0).all()
     assert_close(low.outputs[0], ref)
