@@ -534,12 +534,13 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
 
         def cell(c: int, w: int):
             return tp.ap(2 * D, elem_offset=c % 4 * 128, dims=((1, w),)) if pe else None
-        for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
-            pb = outer + (aff(2 * hp),)
-            lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
-                    psum=cell(2 * hp, qr0), copy_engines=ce)
-            lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
-                    psum=cell(2 * hp + 1, kw), copy_engines=ce)
+        def load_pairs() -> None:
+            for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
+                pb = outer + (aff(2 * hp),)
+                lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
+                        psum=cell(2 * hp, qr0), copy_engines=ce)
+                lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
+                        psum=cell(2 * hp + 1, kw), copy_engines=ce)
         how = "TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose"
         b.note(f"attention: Q^T and K^T of two heads per {how}, {n // 2} pairs loaded ahead")
 
@@ -555,6 +556,8 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
             ident = _identity(b)
     elif bias_e is not None:
         btiles = bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale)
+    if pairs:   # after the bias: its VectorE work runs while the heads' rows are computed
+        load_pairs()
     if btiles is not None:
         b.note("attention: the score's bias is the same for every head: evaluated once per "
                f"query block, {'added on TensorE' if pe_bias else 'one add'} per head")
