@@ -22,7 +22,7 @@ from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.attention_steps import F32, _score_tile
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder
-from runtime_sim.isa import AluOp, DType, Memory
+from runtime_sim.isa import AluOp, DType, EngineKind, Memory
 
 
 def _is_acc(e: Expr) -> bool:
@@ -84,6 +84,7 @@ def bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: int,
 
 
 PE_HIDDEN = -2.0 ** 126     # a hidden key's bias on TensorE: finite and exact in bf16
+POOL = (EngineKind.GPSIMD,)
 
 
 def pe_bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: int,
@@ -104,15 +105,16 @@ def pe_bias_tiles(b: TirBuilder, k: KOp, bias: Expr, blocks, kw: int, nbatch: in
         v = _score_tile(b, k, None, zero, q0, qr, aff(0), kw, expr=bias)
         t = b.tile(f"pbias{j}", Memory.SBUF, qr, kw, DType.BF16, 1)
         b.tensor_scalar(t.ap(), v, AluOp.MULTIPLY, inv, op1=AluOp.MAX, operand1=PE_HIDDEN)
+        # the row flags on GpSimdE: VectorE's queue has the heads' work next
         m = b.tile(f"bmax{j}", Memory.SBUF, qr, 1, F32, 1).ap()
-        b.tensor_reduce(m, v, AluOp.MAX)
+        b.tensor_reduce(m, v, AluOp.MAX, engines=POOL)
         ok = b.tile(f"okinv{j}", Memory.SBUF, qr, 1, F32, 1).ap()
         if safe:
             b.tensor_scalar(ok, m, AluOp.IS_GT, float("-inf"), op1=AluOp.DIVIDE, operand1=1.0,
-                            reverse1=True)
+                            reverse1=True, engines=POOL)
         else:
-            b.tensor_scalar(ok, m, AluOp.IS_GT, float("-inf"))
-            b.tensor_tensor(ok, ok, ok, AluOp.DIVIDE)
+            b.tensor_scalar(ok, m, AluOp.IS_GT, float("-inf"), engines=POOL)
+            b.tensor_tensor(ok, ok, ok, AluOp.DIVIDE, engines=POOL)
         tiles.append(t)
         oks.append(ok)
     return tiles, oks
