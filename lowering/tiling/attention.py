@@ -44,7 +44,7 @@ from lowering.kir import AttentionKAttrs, KOp
 from lowering.tiling.attention_bias import bias_tiles, invariant_bias, pe_bias_tiles
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _boff, _cols,
                                              _diag_offsets, _early, _finish, _late, _load_k, _load_v, _mask_tile,
                                              _o_shares_bank, _pt_bytes, _qk, _score_tile, _store,
                                              _transpose_block, _v_rows)
@@ -52,7 +52,7 @@ from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_prologue import ScaleBy
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder
+from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -135,6 +135,27 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                         g0 = g * J * QB
                         _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
                                shared)
+
+
+def _resident_v(b: TirBuilder, V, bidx, kw: int, Dv: int):
+    """V [kw <= 128 keys, Dv] read in place from its SBUF-resident rows (no copy), or None."""
+    if kw > 128:
+        return None
+    src = hbm_ap(V.buffer, V.dtype, _boff(V, bidx), kw, V.strides[-2], ((Dv, V.strides[-1]),))
+    rv = b.resident_view(src, kw)
+    return None if rv is None else _Ap(rv)
+
+
+class _Ap:
+    """An access pattern used where a tile is expected (``.ap(partitions, elem_offset, dims)``
+    with elem_offset 0 and the pattern's own dims)."""
+
+    def __init__(self, ap):
+        self._ap = ap
+
+    def ap(self, partitions=None, elem_offset=0, dims=None):
+        assert elem_offset == 0
+        return self._ap
 
 
 def _identity(b: TirBuilder):
@@ -618,7 +639,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     def late_t(item: Affine, u: int):
         bidx = outer + (item,)
         S, O, P, L = sets[u]
-        vt = _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
+        vt = _resident_v(b, k.ins[2], bidx, kw, Dv) or _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
         nsub = -(-kw // 128)
         pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32)
                for j, (q0, qr) in enumerate(blocks)]
