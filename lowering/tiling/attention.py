@@ -41,9 +41,10 @@ import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import AttentionKAttrs, KOp
+from lowering.tiling.attention_bias import bias_tiles, invariant_bias, pe_bias_tiles
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _cols,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _boff, _cols,
                                              _diag_offsets, _early, _finish, _late, _load_k, _load_v, _mask_tile,
                                              _o_shares_bank, _pt_bytes, _qk, _score_tile, _store,
                                              _transpose_block, _v_rows)
@@ -51,7 +52,7 @@ from lowering.tiling.matmul import _Side
 from lowering.tiling.matmul_prologue import ScaleBy
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder
+from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -134,6 +135,35 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                         g0 = g * J * QB
                         _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
                                shared)
+
+
+def _resident_v(b: TirBuilder, V, bidx, kw: int, Dv: int):
+    """V [kw <= 128 keys, Dv] read in place from its SBUF-resident rows (no copy), or None."""
+    if kw > 128:
+        return None
+    src = hbm_ap(V.buffer, V.dtype, _boff(V, bidx), kw, V.strides[-2], ((Dv, V.strides[-1]),))
+    rv = b.resident_view(src, kw)
+    return None if rv is None else _Ap(rv)
+
+
+class _Ap:
+    """An access pattern used where a tile is expected (``.ap(partitions, elem_offset, dims)``
+    with elem_offset 0 and the pattern's own dims)."""
+
+    def __init__(self, ap):
+        self._ap = ap
+
+    def ap(self, partitions=None, elem_offset=0, dims=None):
+        assert elem_offset == 0
+        return self._ap
+
+
+def _identity(b: TirBuilder):
+    """The identity [128, 128] in bf16 (GpSimdE), the stationary of ``S += I.T @ mask``."""
+    ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
+    b.iota(ident.ap(), 0, -1, (1,))                              # c - p
+    b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    return ident
 
 
 def _causal_masks(b: TirBuilder, k: KOp, Sq: int, Sk: int, J: int, dt: DType = F32,
@@ -474,10 +504,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # ``pe_mask`` (every row sees a key): the bf16 mask goes into the scores on TensorE
     # (S += I.T @ mask, exact: 0 or -2^126), so the row max reads PSUM and no VectorE pass adds it
     pe_mask = pe_mask and any(m is not None for m in diag)
-    if pe_mask:
-        ident = b.tile("ident", Memory.SBUF, QB, QB, DType.BF16)
-        b.iota(ident.ap(), 0, -1, (1,))                              # c - p
-        b.tensor_scalar(ident.ap(), ident.ap(), AluOp.IS_EQUAL, 0.0, engines=(EngineKind.GPSIMD,))
+    ident = _identity(b) if pe_mask else None
     b.note(f"attention: one query group and one key block per item; {n} items software-pipelined "
            f"{U} deep, scores and output {'in one PSUM bank' if shared else 'in two banks'} per block")
     sets = []
@@ -501,6 +528,8 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # trn2 899.7 -> 880.1 us)
     Q, KT = sq.ref, sk.ref
     prescale = False
+    # a mask shared by every head (score = scale * S + bias): evaluated once, added per head
+    bias_e = invariant_bias(k, len(outer) + 1)
     pairs = (sq.form == DMA_T and sk.form == DMA_T and D in (32, 64) and n % 2 == 0 and U % 2 == 0
              and len(blocks) == 1 and Q.strides[-3] == D * Q.strides[-1]
              and KT.strides[-3] == D * KT.strides[-2])
@@ -515,7 +544,8 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         # is: one VectorE/GpSimdE instruction less per head on the softmax chain
         # (the scale as the engines hold it, in fp32: 1/sqrt(64) is 0.12500000000000003 in fp64)
         s32 = float(np.float32(a.scale))
-        prescale = pe and a.score is None and not clamp and 0 < s32 <= 1 and math.frexp(s32)[0] == 0.5
+        prescale = (pe and (a.score is None and not clamp or bias_e is not None) and 0 < s32 <= 1
+                    and math.frexp(s32)[0] == 0.5)
         if prescale:
             lq = replace(lq, pro=ScaleBy(s32))
         # one PSUM bank of 4 transpose cells used in turn, so TensorE runs up to 4 transposes
@@ -525,14 +555,33 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
 
         def cell(c: int, w: int):
             return tp.ap(2 * D, elem_offset=c % 4 * 128, dims=((1, w),)) if pe else None
-        for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
-            pb = outer + (aff(2 * hp),)
-            lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
-                    psum=cell(2 * hp, qr0), copy_engines=ce)
-            lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
-                    psum=cell(2 * hp + 1, kw), copy_engines=ce)
+        def load_pairs() -> None:
+            for hp in range(n // 2):      # unrolled: one queue per transfer (a loop keeps one)
+                pb = outer + (aff(2 * hp),)
+                lq.load(b, qall, aff(hp * qr0), lq.base(pb), aff(0), 2 * D, aff(0), qr0,
+                        psum=cell(2 * hp, qr0), copy_engines=ce)
+                lk.load(b, kall, aff(hp * kw), lk.base(pb), aff(0), 2 * D, aff(0), kw,
+                        psum=cell(2 * hp + 1, kw), copy_engines=ce)
         how = "TensorE transpose of their SBUF-resident rows" if pe else "DMA transpose"
         b.note(f"attention: Q^T and K^T of two heads per {how}, {n // 2} pairs loaded ahead")
+
+    # a bf16 bias (a boolean mask's 0 / -inf) goes into the scores on TensorE, as the causal
+    # mask above: the row max and the exp then read PSUM, and no VectorE pass adds it
+    pe_bias = (bias_e is not None and bias_e.dtype is DType.BF16 and not pe_mask
+               and all(m is None for m in diag))
+    btiles = okinv = None
+    if pe_bias:
+        btiles, okinv = pe_bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale, a.safe)
+        clamp = False           # finite scores, row sums >= 1: okinv replaces rows without keys
+        if ident is None:
+            ident = _identity(b)
+    elif bias_e is not None:
+        btiles = bias_tiles(b, k, bias_e, blocks, kw, len(outer) + 1, prescale)
+    if pairs:   # after the bias: its VectorE work runs while the heads' rows are computed
+        load_pairs()
+    if btiles is not None:
+        b.note("attention: the score's bias is the same for every head: evaluated once per "
+               f"query block, {'added on TensorE' if pe_bias else 'one add'} per head")
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)
@@ -556,7 +605,14 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                          diag[j].ap(QB, dims=((1, kw),)), start_when=(1,))
         for j, (q0, qr) in enumerate(blocks):
             src, act_scale = S[j].ap(qr, dims=((1, kw),)), 1.0 if prescale else a.scale
-            if a.score is not None:
+            if pe_bias:
+                b.matmul(src, ident.ap(qr, dims=((1, qr),)), btiles[j].ap(qr, dims=((1, kw),)),
+                         start_when=(1,))
+            elif btiles is not None:
+                sc = b.tile("sb", Memory.SBUF, qr, kw, F32).ap()
+                b.tensor_tensor(sc, src, btiles[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
+                src = sc
+            elif a.score is not None:
                 src = _score_tile(b, k, S[j], bidx, q0, qr, aff(0), kw)
                 act_scale = 1.0
             if diag[j] is not None and not pe_mask:
@@ -564,7 +620,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.tensor_tensor(sc, src, diag[j].ap(qr, dims=((1, kw),)), AluOp.ADD)
                 src = sc
             nm = b.tile("nm", Memory.SBUF, qr, 1, F32).ap()
-            if prescale:  # -max(scores) straight from the reduce
+            if prescale and not clamp:  # -max(scores) straight from the reduce
                 b.tensor_reduce(nm, src, AluOp.MAX, negate=True)
                 b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, bias_ap=nm,
                              reduce=AluOp.ADD, accum=L[j].ap())
@@ -583,7 +639,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     def late_t(item: Affine, u: int):
         bidx = outer + (item,)
         S, O, P, L = sets[u]
-        vt = _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
+        vt = _resident_v(b, k.ins[2], bidx, kw, Dv) or _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
         nsub = -(-kw // 128)
         pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32)
                for j, (q0, qr) in enumerate(blocks)]
@@ -605,7 +661,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.tensor_scalar(d, den, AluOp.MAX, TINY)
                 den = d
             rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
-            b.activation(rl, den, ActFunc.RECIPROCAL)
+            b.activation(rl, den, ActFunc.RECIPROCAL, scale_ap=okinv[j] if pe_bias else None)
             _store(b, k, bidx, q0, qr, Dv, O[j].ap(), rl)
 
     for t in range(min(U - 1, n)):
