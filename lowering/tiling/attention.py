@@ -77,7 +77,7 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, operand_form(KT.strides[-2], KT.strides[-1], Sk, KT.dtype, t),
                tp_bufs=1)
     if decode_fits(k, batch, Sq, Sk, D, Dv, sk, t):     # one query per head: all heads at once
-        tile_decode(b, k, sq, sk)
+        tile_decode(b, k, sk)
         return
     # PSUM: per query block and key block of a step one score bank (the probability
     # transposes reuse it once the exp has read it) and one output bank

@@ -102,7 +102,7 @@ def _fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, form, t) -> bool:
             and nch * H * a.p_dtype.itemsize <= t.psum_bank_bytes)
 
 
-def tile_decode(b: TirBuilder, k: KOp, sq: _Side, sk: _Side) -> None:
+def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
     a = k.attrs
     Q, KT, V = k.ins[:3]
     out = k.outs[0]
