@@ -409,11 +409,16 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
+            if prescale and not last and p == 0:
+                # the next item's K^T and V with its first unit: the K^T scale's queue reaches it
+                # before the next item's first products wait for it
+                load_kv(h + 1, 1 - hh)
             if p + 1 < NU:
                 nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
                 exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
             elif not last:
-                load_kv(h + 1, 1 - hh)
+                if not prescale:
+                    load_kv(h + 1, 1 - hh)
                 exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
             else:
                 between = None
