@@ -316,15 +316,19 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: st
     ``neuron_compiler.device``), see ``runtime.NeuronGraph``."""
     from neuron_compiler.assumptions import host_assumptions
     from neuron_compiler.dump import CompileDump, readable
+    from neuron_compiler.fold import fold_constants
     from neuron_compiler.partition import format_plan, log_plan, partition_graph, plan_table
     from neuron_compiler.runtime import DevicePartition, NeuronGraph, wrap_fallback_nodes
 
     _factories_on_host(gm)
     original_code = readable(gm)
+    folded = fold_constants(gm)
     name = f"{name or kind}_{hashlib.sha1(original_code.encode()).hexdigest()[:8]}"
     dump = CompileDump.create(opts.dump_dir, name) if opts.dump_dir else None
     if dump is not None:
         dump.write("fx_graph_readable.py", original_code)
+        if folded:
+            dump.write("fx_graph_folded.py", readable(gm))
     if opts.auto_cast != "none":
         from neuron_compiler.autocast import apply_auto_cast
         apply_auto_cast(gm, opts.auto_cast)
