@@ -15,9 +15,11 @@ What is folded (``fold_constants``): the maximal subgraphs whose every leaf is a
 a buffer, a symbolic size); from each, only the values other nodes read (the frontier).
 
 What is not:
-- a subgraph of constructors and views only (``full``, ``arange`` -> ``unsqueeze`` ->
-  ``expand``): the device makes those with an iota or a memset, cheaper than reading bytes, as
-  Inductor's ``skip_constructors`` reasons; a fold needs at least one op that computes;
+- a subgraph of constructors, views and elementwise ops only (``arange`` -> ``unsqueeze`` ->
+  ``ge`` -> ``where``): the lowering inlines those into their readers as expressions of
+  indices (an iota, a memset), cheaper than reading bytes, as Inductor's ``skip_constructors``
+  reasons; a fold needs at least one op that runs as a kernel of its own (a ``cumsum``,
+  ``index``, ``cat``, a reduction);
 - a value of more than ``MAX_FOLDED_BYTES``: its HBM bytes would cost more than the ops;
 - random ops (``nondeterministic_seeded``), higher-order ops, and whatever ``ConstantFolder``
   refuses (its ``is_impure``).
@@ -39,15 +41,19 @@ log = logging.getLogger(__name__)
 MAX_FOLDED_BYTES = 16 * 2 ** 20
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
-          "transpose", "t", "slice", "select", "alias", "as_strided", "clone", "_to_copy"}
+          "transpose", "t", "slice", "select", "alias", "as_strided", "clone", "_to_copy",
+          "lift_fresh_copy", "copy", "full_like", "zeros_like", "ones_like", "empty_like"}
 
 
 def _is_compute(node: Node) -> bool:
-    """An op that computes (not a constructor, a view or a copy)."""
+    """An op that is not a constructor, a view, a copy or an elementwise op: the lowering
+    inlines a chain of those into its readers as expressions of indices (a causal mask from
+    ``arange`` and a comparison costs no kernel and no load), so folding it would only add a
+    load; a scan, gather, concatenation or reduction runs as kernels of its own."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     name = node.target._schema.name.split("::")[-1]
-    if name in _VIEWS:
+    if name in _VIEWS or torch.Tag.pointwise in node.target.tags:
         return False
     # constructors: no tensor argument
     return any(isinstance(a, Node) for a in torch.utils._pytree.arg_tree_leaves(*node.args, **node.kwargs))
@@ -55,7 +61,7 @@ def _is_compute(node: Node) -> bool:
 
 def _computes(node: Node) -> bool:
     """Whether the subgraph ending in ``node`` (all of it constant when ``node`` is) holds an
-    op that computes."""
+    op that runs as a kernel of its own (``_is_compute``)."""
     seen, stack = set(), [node]
     while stack:
         n = stack.pop()
