@@ -93,6 +93,15 @@ class CompiledGraph:
             return None, self._timing
         if mode != "functional":
             raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
+        feed = self.feed(inputs)
+        result = simulate(self.program, feed, mode="functional", trace=trace)
+        if self._timing is None:
+            self._timing = result
+        return self.read_outputs(result.outputs, feed), result
+
+    def feed(self, inputs: list[np.ndarray] | None) -> dict[str, np.ndarray]:
+        """The program's input buffers' contents for ``inputs`` (placeholder order): laid out
+        as ``input_layouts`` says, with fresh RAND seeds."""
         assert inputs is not None and len(inputs) == len(self.input_specs)
         names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
         assert len(names) == len(inputs), (names, len(inputs))
@@ -102,13 +111,16 @@ class CompiledGraph:
         for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
             if name.startswith(RNG_SEED_PREFIX):
                 feed[name] = rng_seed_words()
-        result = simulate(self.program, feed, mode="functional", trace=trace)
-        if self._timing is None:
-            self._timing = result
+        return feed
+
+    def read_outputs(self, buffers: dict[str, np.ndarray],
+                     feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph's outputs from the program's output buffers (``SimResult.outputs``) and
+        its ``feed`` (an output may be a view of an input)."""
         outs = []
         for o in self.outputs:
-            if o.buffer in result.outputs:
-                raw = result.outputs[o.buffer]
+            if o.buffer in buffers:
+                raw = buffers[o.buffer]
             else:  # an output that is (a view of) an input buffer
                 raw = feed[o.buffer].reshape(-1).view(np.uint8)
             npdt = TORCH_TO_DTYPE[o.dtype].np
@@ -119,4 +131,4 @@ class CompiledGraph:
             view = np.lib.stride_tricks.as_strided(
                 flat[o.offset:], shape=o.shape, strides=tuple(s * itemsize for s in o.strides))
             outs.append(np.ascontiguousarray(view).view(npdt).reshape(o.shape))  # 0-d stays 0-d
-        return outs, result
+        return outs

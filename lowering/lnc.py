@@ -1,0 +1,408 @@
+"""LNC=2: one device partition split over the two physical cores of a logical NeuronCore.
+
+``compile_lnc(gm, input_specs, target, lnc, dump=None, name=None) -> LncCompiledGraph``
+
+How a partition is split
+- One axis of the work is cut in two halves, ``[0, h)`` for core 0 and ``[h, S)`` for core 1
+  (``h = ceil(S / 2)``). The axis is chosen on the first output: its dims of size >= 2, the
+  largest first (ties: the lower dim), so a matmul is split along M (rows of A, the first dim
+  of its output) or N (columns of B), a batched op along its batch or heads, a row-wise op along
+  its rows. The first axis whose propagation succeeds is taken.
+- Propagation runs backwards from the outputs: each node that must be computed in halves gets
+  the dim of its value that is cut (``need``); each rule (``_RULES``) says, for an op and the
+  cut dim of its output, which dim of each tensor argument is cut, or ``None`` when the
+  argument is needed whole (B of an M-split matmul, a broadcast bias). A node needed whole by
+  every user is computed whole on both cores (its inputs too). A split is refused (the reason
+  is kept) when an op has no rule, when a rule cannot cut that dim (a reduced dim, a
+  contraction), when a node is needed cut along two different dims, or cut by one user and
+  whole by another, or when a cut value's dim is not of the axis' size.
+- Each core gets a copy of the graph on its half: cut placeholders take the slice of their
+  input, size arguments of view/reshape/expand take the half's size, and ``meta['val']`` is
+  propagated again on the new shapes (fake tensors). Each copy is lowered by the ordinary
+  pipeline (``lowering.pipeline.compile_graph``): one machine program per physical core.
+- When no axis splits, the partition is lowered once and runs on core 0 of the logical core (its
+  partner idle, so it has the HBM stack to itself); ``LncCompiledGraph.note`` says why.
+
+Running (``LncCompiledGraph.run``): functional mode feeds each core its inputs' slices, runs
+both programs together (``runtime_sim.multicore.simulate_cores``: one HBM stack shared) and
+concatenates each output's halves along its cut dim; timing mode runs them together without
+values. The result is a ``MultiCoreResult``: the logical core's statistics plus each core's.
+
+Invariants
+- Values are the same as on one core: each output element is computed by exactly one core,
+  with the same ops on the same operands (a split never cuts a contraction or a reduction).
+- ``program`` is core 0's (what a caller that reads one program sees); ``cores`` has them all.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from lowering.compiled import CompiledGraph, TensorSpec
+from runtime_sim.multicore import MultiCoreResult, simulate_cores
+
+aten = torch.ops.aten
+Dump = Callable[[str, str], None]
+
+
+class NoSplit(Exception):
+    """This axis cannot be cut here (the message says which op and why)."""
+
+
+@dataclass
+class SplitPlan:
+    """Where the axis of size ``size`` is cut: per placeholder / output, the cut dim or None."""
+
+    size: int
+    bounds: tuple[tuple[int, int], ...]
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int, ...]
+    text: str = ""
+
+
+@dataclass
+class LncCompiledGraph(CompiledGraph):
+    """A partition compiled for a logical core of ``lnc`` physical cores (module docstring)."""
+
+    lnc: int = 2
+    cores: tuple[CompiledGraph, ...] = ()
+    plan: SplitPlan | None = None
+    note: str = ""                    # why the partition runs on one physical core, or ""
+
+    def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
+            *, trace: bool = False) -> tuple[list[np.ndarray] | None, MultiCoreResult]:
+        programs = [c.program for c in self.cores]
+        if mode == "timing":
+            if self._timing is None or (trace and not self._timing.trace):
+                self._timing = simulate_cores(programs, None, mode="timing", checks="static",
+                                              trace=trace)
+            return None, self._timing   # type: ignore[return-value]
+        if mode != "functional":
+            raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
+        assert inputs is not None and len(inputs) == len(self.input_specs)
+        per_core = [self._core_inputs(inputs, k) for k in range(len(self.cores))]
+        feeds = [c.feed(x) for c, x in zip(self.cores, per_core)]
+        result = simulate_cores(programs, feeds, mode="functional", trace=trace)
+        if self._timing is None:
+            self._timing = result
+        outs = [c.read_outputs(o, f) for c, o, f in zip(self.cores, result.core_outputs, feeds)]
+        if self.plan is None:
+            return outs[0], result
+        return [np.concatenate([o[j] for o in outs], axis=d)
+                for j, d in enumerate(self.plan.outputs)], result
+
+    def _core_inputs(self, inputs: list[np.ndarray], k: int) -> list[np.ndarray]:
+        if self.plan is None:
+            return inputs
+        lo, hi = self.plan.bounds[k]
+        return [x if d is None else np.take(x, np.arange(lo, hi), axis=d)
+                for x, d in zip(inputs, self.plan.inputs)]
+
+
+def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, lnc: int,
+                dump: Dump | None = None, name: str | None = None) -> LncCompiledGraph:
+    from lowering.pipeline import compile_graph
+    plan, why = plan_split(gm, lnc)
+    if plan is None:
+        one = compile_graph(gm, input_specs, target, dump=dump, name=name)
+        note = f"runs on one physical core of the LNC={lnc} logical core: {why}"
+        if dump is not None:
+            dump("lnc.txt", note + "\n")
+        return _wrap(one, (one,), None, note, lnc)
+    cores = []
+    for k, (lo, hi) in enumerate(plan.bounds):
+        sub = core_graph(gm, plan, lo, hi)
+        specs = [s if d is None else TensorSpec(_cut(s.shape, d, hi - lo), s.dtype, s.resident,
+                                                s.mutated)
+                 for s, d in zip(input_specs, plan.inputs)]
+        cdump = None if dump is None else (
+            dump if k == 0 else (lambda f, t, k=k: dump(f"core{k}.{f}", t)))
+        cores.append(compile_graph(sub, specs, target, dump=cdump, name=f"{name}.core{k}"))
+    if dump is not None:
+        dump("lnc.txt", plan.text)
+    whole = CompiledGraph(name or "partition", cores[0].program, tuple(input_specs),
+                          cores[0].outputs, cores[0].ops,
+                          spill_bytes=sum(c.spill_bytes for c in cores))
+    return _wrap(whole, tuple(cores), plan, "", lnc)
+
+
+def _wrap(c: CompiledGraph, cores: tuple[CompiledGraph, ...], plan: SplitPlan | None,
+          note: str, lnc: int) -> LncCompiledGraph:
+    # input_layouts stay () for a split partition: each core lays out its own slice
+    return LncCompiledGraph(c.name, c.program, c.input_specs, c.outputs, c.ops, c.spill_bytes,
+                            c.input_layouts if plan is None else (), lnc=lnc, cores=cores,
+                            plan=plan, note=note)
+
+
+# ---- the split plan ----------------------------------------------------------------------------
+def plan_split(gm: fx.GraphModule, lnc: int) -> tuple[SplitPlan | None, str]:
+    """The first axis that splits (module docstring), or (None, why none does)."""
+    outs = _outputs(gm)
+    if not outs or not all(isinstance(_val(o), torch.Tensor) for o in outs):
+        return None, "an output is not a tensor"
+    shape0 = tuple(_val(outs[0]).shape)
+    dims = sorted((d for d, s in enumerate(shape0) if s >= lnc), key=lambda d: (-shape0[d], d))
+    if not dims:
+        return None, f"its first output (shape {list(shape0)}) has no dim of size >= {lnc}"
+    reasons = []
+    for d in dims:
+        size = shape0[d]
+        try:
+            need = _propagate(gm, outs, d, size)
+        except NoSplit as e:
+            reasons.append(f"dim {d} of the output ({size}): {e}")
+            continue
+        h = -(-size // lnc)
+        bounds = tuple((min(k * h, size), min((k + 1) * h, size)) for k in range(lnc))
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        plan = SplitPlan(size, bounds, tuple(need.get(p) for p in phs),
+                         tuple(need[o] for o in outs))  # type: ignore[misc]
+        plan.text = _plan_text(gm, plan, need, d, reasons)
+        return plan, ""
+    return None, "; ".join(reasons)
+
+
+def _propagate(gm: fx.GraphModule, outs: list[fx.Node], d0: int, size: int) -> dict:
+    need: dict[fx.Node, int | None] = {}
+    whole: set[fx.Node] = set()
+
+    def require(n: fx.Node, d: int | None, by: str) -> None:
+        if d is None:
+            if n in need and need[n] is not None:
+                raise NoSplit(f"{n.name} is needed whole by {by} and cut by another user")
+            whole.add(n)
+            need.setdefault(n, None)
+            return
+        if n in whole or (n in need and need[n] != d):
+            raise NoSplit(f"{n.name} is needed cut along dim {d} by {by} and differently "
+                          f"by another user")
+        v = _val(n)
+        if not isinstance(v, torch.Tensor) or d >= v.dim() or int(v.shape[d]) != size:
+            raise NoSplit(f"{n.name} ({_describe(v)}) has no dim {d} of size {size}")
+        need[n] = d
+
+    first = True
+    for o in outs:
+        if first:
+            require(o, d0, "the output")
+            first = False
+        else:
+            shape = tuple(_val(o).shape)
+            cands = [d for d, s in enumerate(shape) if s == size]
+            if not cands:
+                raise NoSplit(f"output {o.name} (shape {list(shape)}) has no dim of size {size}")
+            require(o, cands[0] if o not in need else need[o], "the output")
+    for n in reversed(list(gm.graph.nodes)):
+        if n.op != "call_function" or n not in need:
+            continue
+        d = need[n]
+        args = [a for a in n.all_input_nodes]
+        if d is None:
+            for a in args:
+                require(a, None, n.name)
+            continue
+        rule = _rule_of(n)
+        if rule is None:
+            raise NoSplit(f"{_op(n)} (node {n.name}) has no LNC split rule")
+        cuts = rule(n, d)
+        for a, ad in cuts.items():
+            require(a, ad, n.name)
+        for a in args:                       # tensor arguments the rule does not cut
+            if a not in cuts:
+                require(a, None, n.name)
+    for n in need:
+        if n.op == "get_attr" and need[n] is not None:
+            raise NoSplit(f"constant {n.name} would have to be cut")
+    return need
+
+
+# ---- rules: the output's cut dim -> each tensor argument's cut dim (or None: whole) -----------
+def _pointwise(n: fx.Node, d: int) -> dict:
+    rank = _val(n).dim()
+    out: dict = {}
+    for a in n.all_input_nodes:
+        v = _val(a)
+        if not isinstance(v, torch.Tensor):
+            continue
+        ad = d - (rank - v.dim())
+        out[a] = None if ad < 0 or int(v.shape[ad]) == 1 else ad
+    return out
+
+
+def _mm(n: fx.Node, d: int) -> dict:
+    a, b = n.args[-2], n.args[-1]
+    res = {a: 0 if d == 0 else None, b: 1 if d == 1 else None}
+    if n.target is aten.addmm.default:      # the bias broadcasts like a pointwise operand
+        bias = n.args[0]
+        bv = _val(bias)
+        bd = d - (2 - bv.dim())
+        res[bias] = None if bd < 0 or int(bv.shape[bd]) == 1 else bd
+    return res
+
+
+def _bmm(n: fx.Node, d: int) -> dict:
+    a, b = n.args[0], n.args[1]
+    if d == 0:
+        return {a: 0, b: 0}
+    return {a: 1 if d == 1 else None, b: 2 if d == 2 else None}
+
+
+def _rowwise(n: fx.Node, d: int) -> dict:
+    x, dim = n.args[0], n.args[1]
+    if d == dim % _val(n).dim():
+        raise NoSplit(f"{_op(n)} (node {n.name}) normalises along dim {d}")
+    return {x: d}
+
+
+def _reduce(n: fx.Node, d: int) -> dict:
+    x = n.args[0]
+    rank = _val(x).dim()
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    if dims is None:
+        raise NoSplit(f"{_op(n)} (node {n.name}) reduces every dim")
+    dims = {int(k) % rank for k in ((dims,) if isinstance(dims, int) else dims)}
+    keep = (n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
+    kept = list(range(rank)) if keep else [k for k in range(rank) if k not in dims]
+    xd = kept[d]
+    if xd in dims:
+        raise NoSplit(f"{_op(n)} (node {n.name}) reduces dim {xd}")
+    return {x: xd}
+
+
+def _permute(n: fx.Node, d: int) -> dict:
+    x = n.args[0]
+    if n.target is aten.t.default:
+        return {x: 1 - d if _val(x).dim() == 2 else d}
+    if n.target is aten.transpose.int:
+        rank = _val(x).dim()
+        a, b = n.args[1] % rank, n.args[2] % rank
+        return {x: b if d == a else a if d == b else d}
+    perm = [p % _val(x).dim() for p in n.args[1]]
+    return {x: perm[d]}
+
+
+def _view(n: fx.Node, d: int) -> dict:
+    """A reshape that keeps the cut dim whole: the same size, and the same number of elements
+    before it (so every cut row maps to whole rows of the input)."""
+    x = n.args[0]
+    xs, os_ = list(_val(x).shape), list(_val(n).shape)
+    if n.target is aten.expand.default:
+        xd = d - (len(os_) - len(xs))
+        if xd < 0 or xs[xd] == 1:
+            return {x: None}
+        return {x: xd}
+    before = math.prod(os_[:d])
+    for xd in range(len(xs)):
+        if math.prod(xs[:xd]) == before and xs[xd] == os_[d]:
+            return {x: xd}
+    raise NoSplit(f"{_op(n)} (node {n.name}) merges or splits dim {d} of {os_}")
+
+
+def _layer_norm(n: fx.Node, d: int) -> dict:
+    x, normalized = n.args[0], n.args[1]
+    if d >= _val(x).dim() - len(normalized):
+        raise NoSplit(f"{_op(n)} (node {n.name}) normalises along dim {d}")
+    return {x: d}
+
+
+def _getitem(n: fx.Node, d: int) -> dict:
+    return {n.args[0]: d}
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+          aten.expand.default)
+_RULES: dict = {
+    aten.mm.default: _mm, aten.addmm.default: _mm, aten.bmm.default: _bmm,
+    aten._softmax.default: _rowwise, aten._log_softmax.default: _rowwise,
+    aten.sum.dim_IntList: _reduce, aten.mean.dim: _reduce, aten.amax.default: _reduce,
+    aten.amin.default: _reduce,
+    aten.t.default: _permute, aten.permute.default: _permute, aten.transpose.int: _permute,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.clone.default: _pointwise, aten._to_copy.default: _pointwise,
+    **{v: _view for v in _VIEWS},
+}
+
+
+def _rule_of(n: fx.Node):
+    if n.target is operator.getitem:
+        return _getitem
+    rule = _RULES.get(n.target)
+    if rule is not None:
+        return rule
+    tags = getattr(n.target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return _pointwise
+    return None
+
+
+# ---- one core's graph --------------------------------------------------------------------------
+def core_graph(gm: fx.GraphModule, plan: SplitPlan, lo: int, hi: int) -> fx.GraphModule:
+    """``gm`` on the half ``[lo, hi)`` of the cut axis (module docstring)."""
+    need = _propagate(gm, _outputs(gm), plan.outputs[0], plan.size)
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _VIEWS and need.get(n) is not None:
+            size = list(n.args[1])
+            size[need[n]] = hi - lo
+            new = g.call_function(n.target, (env[n.args[0]], size) + tuple(n.args[2:]),
+                                  dict(n.kwargs))
+            new.name = n.name
+            env[n] = new
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    sub = fx.GraphModule(gm, g)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = []
+    for n, d in zip([n for n in gm.graph.nodes if n.op == "placeholder"], plan.inputs):
+        v = _val(n)
+        shape = tuple(v.shape) if d is None else _cut(tuple(v.shape), d, hi - lo)
+        fakes.append(mode.from_tensor(torch.empty(shape, dtype=v.dtype)))
+    FakeTensorProp(sub, mode).propagate(*fakes)
+    return sub
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _cut(shape: tuple[int, ...], d: int, n: int) -> tuple[int, ...]:
+    return shape[:d] + (n,) + shape[d + 1:]
+
+
+def _outputs(gm: fx.GraphModule) -> list[fx.Node]:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [o for o in outs if isinstance(o, fx.Node)] if all(
+        isinstance(o, fx.Node) for o in outs) else []
+
+
+def _val(n: object) -> object:
+    return n.meta.get("val") if isinstance(n, fx.Node) else n
+
+
+def _op(n: fx.Node) -> str:
+    from lowering.registry import op_name
+    return op_name(n.target)
+
+
+def _describe(v: object) -> str:
+    return f"shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+
+
+def _plan_text(gm: fx.GraphModule, plan: SplitPlan, need: dict, d: int,
+               refused: list[str]) -> str:
+    lines = [f"# LNC={len(plan.bounds)}: dim {d} of the first output ({plan.size}) cut into "
+             + ", ".join(f"core{k} [{lo}, {hi})" for k, (lo, hi) in enumerate(plan.bounds))]
+    lines += [f"# not taken: {r}" for r in refused]
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "call_function"):
+            c = need.get(n, None)
+            lines.append(f"{n.name}: " + ("whole on every core" if c is None else f"cut dim {c}"))
+    return "\n".join(lines) + "\n"
+
