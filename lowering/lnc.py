@@ -4,10 +4,12 @@
 
 How a partition is split
 - One axis of the work is cut in two halves, ``[0, h)`` for core 0 and ``[h, S)`` for core 1
-  (``h = ceil(S / 2)``). The axis is chosen on the first output: its dims of size >= 2, the
-  largest first (ties: the lower dim), so a matmul is split along M (rows of A, the first dim
-  of its output) or N (columns of B), a batched op along its batch or heads, a row-wise op along
-  its rows. The first axis whose propagation succeeds is taken.
+  (``h = ceil(S / 2)``). Candidate axes are the outputs' dims of size >= 2, the largest first
+  (ties: the earlier output, then the lower dim), so a matmul is split along M (rows of A, the
+  first dim of its output) or N (columns of B), a batched op along its batch or heads, a
+  row-wise op along its rows. The other outputs are cut along their first dim of that size, or
+  computed whole on both cores when they have none (a weight's transpose in a training graph).
+  The first axis whose propagation succeeds is taken.
 - Propagation runs backwards from the outputs: each node that must be computed in halves gets
   the dim of its value that is cut (``need``); each rule (``_RULES``) says, for an op and the
   cut dim of its output, which dim of each tensor argument is cut, or ``None`` when the
@@ -46,6 +48,7 @@ import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from lowering.compiled import CompiledGraph, TensorSpec
+from lowering.errors import Unsupported
 from runtime_sim.multicore import MultiCoreResult, simulate_cores
 
 aten = torch.ops.aten
@@ -63,7 +66,8 @@ class SplitPlan:
     size: int
     bounds: tuple[tuple[int, int], ...]
     inputs: tuple[int | None, ...]
-    outputs: tuple[int, ...]
+    outputs: tuple[int | None, ...]    # None: computed whole on every core, taken from core 0
+    cuts: dict[str, int | None]        # node name -> its cut dim (None: whole)
     text: str = ""
 
 
@@ -95,7 +99,7 @@ class LncCompiledGraph(CompiledGraph):
         outs = [c.read_outputs(o, f) for c, o, f in zip(self.cores, result.core_outputs, feeds)]
         if self.plan is None:
             return outs[0], result
-        return [np.concatenate([o[j] for o in outs], axis=d)
+        return [outs[0][j] if d is None else np.concatenate([o[j] for o in outs], axis=d)
                 for j, d in enumerate(self.plan.outputs)], result
 
     def _core_inputs(self, inputs: list[np.ndarray], k: int) -> list[np.ndarray]:
@@ -116,6 +120,27 @@ def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, 
         if dump is not None:
             dump("lnc.txt", note + "\n")
         return _wrap(one, (one,), None, note, lnc)
+    try:
+        cores = _compile_cores(gm, plan, input_specs, target, dump, name)
+    except Unsupported as e:   # a half the tilers refuse: the whole partition on one core
+        one = compile_graph(gm, input_specs, target, dump=dump, name=name)
+        note = (f"runs on one physical core of the LNC={lnc} logical core: its half for "
+                f"one core was refused by the lowering ({e})")
+        if dump is not None:
+            dump("lnc.txt", plan.text + "# " + note + "\n")
+        return _wrap(one, (one,), None, note, lnc)
+    if dump is not None:
+        dump("lnc.txt", plan.text)
+    whole = CompiledGraph(name or "partition", cores[0].program, tuple(input_specs),
+                          cores[0].outputs, cores[0].ops,
+                          spill_bytes=sum(c.spill_bytes for c in cores))
+    return _wrap(whole, tuple(cores), plan, "", lnc)
+
+
+def _compile_cores(gm: fx.GraphModule, plan: SplitPlan, input_specs: list[TensorSpec],
+                   target: str, dump: Dump | None, name: str | None) -> list[CompiledGraph]:
+    """One program per physical core, each on its half (``core_graph``)."""
+    from lowering.pipeline import compile_graph
     cores = []
     for k, (lo, hi) in enumerate(plan.bounds):
         sub = core_graph(gm, plan, lo, hi)
@@ -125,12 +150,7 @@ def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, 
         cdump = None if dump is None else (
             dump if k == 0 else (lambda f, t, k=k: dump(f"core{k}.{f}", t)))
         cores.append(compile_graph(sub, specs, target, dump=cdump, name=f"{name}.core{k}"))
-    if dump is not None:
-        dump("lnc.txt", plan.text)
-    whole = CompiledGraph(name or "partition", cores[0].program, tuple(input_specs),
-                          cores[0].outputs, cores[0].ops,
-                          spill_bytes=sum(c.spill_bytes for c in cores))
-    return _wrap(whole, tuple(cores), plan, "", lnc)
+    return cores
 
 
 def _wrap(c: CompiledGraph, cores: tuple[CompiledGraph, ...], plan: SplitPlan | None,
@@ -147,29 +167,31 @@ def plan_split(gm: fx.GraphModule, lnc: int) -> tuple[SplitPlan | None, str]:
     outs = _outputs(gm)
     if not outs or not all(isinstance(_val(o), torch.Tensor) for o in outs):
         return None, "an output is not a tensor"
-    shape0 = tuple(_val(outs[0]).shape)
-    dims = sorted((d for d, s in enumerate(shape0) if s >= lnc), key=lambda d: (-shape0[d], d))
-    if not dims:
-        return None, f"its first output (shape {list(shape0)}) has no dim of size >= {lnc}"
+    cands = sorted(((j, d, int(s)) for j, o in enumerate(outs)
+                    for d, s in enumerate(_val(o).shape) if s >= lnc),
+                   key=lambda c: (-c[2], c[0], c[1]))
+    if not cands:
+        return None, f"no output has a dim of size >= {lnc} (shapes " + ", ".join(
+            str(list(_val(o).shape)) for o in outs) + ")"
     reasons = []
-    for d in dims:
-        size = shape0[d]
+    for j, d, size in cands:
         try:
-            need = _propagate(gm, outs, d, size)
+            need = _propagate(gm, outs, j, d, size)
         except NoSplit as e:
-            reasons.append(f"dim {d} of the output ({size}): {e}")
+            reasons.append(f"dim {d} of output {j} ({size}): {e}")
             continue
         h = -(-size // lnc)
         bounds = tuple((min(k * h, size), min((k + 1) * h, size)) for k in range(lnc))
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         plan = SplitPlan(size, bounds, tuple(need.get(p) for p in phs),
-                         tuple(need[o] for o in outs))  # type: ignore[misc]
-        plan.text = _plan_text(gm, plan, need, d, reasons)
+                         tuple(need[o] for o in outs), {n.name: c for n, c in need.items()})
+        plan.text = _plan_text(gm, plan, need, j, d, reasons)
         return plan, ""
-    return None, "; ".join(reasons)
+    return None, "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4
+                                           else "")
 
 
-def _propagate(gm: fx.GraphModule, outs: list[fx.Node], d0: int, size: int) -> dict:
+def _propagate(gm: fx.GraphModule, outs: list[fx.Node], j0: int, d0: int, size: int) -> dict:
     need: dict[fx.Node, int | None] = {}
     whole: set[fx.Node] = set()
 
@@ -184,21 +206,17 @@ def _propagate(gm: fx.GraphModule, outs: list[fx.Node], d0: int, size: int) -> d
             raise NoSplit(f"{n.name} is needed cut along dim {d} by {by} and differently "
                           f"by another user")
         v = _val(n)
+        if isinstance(v, (tuple, list)) and v:   # a multi-output op: its first value decides
+            v = v[0]                             # (each rule cuts all its values alike)
         if not isinstance(v, torch.Tensor) or d >= v.dim() or int(v.shape[d]) != size:
             raise NoSplit(f"{n.name} ({_describe(v)}) has no dim {d} of size {size}")
         need[n] = d
 
-    first = True
-    for o in outs:
-        if first:
-            require(o, d0, "the output")
-            first = False
-        else:
-            shape = tuple(_val(o).shape)
-            cands = [d for d, s in enumerate(shape) if s == size]
-            if not cands:
-                raise NoSplit(f"output {o.name} (shape {list(shape)}) has no dim of size {size}")
-            require(o, cands[0] if o not in need else need[o], "the output")
+    require(outs[j0], d0, "the output")
+    for o in outs:      # other outputs: cut along their first dim of the axis' size, else whole
+        if o not in need:
+            dims = [d for d, s in enumerate(_val(o).shape) if s == size]
+            require(o, dims[0] if dims else None, "the output")
     for n in reversed(list(gm.graph.nodes)):
         if n.op != "call_function" or n not in need:
             continue
@@ -306,6 +324,7 @@ def _view(n: fx.Node, d: int) -> dict:
 
 
 def _layer_norm(n: fx.Node, d: int) -> dict:
+    """native_layer_norm: (out, mean, rstd) all keep the leading dims of x."""
     x, normalized = n.args[0], n.args[1]
     if d >= _val(x).dim() - len(normalized):
         raise NoSplit(f"{_op(n)} (node {n.name}) normalises along dim {d}")
@@ -345,7 +364,7 @@ def _rule_of(n: fx.Node):
 # ---- one core's graph --------------------------------------------------------------------------
 def core_graph(gm: fx.GraphModule, plan: SplitPlan, lo: int, hi: int) -> fx.GraphModule:
     """``gm`` on the half ``[lo, hi)`` of the cut axis (module docstring)."""
-    need = _propagate(gm, _outputs(gm), plan.outputs[0], plan.size)
+    need = {n: plan.cuts.get(n.name) for n in gm.graph.nodes}
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in gm.graph.nodes:
@@ -395,9 +414,9 @@ def _describe(v: object) -> str:
     return f"shape {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
 
 
-def _plan_text(gm: fx.GraphModule, plan: SplitPlan, need: dict, d: int,
+def _plan_text(gm: fx.GraphModule, plan: SplitPlan, need: dict, j: int, d: int,
                refused: list[str]) -> str:
-    lines = [f"# LNC={len(plan.bounds)}: dim {d} of the first output ({plan.size}) cut into "
+    lines = [f"# LNC={len(plan.bounds)}: dim {d} of output {j} ({plan.size}) cut into "
              + ", ".join(f"core{k} [{lo}, {hi})" for k, (lo, hi) in enumerate(plan.bounds))]
     lines += [f"# not taken: {r}" for r in refused]
     for n in gm.graph.nodes:
