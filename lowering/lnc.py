@@ -53,6 +53,7 @@ from runtime_sim.multicore import MultiCoreResult, simulate_cores
 
 aten = torch.ops.aten
 Dump = Callable[[str, str], None]
+Cuts = list  # [(argument node, its cut dim or None: whole)], one pair per use of the argument
 
 
 class NoSplit(Exception):
@@ -229,11 +230,12 @@ def _propagate(gm: fx.GraphModule, outs: list[fx.Node], j0: int, d0: int, size: 
         rule = _rule_of(n)
         if rule is None:
             raise NoSplit(f"{_op(n)} (node {n.name}) has no LNC split rule")
-        cuts = rule(n, d)
-        for a, ad in cuts.items():
+        cuts = rule(n, d)          # one pair per use: mm(x, x) needs x cut AND whole
+        for a, ad in cuts:
             require(a, ad, n.name)
-        for a in args:                       # tensor arguments the rule does not cut
-            if a not in cuts:
+        named = {a for a, _ in cuts}
+        for a in args:                       # tensor arguments the rule does not name
+            if a not in named:
                 require(a, None, n.name)
     for n in need:
         if n.op == "get_attr" and need[n] is not None:
@@ -242,44 +244,44 @@ def _propagate(gm: fx.GraphModule, outs: list[fx.Node], j0: int, d0: int, size: 
 
 
 # ---- rules: the output's cut dim -> each tensor argument's cut dim (or None: whole) -----------
-def _pointwise(n: fx.Node, d: int) -> dict:
+def _pointwise(n: fx.Node, d: int) -> Cuts:
     rank = _val(n).dim()
-    out: dict = {}
+    out: Cuts = []
     for a in n.all_input_nodes:
         v = _val(a)
         if not isinstance(v, torch.Tensor):
             continue
         ad = d - (rank - v.dim())
-        out[a] = None if ad < 0 or int(v.shape[ad]) == 1 else ad
+        out.append((a, None if ad < 0 or int(v.shape[ad]) == 1 else ad))
     return out
 
 
-def _mm(n: fx.Node, d: int) -> dict:
+def _mm(n: fx.Node, d: int) -> Cuts:
     a, b = n.args[-2], n.args[-1]
-    res = {a: 0 if d == 0 else None, b: 1 if d == 1 else None}
+    res: Cuts = [(a, 0 if d == 0 else None), (b, 1 if d == 1 else None)]
     if n.target is aten.addmm.default:      # the bias broadcasts like a pointwise operand
         bias = n.args[0]
         bv = _val(bias)
         bd = d - (2 - bv.dim())
-        res[bias] = None if bd < 0 or int(bv.shape[bd]) == 1 else bd
+        res.append((bias, None if bd < 0 or int(bv.shape[bd]) == 1 else bd))
     return res
 
 
-def _bmm(n: fx.Node, d: int) -> dict:
+def _bmm(n: fx.Node, d: int) -> Cuts:
     a, b = n.args[0], n.args[1]
     if d == 0:
-        return {a: 0, b: 0}
-    return {a: 1 if d == 1 else None, b: 2 if d == 2 else None}
+        return [(a, 0), (b, 0)]
+    return [(a, 1 if d == 1 else None), (b, 2 if d == 2 else None)]
 
 
-def _rowwise(n: fx.Node, d: int) -> dict:
+def _rowwise(n: fx.Node, d: int) -> Cuts:
     x, dim = n.args[0], n.args[1]
     if d == dim % _val(n).dim():
         raise NoSplit(f"{_op(n)} (node {n.name}) normalises along dim {d}")
-    return {x: d}
+    return [(x, d)]
 
 
-def _reduce(n: fx.Node, d: int) -> dict:
+def _reduce(n: fx.Node, d: int) -> Cuts:
     x = n.args[0]
     rank = _val(x).dim()
     dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
@@ -291,22 +293,22 @@ def _reduce(n: fx.Node, d: int) -> dict:
     xd = kept[d]
     if xd in dims:
         raise NoSplit(f"{_op(n)} (node {n.name}) reduces dim {xd}")
-    return {x: xd}
+    return [(x, xd)]
 
 
-def _permute(n: fx.Node, d: int) -> dict:
+def _permute(n: fx.Node, d: int) -> Cuts:
     x = n.args[0]
     if n.target is aten.t.default:
-        return {x: 1 - d if _val(x).dim() == 2 else d}
+        return [(x, 1 - d if _val(x).dim() == 2 else d)]
     if n.target is aten.transpose.int:
         rank = _val(x).dim()
         a, b = n.args[1] % rank, n.args[2] % rank
-        return {x: b if d == a else a if d == b else d}
+        return [(x, b if d == a else a if d == b else d)]
     perm = [p % _val(x).dim() for p in n.args[1]]
-    return {x: perm[d]}
+    return [(x, perm[d])]
 
 
-def _view(n: fx.Node, d: int) -> dict:
+def _view(n: fx.Node, d: int) -> Cuts:
     """A reshape that keeps the cut dim whole: the same size, and the same number of elements
     before it (so every cut row maps to whole rows of the input)."""
     x = n.args[0]
@@ -314,25 +316,25 @@ def _view(n: fx.Node, d: int) -> dict:
     if n.target is aten.expand.default:
         xd = d - (len(os_) - len(xs))
         if xd < 0 or xs[xd] == 1:
-            return {x: None}
-        return {x: xd}
+            return [(x, None)]
+        return [(x, xd)]
     before = math.prod(os_[:d])
     for xd in range(len(xs)):
         if math.prod(xs[:xd]) == before and xs[xd] == os_[d]:
-            return {x: xd}
+            return [(x, xd)]
     raise NoSplit(f"{_op(n)} (node {n.name}) merges or splits dim {d} of {os_}")
 
 
-def _layer_norm(n: fx.Node, d: int) -> dict:
+def _layer_norm(n: fx.Node, d: int) -> Cuts:
     """native_layer_norm: (out, mean, rstd) all keep the leading dims of x."""
     x, normalized = n.args[0], n.args[1]
     if d >= _val(x).dim() - len(normalized):
         raise NoSplit(f"{_op(n)} (node {n.name}) normalises along dim {d}")
-    return {x: d}
+    return [(x, d)]
 
 
-def _getitem(n: fx.Node, d: int) -> dict:
-    return {n.args[0]: d}
+def _getitem(n: fx.Node, d: int) -> Cuts:
+    return [(n.args[0], d)]
 
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
