@@ -4,9 +4,10 @@
 
 How a partition is split
 - One axis of the work is cut in two halves, ``[0, h)`` for core 0 and ``[h, S)`` for core 1
-  (``h = ceil(S / 2)``). Candidate axes are the outputs' dims of size >= 2, the largest first
-  (ties: the earlier output, then the lower dim), so a matmul is split along M (rows of A, the
-  first dim of its output) or N (columns of B), a batched op along its batch or heads, a
+  (``h = ceil(S / 2)``). Candidate axes are the outputs' dims of size >= 2: the largest first
+  (ties: the earlier output, then the lower dim), those that cut unevenly (the larger half over
+  ``UNEVEN`` of the axis: 3 heads as 2 + 1) after all others. So a matmul is split along M (rows
+  of A, the first dim of its output) or N (columns of B), a batched op along its batch or heads, a
   row-wise op along its rows. The other outputs are cut along their first dim of that size, or
   computed whole on both cores when they have none (a weight's transpose in a training graph).
   The first axis whose propagation succeeds is taken.
@@ -25,7 +26,8 @@ How a partition is split
 - When no axis splits, the partition is lowered once and runs on core 0 of the logical core (its
   partner idle, so it has the HBM stack to itself); ``LncCompiledGraph.note`` says why.
 
-Running (``LncCompiledGraph.run``): functional mode feeds each core its inputs' slices, runs
+Running (``LncCompiledGraph.run``, defined in ``lowering.compiled`` so that the on-disk compile
+cache may hold it): functional mode feeds each core its inputs' slices, runs
 both programs together (``runtime_sim.multicore.simulate_cores``: one HBM stack shared) and
 concatenates each output's halves along its cut dim; timing mode runs them together without
 values. The result is a ``MultiCoreResult``: the logical core's statistics plus each core's.
@@ -39,76 +41,23 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.fx as fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from lowering.compiled import CompiledGraph, TensorSpec
+from lowering.compiled import CompiledGraph, LncCompiledGraph, SplitPlan, TensorSpec
 from lowering.errors import Unsupported
-from runtime_sim.multicore import MultiCoreResult, simulate_cores
 
 aten = torch.ops.aten
 Dump = Callable[[str, str], None]
+UNEVEN = 0.55   # a cut whose larger part exceeds this share of the axis is tried after the even ones
 Cuts = list  # [(argument node, its cut dim or None: whole)], one pair per use of the argument
 
 
 class NoSplit(Exception):
     """This axis cannot be cut here (the message says which op and why)."""
-
-
-@dataclass
-class SplitPlan:
-    """Where the axis of size ``size`` is cut: per placeholder / output, the cut dim or None."""
-
-    size: int
-    bounds: tuple[tuple[int, int], ...]
-    inputs: tuple[int | None, ...]
-    outputs: tuple[int | None, ...]    # None: computed whole on every core, taken from core 0
-    cuts: dict[str, int | None]        # node name -> its cut dim (None: whole)
-    text: str = ""
-
-
-@dataclass
-class LncCompiledGraph(CompiledGraph):
-    """A partition compiled for a logical core of ``lnc`` physical cores (module docstring)."""
-
-    lnc: int = 2
-    cores: tuple[CompiledGraph, ...] = ()
-    plan: SplitPlan | None = None
-    note: str = ""                    # why the partition runs on one physical core, or ""
-
-    def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
-            *, trace: bool = False) -> tuple[list[np.ndarray] | None, MultiCoreResult]:
-        programs = [c.program for c in self.cores]
-        if mode == "timing":
-            if self._timing is None or (trace and not self._timing.trace):
-                self._timing = simulate_cores(programs, None, mode="timing", checks="static",
-                                              trace=trace)
-            return None, self._timing   # type: ignore[return-value]
-        if mode != "functional":
-            raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
-        assert inputs is not None and len(inputs) == len(self.input_specs)
-        per_core = [self._core_inputs(inputs, k) for k in range(len(self.cores))]
-        feeds = [c.feed(x) for c, x in zip(self.cores, per_core)]
-        result = simulate_cores(programs, feeds, mode="functional", trace=trace)
-        if self._timing is None:
-            self._timing = result
-        outs = [c.read_outputs(o, f) for c, o, f in zip(self.cores, result.core_outputs, feeds)]
-        if self.plan is None:
-            return outs[0], result
-        return [outs[0][j] if d is None else np.concatenate([o[j] for o in outs], axis=d)
-                for j, d in enumerate(self.plan.outputs)], result
-
-    def _core_inputs(self, inputs: list[np.ndarray], k: int) -> list[np.ndarray]:
-        if self.plan is None:
-            return inputs
-        lo, hi = self.plan.bounds[k]
-        return [x if d is None else np.take(x, np.arange(lo, hi), axis=d)
-                for x, d in zip(inputs, self.plan.inputs)]
 
 
 def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, lnc: int,
@@ -170,7 +119,7 @@ def plan_split(gm: fx.GraphModule, lnc: int) -> tuple[SplitPlan | None, str]:
         return None, "an output is not a tensor"
     cands = sorted(((j, d, int(s)) for j, o in enumerate(outs)
                     for d, s in enumerate(_val(o).shape) if s >= lnc),
-                   key=lambda c: (-c[2], c[0], c[1]))
+                   key=lambda c: (-(-c[2] // lnc) / c[2] > UNEVEN, -c[2], c[0], c[1]))
     if not cands:
         return None, f"no output has a dim of size >= {lnc} (shapes " + ", ".join(
             str(list(_val(o).shape)) for o in outs) + ")"
@@ -333,6 +282,22 @@ def _layer_norm(n: fx.Node, d: int) -> Cuts:
     return [(x, d)]
 
 
+def _sdpa(n: fx.Node, d: int) -> Cuts:
+    """``_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, ...)`` ->
+    (out [B, H, L, E], logsumexp [B, H, L]): batch and heads cut q, k and v alike; query rows
+    cut q only (k and v whole), unless causal (the mask is relative to the row's index)."""
+    q, k, v = n.args[0], n.args[1], n.args[2]
+    causal = n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False)
+    if n.kwargs.get("attn_mask") is not None or (len(n.args) > 5 and n.args[5] is not None):
+        raise NoSplit(f"{_op(n)} (node {n.name}) with an attn_mask")
+    if d in (0, 1):
+        return [(q, d)] + [(t, None if int(_val(t).shape[d]) == 1 else d) for t in (k, v)]
+    if d == 2 and not causal:
+        return [(q, 2), (k, None), (v, None)]
+    raise NoSplit(f"{_op(n)} (node {n.name}) cannot cut dim {d}"
+                  + (" of a causal attention" if d == 2 else ""))
+
+
 def _getitem(n: fx.Node, d: int) -> Cuts:
     return [(n.args[0], d)]
 
@@ -346,6 +311,7 @@ _RULES: dict = {
     aten.amin.default: _reduce,
     aten.t.default: _permute, aten.permute.default: _permute, aten.transpose.int: _permute,
     aten.native_layer_norm.default: _layer_norm,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
     aten.clone.default: _pointwise, aten._to_copy.default: _pointwise,
     **{v: _view for v in _VIEWS},
 }

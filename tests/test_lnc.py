@@ -184,3 +184,16 @@ def test_lnc_trace_has_a_track_per_physical_core(tmp_path):
     assert {"core0/pe (TensorE)", "core1/pe (TensorE)"} <= tracks
     assert {e["tid"] for e in events if e.get("ph") == "X" and e["cat"] == "core1/pe"}
     assert "Physical cores of the logical cores" in prof.summary()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_splits_and_matches(causal):
+    """The whole-SDPA op (no grad): rows of a non-causal attention, heads of a causal one."""
+    torch.manual_seed(0)
+    qkv = [torch.randn(2, 3, 130, 64) for _ in range(3)]
+
+    def attn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with torch.no_grad():
+        d = assert_matches_eager(attn, *qkv, options=LNC2)
+    _assert_both_cores(d)
