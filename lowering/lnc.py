@@ -298,6 +298,15 @@ def _sdpa(n: fx.Node, d: int) -> Cuts:
                   + (" of a causal attention" if d == 2 else ""))
 
 
+def _embedding(n: fx.Node, d: int) -> Cuts:
+    """``embedding(weight [V, D], indices)`` -> indices.shape + [D]: a dim of the indices cuts
+    the indices (the table whole); the last dim cuts the table's columns."""
+    w, idx = n.args[0], n.args[1]
+    if d < _val(idx).dim():
+        return [(idx, d), (w, None)]
+    return [(w, 1), (idx, None)]
+
+
 def _getitem(n: fx.Node, d: int) -> Cuts:
     return [(n.args[0], d)]
 
@@ -312,6 +321,7 @@ _RULES: dict = {
     aten.t.default: _permute, aten.permute.default: _permute, aten.transpose.int: _permute,
     aten.native_layer_norm.default: _layer_norm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
+    aten.embedding.default: _embedding,
     aten.clone.default: _pointwise, aten._to_copy.default: _pointwise,
     **{v: _view for v in _VIEWS},
 }
