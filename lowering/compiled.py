@@ -149,6 +149,9 @@ class SplitPlan:
     outputs: tuple[int | None, ...]    # None: computed whole on every core, taken from core 0
     cuts: dict[str, int | None]        # node name -> its cut dim (None: whole)
     text: str = ""
+    # per input: None (whole) or per core its (lo, hi) along ``inputs[i]`` (a reshape may
+    # scale the axis: a [B*L, D] input of a [B, L, D] output is cut in steps of L)
+    input_bounds: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
 
 
 @dataclass
@@ -188,6 +191,5 @@ class LncCompiledGraph(CompiledGraph):
     def _core_inputs(self, inputs: list[np.ndarray], k: int) -> list[np.ndarray]:
         if self.plan is None:
             return inputs
-        lo, hi = self.plan.bounds[k]
-        return [x if d is None else np.take(x, np.arange(lo, hi), axis=d)
-                for x, d in zip(inputs, self.plan.inputs)]
+        return [x if b is None else np.take(x, np.arange(*b[k]), axis=d)
+                for x, d, b in zip(inputs, self.plan.inputs, self.plan.input_bounds)]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import operator
+from fractions import Fraction
 from typing import Callable
 
 import torch
@@ -53,7 +54,8 @@ from lowering.errors import Unsupported
 aten = torch.ops.aten
 Dump = Callable[[str, str], None]
 UNEVEN = 0.55   # a cut whose larger part exceeds this share of the axis is tried after the even ones
-Cuts = list  # [(argument node, its cut dim or None: whole)], one pair per use of the argument
+Cuts = list  # [(argument, its cut dim or None: whole[, scale factor])], one item per use
+Cut = tuple   # a node's cut: (dim, scale): its range on a core is [lo * scale, hi * scale)
 
 
 class NoSplit(Exception):
@@ -63,7 +65,7 @@ class NoSplit(Exception):
 def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, lnc: int,
                 dump: Dump | None = None, name: str | None = None) -> LncCompiledGraph:
     from lowering.pipeline import compile_graph
-    plan, why = plan_split(gm, lnc)
+    plan, need, why = _plan(gm, lnc)
     if plan is None:
         one = compile_graph(gm, input_specs, target, dump=dump, name=name)
         note = f"runs on one physical core of the LNC={lnc} logical core: {why}"
@@ -71,7 +73,7 @@ def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, 
             dump("lnc.txt", note + "\n")
         return _wrap(one, (one,), None, note, lnc)
     try:
-        cores = _compile_cores(gm, plan, input_specs, target, dump, name)
+        cores = _compile_cores(gm, plan, need, input_specs, target, dump, name)
     except Unsupported as e:   # a half the tilers refuse: the whole partition on one core
         one = compile_graph(gm, input_specs, target, dump=dump, name=name)
         note = (f"runs on one physical core of the LNC={lnc} logical core: its half for "
@@ -87,16 +89,17 @@ def compile_lnc(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str, 
     return _wrap(whole, tuple(cores), plan, "", lnc)
 
 
-def _compile_cores(gm: fx.GraphModule, plan: SplitPlan, input_specs: list[TensorSpec],
-                   target: str, dump: Dump | None, name: str | None) -> list[CompiledGraph]:
+def _compile_cores(gm: fx.GraphModule, plan: SplitPlan, need: dict,
+                   input_specs: list[TensorSpec], target: str, dump: Dump | None,
+                   name: str | None) -> list[CompiledGraph]:
     """One program per physical core, each on its half (``core_graph``)."""
     from lowering.pipeline import compile_graph
     cores = []
     for k, (lo, hi) in enumerate(plan.bounds):
-        sub = core_graph(gm, plan, lo, hi)
-        specs = [s if d is None else TensorSpec(_cut(s.shape, d, hi - lo), s.dtype, s.resident,
-                                                s.mutated)
-                 for s, d in zip(input_specs, plan.inputs)]
+        sub = core_graph(gm, need, lo, hi)
+        specs = [s if b is None else TensorSpec(_cut(s.shape, d, b[k][1] - b[k][0]), s.dtype,
+                                                s.resident, s.mutated)
+                 for s, d, b in zip(input_specs, plan.inputs, plan.input_bounds)]
         cdump = None if dump is None else (
             dump if k == 0 else (lambda f, t, k=k: dump(f"core{k}.{f}", t)))
         cores.append(compile_graph(sub, specs, target, dump=cdump, name=f"{name}.core{k}"))
@@ -114,53 +117,76 @@ def _wrap(c: CompiledGraph, cores: tuple[CompiledGraph, ...], plan: SplitPlan | 
 # ---- the split plan ----------------------------------------------------------------------------
 def plan_split(gm: fx.GraphModule, lnc: int) -> tuple[SplitPlan | None, str]:
     """The first axis that splits (module docstring), or (None, why none does)."""
+    plan, _, why = _plan(gm, lnc)
+    return plan, why
+
+
+def _plan(gm: fx.GraphModule, lnc: int) -> tuple[SplitPlan | None, dict, str]:
     outs = _outputs(gm)
     if not outs or not all(isinstance(_val(o), torch.Tensor) for o in outs):
-        return None, "an output is not a tensor"
+        return None, {}, "an output is not a tensor"
     cands = sorted(((j, d, int(s)) for j, o in enumerate(outs)
                     for d, s in enumerate(_val(o).shape) if s >= lnc),
                    key=lambda c: (-(-c[2] // lnc) / c[2] > UNEVEN, -c[2], c[0], c[1]))
     if not cands:
-        return None, f"no output has a dim of size >= {lnc} (shapes " + ", ".join(
+        return None, {}, f"no output has a dim of size >= {lnc} (shapes " + ", ".join(
             str(list(_val(o).shape)) for o in outs) + ")"
     reasons = []
     for j, d, size in cands:
         try:
             need = _propagate(gm, outs, j, d, size)
+            # every cut node's range [lo * scale, hi * scale) must be whole elements
+            gran = math.lcm(*(c[1].denominator for c in need.values() if c is not None))
+            h = -(-(-(-size // lnc)) // gran) * gran
+            if h >= size:
+                raise NoSplit(f"a reshape cuts it in steps of {gran}, too coarse for {size}")
         except NoSplit as e:
             reasons.append(f"dim {d} of output {j} ({size}): {e}")
             continue
-        h = -(-size // lnc)
         bounds = tuple((min(k * h, size), min((k + 1) * h, size)) for k in range(lnc))
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        plan = SplitPlan(size, bounds, tuple(need.get(p) for p in phs),
-                         tuple(need[o] for o in outs), {n.name: c for n, c in need.items()})
+        plan = SplitPlan(size, bounds, tuple(_dim(need.get(p)) for p in phs),
+                         tuple(_dim(need[o]) for o in outs),
+                         {n.name: _dim(c) for n, c in need.items()},
+                         input_bounds=tuple(_ranges(need.get(p), bounds) for p in phs))
         plan.text = _plan_text(gm, plan, need, j, d, reasons)
-        return plan, ""
-    return None, "; ".join(reasons[:4]) + (f"; and {len(reasons) - 4} more" if len(reasons) > 4
-                                           else "")
+        return plan, need, ""
+    return None, {}, "; ".join(reasons[:4]) + (
+        f"; and {len(reasons) - 4} more" if len(reasons) > 4 else "")
+
+
+def _dim(c: Cut | None) -> int | None:
+    return None if c is None else c[0]
+
+
+def _ranges(c: Cut | None, bounds: tuple) -> tuple | None:
+    """Per core, the range a node with cut ``c`` covers (None: whole)."""
+    if c is None:
+        return None
+    return tuple((int(lo * c[1]), int(hi * c[1])) for lo, hi in bounds)
 
 
 def _propagate(gm: fx.GraphModule, outs: list[fx.Node], j0: int, d0: int, size: int) -> dict:
-    need: dict[fx.Node, int | None] = {}
+    need: dict[fx.Node, Cut | None] = {}
     whole: set[fx.Node] = set()
+    one = Fraction(1)
 
-    def require(n: fx.Node, d: int | None, by: str) -> None:
+    def require(n: fx.Node, d: int | None, by: str, scale: Fraction = one) -> None:
         if d is None:
             if n in need and need[n] is not None:
                 raise NoSplit(f"{n.name} is needed whole by {by} and cut by another user")
             whole.add(n)
             need.setdefault(n, None)
             return
-        if n in whole or (n in need and need[n] != d):
+        if n in whole or (n in need and need[n] != (d, scale)):
             raise NoSplit(f"{n.name} is needed cut along dim {d} by {by} and differently "
                           f"by another user")
         v = _val(n)
         if isinstance(v, (tuple, list)) and v:   # a multi-output op: its first value decides
             v = v[0]                             # (each rule cuts all its values alike)
-        if not isinstance(v, torch.Tensor) or d >= v.dim() or int(v.shape[d]) != size:
-            raise NoSplit(f"{n.name} ({_describe(v)}) has no dim {d} of size {size}")
-        need[n] = d
+        if not isinstance(v, torch.Tensor) or d >= v.dim() or int(v.shape[d]) != size * scale:
+            raise NoSplit(f"{n.name} ({_describe(v)}) has no dim {d} of size {size * scale}")
+        need[n] = (d, scale)
 
     require(outs[j0], d0, "the output")
     for o in outs:      # other outputs: cut along their first dim of the axis' size, else whole
@@ -170,19 +196,19 @@ def _propagate(gm: fx.GraphModule, outs: list[fx.Node], j0: int, d0: int, size: 
     for n in reversed(list(gm.graph.nodes)):
         if n.op != "call_function" or n not in need:
             continue
-        d = need[n]
+        c = need[n]
         args = [a for a in n.all_input_nodes]
-        if d is None:
+        if c is None:
             for a in args:
                 require(a, None, n.name)
             continue
         rule = _rule_of(n)
         if rule is None:
             raise NoSplit(f"{_op(n)} (node {n.name}) has no LNC split rule")
-        cuts = rule(n, d)          # one pair per use: mm(x, x) needs x cut AND whole
-        for a, ad in cuts:
-            require(a, ad, n.name)
-        named = {a for a, _ in cuts}
+        cuts = rule(n, c[0])       # one item per use: mm(x, x) needs x cut AND whole
+        for a, ad, *f in cuts:
+            require(a, ad, n.name, c[1] * (f[0] if f else 1))
+        named = {a for a, *_ in cuts}
         for a in args:                       # tensor arguments the rule does not name
             if a not in named:
                 require(a, None, n.name)
@@ -258,8 +284,12 @@ def _permute(n: fx.Node, d: int) -> Cuts:
 
 
 def _view(n: fx.Node, d: int) -> Cuts:
-    """A reshape that keeps the cut dim whole: the same size, and the same number of elements
-    before it (so every cut row maps to whole rows of the input)."""
+    """A reshape where the cut dim ``d`` starts at an input dim ``xd`` (the same number of
+    elements before both), so a range of it is a contiguous range of the input: the same size
+    (scale 1); the outermost of the output dims the input dim ``xd`` is split into (the input
+    range is ``inner`` times longer); or an output dim that merges input dims ``xd..`` (the
+    input range is ``inner`` times shorter: whole elements only when the cut falls on a
+    multiple of ``inner``, checked by the plan)."""
     x = n.args[0]
     xs, os_ = list(_val(x).shape), list(_val(n).shape)
     if n.target is aten.expand.default:
@@ -269,9 +299,18 @@ def _view(n: fx.Node, d: int) -> Cuts:
         return [(x, xd)]
     before = math.prod(os_[:d])
     for xd in range(len(xs)):
-        if math.prod(xs[:xd]) == before and xs[xd] == os_[d]:
+        if math.prod(xs[:xd]) != before or xs[xd] == 1 != os_[d]:
+            continue
+        if xs[xd] == os_[d]:
             return [(x, xd)]
-    raise NoSplit(f"{_op(n)} (node {n.name}) merges or splits dim {d} of {os_}")
+        for k in range(d + 2, len(os_) + 1):          # input dim xd = output dims d..k-1
+            if math.prod(os_[d:k]) == xs[xd]:
+                return [(x, xd, Fraction(math.prod(os_[d + 1:k])))]
+        for k in range(xd + 2, len(xs) + 1):          # output dim d = input dims xd..k-1
+            if math.prod(xs[xd:k]) == os_[d]:
+                return [(x, xd, Fraction(1, math.prod(xs[xd + 1:k])))]
+    raise NoSplit(f"{_op(n)} (node {n.name}) cuts dim {d} of {os_} inside a merged dim of "
+                  f"{xs}")
 
 
 def _layer_norm(n: fx.Node, d: int) -> Cuts:
@@ -307,6 +346,24 @@ def _embedding(n: fx.Node, d: int) -> Cuts:
     return [(w, 1), (idx, None)]
 
 
+def _cat(n: fx.Node, d: int) -> Cuts:
+    """``cat(tensors, dim)``: any dim but ``dim`` cuts every piece alike (a legacy empty 1-D
+    piece, which cat skips, stays whole)."""
+    dim = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % _val(n).dim()
+    if d == dim:
+        raise NoSplit(f"{_op(n)} (node {n.name}) concatenates along dim {d}")
+    return [(t, None if _val(t).dim() == 1 and _val(t).numel() == 0 else d) for t in n.args[0]]
+
+
+def _split(n: fx.Node, d: int) -> Cuts:
+    """``split``/``split_with_sizes(x, sizes, dim)`` -> pieces: any dim but ``dim``."""
+    x = n.args[0]
+    dim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % _val(x).dim()
+    if d == dim:
+        raise NoSplit(f"{_op(n)} (node {n.name}) splits along dim {d}")
+    return [(x, d)]
+
+
 def _getitem(n: fx.Node, d: int) -> Cuts:
     return [(n.args[0], d)]
 
@@ -321,8 +378,10 @@ _RULES: dict = {
     aten.t.default: _permute, aten.permute.default: _permute, aten.transpose.int: _permute,
     aten.native_layer_norm.default: _layer_norm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
-    aten.embedding.default: _embedding,
+    aten.embedding.default: _embedding, aten.cat.default: _cat,
+    aten.split_with_sizes.default: _split, aten.split.Tensor: _split,
     aten.clone.default: _pointwise, aten._to_copy.default: _pointwise,
+    aten.alias.default: _pointwise,
     **{v: _view for v in _VIEWS},
 }
 
@@ -340,15 +399,16 @@ def _rule_of(n: fx.Node):
 
 
 # ---- one core's graph --------------------------------------------------------------------------
-def core_graph(gm: fx.GraphModule, plan: SplitPlan, lo: int, hi: int) -> fx.GraphModule:
-    """``gm`` on the half ``[lo, hi)`` of the cut axis (module docstring)."""
-    need = {n: plan.cuts.get(n.name) for n in gm.graph.nodes}
+def core_graph(gm: fx.GraphModule, need: dict, lo: int, hi: int) -> fx.GraphModule:
+    """``gm`` on the part ``[lo, hi)`` of the cut axis (module docstring); ``need``: each node's
+    cut ``(dim, scale)`` or None."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _VIEWS and need.get(n) is not None:
+        c = need.get(n)
+        if n.op == "call_function" and n.target in _VIEWS and c is not None:
             size = list(n.args[1])
-            size[need[n]] = hi - lo
+            size[c[0]] = int((hi - lo) * c[1])
             new = g.call_function(n.target, (env[n.args[0]], size) + tuple(n.args[2:]),
                                   dict(n.kwargs))
             new.name = n.name
@@ -359,9 +419,11 @@ def core_graph(gm: fx.GraphModule, plan: SplitPlan, lo: int, hi: int) -> fx.Grap
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = []
-    for n, d in zip([n for n in gm.graph.nodes if n.op == "placeholder"], plan.inputs):
-        v = _val(n)
-        shape = tuple(v.shape) if d is None else _cut(tuple(v.shape), d, hi - lo)
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v, c = _val(n), need.get(n)
+        shape = tuple(v.shape) if c is None else _cut(tuple(v.shape), c[0], int((hi - lo) * c[1]))
         fakes.append(mode.from_tensor(torch.empty(shape, dtype=v.dtype)))
     FakeTensorProp(sub, mode).propagate(*fakes)
     return sub
@@ -400,6 +462,8 @@ def _plan_text(gm: fx.GraphModule, plan: SplitPlan, need: dict, j: int, d: int,
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "call_function"):
             c = need.get(n, None)
-            lines.append(f"{n.name}: " + ("whole on every core" if c is None else f"cut dim {c}"))
+            lines.append(f"{n.name}: " + ("whole on every core" if c is None else
+                                          f"cut dim {c[0]}" + ("" if c[1] == 1 else
+                                                               f" (x {c[1]} of the axis)")))
     return "\n".join(lines) + "\n"
 

@@ -197,3 +197,17 @@ def test_fused_attention_splits_and_matches(causal):
     with torch.no_grad():
         d = assert_matches_eager(attn, *qkv, options=LNC2)
     _assert_both_cores(d)
+
+
+def test_gpt2_batch_two_splits_by_batch_and_matches():
+    """A whole small GPT-2 (one partition): reshapes between [B*L, D] and [B, L, D] cut the
+    batch in steps of L; the qkv split, the KV cat and the tied embedding are all cut or whole."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=500, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 500, (2, 40))
+    with torch.no_grad():
+        d = assert_matches_eager(lambda i: m(i).logits, ids, options=LNC2)
+    _assert_both_cores(d)
