@@ -19,6 +19,10 @@ How a partition is split
   is kept) when an op has no rule, when a rule cannot cut that dim (a reduced dim, a
   contraction), when a node is needed cut along two different dims, or cut by one user and
   whole by another, or when a cut value's dim is not of the axis' size.
+- A cut is ``(dim, scale)``: the node covers ``[lo * scale, hi * scale)`` of that dim when the
+  core has ``[lo, hi)`` of the axis. Scale is 1 except across reshapes that merge the cut dim
+  with inner ones (``[B*L, D]`` under ``[B, L, D]``: L) or the reverse (1/L); the halves are
+  rounded to the coarsest step so every range is whole elements.
 - Each core gets a copy of the graph on its half: cut placeholders take the slice of their
   input, size arguments of view/reshape/expand take the half's size, and ``meta['val']`` is
   propagated again on the new shapes (fake tensors). Each copy is lowered by the ordinary
@@ -364,6 +368,42 @@ def _split(n: fx.Node, d: int) -> Cuts:
     return [(x, d)]
 
 
+def _index(n: fx.Node, d: int) -> Cuts:
+    """``index.Tensor(x, [i0, .., ik-1])`` (every index given) -> broadcast(i).shape +
+    x.shape[k:]: a broadcast dim cuts the index tensors (x whole), a later dim cuts x."""
+    x, idx = n.args[0], list(n.args[1])
+    if any(i is None for i in idx):
+        raise NoSplit(f"{_op(n)} (node {n.name}) with a sliced (None) index")
+    nb = _val(n).dim() - (_val(x).dim() - len(idx))
+    if d >= nb:
+        return [(x, len(idx) + d - nb)] + [(i, None) for i in idx]
+    out: Cuts = [(x, None)]
+    for i in idx:
+        v = _val(i)
+        ad = d - (nb - v.dim())
+        out.append((i, None if ad < 0 or int(v.shape[ad]) == 1 else ad))
+    return out
+
+
+def _unsqueeze(n: fx.Node, d: int) -> Cuts:
+    """``unsqueeze``/``squeeze``: the output dim's place among the input's dims."""
+    x = n.args[0]
+    xs = list(_val(x).shape)
+    if n.target is aten.unsqueeze.default:
+        at = n.args[1] % (len(xs) + 1)
+        return [(x, d if d < at else d - 1)]
+    dims = n.args[1] if len(n.args) > 1 else None
+    dims = (range(len(xs)) if dims is None else
+            [k % len(xs) for k in ((dims,) if isinstance(dims, int) else dims)])
+    kept = [k for k in range(len(xs)) if k not in dims or xs[k] != 1]
+    return [(x, kept[d])]
+
+
+def _arange(n: fx.Node, d: int) -> Cuts:
+    """``arange``: no tensor argument; ``core_graph`` gives each core its part of the range."""
+    return []
+
+
 def _getitem(n: fx.Node, d: int) -> Cuts:
     return [(n.args[0], d)]
 
@@ -374,14 +414,21 @@ _RULES: dict = {
     aten.mm.default: _mm, aten.addmm.default: _mm, aten.bmm.default: _bmm,
     aten._softmax.default: _rowwise, aten._log_softmax.default: _rowwise,
     aten.sum.dim_IntList: _reduce, aten.mean.dim: _reduce, aten.amax.default: _reduce,
-    aten.amin.default: _reduce,
+    aten.amin.default: _reduce, aten.any.dim: _reduce, aten.all.dim: _reduce,
+    aten.any.dims: _reduce, aten.prod.dim_int: _reduce, aten.var.correction: _reduce,
     aten.t.default: _permute, aten.permute.default: _permute, aten.transpose.int: _permute,
     aten.native_layer_norm.default: _layer_norm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa,
-    aten.embedding.default: _embedding, aten.cat.default: _cat,
+    aten.embedding.default: _embedding, aten.cat.default: _cat, aten.index.Tensor: _index,
+    aten.unsqueeze.default: _unsqueeze, aten.squeeze.dim: _unsqueeze,
+    aten.squeeze.dims: _unsqueeze, aten.squeeze.default: _unsqueeze,
+    **{a: _arange for a in (aten.arange.default, aten.arange.start, aten.arange.start_step)},
     aten.split_with_sizes.default: _split, aten.split.Tensor: _split,
     aten.clone.default: _pointwise, aten._to_copy.default: _pointwise,
     aten.alias.default: _pointwise,
+    # *_like: the shape of the argument (its values are not read)
+    aten.full_like.default: _pointwise, aten.zeros_like.default: _pointwise,
+    aten.ones_like.default: _pointwise, aten.empty_like.default: _pointwise,
     **{v: _view for v in _VIEWS},
 }
 
@@ -411,6 +458,15 @@ def core_graph(gm: fx.GraphModule, need: dict, lo: int, hi: int) -> fx.GraphModu
             size[c[0]] = int((hi - lo) * c[1])
             new = g.call_function(n.target, (env[n.args[0]], size) + tuple(n.args[2:]),
                                   dict(n.kwargs))
+            new.name = n.name
+            env[n] = new
+        elif n.op == "call_function" and _RULES.get(n.target) is _arange and c is not None:
+            args = list(n.args)
+            start, end, step = ((0, args[0], 1) if n.target is aten.arange.default else
+                                (args[0], args[1], args[2] if len(args) > 2 else 1))
+            a0, a1 = int(lo * c[1]), int(hi * c[1])
+            new = g.call_function(aten.arange.start_step,
+                                  (start + a0 * step, start + a1 * step, step), dict(n.kwargs))
             new.name = n.name
             env[n] = new
         else:

@@ -26,8 +26,9 @@ The model
   to issue one at a later time (ties: lower core first). This is a conservative parallel
   discrete-event simulation: exact, since a core's issue times never decrease (simulator.py).
 - Statistics of the logical core (``MultiCoreResult.stats``): ``total_ns`` = the last core's
-  completion; ``flops``, ``hbm_bytes``, ``min_hbm_bytes``, DMA counts, spills, instructions,
-  semaphore waits: sums; ``engine_busy_ns``: the mean over the cores (so a busy fraction is the
+  completion; ``flops``, ``hbm_bytes``, ``min_hbm_bytes`` (an input both cores read whole
+  counts twice: each core's program reads it), DMA counts, spills, instructions, semaphore
+  waits: sums; ``engine_busy_ns``: the mean over the cores (so a busy fraction is the
   logical core's, in [0, 1]); SBUF/PSUM peaks: the larger core's (each core has its own);
   peaks and the roofline: of the logical core (TensorE peak and HBM share x cores; each floor
   term is the sum of the cores' work over the summed rate).

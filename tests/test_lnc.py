@@ -199,9 +199,11 @@ def test_fused_attention_splits_and_matches(causal):
     _assert_both_cores(d)
 
 
-def test_gpt2_batch_two_splits_by_batch_and_matches():
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_gpt2_batch_two_splits_by_batch_and_matches(use_cache):
     """A whole small GPT-2 (one partition): reshapes between [B*L, D] and [B, L, D] cut the
-    batch in steps of L; the qkv split, the KV cat and the tied embedding are all cut or whole."""
+    batch in steps of L; the qkv split, the KV cat (use_cache), the mask's arange/index/any
+    (no cache) and the tied embedding are all cut or whole."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=500, n_positions=64,
@@ -209,5 +211,5 @@ def test_gpt2_batch_two_splits_by_batch_and_matches():
     m = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 500, (2, 40))
     with torch.no_grad():
-        d = assert_matches_eager(lambda i: m(i).logits, ids, options=LNC2)
+        d = assert_matches_eager(lambda i: m(i, use_cache=use_cache).logits, ids, options=LNC2)
     _assert_both_cores(d)
