@@ -1,11 +1,13 @@
 """LNC=1 against LNC=2: simulated steady-state time of a few kernels per target.
 
-    PYTHONPATH=. python bench/bench_lnc.py [--targets trn2,trn3]
+    PYTHONPATH=. python bench/bench_lnc.py [--targets trn2,trn3] [--models]
 
 Each case is compiled twice (``options={"lnc": 1}`` and ``{"lnc": 2}``, ``sim_mode="timing"``)
 and called twice; the second call's simulated device time is printed (operands already on the
 device), with the ratio LNC=2 / LNC=1 and how many physical cores the partitions ran on. The
-issue-24 line is ``mm 4096^3 bf16`` on trn2: ratio <= 0.6.
+issue-24 line is ``mm 4096^3 bf16`` on trn2: ratio <= 0.6. ``--models`` runs GPT-2 small
+(transformers' default config, random weights, bf16, no KV cache) at batch 2 and 1, seq 128,
+instead of the kernels (needs transformers).
 """
 from __future__ import annotations
 
@@ -37,6 +39,18 @@ def _cases():
             ("gelu [8192,4096]", lambda: rows(F.gelu))]
 
 
+def _models():
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(bos_token_id=0, eos_token_id=0)
+    m = transformers.GPT2LMHeadModel(cfg).eval().to(BF)
+
+    def logits(ids):
+        return m(ids, use_cache=False).logits
+    return [(f"gpt2-small b{b} s128", lambda b=b: (logits, (torch.randint(0, 50257, (b, 128)),)))
+            for b in (2, 1)]
+
+
 def steady_us(fn, args, target: str, lnc: int) -> tuple[float, str]:
     torch._dynamo.reset()
     f = torch.compile(fn, backend="neuron",
@@ -52,10 +66,11 @@ def steady_us(fn, args, target: str, lnc: int) -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="trn2,trn3")
+    ap.add_argument("--models", action="store_true")
     a = ap.parse_args()
     print(f"{'case':26s} {'target':6s} {'lnc=1 us':>10s} {'lnc=2 us':>10s} {'ratio':>6s} cores")
     with torch.no_grad():
-        for name, make in _cases():
+        for name, make in (_models() if a.models else _cases()):
             fn, args = make()
             for target in a.targets.split(","):
                 one, _ = steady_us(fn, args, target, 1)

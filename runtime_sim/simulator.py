@@ -83,7 +83,8 @@ MODES = ("functional", "timing")
 
 def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
              mode: str = "functional", target: Target | str | None = None,
-             checks: bool | str = True, trace: bool = False, dma: DmaModel | None = None) -> SimResult:
+             checks: bool | str = True, trace: bool = False,
+             dma: DmaModel | None = None) -> SimResult:
     """Run ``program``; see the module docstring for the model, the modes and the checks.
     ``dma``: the DMA/HBM model to time DMAs with (default: a fresh ``costs.DmaModel`` of the
     target); ``runtime_sim.multicore`` passes one whose HBM is shared with another core."""
