@@ -10,6 +10,9 @@ Invariants
 - ``program.inputs`` named ``rng_seed*`` are seed buffers (two int32 words each) of RAND kernels,
   anywhere among the placeholders' buffers (which keep their order); ``run`` draws them from
   torch's default generator on every functional call.
+- ``LncCompiledGraph`` (LNC > 1, built by ``lowering.lnc``) has the same face: ``program`` is
+  core 0's, ``cores`` holds one ``CompiledGraph`` per physical core, and ``run`` runs them
+  together (``runtime_sim.multicore``), returning a ``MultiCoreResult``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 
 from runtime_sim.isa import DType, Program
+from runtime_sim.multicore import MultiCoreResult, simulate_cores
 from runtime_sim.simulator import simulate
 from runtime_sim.stats import SimResult
 
@@ -93,6 +97,15 @@ class CompiledGraph:
             return None, self._timing
         if mode != "functional":
             raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
+        feed = self.feed(inputs)
+        result = simulate(self.program, feed, mode="functional", trace=trace)
+        if self._timing is None:
+            self._timing = result
+        return self.read_outputs(result.outputs, feed), result
+
+    def feed(self, inputs: list[np.ndarray] | None) -> dict[str, np.ndarray]:
+        """The program's input buffers' contents for ``inputs`` (placeholder order): laid out
+        as ``input_layouts`` says, with fresh RAND seeds."""
         assert inputs is not None and len(inputs) == len(self.input_specs)
         names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
         assert len(names) == len(inputs), (names, len(inputs))
@@ -102,13 +115,16 @@ class CompiledGraph:
         for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
             if name.startswith(RNG_SEED_PREFIX):
                 feed[name] = rng_seed_words()
-        result = simulate(self.program, feed, mode="functional", trace=trace)
-        if self._timing is None:
-            self._timing = result
+        return feed
+
+    def read_outputs(self, buffers: dict[str, np.ndarray],
+                     feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph's outputs from the program's output buffers (``SimResult.outputs``) and
+        its ``feed`` (an output may be a view of an input)."""
         outs = []
         for o in self.outputs:
-            if o.buffer in result.outputs:
-                raw = result.outputs[o.buffer]
+            if o.buffer in buffers:
+                raw = buffers[o.buffer]
             else:  # an output that is (a view of) an input buffer
                 raw = feed[o.buffer].reshape(-1).view(np.uint8)
             npdt = TORCH_TO_DTYPE[o.dtype].np
@@ -119,4 +135,61 @@ class CompiledGraph:
             view = np.lib.stride_tricks.as_strided(
                 flat[o.offset:], shape=o.shape, strides=tuple(s * itemsize for s in o.strides))
             outs.append(np.ascontiguousarray(view).view(npdt).reshape(o.shape))  # 0-d stays 0-d
-        return outs, result
+        return outs
+
+
+@dataclass
+class SplitPlan:
+    """Where ``lowering.lnc`` cuts an axis of size ``size``: per placeholder / output, the cut
+    dim or None (whole on every core), and ``bounds`` per core."""
+
+    size: int
+    bounds: tuple[tuple[int, int], ...]
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]    # None: computed whole on every core, taken from core 0
+    cuts: dict[str, int | None]        # node name -> its cut dim (None: whole)
+    text: str = ""
+    # per input: None (whole) or per core its (lo, hi) along ``inputs[i]`` (a reshape may
+    # scale the axis: a [B*L, D] input of a [B, L, D] output is cut in steps of L)
+    input_bounds: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
+
+
+@dataclass
+class LncCompiledGraph(CompiledGraph):
+    """A partition compiled for a logical core of ``lnc`` physical cores (``lowering.lnc``):
+    one program per physical core (``cores``; ``program`` is core 0's), run together on one HBM
+    stack (``runtime_sim.multicore``); outputs are the cores' halves joined along ``plan``."""
+
+    lnc: int = 2
+    cores: tuple[CompiledGraph, ...] = ()
+    plan: SplitPlan | None = None
+    note: str = ""                    # why the partition runs on one physical core, or ""
+
+    def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
+            *, trace: bool = False) -> tuple[list[np.ndarray] | None, MultiCoreResult]:
+        programs = [c.program for c in self.cores]
+        if mode == "timing":
+            # (a timing read from the on-disk cache has no per-core results: run again)
+            if not isinstance(self._timing, MultiCoreResult) or (trace and not self._timing.trace):
+                self._timing = simulate_cores(programs, None, mode="timing", checks="static",
+                                              trace=trace)
+            return None, self._timing   # type: ignore[return-value]
+        if mode != "functional":
+            raise ValueError(f"sim mode must be 'functional' or 'timing', got {mode!r}")
+        assert inputs is not None and len(inputs) == len(self.input_specs)
+        per_core = [self._core_inputs(inputs, k) for k in range(len(self.cores))]
+        feeds = [c.feed(x) for c, x in zip(self.cores, per_core)]
+        result = simulate_cores(programs, feeds, mode="functional", trace=trace)
+        if self._timing is None:
+            self._timing = result
+        outs = [c.read_outputs(o, f) for c, o, f in zip(self.cores, result.core_outputs, feeds)]
+        if self.plan is None:
+            return outs[0], result
+        return [outs[0][j] if d is None else np.concatenate([o[j] for o in outs], axis=d)
+                for j, d in enumerate(self.plan.outputs)], result
+
+    def _core_inputs(self, inputs: list[np.ndarray], k: int) -> list[np.ndarray]:
+        if self.plan is None:
+            return inputs
+        return [x if b is None else np.take(x, np.arange(*b[k]), axis=d)
+                for x, d, b in zip(inputs, self.plan.inputs, self.plan.input_bounds)]

@@ -26,6 +26,9 @@ TARGETS: tuple[str, ...] = ("trn2", "trn3", "trn1")
 SIM_MODES: tuple[str, ...] = ("functional", "timing")
 FALLBACK_POLICIES: tuple[str, ...] = ("allow", "error")
 AUTO_CASTS: tuple[str, ...] = ("none", "matmul", "all")   # as neuron_compiler.autocast
+# LNC degrees per target: trn1 1 only (compiler error EARG001: "On trn1, only lnc=1 is
+# supported"), trn2/trn3 1 or 2 (nki/get-started/about/lnc.rst: "either 1 or 2")
+LNC_DEGREES: dict[str, tuple[int, ...]] = {"trn1": (1,), "trn2": (1, 2), "trn3": (1, 2)}
 DUMP_DIR_ENV = "NEURON_DUMP_DIR"
 CACHE_DIR_ENV = "NEURON_CACHE_DIR"   # as neuron_compiler.cache
 _DIR_OPTIONS = (("dump_dir", DUMP_DIR_ENV), ("cache_dir", CACHE_DIR_ENV))
@@ -54,6 +57,12 @@ class NeuronOptions:
       ASSUMED figure); see ``neuron_compiler.assumptions``.
     - ``call_overhead_us``: runtime launch overhead added to every device-partition call, in
       microseconds, or ``None`` (default: 0, ASSUMED: no published figure).
+    - ``lnc``: physical NeuronCores per logical core, ``1`` (default) or ``2`` (trn2/trn3 only:
+      "On trn1, only lnc=1 is supported", compiler error code EARG001; "an LNC degree ... of
+      either 1 or 2", nki/get-started/about/lnc.rst). With 2, each device partition is split
+      over the two physical cores that share an HBM stack (``lowering.lnc``, docs/lnc.md).
+      AWS ships 2 on trn2/trn3; the default here stays 1 so that existing figures keep their
+      meaning (docs/lnc.md says what flipping it takes).
     """
 
     target: str = "trn2"
@@ -64,6 +73,7 @@ class NeuronOptions:
     cache_dir: str | None = None
     host_link_gbps: float | None = None
     call_overhead_us: float | None = None
+    lnc: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, TARGETS)
@@ -83,6 +93,14 @@ class NeuronOptions:
             value = getattr(self, key)
             if value is not None:
                 object.__setattr__(self, key, _check_number(key, value, positive, unit))
+        allowed = LNC_DEGREES[self.target]
+        if isinstance(self.lnc, bool) or self.lnc not in allowed:
+            raise NeuronOptionError(
+                f"option 'lnc' must be {' or '.join(map(str, allowed))} on target "
+                f"{self.target!r} (physical NeuronCores per logical core"
+                + ("; on trn1 only lnc=1 is supported" if self.target == "trn1" else "")
+                + f"); got {self.lnc!r}")
+        object.__setattr__(self, "lnc", int(self.lnc))
 
     @classmethod
     def valid_keys(cls) -> tuple[str, ...]:

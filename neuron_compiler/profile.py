@@ -47,6 +47,10 @@ Invariants
   ``.cpu()``, ``.item()``, printing; see ``neuron_compiler.device``) are counted apart in
   ``user_copies`` (``to_device`` / ``to_host``: count, bytes, time) and are part of
   ``transfer_time_us``; a compiled call over device tensors charges none.
+- A partition compiled for LNC > 1 (option ``lnc``, ``lowering.lnc``) is timed as its logical
+  core (the last physical core's completion; busy fractions the mean over the cores); its row in
+  ``partitions`` also has ``lnc``, ``lnc_note`` and ``cores`` (per physical core), the summary a
+  table per physical core, and its trace process a track per physical core and queue.
 - ``to_dict()`` is JSON-ready: only str/int/float/bool/None/list/dict.
 """
 from __future__ import annotations
@@ -113,6 +117,8 @@ class _PartitionStats:
     transfer_bytes: int = 0
     transfers: int = 0                # tensors copied
     overhead_ns: float = 0.0          # runtime launch overhead, total over calls
+    # LNC > 1 (lowering.lnc): each physical core's statistics, and why it runs on one core
+    cores: list[SimStats] = field(default_factory=list)
 
     def total_ns(self) -> float:
         return self.stats.total_ns * self.calls
@@ -219,7 +225,8 @@ class Profile:
         rec = self._parts.get(key)
         if rec is None:
             rec = _PartitionStats(graph, partition, input_shapes,
-                                  list(getattr(compiled, "ops", ())), compiled, result.stats)
+                                  list(getattr(compiled, "ops", ())), compiled, result.stats,
+                                  cores=[c.stats for c in getattr(result, "cores", ())])
             self._parts[key] = rec
         rec.calls += 1
         rec.transfer_ns += transfer_ns
@@ -325,6 +332,7 @@ class Profile:
                 "sbuf_peak_bytes": int(s.sbuf_peak_bytes),
                 "psum_peak_bytes": int(s.psum_peak_bytes),
                 "engine_busy": {k: float(v) for k, v in sorted(s.busy_fraction().items())},
+                **_lnc_dict(rec),
             })
         targets = sorted({g.target for g in self._graphs.values()})
         fallback_ns = sum(self._fallback_ns.values())
@@ -467,6 +475,7 @@ class Profile:
                             + tuple(f"{100.0 * p['engine_busy'].get(e, 0.0):.0f}"
                                     for e in engines))
             lines += _table(rows, left={0})
+        lines += _lnc_lines(d["partitions"])
         if d["collectives"]:
             lines += ["", "Collectives (device operations; time from runtime_sim.collectives):"]
             rows = [("collective", "ranks", "bytes", "algorithm", "bound", "calls", "us/call")]
@@ -483,7 +492,8 @@ class Profile:
     def export_chrome_trace(self, path: str) -> None:
         """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
         device partition and input signature, one track per engine / DMA queue (named as
-        AWS's profiler names them: ``pe (TensorE)``, ..., ``dma3 (DMA queue 3)``), times in
+        AWS's profiler names them: ``pe (TensorE)``, ..., ``dma3 (DMA queue 3)``; with LNC > 1
+        ``core0/pe (TensorE)``, ..., ``core1/dma3 (DMA queue 3)``), times in
         simulated microseconds from the start of one call of that partition (the program's
         timing does not depend on the data, so every call looks the same)."""
         from runtime_sim.trace import to_chrome_trace
@@ -584,3 +594,36 @@ def profile() -> Iterator[Profile]:
         yield prof
     finally:
         _ACTIVE.reset(token)
+
+
+def _lnc_dict(rec: _PartitionStats) -> dict:
+    """A partition compiled for LNC > 1 (``lowering.lnc``): ``lnc``, ``lnc_note`` (why it runs
+    on one physical core, or "") and ``cores`` (per physical core: its time, instructions,
+    FLOPs, HBM bytes and engine busy fractions). Other partitions: nothing."""
+    if not rec.cores:
+        return {}
+    return {"lnc": int(getattr(rec.compiled, "lnc", len(rec.cores))),
+            "lnc_note": str(getattr(rec.compiled, "note", "")),
+            "cores": [{"core": k, "simulated_time_per_call_us": c.total_ns / 1e3,
+                       "instructions": int(c.instructions), "flops": int(c.flops),
+                       "hbm_bytes": int(c.hbm_bytes),
+                       "engine_busy": {e: float(v) for e, v in sorted(c.busy_fraction().items())}}
+                      for k, c in enumerate(rec.cores)]}
+
+
+def _lnc_lines(parts: list[dict]) -> list[str]:
+    """The summary's per-physical-core table of the LNC > 1 partitions."""
+    lnc = [p for p in parts if p.get("cores")]
+    if not lnc:
+        return []
+    engines = sorted({e for p in lnc for c in p["cores"] for e in c["engine_busy"]})
+    rows = [("partition", "LNC", "core", "us/call", "instrs", "MFLOP")
+            + tuple(f"{e} %" for e in engines)]
+    for p in lnc:
+        for c in p["cores"]:
+            rows.append((p["name"], str(p["lnc"]), str(c["core"]),
+                         f"{c['simulated_time_per_call_us']:.2f}", str(c["instructions"]),
+                         f"{c['flops'] / 1e6:.2f}")
+                        + tuple(f"{100.0 * c['engine_busy'].get(e, 0.0):.0f}" for e in engines))
+    notes = [f"  {p['name']}: {p['lnc_note']}" for p in lnc if p["lnc_note"]]
+    return ["", "Physical cores of the logical cores (LNC > 1):"] + _table(rows, left={0}) + notes

@@ -615,8 +615,9 @@ class DevicePartition(torch.nn.Module):
         dump = capture if writer is not None else None
         prog = _Program(f"{self.graph.name}/{self.name} {describe_signature(sig)}", files)
         try:
+            lnc = {"lnc": self.options.lnc} if self.options.lnc != 1 else {}
             prog.compiled = api.compile_graph(gm, specs, self.options.target,  # type: ignore
-                                              dump=dump, name=self.name)
+                                              dump=dump, name=self.name, **lnc)
         except api.Unsupported as exc:  # type: ignore[attr-defined]
             if dump is not None:
                 dump("unsupported.txt", f"{exc}\n")

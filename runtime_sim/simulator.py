@@ -83,21 +83,25 @@ MODES = ("functional", "timing")
 
 def simulate(program: Program, inputs: dict[str, np.ndarray] | None = None, *,
              mode: str = "functional", target: Target | str | None = None,
-             checks: bool | str = True, trace: bool = False) -> SimResult:
-    """Run ``program``; see the module docstring for the model, the modes and the checks."""
+             checks: bool | str = True, trace: bool = False,
+             dma: DmaModel | None = None) -> SimResult:
+    """Run ``program``; see the module docstring for the model, the modes and the checks.
+    ``dma``: the DMA/HBM model to time DMAs with (default: a fresh ``costs.DmaModel`` of the
+    target); ``runtime_sim.multicore`` passes one whose HBM is shared with another core."""
     # The loop allocates many small long-lived objects and no cycles: the cyclic GC would only
     # rescan them (it costs more than the simulation itself on large programs).
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(program, inputs, mode, target, checks, trace)
+        return _simulate(program, inputs, mode, target, checks, trace, dma)
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
-              target: Target | str | None, checks: bool | str, trace: bool) -> SimResult:
+              target: Target | str | None, checks: bool | str, trace: bool,
+              dma: DmaModel | None = None) -> SimResult:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if checks not in (True, False, "static"):
@@ -184,7 +188,7 @@ def _simulate(program: Program, inputs: dict[str, np.ndarray] | None, mode: str,
     waiters: dict[str, tuple[int, ...]] = {k: tuple(sorted(waiting.get(k, ()))) for k in sem_all}
     blocked_on: dict[str, dict[int, int]] = {k: {} for k in sem_all}  # sem -> {queue: count its head needs}
     is_dma = [e is EngineKind.DMA for e in engines]
-    dma_model = DmaModel(tgt)
+    dma_model = DmaModel(tgt) if dma is None else dma
     dma_issue = dma_model.issue
     qlast = [0.0] * nq                   # DMA queues: completion time of the last DMA
     # dynamic compute costs: TensorE power ramp / exposed LoadStationary, NC-v2 shared ports

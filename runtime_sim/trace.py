@@ -10,6 +10,8 @@ Invariants
   queue may issue again); DMAs span their data phase. Completion (and for DMAs issue) times are
   in ``args``. So events on one track never overlap.
 - ``args`` carry the operands, waits, signals and tag as strings.
+- A logical core of several physical cores (``runtime_sim.multicore``, LNC=2) has its tracks
+  named ``core<k>/<queue>``: sorted by core, then as above.
 - Track names are the queue names (``pe``, ``dma3``); with ``engine_labels=True`` each is
   followed by the name AWS's Neuron profiler gives that engine (``pe (TensorE)``, ``dve
   (VectorE)``, ``act (ScalarE)``, ``pool (GpSimdE)``, ``dma3 (DMA queue 3)``), so the first word
@@ -29,7 +31,11 @@ ENGINE_LABELS = {"pe": "TensorE", "pe.bg": "TensorE background transpose", "dve"
 
 
 def track_label(queue: str) -> str:
-    """``pe`` -> ``pe (TensorE)``, ``dma3`` -> ``dma3 (DMA queue 3)``; others unchanged."""
+    """``pe`` -> ``pe (TensorE)``, ``dma3`` -> ``dma3 (DMA queue 3)``, ``core1/pe`` -> ``core1/pe
+    (TensorE)``; others unchanged."""
+    core, sep, rest = queue.partition("/")
+    if sep and core.startswith("core"):
+        return f"{core}/{track_label(rest)}"
     if queue in ENGINE_LABELS:
         return f"{queue} ({ENGINE_LABELS[queue]})"
     if queue.startswith("dma") and queue[3:].isdigit():
@@ -37,12 +43,15 @@ def track_label(queue: str) -> str:
     return queue
 
 
-def _tid_key(name: str) -> tuple[int, int]:
+def _tid_key(name: str) -> tuple[int, int, int, str]:
+    core, sep, rest = name.partition("/")
+    if sep and core.startswith("core") and core[4:].isdigit():
+        return (int(core[4:]),) + _tid_key(rest)[1:]
     if name in _ORDER:
-        return (_ORDER[name], int(name.endswith(".bg")))
+        return (0, _ORDER[name], int(name.endswith(".bg")), name)
     if name.startswith("dma") and name[3:].isdigit():
-        return (4, int(name[3:]))
-    return (5, 0)
+        return (0, 4, int(name[3:]), name)
+    return (0, 5, 0, name)
 
 
 def to_chrome_trace(result: SimResult, process_name: str = "neuron", pid: int = 1,

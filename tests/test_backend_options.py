@@ -21,7 +21,7 @@ def test_defaults(monkeypatch):
                                  dump_dir=None)
     assert NeuronOptions.valid_keys() == ("target", "sim_mode", "fallback", "dump_dir",
                                           "auto_cast", "cache_dir", "host_link_gbps",
-                                          "call_overhead_us")
+                                          "call_overhead_us", "lnc")
 
 
 def test_unknown_key_lists_valid_keys():
