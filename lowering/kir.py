@@ -105,9 +105,14 @@ def view_as(ref: "TensorRef", shape: tuple[int, ...]) -> "TensorRef | None":
 def one_batch_form(out: "TensorRef", ins: tuple["TensorRef", ...]):
     """``out`` and ``ins`` with the same batch axes (an attention tiler indexes every operand
     with the output's batch index): as they are, re-viewed with the output's batch axes, or all
-    with one merged batch axis; None when no view gives one form (e.g. grouped-query heads,
-    whose key heads are a stride-0 axis that cannot merge with the group axis)."""
-    for batch in (out.shape[:-2], (math.prod(out.shape[:-2]),)):
+    with an operand's batch axes (a mask [N, 1, S, S] broadcast over the heads of products
+    whose batch axis is N*H), or all with one merged batch axis; None when no view gives one
+    form (e.g. grouped-query heads, whose key heads are a stride-0 axis that cannot merge with
+    the group axis)."""
+    n = math.prod(out.shape[:-2])
+    forms = [out.shape[:-2]]
+    forms += [r.shape[:-2] for r in ins if len(r.shape) > 3 and math.prod(r.shape[:-2]) == n]
+    for batch in dict.fromkeys(forms + [(n,)]):
         o = out if out.shape[:-2] == batch else view_as(out, batch + out.shape[-2:])
         rs = [r if r.shape[:-2] == batch else view_as(r, batch + r.shape[-2:]) for r in ins]
         if o is not None and all(r is not None for r in rs):

@@ -76,3 +76,23 @@ def test_a_wrong_group_is_caught(fresh_dynamo):
     wrong = _attention(q, k.flip(2), v.flip(2), None, "causal")
     with pytest.raises(AssertionError):
         torch.testing.assert_close(wrong, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["additive", "causal_min"])
+def test_batch_mask_broadcast_over_heads_is_one_attention_kernel(kind, fresh_dynamo, tmp_path):
+    """A mask [N, 1, Sq, Sk] broadcast over the heads of [N*H]-batched products (transformers at
+    batch > 1): its stride-0 head axis has no single stride over N*H, so the products and the
+    kernel take the [N, H] form; the whole attention is one ATTENTION kernel (GPT-2 small at
+    batch 2 ran it as six kernels through HBM)."""
+    torch.manual_seed(1)
+    N, Sq, Sk, D, H = 2, 19, 19, 16, 4
+    q, k, v = torch.randn(N, Sq, H, D), torch.randn(N, Sk, H, D), torch.randn(N, Sk, H, D)
+    mask = torch.randn(N, 1, Sq, Sk)
+    ref = _attention(q, k, v, mask, kind)
+    c = torch.compile(_attention, backend="neuron", options={"dump_dir": str(tmp_path)})
+    with neuron_compiler.profile() as prof:
+        out = c(q, k, v, mask, kind)
+    assert prof.to_dict()["fallback_nodes"] == 0
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    fused = [p.read_text() for p in tmp_path.rglob("ir_post_fusion.txt")]
+    assert sum(t.count("= attention[") for t in fused) == 1, fused

@@ -260,6 +260,7 @@ def epilogue_plan(kp: KProgram, mi: int, readers, writers, outputs):
         return ("the reader's output is not one element per matmul output element",) + no
     if any(c.ins[j].shape != cout.shape or not _is_whole(kp, c.ins[j]) for j in js):
         return (f"the reader takes %{X} through a view (a broadcast, slice or transpose)",) + no
+    mm = _batch_split_for(mm, c, js)
     # matmul output is [B, M, N]; the consumer works on the same elements in its own shape
     out3 = TensorRef(cout.buffer, cout.dtype, mm.outs[0].shape, mm.outs[0].strides, 0)
     ins = list(mm.ins)
@@ -283,6 +284,32 @@ def epilogue_plan(kp: KProgram, mi: int, readers, writers, outputs):
     if expr.size() > MAX_EXPR:
         return (f"the epilogue would exceed {MAX_EXPR} expression nodes",) + no
     return None, KOp(KKind.MATMUL, (out3,), tuple(ins), MatmulKAttrs(expr), mm.origin + c.origin), users[0]
+
+
+def _batch_split_for(mm: KOp, c: KOp, js) -> KOp:
+    """``mm`` with its one merged batch axis split into the consumer's leading axes when one of
+    the consumer's other inputs has a view over the split axes only (a mask [N, 1, S, S]
+    broadcast over the heads of scores [N*H, S, S]: stride 0 along H has no single stride over
+    N*H), else ``mm`` unchanged. Any [Bt, X, Y] ref has one stride along Bt, so the split is a
+    view of the same bytes."""
+    shape3, cout = mm.outs[0].shape, c.outs[0]
+    nb = cout.shape[:-2]
+    if (len(shape3) != 3 or len(nb) < 2 or cout.shape[-2:] != shape3[1:]
+            or math.prod(nb) != shape3[0]):
+        return mm
+    others = [r for ci, r in enumerate(c.ins) if ci not in js]
+    if all(_reshape_view(r, cout.shape, shape3) is not None for r in others):
+        return mm
+    split = nb + shape3[1:]
+    if any(_reshape_view(r, cout.shape, split) is None for r in others):
+        return mm
+    epi = mm.attrs.epilogue
+    if epi is not None:
+        epi = reindex_batch(epi, shape3, split)
+        if epi is None:
+            return mm
+    return KOp(KKind.MATMUL, (_split_batch(mm.outs[0], nb),),
+               tuple(_split_batch(r, nb) for r in mm.ins), MatmulKAttrs(epi), mm.origin)
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:

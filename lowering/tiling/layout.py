@@ -4,7 +4,8 @@
 ``plan_2d`` drops size-1 axes, merges adjacent axes that every operand can merge (so a
 contiguous tensor becomes one axis), then picks the innermost axis as the free axis and the next
 one as the partition axis; the remaining axes are outer loops. A lone axis is split into
-``[128, n / 128]`` (plus a tail region) so that all partitions work.
+``[128, n / 128]`` (plus a tail region) so that all partitions work, and so is a long free axis
+whose partition axis would use fewer than half of the partitions.
 
 Invariants
 - A ``Region`` describes, for every operand, an affine map from (outer..., row, col) to an
@@ -91,6 +92,13 @@ def plan_2d(shape: tuple[int, ...], strides: list[Strides], offsets: list[int],
             free.insert(0, axes.pop())
     p_idx = max(range(len(axes)), key=lambda d: axes[d][0])
     rows, rs = axes.pop(p_idx)
+    (n, cs), = free if len(free) == 1 else ((0, ()),)
+    if rows < partitions // 2 and n > free_max and n % partitions == 0:
+        # a few long rows ([2, 128 x 768] once a contiguous [2, 128, 768] is merged): the
+        # long axis splits into [partitions, n / partitions], the short one becomes a loop
+        q = n // partitions
+        axes.insert(p_idx, (rows, rs))
+        return [Region(tuple(offsets), tuple(axes), partitions, tuple(c * q for c in cs), ((q, cs),))]
     return [Region(tuple(offsets), tuple(axes), rows, rs, tuple(free))]
 
 
