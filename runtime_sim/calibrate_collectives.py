@@ -17,8 +17,8 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from .collectives import CollectiveCost, collective_cost
-from .targets import get_interconnect
+from .collectives import CollectiveCost, channels, collective_cost, place
+from .targets import get_interconnect, get_target
 
 TOLERANCE = 0.25
 DOC = "tools/neuron-sys-tools/nccom-test.rst"
@@ -98,12 +98,17 @@ def _reason(row: Row, cost: CollectiveCost, table: Table) -> str:
                f"{cost.steps} hop(s) x {ic.hop_ns / 1e3:g} us"
                + (f" + {cost.inter_steps} x {ic.inter_hop_ns / 1e3:g} us" if cost.inter_steps else "")
                + " (intranode-collective-comm.rst L61, internode L66); no document gives a fixed "
-               "cost per operation (the same file's 8-rank all-gather takes 10 us at 1 KiB, L694)")
+               "cost per operation, and INTRA L61 puts the whole latency term at '10^0 to 10^1 "
+               "us' (the same file's 1 KiB all-gathers: 10 us on 8 ranks L694, 6.16 us on 32 "
+               "ranks L682, but 151 us on 32 ranks L644)")
     else:
         frac = row.busbw_gib_s / model_busbw if model_busbw else 0.0
         why = (f"the model is {cost.bound}-bound at {model_busbw:.1f} {unit} bus bandwidth, "
-               f"the run reached {row.busbw_gib_s:g} ({frac:.0%} of it); no document says what "
-               f"share of DMA engines, HBM or links a collective gets (the model: all, ASSUMED)")
+               f"the run reached {row.busbw_gib_s:g} ({frac:.0%} of it)"
+               + (f"; the published time exceeds the modelled transfer by "
+                  f"{row.time_us - cost.transfer_ns / 1e3:.0f} us, which no documented mechanism "
+                  "gives (compare the floor of this table's smallest sizes)"
+                  if cost.transfer_ns / 1e3 < row.time_us * 0.75 else ""))
     if row.algorithm and row.algorithm != cost.algorithm:
         why += (f"; published algorithm {row.algorithm}, the documented sweet ranges "
                 f"(intranode-collective-comm.rst L160-189) give {cost.algorithm}")
@@ -139,6 +144,34 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def assumption_lines() -> list[str]:
+    """The model's numbers in force for the tables' generations, each with its source or
+    ASSUMED (printed with the report)."""
+    out = ["Model numbers in force (runtime_sim/targets.py Interconnect, runtime_sim/collectives.py):"]
+    for name in sorted({t.target for t in TABLES}):
+        t, ic = get_target(name), get_interconnect(name)
+        lnc = ic.default_lnc
+        ch = channels(t, ic, lnc)
+        out.append(
+            f"  {name}: LNC={lnc}; {ic.cc_cores_per_chip} CC cores per chip / {t.cores_per_chip} "
+            f"cores x LNC = {ch} CC channels per rank, each ONE DMA engine at "
+            f"{t.dma_engine_bytes_per_ns:g} B/ns (ASSUMED: one CC core drives one DMA ring at a "
+            f"time; compute-comm-overlap.rst L18, L79, L110) = {ch * t.dma_engine_bytes_per_ns:g} "
+            f"GB/s per rank; per-hop {ic.hop_ns / 1e3:g} us (intranode L61 'about 1-2 us', "
+            f"midpoint), between instances {ic.inter_hop_ns / 1e3:g} us (internode L66); HBM "
+            f"{t.hbm_bytes_per_ns:g} B/ns per chip; NeuronLink {ic.chip_link_bytes_per_ns:g} GB/s "
+            f"per chip")
+    out += ["  Alternatives the documents leave open (not used): 20 CC cores per trn2/trn3 chip "
+            "(NKI architecture guides L18); NKI's channel limit (4 for node-wide groups, 2 "
+            "otherwise: nki/api/nki/collectives/__init__.py L308-309); the NKI DMA overview's "
+            "27.2 GB/s per engine (L16) instead of its table's 17/23/33 B/ns (L43-63).",
+            "  What nccom-test times: 'the average of all durations for the Collective "
+            "Communication operations executed' (L57); the operations run inside generated NEFFs "
+            "(L15, L221-231); whether a NEFF's launch is inside an operation's duration is not "
+            "stated. No per-operation constant is in the model."]
+    return out
+
+
 def format_report(rows: list[dict]) -> str:
     lines = ["Collective model against the published nccom-test examples "
              f"({DOC}, aws-neuron-sdk@81ce03a)",
@@ -160,6 +193,7 @@ def format_report(rows: list[dict]) -> str:
                 f"{r['published_algorithm'] or '-':>9} {r['model_algorithm']:>9} {r['bound']:>7}  "
                 f"{status}")
     ok = sum(r["within_25pct"] for r in rows)
+    lines += [""] + assumption_lines()
     lines += ["", f"{ok} of {len(rows)} rows within 25% (ratio = modelled / published time). "
               "No model constant is fitted to these rows."]
     return "\n".join(lines)

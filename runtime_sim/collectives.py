@@ -25,9 +25,16 @@ The model
   * HBM of one chip: its ranks' HBM touches. Ring, Mesh, RDH ("Normal" HBM pressure, INTRA
     L161-189): reduce-scatter 2 reads + 1 write, all-gather 1 read + 1 write per chunk per rank
     (INTRA L128, L133); KangaRing per pair of ranks: 3R1W and 1R2W (INTRA L128, L133).
-  * DMA of one rank: D over all DMA engines of its ``lnc`` cores. ASSUMED: the documents say
-    collectives run on DMA rings of the shared DMA engines (compute-comm-overlap.rst L18, L22) but
-    not how many engines a collective gets; all of them is the optimistic bound.
+  * DMA of one rank: D over its CC channels, each one DMA engine at the target's per-engine rate
+    (``channels``). The data path of a collective is "pre-constructed DMA rings" driven by the
+    CC cores (OVERLAP = compute-comm-overlap.rst L16-18; COLL L112: the CC cores "control when
+    and how data movement engines transfer data"); a DMA engine serves its rings one packet at a
+    time, round-robin (OVERLAP L79); a physical core has two CC cores, four per LNC=2 rank, "each
+    CC core can manage a distinct communication stream" (OVERLAP L110); the per-chip CC-core
+    counts are in ``targets.Interconnect``. ASSUMED: one CC core drives one DMA ring at a time, so
+    a rank moves data on (CC cores per physical core x lnc) engines at once. Not used: the NKI
+    collectives API's channel limit (4 for groups of every device of a node, 2 otherwise,
+    nki/api/nki/collectives/__init__.py L308-309), which is stated for NKI's own permutes.
 - Steps per phase (INTRA L158-189, INTER L166-170): Ring N-1; KangaRing ceil((N-1)/2) ("the
   per-hop latency is cut by half", INTRA L123); Mesh 1 on one chip, else 2 (an inter-chip step and
   an intra-chip step, INTRA L99, L104); RDH log2(chips) recursive steps plus 1 intra-chip step
@@ -42,8 +49,9 @@ The model
 - More than one instance: hierarchical (COLL L101-103): the collective inside each instance, plus
   an RDH (Ring when not a power of two) exchange between instances of each rank's 1/n_local share
   over its EFA share (COLL L110) at ``inter_hop_ns`` per step (INTER L66).
-- Not modelled: any fixed per-operation cost of the runtime (no document gives one), contention
-  with compute for DMA engines and HBM, the over-subscription of RDH, the single-step Mesh.
+- Not modelled: any fixed per-operation cost of the runtime (no document gives one: INTRA L61
+  puts a collective's whole latency term at "10^0 to 10^1 us"), contention with compute for DMA
+  engines and HBM, the over-subscription of RDH, the single-step Mesh.
 
 Invariants
 - Pure: numpy-free, torch-free, no state; the same arguments give the same ``CollectiveCost``.
@@ -237,6 +245,14 @@ def choose_algorithm(kind: str, nbytes: int, p: Placement) -> str:
 
 
 # ---- cost --------------------------------------------------------------------------------------
+def channels(t: Target, ic: Interconnect, lnc: int) -> int:
+    """DMA engines one rank's collective streams through: one per CC core of its ``lnc`` physical
+    cores (module docstring); all the rank's engines when the generation gives no CC-core count."""
+    if not ic.cc_cores_per_chip:
+        return lnc * t.dma_engines
+    return max(1, ic.cc_cores_per_chip * lnc // t.cores_per_chip)
+
+
 def _steps(algorithm: str, phase: str, p: Placement) -> int:
     n, c = p.ranks_per_instance, p.chips
     if n <= 1:
@@ -269,7 +285,7 @@ def _phase_transfer(algorithm: str, phase: str, nbytes: int, p: Placement, t: Ta
     else:
         hbm = r * d * _TOUCHES[phase]
     times["hbm"] = hbm / t.hbm_bytes_per_ns
-    times["dma"] = d / (p.lnc * t.dma_engines * t.dma_engine_bytes_per_ns)
+    times["dma"] = d / (channels(t, ic, p.lnc) * t.dma_engine_bytes_per_ns)
     bound = max(times, key=lambda k: times[k])
     return times[bound], bound
 

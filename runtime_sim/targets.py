@@ -325,6 +325,7 @@ class Interconnect:
     hop_ns: float                # per-hop latency inside the NeuronLink domain
     inter_hop_ns: float          # per-hop latency between instances (EFA)
     efa_bytes_per_ns_per_chip: float  # EFA bandwidth per chip, per direction (GB/s)
+    cc_cores_per_chip: int = 0   # collective-communication cores per chip (0: not modelled)
 
     @property
     def link_bytes_per_ns(self) -> float:
@@ -340,6 +341,14 @@ class Interconnect:
 _HOP_NS = 1500.0
 _INTER_HOP_NS = 15000.0
 
+# CC cores ("dedicated synchronization processors responsible for the orchestration of collective
+# communications. The CC cores control when and how data movement engines transfer data", COLL
+# L112). Per chip: trn1 6 (ARCH1 L23 "6 CC-Cores"); trn2 16 (CHIP2 L48 "16 CC-Cores"; the NKI
+# guide ARCH2 L18 says 20: hardware-sources.md "Known contradictions" 3); trn3 16 (CHIP3 L47; ARCH3
+# L18 says 20). 16 is taken for trn2/trn3 because a second document agrees with it: OVERLAP =
+# neuron-runtime/explore/compute-comm-overlap.rst L110 "The hardware provides two CC cores per
+# physical Neuron core ... LNC2 mode ... four CC cores per logical unit" (2 x 8 cores = 16).
+
 INTERCONNECTS: dict[str, Interconnect] = {
     "trn1": Interconnect(
         target="trn1",
@@ -353,6 +362,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
         default_lnc=1,                  # NCCOM L567-568: "1 for inf2 and trn1"
         hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,
         efa_bytes_per_ns_per_chip=800.0 / 8 / 16,  # TRN1A L59: 800 Gbps per trn1.32xlarge / 16
+        cc_cores_per_chip=6,            # ARCH1 L23: "6 CC-Cores" (3 per NeuronCore-v2)
     ),
     "trn2": Interconnect(
         target="trn2",
@@ -367,6 +377,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
         default_lnc=2,                  # NCCOM L567-568: "2 for trn2 and trn3"; COLL L110
         hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,
         efa_bytes_per_ns_per_chip=200.0 / 8,  # COLL L110: "each connected to a 200Gbps EFA"
+        cc_cores_per_chip=16,           # CHIP2 L48; OVERLAP L110 (2 per core); ARCH2 L18 says 20
     ),
     "trn3": Interconnect(
         target="trn3",
@@ -383,6 +394,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
         default_lnc=2,                  # NCCOM L567-568: "2 for trn2 and trn3"
         hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,  # ASSUMED as trn2 (no trn3 figure)
         efa_bytes_per_ns_per_chip=12800.0 / 8 / 64,  # TRN3A L81-83: 12,800 Gbps per Gen1 (64 chips)
+        cc_cores_per_chip=16,           # CHIP3 L47; ARCH3 L18 says 20
     ),
 }
 

@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                "4 internal error of neuron-eval. JSON schema: docs/eval.md.")
     p.add_argument("model", metavar="MODEL",
                    help="module:factory, path/file.py:factory (factory() returns (model, "
-                        "args_tuple) or (model, kwargs_dict)), or zoo:mlp|gpt2|bert|llama")
+                        "args_tuple) or (model, kwargs_dict)), or zoo:mlp|gpt2|bert|llama|llama3-8b")
     p.add_argument("--targets", default="trn2,trn3",
                    help=f"comma-separated, from {','.join(TARGETS)} (default trn2,trn3)")
     p.add_argument("--warmup", type=int, default=1, metavar="N",
@@ -107,6 +107,14 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"{what}, for one dtype or all (repeatable)")
     p.add_argument("--price", action="append", default=[], metavar="INSTANCE=USD_PER_HOUR",
                    help="override an on-demand price (repeatable)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel over N ranks (transformers Llama-family models): "
+                        "rank 0's shard is compiled and simulated, its all_reduce/all_gather "
+                        "timed by the collective model among N ranks (see "
+                        "neuron_compiler/eval/parallel.py); values are one rank's")
+    p.add_argument("--dp", type=int, default=1, metavar="N",
+                   help="data parallel over N ranks: one rank simulated; group throughput, and "
+                        "with --train the modelled DDP gradient all_reduce")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
@@ -140,6 +148,10 @@ def _config(args: argparse.Namespace):
             resolve_buckets(args.buckets, None, args.generate)
         except ValueError as exc:
             raise _UsageError(f"--buckets: {exc}") from None
+    if args.tp < 1 or args.dp < 1:
+        raise _UsageError(f"--tp and --dp must be >= 1 (got {args.tp}, {args.dp})")
+    if args.tp > 1 and args.dp > 1:
+        raise _UsageError("--tp and --dp cannot be combined yet: choose one")
     if args.generate and args.train:
         raise _UsageError("--generate and --train cannot be combined: choose one")
     if args.generate < 0:
@@ -206,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"command line; exit {EXIT_INTERNAL}):\n{traceback.format_exc()}",
               file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        if "neuron_compiler.tp" in sys.modules:      # --tp opened a single-process group
+            sys.modules["neuron_compiler.tp"].close_fake_group()
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -218,10 +233,19 @@ def _main(argv: Sequence[str] | None) -> int:
     from neuron_compiler.eval.measure import (CompileFailure, ModelFailure, empty_report,
                                               evaluate)
     from neuron_compiler.eval.zoo import ModelBuildError, ModelSpecError, load_model
+    import torch
     try:
         cfg, limits = _config(args)
         baseline = load_baseline(args.baseline) if args.baseline else None
         loaded = load_model(args.model)
+        parallel = {}
+        if isinstance(loaded.model, torch.nn.Module):   # --tp N; a model on the meta device
+            from neuron_compiler.eval.parallel import apply_tp
+            from neuron_compiler.tp import TPError
+            try:
+                parallel = apply_tp(loaded, args.tp)
+            except TPError as exc:
+                raise _UsageError(f"--tp {args.tp}: {exc}") from None
         if args.train:
             from neuron_compiler.eval.train import check_trainable
             check_trainable(loaded)
@@ -246,6 +270,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except CompileFailure as exc:
         _outputs(args, exc.report, EXIT_COMPILE)   # type: ignore[attr-defined]
         return _fail("the model does not compile", exc, EXIT_COMPILE)
+    if args.tp > 1 or args.dp > 1:
+        from neuron_compiler.eval.parallel import finish
+        finish(report, args.tp, args.dp, parallel, args.train)
     if baseline is not None:
         report["regressions"], report["baseline"] = comparison(report, baseline, limits,
                                                                args.baseline)

@@ -300,11 +300,11 @@ def _percentiles(xs: list[float]) -> dict:
             "min": float(a.min()), "max": float(a.max())}
 
 
-def _call_latency(d: dict) -> tuple[float, float, float, float]:
-    """(simulated, transfer, fallback, call overhead) of one call's profile; the sum is its
-    latency."""
+def _call_latency(d: dict) -> tuple[float, float, float, float, float]:
+    """(simulated, transfer, fallback, call overhead, collectives) of one call's profile; the
+    sum is its latency (collectives: modelled, runtime_sim.collectives; not overlapped)."""
     return (d["simulated_time_us"], d["transfer_time_us"], d["fallback_time_us"],
-            d.get("call_overhead_time_us", 0.0))
+            d.get("call_overhead_time_us", 0.0), d.get("collective_time_us", 0.0))
 
 
 def _assumptions(d: dict, target: str, options: dict) -> dict:
@@ -471,6 +471,7 @@ def target_entry(target: str, cfg: EvalConfig, options: dict, model_info: dict,
                        "transfer_us": float(np.median([t[1] for t in time_parts])),
                        "fallback_us": float(np.median([t[2] for t in time_parts])),
                        "call_overhead_us": float(np.median([t[3] for t in time_parts])),
+                       "collective_us": float(np.median([t[4] for t in time_parts])),
                        "roofline_us": last["roofline_time_us"]},
         "assumptions": _assumptions(last, target, options),
         "throughput_per_s": 1e6 / pct["p50"] if pct["p50"] > 0 else None,

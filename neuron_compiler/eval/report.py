@@ -58,6 +58,10 @@ def _side_by_side(report: dict) -> list[str]:
             row("  host transfer us", lambda t, c: _us(t["latency_us"]["transfer_us"])),
             row("  eager fallback us", lambda t, c: _us(t["latency_us"]["fallback_us"])),
             row("  call overhead us", lambda t, c: _us(t["latency_us"].get("call_overhead_us"))),
+            *([row("  collectives us (modelled)",
+                   lambda t, c: _us(t["latency_us"].get("collective_us")))]
+              if any(t["latency_us"].get("collective_us") for t in targets.values())
+              else []),
             row("  roofline us", lambda t, c: _us(t["latency_us"]["roofline_us"])),
             row("host link GB/s", lambda t, c: _assumed(t, "host_link_gbps")),
             row("call overhead us/call", lambda t, c: _assumed(t, "call_overhead_us")),
@@ -122,6 +126,10 @@ def generation_table(report: dict) -> list[str]:
             row("TPOT p99 us", lambda g: _us(g["tpot_us"]["p99"])),
             row("  simulated / transfer us", lambda g: f"{_us(g['tpot_us']['simulated_us'])} / "
                                                        f"{_us(g['tpot_us']['transfer_us'])}"),
+            *([row("  collectives us (TTFT / TPOT p50)",
+                   lambda g: f"{_us(g['ttft'].get('collective_us', 0.0))} / "
+                             f"{_us(g.get('tpot_collective_us', 0.0))}")]
+              if any(g.get("tpot_collective_us") for g in gen.values()) else []),
             row("tokens / s (1e6 / TPOT p50)", lambda g: "-" if g["tokens_per_s"] is None
                 else f"{g['tokens_per_s']:,.0f}"),
             row("KV cache HBM", kv),
@@ -168,6 +176,11 @@ def render(report: dict, exit_code: int | None = None) -> str:
                      f"{m['train']['flops'] / 1e6:.2f} MFLOP per step")
     if m.get("generate"):
         lines.append(f"  --generate: {generate_text(m['generate'])}")
+    if m.get("parallel"):
+        from neuron_compiler.eval.parallel import text as parallel_text
+        lines.append(f"  {parallel_text(m['parallel'])}")
+    if acc.get("not_checked"):
+        lines.append(f"  accuracy not checked: {acc['not_checked']}")
     v = report["versions"]
     lines.append(f"  torch {v['torch']}, neuron-sim {v['neuron_sim']}"
                  + (f" @ {v['git_commit'][:10]}{'+dirty' if v['git_dirty'] else ''}"

@@ -115,6 +115,23 @@ def _llama() -> tuple[nn.Module, dict]:
     return T.LlamaForCausalLM(cfg).eval(), _ids()
 
 
+def _llama3_8b() -> tuple[nn.Module, dict]:
+    """Llama-3-8B's shapes (meta-llama/Meta-Llama-3-8B config.json: 32 layers, hidden 4096, 32
+    heads, 8 key/value heads, intermediate 14336, vocabulary 128256, rope_theta 500000), bf16,
+    built on the meta device: ``--tp N`` makes only rank 0's shard (random values), see
+    neuron_compiler/tp.py. Without --tp the whole model (16 GB) is made."""
+    T = _transformers()
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                        num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                        bos_token_id=128000, eos_token_id=128001, pad_token_id=128001,
+                        torch_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    return model.eval(), {"input_ids": torch.randint(0, 128000, (1, 128))}
+
+
 ZOO: dict[str, tuple[Callable[[], tuple], str]] = {
     "mlp": (_mlp, "Linear(64,256)-GELU-Linear(256,64)-LayerNorm, input [8,64] fp32"),
     "gpt2": (_gpt2, "transformers GPT2LMHeadModel, 2 layers, d=64, 4 heads, vocab 512, "
@@ -123,6 +140,9 @@ ZOO: dict[str, tuple[Callable[[], tuple], str]] = {
                     "input_ids [1,32]"),
     "llama": (_llama, "transformers LlamaForCausalLM, 2 layers, d=64, 4 heads (2 kv), "
                       "vocab 512, input_ids [1,32]"),
+    "llama3-8b": (_llama3_8b, "transformers LlamaForCausalLM with Llama-3-8B's shapes (32 "
+                              "layers, d=4096, 32 heads (8 kv), intermediate 14336, vocab "
+                              "128256), bf16, random values, input_ids [1,128]; use --tp N"),
 }
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from ranks import run_ranks
 
 WORLD = 2
 D_IN, HIDDEN, ROWS = 130, 260, 9          # the sharded hidden (130 per rank) crosses a tile edge
@@ -81,32 +81,13 @@ def _other_collectives(rank: int) -> dict:
             "profile": {k: d[k] for k in ("collectives", "fallbacks", "fallback_nodes")}}
 
 
-def _worker(rank: int, store: str, out_dir: str) -> None:
-    import torch.distributed as dist
-    os.environ["NEURON_TEST_OUT"] = out_dir
-    result: dict = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                                world_size=WORLD)
-        result["tp_mlp"] = _tp_mlp(rank)
-        result["others"] = _other_collectives(rank)
-    except Exception:                         # reported by the tests, not lost in the child
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
+def _scenarios(rank: int) -> dict:
+    return {"tp_mlp": _tp_mlp(rank), "others": _other_collectives(rank)}
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ranks")
-    mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    for r, res in enumerate(results):
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
-    return results
+    return run_ranks(_scenarios, tmp_path_factory.mktemp("ranks"), WORLD)
 
 
 def test_tp_mlp_values_match_eager_on_both_ranks(ranks):

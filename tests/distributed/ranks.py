@@ -1,0 +1,44 @@
+"""Run one function on WORLD gloo ranks (two processes) and collect what each rank returned.
+
+``run_ranks(fn, out_dir, world)`` spawns ``world`` processes; each opens a gloo process group
+(file store in ``out_dir``), sets ``NEURON_TEST_OUT=out_dir``, calls ``fn(rank)`` (a module-level
+function returning a JSON-ready dict), closes the group and writes the dict; a rank that raised
+returns ``{"error": traceback}``. The tests assert on the list, one dict per rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable
+
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, fn: Callable[[int], dict], out_dir: str, world: int) -> None:
+    import torch.distributed as dist
+    os.environ["NEURON_TEST_OUT"] = out_dir
+    result: dict = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}",
+                                rank=rank, world_size=world)
+        result = fn(rank)
+    except Exception:                         # reported by the tests, not lost in the child
+        result = {"error": traceback.format_exc()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run_ranks(fn: Callable[[int], dict], out_dir: str, world: int) -> list[dict]:
+    """What ``fn`` returned on each rank; fails (naming the rank) if one raised."""
+    mp.spawn(_worker, args=(fn, str(out_dir), world), nprocs=world, join=True)
+    results = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+            results.append(json.load(f))
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+    return results
