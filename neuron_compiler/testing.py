@@ -364,12 +364,20 @@ def kernel_shapes(*spec, dims=None, edges: Sequence[int] = TILE_EDGES, max_dim: 
     """A hypothesis strategy of argument shapes for a kernel, one tuple per argument, with dims
     named in ``spec`` shared between arguments: ``kernel_shapes(("K", "M"), ("K", "N"))`` draws
     ``K``, ``M`` and ``N`` once each (tile edges or random in ``[1, max_dim]``). An integer in
-    ``spec`` is a fixed size. ``dims`` maps a name to its own values (a list, or a strategy)."""
+    ``spec`` is a fixed size. ``dims`` maps a name to its own values (a list or tuple to draw
+    from, one int, or a strategy)."""
     from hypothesis import strategies as st
 
     default = st.one_of(st.sampled_from(tuple(e for e in edges if e <= max_dim)), st.integers(1, max_dim))
     names = sorted({d for shp in spec for d in shp if isinstance(d, str)})
-    per = {n: _as_strategy((dims or {}).get(n), default, st) for n in names}
+    def _dim(v):
+        if v is None:
+            return default
+        if isinstance(v, int):
+            return st.just(v)
+        return v if hasattr(v, "example") else st.sampled_from(list(v))
+
+    per = {n: _dim((dims or {}).get(n)) for n in names}
 
     @st.composite
     def _draw(draw):

@@ -15,7 +15,9 @@ kernels):
   several banks, a larger tile takes consecutive empty banks). A tile's memory is freed when
   Python drops its last reference. When memory is short, the live tiles declared earlier at
   the same kernel line are reclaimed first (marked dead: an instruction using one raises);
-  then a PSUM tensor of blocks is placed modulo the free banks (placement.py). Tiles with an
+  then a PSUM tensor of blocks is placed modulo the free banks, its slots paged (a block
+  evicted before its first read is copied out to SBUF or HBM and back: ``_page_in``;
+  placement.py). Tiles with an
   explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
   never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
