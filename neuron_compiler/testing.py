@@ -22,6 +22,10 @@ Property testing (hypothesis; ``pip install hypothesis``, part of the ``test`` e
   simulated device, run it in eager, fail unless it ran on the device (``min_device_fraction``
   of the ATen compute nodes) and every output (and every argument ``fn`` mutates) matches.
 - ``TOLERANCES`` / ``CANCELLATION`` / ``assert_close``: the per-element comparison it uses.
+- ``check_kernel(kernel, reference, shapes=...)``: an NKI kernel (``neuron_compiler.nki``) run
+  on the simulator against its numpy reference over hypothesis-drawn shapes;
+  ``kernel_shapes(("K", "M"), ("K", "N"))`` draws argument shapes with shared named dims on the
+  tile edges. Returns each example's simulated time (docs/nki.md, "Testing it").
 
 Invariants
 - ``ensure_backends_registered`` only registers ``neuron``/``neuron_sim`` with Dynamo when they
@@ -352,3 +356,127 @@ def tensors(shapes=None, dtypes=None, values=None):
     dtype_st = _as_strategy(dtypes, st.sampled_from(FLOAT_DTYPES), st)
     return st.builds(lambda shp, dt, seed: make_tensor(tuple(shp), dt, seed, values),
                      shape_st, dtype_st, st.integers(0, 2 ** 31 - 1))
+
+
+# ---- NKI kernels against numpy references -------------------------------------------------------
+
+def kernel_shapes(*spec, dims=None, edges: Sequence[int] = TILE_EDGES, max_dim: int = 600):
+    """A hypothesis strategy of argument shapes for a kernel, one tuple per argument, with dims
+    named in ``spec`` shared between arguments: ``kernel_shapes(("K", "M"), ("K", "N"))`` draws
+    ``K``, ``M`` and ``N`` once each (tile edges or random in ``[1, max_dim]``). An integer in
+    ``spec`` is a fixed size. ``dims`` maps a name to its own values (a list or tuple to draw
+    from, one int, or a strategy)."""
+    from hypothesis import strategies as st
+
+    default = st.one_of(st.sampled_from(tuple(e for e in edges if e <= max_dim)), st.integers(1, max_dim))
+    names = sorted({d for shp in spec for d in shp if isinstance(d, str)})
+    def _dim(v):
+        if v is None:
+            return default
+        if isinstance(v, int):
+            return st.just(v)
+        return v if hasattr(v, "example") else st.sampled_from(list(v))
+
+    per = {n: _dim((dims or {}).get(n)) for n in names}
+
+    @st.composite
+    def _draw(draw):
+        got = {n: int(draw(per[n])) for n in names}
+        return tuple(tuple(got[d] if isinstance(d, str) else int(d) for d in shp) for shp in spec)
+
+    return _draw()
+
+
+def _np_dtype(dtype):
+    import numpy as np
+    if isinstance(dtype, torch.dtype):
+        if dtype is torch.bfloat16:
+            import ml_dtypes
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(str(dtype).removeprefix("torch."))
+    return np.dtype(dtype)
+
+
+def _as_torch(a) -> torch.Tensor:
+    import numpy as np
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def check_kernel(kernel, reference: Callable, shapes=None, *, dims=None, dtypes=None, values=None,
+                 grid=None, out_args: Sequence[int] = (), target: str = "trn2",
+                 atol: float | None = None, rtol: float | None = None, max_examples: int = 20,
+                 seed: int | None = None) -> list[dict]:
+    """Drive an NKI kernel (``@nki.jit``, or a plain kernel function) against its numpy
+    ``reference`` over hypothesis-drawn shapes that cross tile edges; fail (hypothesis shrinks
+    to the smallest failing shapes, named in the message) unless every output matches.
+
+    ``shapes``: a strategy of argument-shape tuples (``kernel_shapes(("M", "N"), ("M", "N"))``),
+    the spec itself (``[("M", "N"), ("M", "N")]``), or an explicit list of argument-shape tuples
+    (default: one 2-D argument, ``kernel_shapes(("P", "F"))``); ``dims`` as ``kernel_shapes``
+    for a spec. ``dtypes``: one dtype (torch or
+    numpy) for every argument, a tuple of one per argument, or a list of those to draw from
+    (default fp32). ``values``: as ``make_tensor`` (None, ``(low, high)``, ``"special"``).
+    ``grid``: None, an SPMD grid tuple, or ``grid(*shapes)`` returning one. ``out_args``:
+    indices of arguments the kernel writes (older kernels take their output as a parameter);
+    they are compared after what the kernel returns. ``reference(*arrays)`` gets the same
+    arrays (fresh copies) and returns the expected output or a tuple of them; a result is
+    compared in the kernel output's dtype with ``assert_close`` (``atol``/``rtol`` as there).
+    Returns one ``{"shapes", "dtypes", "time_us"}`` per example run (the simulated time)."""
+    import hypothesis
+    import numpy as np
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from neuron_compiler import nki
+
+    k = kernel if isinstance(kernel, nki.Kernel) else nki.jit(kernel)
+    if shapes is None:
+        shape_st = kernel_shapes(("P", "F"), dims=dims)
+    elif hasattr(shapes, "example") and hasattr(shapes, "map"):
+        shape_st = shapes
+    elif all(isinstance(d, (str, int)) for shp in shapes for d in shp) and any(
+            isinstance(d, str) for shp in shapes for d in shp):
+        shape_st = kernel_shapes(*shapes, dims=dims)
+    else:
+        shape_st = st.sampled_from([tuple(tuple(s) for s in example) for example in shapes])
+    if dtypes is None:
+        dtype_st = st.just(None)
+    elif isinstance(dtypes, list):
+        dtype_st = st.sampled_from(dtypes)
+    else:
+        dtype_st = st.just(dtypes)
+    runs: list[dict] = []
+
+    def _one(shp, dts, data_seed):
+        dts = dts if isinstance(dts, tuple) else (dts,) * len(shp)
+        dts = tuple(torch.float32 if d is None else d for d in dts)
+        arrays = []
+        for i, (s, d) in enumerate(zip(shp, dts)):
+            npd = _np_dtype(d)
+            tdt = torch.float32 if npd.kind not in "iub" else _as_torch(np.zeros(1, npd)).dtype
+            arrays.append(make_tensor(tuple(s), tdt, data_seed + i, values).numpy().astype(npd))
+        expected = reference(*[a.copy() for a in arrays])
+        expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+        args = [a.copy() for a in arrays]
+        g = grid(*shp) if callable(grid) else grid
+        run = nki.simulate(k, *args, target=target, grid=g)
+        actual = list(run.outputs) + [args[i] for i in out_args]
+        where = f"kernel {k.__name__} on shapes {list(shp)} {[str(d) for d in dts]}"
+        if len(actual) != len(expected):
+            raise AssertionError(f"{where}: {len(actual)} outputs (returned + out_args), the "
+                                 f"reference gave {len(expected)}")
+        for j, (a, e) in enumerate(zip(actual, expected)):
+            ta = _as_torch(a)
+            te = _as_torch(np.asarray(e, dtype=np.float64) if ta.dtype.is_floating_point else e)
+            assert_close(ta, te.to(ta.dtype), atol=atol, rtol=rtol, what=f"{where}: output {j}")
+        runs.append({"shapes": shp, "dtypes": [str(d) for d in dts], "time_us": run.time_us})
+
+    test = given(shp=shape_st, dts=dtype_st, data_seed=st.integers(0, 2 ** 31 - 1))(_one)
+    if seed is not None:
+        test = hypothesis.seed(seed)(test)
+    settings(max_examples=max_examples, deadline=None, database=None, derandomize=seed is None,
+             suppress_health_check=list(HealthCheck))(test)()
+    return runs

@@ -183,6 +183,17 @@ def arange(*args) -> IndexExpr:
     return IndexExpr(start, ((Arange(next(_IDS), stop - start, 0, 1), 1),))
 
 
+class _Grid(tuple):
+    """What ``nl.mgrid`` returns: a tuple of the axis expressions that also names them
+    ``.p`` (the partition axis, first), ``.x``, ``.y``, ``.z`` (the free axes), as NKI does."""
+
+    def __getattr__(self, name: str):
+        i = {"p": 0, "x": 1, "y": 2, "z": 3}.get(name)
+        if i is None or i >= len(self):
+            raise AttributeError(f"nl.mgrid of {len(self)} axes has no .{name}")
+        return self[i]
+
+
 class _MGrid:
     """``nl.mgrid[0:128, 0:512]`` -> one expression per axis over a shared grid."""
 
@@ -194,7 +205,7 @@ class _MGrid:
                 raise IndexError("nl.mgrid takes unit-step slices with a stop, e.g. nl.mgrid[0:128, 0:512]")
             start = s.start or 0
             out.append(IndexExpr(start, ((Arange(next(_IDS), s.stop - start, pos, len(key)), 1),)))
-        return tuple(out) if len(out) > 1 else out[0]
+        return _Grid(out) if len(out) > 1 else out[0]
 
 
 mgrid = _MGrid()

@@ -151,6 +151,8 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
+        if _tracer_active():               # called from inside a kernel: inlined (a sub-kernel)
+            return self.fn(*args, **kwargs)
         if any(_is_fake(a) for a in args):
             return self.fake_call(*args, **kwargs)
         return self.simulate(*args, **kwargs).outputs_value
@@ -240,6 +242,11 @@ class Kernel:
         if key is not None:
             self._cache[key] = traced
         return traced
+
+
+def _tracer_active() -> bool:
+    from .tracer import _ACTIVE
+    return _ACTIVE.get() is not None
 
 
 def _param_names(fn, n: int) -> list[str]:

@@ -145,7 +145,16 @@ class nc:
         return self.n
 
 
-spmd_dim = nc
+class spmd_dim(nc):
+    """``nl.spmd_dim(*dims)``: one launch-grid dimension of ``prod(dims)`` instances
+    (``kernel[nl.spmd_dim(2, nl.nc(2)), 4]`` is ``kernel[4, 4]``: NKI shards the first over two
+    cores; here all run on one core, in launch order)."""
+
+    def __init__(self, *dims) -> None:
+        n = 1
+        for d in dims:
+            n *= int(d.__index__() if hasattr(d, "__index__") else d)
+        self.n = n
 
 
 # ---- tensors -----------------------------------------------------------------------------------

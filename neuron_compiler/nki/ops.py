@@ -158,9 +158,13 @@ def dma(dst: NkiTensor, src: NkiTensor) -> NkiTensor:
 
 
 def load(src: NkiTensor, dtype=None, mask: Mask | None = None) -> NkiTensor:
+    full = src
     (src,) = apply_mask(mask, src)
     shape = src.shape or (1,)
     tile = tile_like(shape, src.mdtype, name="load")
+    if src.ndim and full.ndim == src.ndim and src.shape[0] < full.shape[0]:
+        tile.storage.nominal = (full.shape[0], next((lo for i, lo, hi in src.clips
+                                                     if i in full.axes[0][3]), 0))
     dma(tile, src)
     if dtype is not None and to_dtype(dtype) is not src.mdtype:
         return tensor_copy(tile_like(shape, dtype), tile)
@@ -429,6 +433,7 @@ def binary(op: AluOp, x, y, dtype=None, mask: Mask | None = None, out_dtype: DTy
         dt = to_dtype(dtype) if dtype is not None else (out_dtype or tile.mdtype)
         dst = tile_like(tile.shape, dt)
         return tensor_scalar(dst, tile, op, float(num), reverse0=rev)
+    x, y = _align_masked(x, y)
     shape = broadcast_shape(x.shape, y.shape)
     dt = to_dtype(dtype) if dtype is not None else (out_dtype or promote(x.mdtype, y.mdtype))
     dst = tile_like(shape, dt)
@@ -437,6 +442,20 @@ def binary(op: AluOp, x, y, dtype=None, mask: Mask | None = None, out_dtype: DTy
     if column(x) and not column(y) and y.partitions == x.partitions:
         return tensor_scalar(dst, y, op, x, reverse0=True)
     return tensor_tensor(dst, expand(x, shape), expand(y, shape), op)
+
+
+def _align_masked(x: NkiTensor, y: NkiTensor):
+    """A tile cut by a mask (``Storage.nominal``: a masked load keeps only the rows inside
+    the mask) against a whole tile of the partitions it stands for: NKI computes on every
+    partition and the masked rows are garbage the kernel never stores; here the whole tile is
+    cut to the kept rows instead."""
+    for a, b, swap in ((x, y, False), (y, x, True)):
+        nom = a.storage.nominal
+        if (nom and a.ndim and b.ndim and a.axes[0][2] and b.axes[0][2] and a.shape[0] > 1
+                and b.shape[0] == nom[0] and a.shape[0] < nom[0]):
+            b = b.clip(0, nom[1], nom[1] + a.shape[0])
+            return (b, a) if swap else (a, b)
+    return x, y
 
 
 def unary(func: ActFunc, x, dtype=None, mask: Mask | None = None) -> NkiTensor:

@@ -22,9 +22,15 @@ Invariants
   placed. All explicit tiles of one memory share one synchronisation space (the tracer orders
   their accesses by physical bytes, so deliberate aliasing, two tensors on the same banks,
   is synchronised).
-- Several blocks may share a slot. Reading a block whose slot another block of the same tensor
-  wrote since it was last written is an error (``StaleBlockError``): modulo placement never
-  makes a kernel silently wrong.
+- Several blocks may share a slot. With an explicit placement (the kernel's own
+  ``mod_alloc``/``alloc``), reading a block whose slot another block of the same tensor wrote
+  since it was last written is an error (``StaleBlockError``): modulo placement never makes a
+  kernel silently wrong. With the front end's own placement (``paged``), the slots are a cache
+  over a backing store: the tracer copies a written block out (spill) before another block
+  takes its slot and copies it back before it is used again (``Tracer._page_in``), so the
+  kernel runs as written, paying those copies. Only a block evicted before its first read is
+  spilled (the front end cannot see a kernel's future; a block already read is taken to be
+  done with), so reading a block again after its slot was reused is the same error.
 """
 from __future__ import annotations
 
@@ -84,6 +90,12 @@ class Placement:
         self.slots, self.space, self.how = slots, space, how
         self.last: dict = {}               # slot -> block index that last wrote it
         self.written: set = set()          # block indices some instruction wrote
+        self.paged = False                 # front end's placement: spill/refill, never stale
+        self.backing: dict = {}            # block index -> its spilled copy (SBUF or HBM view)
+        self.dirty: set = set()            # resident blocks written since last spilled/filled
+        self.unread: set = set()           # blocks written and not read since
+        self.store = None                  # the backing Storage (tracer._copy_block)
+        self.spills = self.fills = 0
 
     def block_of(self, view) -> tuple[int, ...]:
         return self.locate(view)[0]
@@ -117,11 +129,15 @@ class Placement:
         if write:
             self.last[slot] = idx
             self.written.add(idx)
+            self.dirty.add(idx)
+            self.unread.add(idx)
         elif self.last.get(slot, idx) != idx:
             raise StaleBlockError(
                 f"{self.what}: block {list(idx)} read after block "
                 f"{list(self.last[slot])} overwrote its memory (partition {slot[0]}, byte "
                 f"{slot[1]} of the tensor's region; {self.how})")
+        else:
+            self.unread.discard(idx)
 
 
 def blocks(shape: tuple[int, ...], pdim: int):

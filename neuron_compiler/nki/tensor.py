@@ -136,6 +136,9 @@ class Storage:
         self.mm_open: set = set()
         self.mm_written: set = set()
         self.zeroed = False
+        # (partitions, first kept) of the tile the kernel meant when a mask cut this one's
+        # partition axis (a masked nl.load; inherited by tiles computed from it, tracer.emit)
+        self.nominal: tuple[int, int] | None = None
 
     @property
     def memory(self) -> Memory:

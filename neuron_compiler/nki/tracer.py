@@ -15,7 +15,9 @@ kernels):
   several banks, a larger tile takes consecutive empty banks). A tile's memory is freed when
   Python drops its last reference. When memory is short, the live tiles declared earlier at
   the same kernel line are reclaimed first (marked dead: an instruction using one raises);
-  then a PSUM tensor of blocks is placed modulo the free banks (placement.py). Tiles with an
+  then a PSUM tensor of blocks is placed modulo the free banks, its slots paged (a block
+  evicted before its first read is copied out to SBUF or HBM and back: ``_page_in``;
+  placement.py). Tiles with an
   explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
   never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
@@ -41,8 +43,8 @@ import weakref
 
 from runtime_sim.checks import MachineError, PsumGroups, check_instr, check_psum_bank, psum_banks_of
 from runtime_sim.errors import CapacityError
-from runtime_sim.isa import (Buffer, DType, EngineKind, Instr, Memory, Op, OpAttrs, Program,
-                             Queue, dma_queue)
+from runtime_sim.isa import (VECTOR, Buffer, DmaAttrs, DType, EngineKind, Instr, Memory, Op,
+                             OpAttrs, Program, Queue, TensorCopyAttrs, dma_queue)
 from runtime_sim.targets import Target
 
 from .placement import Placement, StaleBlockError, blocks
@@ -409,6 +411,7 @@ class Tracer:
                f"modulo {nslots} slots in {k} of the {self.target.psum_banks} banks; declare "
                f"fewer blocks, or place them with ncc.psum.mod_alloc")
         st.placement = Placement(what, tuple(shape[:pdim]), block, slots, b.name, how)
+        st.placement.paged = True
         on_release(st, self._release, self.psum.release, Memory.PSUM, off, k * bank, b.name)
         return st
 
@@ -515,6 +518,9 @@ class Tracer:
             if v is not None and v.storage.dead:
                 raise self._fail(CapacityError(v.storage.dead))
         dst, srcs, accum = _partition_first(dst, srcs, accum)
+        for v in (*srcs, dst, accum):      # before the stream position is taken: may emit copies
+            if v is not None and v.storage.placement is not None and v.storage.placement.paged:
+                self._page_in(v, write=v is dst or v is accum)
         stream = self.streams.setdefault(queue, [])
         sem = f"{queue.name}.done"
         dma = queue.engine is EngineKind.DMA
@@ -551,6 +557,9 @@ class Tracer:
             if self._seen.get(k, 0) < c:
                 waits.append((p, c))
                 self._seen[k] = c
+        if dst is not None and dst.storage.nominal is None and dst.memory is not Memory.HBM:
+            dst.storage.nominal = next((s.storage.nominal for s in srcs if s.storage.nominal
+                                        and s.partitions == dst.partitions), None)
         ins = Instr(op, dst_ap, src_aps, attrs, tuple(waits), (sem,), source_line(), acc_ap)
         self._check(queue, len(stream), ins)
         stream.append(ins)
@@ -566,6 +575,61 @@ class Tracer:
             if space in self.bufmap and self.bufmap[space].memory is Memory.HBM:
                 self.written.add(space)
         return ins
+
+    # ---- paging of the front end's modulo-placed PSUM tensors (placement.py) -----------------
+    def _page_in(self, v: NkiTensor, write: bool) -> None:
+        """Make ``v``'s block resident in its slot before an instruction uses it: spill the
+        block there if it was written and not read since (a block already read is dropped:
+        reading it again is the StaleBlockError), then copy ``v``'s block back from its backing
+        store if it has one. A read of a block never written stays an error."""
+        st, pl = v.storage, v.storage.placement
+        idx = pl.block_of(v)
+        slot = pl.slots[idx]
+        occ = pl.last.get(slot)
+        if occ is None or occ == idx or (not write and idx not in pl.backing):
+            return
+        if occ in pl.dirty and occ in pl.unread:
+            self._copy_block(st, occ, out=True)
+        elif occ in pl.dirty:              # read since written: taken as done with, not kept
+            pl.backing.pop(occ, None)
+            pl.dirty.discard(occ)
+        del pl.last[slot]
+        if idx in pl.backing:
+            pl.last[slot] = idx
+            self._copy_block(st, idx, out=False)
+            pl.dirty.discard(idx)
+
+    def _copy_block(self, st: Storage, idx: tuple, out: bool) -> None:
+        """Copy block ``idx`` of paged PSUM tensor ``st`` to (``out``) or from its backing store:
+        one SBUF tensor of the same shape when the whole tensor takes at most a quarter of SBUF
+        per partition, else an HBM tensor through an SBUF staging tile."""
+        pl = st.placement
+        if pl.store is None:
+            nbytes = free_elems(st.shape, st.pdim) * st.dtype.itemsize
+            sb = None
+            if nbytes <= self.target.sbuf_bytes_per_partition // 4:
+                try:
+                    sb = self._onchip(Memory.SBUF, st.shape, st.dtype, st.pdim, f"{st.name}.spill", False)
+                except CapacityError:
+                    sb = None
+            pl.store = sb if sb is not None else self.hbm(st.shape, st.dtype, f"{st.name}.spill")
+        blk, bk = st.view()[idx], pl.store.view()[idx]
+        if bk.memory is Memory.SBUF:
+            self.emit(VECTOR, Op.TENSOR_COPY, *((bk, (blk,)) if out else (blk, (bk,))), TensorCopyAttrs())
+        else:
+            stage = self._onchip(Memory.SBUF, st.shape[st.pdim:], st.dtype, 0, "spill_stage", False).view()
+            if out:
+                self.emit(VECTOR, Op.TENSOR_COPY, stage, (blk,), TensorCopyAttrs())
+                self.emit(self.dma_queue_for(bk), Op.DMA_COPY, bk, (stage,), DmaAttrs())
+            else:
+                self.emit(self.dma_queue_for(bk), Op.DMA_COPY, stage, (bk,), DmaAttrs())
+                self.emit(VECTOR, Op.TENSOR_COPY, blk, (stage,), TensorCopyAttrs())
+        if out:
+            pl.backing[idx] = True
+            pl.dirty.discard(idx)
+            pl.spills += 1
+        else:
+            pl.fills += 1
 
     def _check(self, q: Queue, index: int, ins: Instr) -> None:
         try:

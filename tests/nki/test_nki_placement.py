@@ -61,7 +61,7 @@ def test_transpose_mode_is_bit_accurate_on_v3_and_a_matmul_on_v2():
     assert np.isnan(run1.outputs[0][9]).all()                          # NaN * 0 spreads
 
 
-def _blocked_matmul(place_psum, place_sbuf=None, nblocks=4, slots_read_late=False):
+def _blocked_matmul(place_psum, place_sbuf=None, nblocks=4, slots_read_late=False, reread=False):
     @nki.jit
     def k(lhsT, rhs):
         """out[i] = lhsT.T @ rhs[:, i*512:(i+1)*512], one PSUM block per i."""
@@ -77,6 +77,8 @@ def _blocked_matmul(place_psum, place_sbuf=None, nblocks=4, slots_read_late=Fals
         if slots_read_late:        # every block read after all were written
             for i in nl.affine_range(nblocks):
                 nl.store(out[:, i * 512:(i + 1) * 512], value=nl.copy(acc[i]))
+        if reread:                 # block 0 read a second time, long after its first read
+            nl.store(out[:, 0:512], value=nl.copy(acc[0]))
         return out
     return k
 
@@ -125,11 +127,45 @@ def test_reading_a_block_whose_slot_was_reused_fails():
 
 def test_psum_blocks_beyond_the_banks_are_placed_modulo():
     lhsT, rhs, ref = _operands(nblocks=12)      # 12 full banks > 8
-    out = _blocked_matmul(nl.psum, nblocks=12)(lhsT, rhs)
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-    k = _blocked_matmul(nl.psum, nblocks=12, slots_read_late=True)
-    with pytest.raises(StaleBlockError, match="too few free PSUM banks for its 12 blocks"):
-        k(lhsT, rhs)
+    run = nki.simulate(_blocked_matmul(nl.psum, nblocks=12), lhsT, rhs)
+    np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-4, atol=1e-4)
+    assert not any(b.name.endswith(".spill") for b in run.program.buffers)   # read in time
+
+
+def _spill_copies(run):
+    spill = {b.name for b in run.program.buffers if b.name.endswith(".spill")}
+    return [i for s in run.program.streams.values() for i in s
+            if (i.dst is not None and i.dst.buffer in spill) or any(a.buffer in spill for a in i.srcs)]
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_front_end_placed_blocks_read_late_are_spilled_and_refilled(target):
+    """Every block read after all 12 were written: the front end's slots are a cache, each
+    evicted block is copied to SBUF and back (never a stale value, never an error)."""
+    lhsT, rhs, ref = _operands(nblocks=12)
+    run = nki.simulate(_blocked_matmul(nl.psum, nblocks=12, slots_read_late=True), lhsT, rhs,
+                       target=target)
+    np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-4, atol=1e-4)
+    copies = _spill_copies(run)
+    assert copies and all(i.op.value == "tensor_copy" for i in copies)
+
+
+def test_a_block_read_again_after_its_slot_was_reused_fails():
+    """A block already read is not kept when evicted: a second read is the StaleBlockError."""
+    lhsT, rhs, _ = _operands(nblocks=12)
+    with pytest.raises(StaleBlockError, match=r"block \[0\] read after block \[\d+\] overwrote"):
+        _blocked_matmul(nl.psum, nblocks=12, reread=True)(lhsT, rhs)
+
+
+def test_spilled_blocks_go_to_hbm_when_sbuf_would_be_crowded():
+    """48 full-bank blocks (96 KiB per partition, over a quarter of SBUF): spilled through an
+    SBUF staging tile to an HBM tensor, values intact."""
+    lhsT, rhs, ref = _operands(nblocks=48)
+    run = nki.simulate(_blocked_matmul(nl.psum, nblocks=48, slots_read_late=True), lhsT, rhs)
+    np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-4, atol=1e-4)
+    spill = [b for b in run.program.buffers if b.name.endswith(".spill")]
+    assert spill and spill[0].memory.value == "hbm"
+    assert any(i.op.value == "dma_copy" for i in _spill_copies(run))
 
 
 def _per_iteration_psum(keep_first: bool):
