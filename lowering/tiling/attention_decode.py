@@ -27,7 +27,8 @@ the first bank's products and score expression run while the rest arrive (decode
 ([128 keys, chunks x Dv]). With an additive term and a scale that is a power of two in fp32
 (GPT-2's 1/8), the scale goes into the query blocks (exact) and each bank's score tile is one
 add of the term to the products in PSUM (decode_gpt2 trn2 1087.5 -> 1076.0 us, trn3 903.7 ->
-891.0 with the paired loads).
+891.0 with the paired loads); scores that come scaled take VectorE's exponential where it is
+the faster engine (NC-v4: trn3 891.0 -> 883.3 us).
 
 New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
 its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
@@ -252,7 +253,16 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         m = b.tile("dm", Memory.SBUF, H, 1, F32, 1).ap()
         b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
         nm = b.tile("dnm", Memory.SBUF, H, 1, F32, 1).ap()
-        if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+        # VectorE's exponential where it is the faster one (NC-v4) and the scores come scaled:
+        # exp(S - m) with the row sums, as ScalarE's exp(S + (-m)) with its reduce
+        vexp = (VECTOR_EXP and t.vector_exp_speedup > 1 and act_scale >= 0
+                and all(sc == 1.0 for _, sc in srcs))
+        if vexp:
+            if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+                b.tensor_scalar(nm, m, AluOp.MAX, LOWEST)
+            else:
+                nm = m
+        elif clamp:   # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
             b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
         else:
@@ -261,8 +271,11 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         L = b.tile("dl", Memory.SBUF, H, nk, F32, 1).ap()
         for c, (k0, kw) in enumerate(kbs):
             src, sc = srcs[c]
-            b.activation(P.ap(elem_offset=k0, dims=((1, kw),)), src, ActFunc.EXP, scale=sc,
-                         bias_ap=nm, reduce=AluOp.ADD, accum=_cols(L, c, 1))
+            if vexp:
+                b.exponential(P.ap(elem_offset=k0, dims=((1, kw),)), src, nm, accum=_cols(L, c, 1))
+            else:
+                b.activation(P.ap(elem_offset=k0, dims=((1, kw),)), src, ActFunc.EXP, scale=sc,
+                             bias_ap=nm, reduce=AluOp.ADD, accum=_cols(L, c, 1))
         # P^T per 128 keys, [128 keys, H] each, through one PSUM tile, one copy out
         tps = b.tile("dtp", Memory.PSUM, min(Sk, 128), nch * H, pdt, 1)
         pt = b.tile("dpt", Memory.SBUF, min(Sk, 128), nch * H, pdt, 1)
@@ -307,6 +320,7 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
 
 PAIRED_KT_LOADS = True
 PRESCALE_Q = True
+VECTOR_EXP = True
 
 
 def _pow2(x: float) -> float:
