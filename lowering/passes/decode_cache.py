@@ -39,7 +39,10 @@ from dataclasses import replace
 from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 
 MAX_ITEMS = 4096
-# Off: measured slower (latest: decode_gpt2 trn2 1090.5 us off, 1130.4 on; earlier figures:
+# Off: measured slower (latest, with the paired K^T loads and the prescaled scores: decode_gpt2
+# trn2 1076.0 us off, 1114.4 on; trn3 883.3 off, 979.9 on: the attention's position masks and
+# mask term run on the in-order VectorE after the QKV projection's epilogue, ~5.5 us on the
+# chain per layer on trn3; earlier: trn2 1090.5 us off, 1130.4 on; earlier figures:
 # trn2 1176.4 us off; on: 1213.4 before the cache loads were
 # prefetchable; trn3 1009.8 off, 1037.4 on). tir/analysis.weight_loads now counts the cache loads
 # as prefetchable (the cache is written only after them) and tir/plan.py gives their tiles an

@@ -22,7 +22,13 @@ An additive score term (ACC + X, X free of ACC: GPT-2's ``where(mask, 0, -inf)``
 for every bank before the products (``_additive``), so only the add waits for the scores.
 K^T comes by DMA transpose bank by bank (every head's first 512 keys, then the next 512), so
 the first bank's products and score expression run while the rest arrive (decode_gpt2 trn2
-1134.1 -> 1090.5 us against head by head); V of a head in one DMA ([128 keys, chunks x Dv]).
+1134.1 -> 1090.5 us against head by head), the two heads of a pair by one DMA transpose over all
+128 partitions (``_load_kt_pair``: half the transfers, every DMA engine); V of a head in one DMA
+([128 keys, chunks x Dv]). With an additive term and a scale that is a power of two in fp32
+(GPT-2's 1/8), the scale goes into the query blocks (exact) and each bank's score tile is one
+add of the term to the products in PSUM (decode_gpt2 trn2 1087.5 -> 1076.0 us, trn3 903.7 ->
+891.0 with the paired loads); scores that come scaled take VectorE's exponential where it is
+the faster engine (NC-v4: trn3 891.0 -> 883.3 us).
 
 New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
 its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
@@ -47,6 +53,7 @@ Invariants
 """
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 
 from lowering.errors import LoweringError
@@ -56,7 +63,7 @@ from lowering.tiling.attention_steps import (F32, KB, LOWEST, TINY, _boff, _cols
                                              _row_broadcast, _score_tile)
 from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_plan import PE_T, RES_T, operand_form
+from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory, Op, SelectAttrs
@@ -137,6 +144,9 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         qm = b.tile("dqm", Memory.SBUF, P, nq * H, dt, 1)
         if new:
             onek, onev, keepv = _position_masks(b, PK, PV, H, Sk, pdt)
+        # an additive score term takes scale S + X in one add when the scale is a power of two
+        # (then q * scale is exact in the query blocks and S comes scaled from the products)
+        qscale = _pow2(a.scale) if _additive(a.score) is not None and PRESCALE_Q else 1.0
         for u in range(halves):
             # every head's q in one DMA per half (features on partitions): one fixed phase,
             # not one per head
@@ -147,7 +157,11 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
             grid = dict(dims=((H, nq), (1, H)), **hh)
             # paired: block j holds head 2j + u in half u (j*2 + u - m); else head j (j - m)
             b.iota(eye.ap(D, **grid), u if paired else 0, 0, (2 if paired else 1, -1))
-            b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
+            if qscale != 1.0:       # the score scale in the query blocks (exact: a power of two)
+                b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0,
+                                op1=AluOp.MULTIPLY, operand1=qscale)
+            else:
+                b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
             b.tensor_tensor(qm.ap(D, **grid), eye.ap(D, **grid), qt.ap(D, dims=((0, nq), (1, H)), **hh),
                             AluOp.MULTIPLY)
         if new:         # the new rows, before the cache loads on the DMA queues
@@ -173,8 +187,16 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         vt = b.tile("dv", Memory.SBUF, min(Sk, 128), H * nch * Dv, V.dtype, 1)
         # K^T bank by bank (every head's keys of the first bank first, so its products and
         # score expression run while the later banks arrive), then V
+        # (paired heads of a DMA-transposed K^T: both heads of a slot in one transfer over all
+        # 128 partitions, every DMA engine, half the transfers)
+        pair_load = paired and sk.form == DMA_T and PAIRED_KT_LOADS
         for k0, kw in kbs:
             for h in range(H):
+                if pair_load and kw > 1 and h % 2 == 1:
+                    continue                     # loaded with head h - 1
+                if pair_load and kw > 1 and h + 1 < H:
+                    _load_kt_pair(b, sk, KT, kt, outer, h, Sk, k0, kw, D)
+                    continue
                 sk.load(b, _Part(kt, 64 * (h % halves), aff(0)), aff(h // halves * Sk + k0),
                         sk.base(outer + (aff(h),)), aff(0), D, aff(k0), kw)
         for h in range(H):
@@ -214,8 +236,10 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         for c, (k0, kw) in enumerate(kbs):
             src, act_scale = S[c].ap(dims=((1, kw),)), a.scale
             if bias is not None:        # scale S + X, as _score_tile computes ACC + X
-                acc = b.tile("dsc", Memory.SBUF, H, kw, F32, 1).ap()
-                b.tensor_scalar(acc, S[c].ap(dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
+                acc = S[c].ap(dims=((1, kw),))
+                if qscale == 1.0:
+                    acc = b.tile("dsc", Memory.SBUF, H, kw, F32, 1).ap()
+                    b.tensor_scalar(acc, S[c].ap(dims=((1, kw),)), AluOp.MULTIPLY, a.scale)
                 src = b.tile("dsb", Memory.SBUF, H, kw, F32, 1).ap()
                 b.tensor_tensor(src, acc, bias[c], AluOp.ADD)
                 act_scale = 1.0
@@ -229,7 +253,16 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         m = b.tile("dm", Memory.SBUF, H, 1, F32, 1).ap()
         b.tensor_reduce(m, mb, AluOp.MAX if act_scale >= 0 else AluOp.MIN)
         nm = b.tile("dnm", Memory.SBUF, H, 1, F32, 1).ap()
-        if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+        # VectorE's exponential where it is the faster one (NC-v4) and the scores come scaled:
+        # exp(S - m) with the row sums, as ScalarE's exp(S + (-m)) with its reduce
+        vexp = (VECTOR_EXP and t.vector_exp_speedup > 1 and act_scale >= 0
+                and all(sc == 1.0 for _, sc in srcs))
+        if vexp:
+            if clamp:     # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
+                b.tensor_scalar(nm, m, AluOp.MAX, LOWEST)
+            else:
+                nm = m
+        elif clamp:   # a row of -inf: m = the lowest finite value, so exp gives 0, not NaN
             b.tensor_scalar(nm, m, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
                             LOWEST if act_scale >= 0 else -LOWEST, op1=AluOp.MULTIPLY, operand1=-act_scale)
         else:
@@ -238,8 +271,11 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         L = b.tile("dl", Memory.SBUF, H, nk, F32, 1).ap()
         for c, (k0, kw) in enumerate(kbs):
             src, sc = srcs[c]
-            b.activation(P.ap(elem_offset=k0, dims=((1, kw),)), src, ActFunc.EXP, scale=sc,
-                         bias_ap=nm, reduce=AluOp.ADD, accum=_cols(L, c, 1))
+            if vexp:
+                b.exponential(P.ap(elem_offset=k0, dims=((1, kw),)), src, nm, accum=_cols(L, c, 1))
+            else:
+                b.activation(P.ap(elem_offset=k0, dims=((1, kw),)), src, ActFunc.EXP, scale=sc,
+                             bias_ap=nm, reduce=AluOp.ADD, accum=_cols(L, c, 1))
         # P^T per 128 keys, [128 keys, H] each, through one PSUM tile, one copy out
         tps = b.tile("dtp", Memory.PSUM, min(Sk, 128), nch * H, pdt, 1)
         pt = b.tile("dpt", Memory.SBUF, min(Sk, 128), nch * H, pdt, 1)
@@ -280,6 +316,29 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
                                  (vn, pn) if new else None)
         else:
             _products_by_rows(b, out, outer, H, Sk, Dv, vt, ptv, rl, (vn, pn) if new else None)
+
+
+PAIRED_KT_LOADS = True
+PRESCALE_Q = True
+VECTOR_EXP = True
+
+
+def _pow2(x: float) -> float:
+    """``x`` rounded to fp32 (as the engines apply a scale) when that is a power of two, else 1.0
+    (no prescaling)."""
+    if x <= 0:
+        return 1.0
+    p = 2.0 ** round(math.log2(x))
+    return p if abs(x / p - 1.0) < 2.0 ** -25 else 1.0
+
+
+def _load_kt_pair(b: TirBuilder, sk, KT, kt, outer, h: int, Sk: int, k0: int, kw: int,
+                  D: int) -> None:
+    """K^T of heads h (partitions 0-63) and h + 1 (64-127) for keys k0 .. k0+kw, slot h // 2, by
+    one DMA transpose: the source [kw keys, 2 heads, D features] viewed as [kw, 2 D]."""
+    src = hbm_ap(KT.buffer, KT.dtype, sk.base(outer + (aff(h),)) + k0 * sk.fstride, kw,
+                 sk.fstride, ((2, KT.strides[-3]), (D, sk.kstride)))
+    b.dma(kt.ap(2 * D, elem_offset=h // 2 * Sk + k0, dims=((1, kw),)), src, transpose=True)
 
 
 def _uses_acc(x: Expr) -> bool:
