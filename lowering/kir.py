@@ -434,6 +434,11 @@ class ScatterKAttrs:
     accumulate: bool = False
 
 
+# An ATTENTION kernel's value width: its output rows [query block, Dv] accumulate in one PSUM
+# bank (2 KiB per partition, 512 fp32). The fusion forms no wider kernel; the tiler checks again.
+ATTENTION_MAX_DV = 512
+
+
 @dataclass(frozen=True)
 class AttentionKAttrs:
     """``outs[0][b] = epilogue(softmax(score(scale * Q[b] @ KT[b])) @ V[b])`` over views

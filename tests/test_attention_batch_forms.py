@@ -96,3 +96,22 @@ def test_batch_mask_broadcast_over_heads_is_one_attention_kernel(kind, fresh_dyn
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     fused = [p.read_text() for p in tmp_path.rglob("ir_post_fusion.txt")]
     assert sum(t.count("= attention[") for t in fused) == 1, fused
+
+
+def test_wide_values_stay_separate_kernels_on_the_device(fresh_dynamo, tmp_path):
+    """softmax(x @ W1) @ W2 with W2 768 wide has attention's shape, but an ATTENTION kernel's
+    output rows take one PSUM bank (512 fp32): the fusion leaves it as products and a softmax,
+    all on the device (it used to form the kernel and lose the whole partition to eager)."""
+    torch.manual_seed(2)
+    x, w1, w2 = torch.randn(3, 200), torch.randn(200, 300), torch.randn(300, 768)
+
+    def f(x, w1, w2):
+        return torch.softmax(x @ w1, -1) @ w2
+    c = torch.compile(f, backend="neuron", options={"dump_dir": str(tmp_path)})
+    with neuron_compiler.profile() as prof:
+        out = c(x, w1, w2)
+    d = prof.to_dict()
+    assert d["fallback_nodes"] == 0 and d["device_nodes"] >= 3, d["fallbacks"]
+    torch.testing.assert_close(out, f(x, w1, w2), rtol=1e-4, atol=1e-4)
+    fused = "".join(p.read_text() for p in tmp_path.rglob("ir_post_fusion.txt"))
+    assert "= attention[" not in fused and "value width 768 is over 512" in fused

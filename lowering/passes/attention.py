@@ -22,8 +22,8 @@ Invariants
 """
 from __future__ import annotations
 
-from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, ReduceOp, Role,
-                          TensorRef, contiguous_strides, one_batch_form, reindex_batch,
+from lowering.kir import (ATTENTION_MAX_DV, AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram,
+                          ReduceOp, Role, TensorRef, contiguous_strides, one_batch_form, reindex_batch,
                           view_as)
 from runtime_sim.isa import DType
 
@@ -323,6 +323,11 @@ def fuse_attention(kp: KProgram, why: list[str] | None = None) -> bool:
             continue
         if mm2.ins[2:]:
             _why(why, sm, "the second matmul's epilogue reads other tensors")
+            continue
+        if v.shape[-1] > ATTENTION_MAX_DV or 0 in q.shape or 0 in v.shape:
+            _why(why, sm, f"value width {v.shape[-1]} is over {ATTENTION_MAX_DV} (an attention "
+                          "kernel's output rows accumulate in one PSUM bank) or a side is empty: "
+                          "the products and the softmax stay separate kernels")
             continue
         extra = tuple(mm1.ins[2:])
         out = mm2.outs[0]

@@ -40,7 +40,7 @@ from dataclasses import replace
 import numpy as np
 
 from lowering.errors import Unsupported
-from lowering.kir import AttentionKAttrs, KOp
+from lowering.kir import ATTENTION_MAX_DV, AttentionKAttrs, KOp
 from lowering.tiling.attention_bias import bias_tiles, invariant_bias, pe_bias_tiles
 from lowering.tiling.attention_decode import decode_fits, tile_decode
 from lowering.tiling.attention_rows import rows_fits, tile_rows
@@ -67,8 +67,9 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
     Sk, Dv = KT.shape[-1], V.shape[-1]
     if min(Sq, Sk, D, Dv) == 0:
         raise Unsupported(",".join(k.origin) or "attention", f"empty attention (Sq={Sq}, Sk={Sk}, D={D}, Dv={Dv})")
-    if Dv > 512:
-        raise Unsupported(",".join(k.origin) or "attention", f"value width Dv={Dv} > 512 (one PSUM bank)")
+    if Dv > ATTENTION_MAX_DV:
+        raise Unsupported(",".join(k.origin) or "attention",
+                          f"value width Dv={Dv} > {ATTENTION_MAX_DV} (one PSUM bank)")
     t = b.target
     # Q^T, K^T by DMA transposes even from SBUF-resident tensors: TensorE transposes would put
     # their PSUM copies on the VectorE/ScalarE queues the softmax keeps busy (GPT-2: 1160 us
