@@ -40,9 +40,10 @@ log = logging.getLogger(__name__)
 
 MAX_FOLDED_BYTES = 16 * 2 ** 20
 
-_VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
-          "transpose", "t", "slice", "select", "alias", "as_strided", "clone", "_to_copy",
-          "lift_fresh_copy", "copy", "full_like", "zeros_like", "ones_like", "empty_like"}
+# views, copies and *_like constructors: never a kernel of their own
+_NOT_KERNELS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
+                "transpose", "t", "slice", "select", "alias", "as_strided", "clone", "_to_copy",
+                "lift_fresh_copy", "copy", "full_like", "zeros_like", "ones_like", "empty_like"}
 
 
 def _is_compute(node: Node) -> bool:
@@ -53,7 +54,7 @@ def _is_compute(node: Node) -> bool:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     name = node.target._schema.name.split("::")[-1]
-    if name in _VIEWS or torch.Tag.pointwise in node.target.tags:
+    if name in _NOT_KERNELS or torch.Tag.pointwise in node.target.tags:
         return False
     # constructors: no tensor argument
     return any(isinstance(a, Node) for a in torch.utils._pytree.arg_tree_leaves(*node.args, **node.kwargs))
@@ -74,13 +75,26 @@ def _computes(node: Node) -> bool:
     return False
 
 
+def _reads_no_input(gm: GraphModule) -> bool:
+    """Whether some op that runs as a kernel of its own (``_is_compute``) reads no placeholder,
+    directly or through other nodes: else there is nothing to fold and the interpreter is not
+    run (a graph of one eager device op, most model graphs' every matmul)."""
+    dependent: set[Node] = set()
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" or any(a in dependent for a in n.all_input_nodes):
+            dependent.add(n)
+        elif _is_compute(n):
+            return True
+    return False
+
+
 def fold_constants(gm: GraphModule) -> list[str]:
     """Fold ``gm``'s input-independent subgraphs in place (see the module docstring). Returns
     the names of the nodes replaced by constants."""
     from torch._inductor.constant_folding import ConstantFolder, replace_node_with_constant
     from torch.utils._python_dispatch import _disable_current_modes
 
-    if not any(_is_compute(n) for n in gm.graph.nodes):
+    if not _reads_no_input(gm):
         return []
     with _disable_current_modes():
         cf = ConstantFolder(gm, skip_constructors=False)

@@ -300,16 +300,24 @@ def _batch_split_for(mm: KOp, c: KOp, js) -> KOp:
     others = [r for ci, r in enumerate(c.ins) if ci not in js]
     if all(_reshape_view(r, cout.shape, shape3) is not None for r in others):
         return mm
-    split = nb + shape3[1:]
-    if any(_reshape_view(r, cout.shape, split) is None for r in others):
+    if any(_reshape_view(r, cout.shape, nb + shape3[1:]) is None for r in others):
         return mm
+    return _with_split_batch(mm, nb) or mm
+
+
+def _with_split_batch(mm: KOp, nb: tuple[int, ...], ins: dict[int, TensorRef] | None = None):
+    """``mm`` with its one batch axis viewed as ``nb`` axes: its output and inputs by
+    ``_split_batch`` (input j replaced by ``ins[j]`` where given), its epilogue reindexed; None
+    when the epilogue indexes the merged batch axis (it has no single axis in the split form)."""
     epi = mm.attrs.epilogue
     if epi is not None:
-        epi = reindex_batch(epi, shape3, split)
+        epi = reindex_batch(epi, mm.outs[0].shape, nb + mm.outs[0].shape[1:])
         if epi is None:
-            return mm
+            return None
+    ins = ins or {}
     return KOp(KKind.MATMUL, (_split_batch(mm.outs[0], nb),),
-               tuple(_split_batch(r, nb) for r in mm.ins), MatmulKAttrs(epi), mm.origin)
+               tuple(ins[j] if j in ins else _split_batch(r, nb) for j, r in enumerate(mm.ins)),
+               MatmulKAttrs(epi), mm.origin)
 
 
 def _reshape_view(r: TensorRef, shape: tuple[int, ...], shape3: tuple[int, ...]) -> TensorRef | None:
@@ -362,15 +370,10 @@ def absorb_copies_into_matmul(kp: KProgram) -> bool:
             repl[j] = (ws[0], p.ins[0])
         if not repl:
             continue
-        epi = mm.attrs.epilogue
-        if epi is not None:
-            # an INDEX over the merged batch axis has no single axis in the split form
-            epi = reindex_batch(epi, mm.outs[0].shape, nb + mm.outs[0].shape[1:])
-            if epi is None:
-                continue
-        ins = [repl[j][1] if j in repl else _split_batch(r, nb) for j, r in enumerate(mm.ins)]
-        out = _split_batch(mm.outs[0], nb)
-        kp.kernels[mi] = KOp(KKind.MATMUL, (out,), tuple(ins), MatmulKAttrs(epi), mm.origin)
+        split = _with_split_batch(mm, nb, {j: src for j, (_, src) in repl.items()})
+        if split is None:
+            continue
+        kp.kernels[mi] = split
         for pi, _ in sorted(repl.values(), reverse=True):
             del kp.buffers[kp.kernels[pi].outs[0].buffer]
             del kp.kernels[pi]

@@ -409,16 +409,14 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
-            if prescale and not last and p == 0:
-                # the next item's K^T and V with its first unit: the K^T scale's queue reaches it
-                # before the next item's first products wait for it
+            if not last and p == (0 if prescale else NU - 1):
+                # the next item's K^T and V ahead of its first products: with the last unit, or
+                # (K^T scaled on load) with the first, so the scale's queue reaches it in time
                 load_kv(h + 1, 1 - hh)
             if p + 1 < NU:
                 nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
                 exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
             elif not last:
-                if not prescale:
-                    load_kv(h + 1, 1 - hh)
                 exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
             else:
                 between = None

@@ -92,10 +92,11 @@ def plan_2d(shape: tuple[int, ...], strides: list[Strides], offsets: list[int],
             free.insert(0, axes.pop())
     p_idx = max(range(len(axes)), key=lambda d: axes[d][0])
     rows, rs = axes.pop(p_idx)
-    (n, cs), = free if len(free) == 1 else ((0, ()),)
-    if rows < partitions // 2 and n > free_max and n % partitions == 0:
+    if (len(free) == 1 and rows < partitions // 2 and free[0][0] > free_max
+            and free[0][0] % partitions == 0):
         # a few long rows ([2, 128 x 768] once a contiguous [2, 128, 768] is merged): the
         # long axis splits into [partitions, n / partitions], the short one becomes a loop
+        n, cs = free[0]
         q = n // partitions
         axes.insert(p_idx, (rows, rs))
         return [Region(tuple(offsets), tuple(axes), partitions, tuple(c * q for c in cs), ((q, cs),))]
