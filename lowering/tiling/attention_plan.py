@@ -70,6 +70,20 @@ class _Body:
         s.tensor_copy(pt.ap(), tp.ap(), engines=(copy_engine,))
         return pt
 
+    def close(self, nk: int, nv: int) -> None:
+        """A query block's per-row work besides its key blocks': m and -m on GpSimdE for
+        VectorE's exps (else -scale * max on ScalarE, one instruction for several blocks) and
+        the output's normalisation, on the engine the builder picks for it (as ``_store``)."""
+        s = self.s
+        if nv:
+            s.tensor_reduce(self.m, self.mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
+            s.tensor_reduce(self.m, self.mb.ap(), AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
+        elif nk > 1:
+            s.activation(self.mb.ap(), self.mb.ap(), ActFunc.COPY, scale=-1.0, reduce=AluOp.MIN,
+                         accum=self.m)
+        w = s.tile("w", Memory.SBUF, QB, self.o.ap().dims[-1][1], self.pdt, 1)
+        s.tensor_scalar(w.ap(), self.o.ap(), AluOp.DIVIDE, _cols(self.mb.ap(), 0, 1))
+
     def pv(self, pt, kw: int) -> None:
         for s0 in range(0, kw, 128):
             sw = min(128, kw - s0)
@@ -77,11 +91,12 @@ class _Body:
 
 
 def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
-               dma: int = 0) -> dict:
+               dma: int = 0, close: bool = False) -> dict:
     """Busy time per engine of one full query block's work as tile_rows emits it (row maxes,
     exps with the first ``nv`` on VectorE, P^T copies with the first ``na`` on ScalarE; with
     ``tensor`` also its products, transposes and second products; the first ``dma`` key blocks'
-    P^T by DMA transposes), priced by the simulator's cost table (``estimate.profile``)."""
+    P^T by DMA transposes; with ``close`` also the row's closing work, ``_Body.close``), priced by
+    the simulator's cost table (``estimate.profile``)."""
     with scratch(t) as s:
         body = _Body(s, D, Dv, dt, pdt, len(kbs))
         for c, (_, kw) in enumerate(kbs):
@@ -93,6 +108,8 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
                                 tensor, dma=c < dma)
             if tensor:
                 body.pv(pt, kw)
+        if close:
+            body.close(len(kbs), nv)
     return profile(s)[0]
 
 
@@ -144,16 +161,19 @@ def max_engines(t, prev_w: tuple[int, ...], next_w: tuple[int, ...], D: int, Dv:
     return best[1]
 
 
-def cheapest_engine(t, emit, engines) -> EngineKind:
-    """The engine of ``engines`` on which the instruction ``emit(builder, engine)`` writes costs
-    least (``estimate.profile``)."""
+def spare_engine(t, busy: dict, emit, engines) -> EngineKind:
+    """The engine of ``engines`` for one more instruction ``emit(builder, engine)`` in every
+    unit whose engines are ``busy`` (``block_busy``): the one that keeps the busiest engine's
+    time lowest with it added (ties: the cheaper instruction). An engine on the unit's critical
+    chain that prices an instruction cheapest can still be the worse place for it."""
     best = None
     for e in engines:
         with scratch(t) as s:
             emit(s, e)
-        busy = profile(s)[0][e]
-        if best is None or busy < best[0]:
-            best = (busy, e)
+        cost = profile(s)[0][e]
+        key = (max(busy.get(e, 0.0) + cost, max(busy.values(), default=0.0)), cost)
+        if best is None or key < best[0]:
+            best = (key, e)
     return best[1]
 
 

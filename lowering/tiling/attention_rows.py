@@ -51,13 +51,15 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_plan import cheapest_engine, dma_transposes, exp_plan, max_engines
+from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, max_engines,
+                                            spare_engine)
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
                                              _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
+from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
@@ -141,11 +143,18 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
                "chosen by the cost model")
     prescale = bool(vexp) and a.scale != 1.0
-    if prescale:   # the K^T scale on the engine the cost table prices cheapest for it
-        scale_engine = cheapest_engine(b.target, lambda s, e: s.tensor_scalar(
-            s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(),
-            s.tile("k2", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), AluOp.MULTIPLY, a.scale,
-            engines=(e,)), ELEMENTWISE)
+    def scale_k(ka: TAP, engine: EngineKind, bb: TirBuilder = b) -> None:
+        """K^T *= scale in place: ScalarE's activation, or an ALU op elsewhere."""
+        if engine is EngineKind.SCALAR:
+            bb.activation(ka, ka, ActFunc.COPY, scale=a.scale)
+        else:
+            bb.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(engine,))
+
+    if prescale:   # the K^T scale (one key block per unit, see ``item``) where it least
+        # lengthens a unit's busiest engine
+        busy = block_busy(b.target, kbs, D, Dv, dt, pdt, nv, na, tensor=False, close=True)
+        scale_engine = spare_engine(b.target, busy, lambda s, e: scale_k(
+            s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), e, s), ELEMENTWISE + (EngineKind.SCALAR,))
     interleave = b.target.background_transpose
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
 
@@ -242,7 +251,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
             if prescale:
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
-                b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
+                scale_k(ka, scale_engine)
         for c in cs if v else ():
             k0, kw = kbs[c]
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c], Dw)
@@ -409,9 +418,14 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
-            if not last and p == (0 if prescale else NU - 1):
-                # the next item's K^T and V ahead of its first products: with the last unit, or
-                # (K^T scaled on load) with the first, so the scale's queue reaches it in time
+            if not last and prescale:
+                # the next item's K^T (scaled on load) and V: one key block per unit from the
+                # first, so each scale takes one instruction's room in its engine's queue
+                cs = tuple(c for c in range(nk) if min(c, NU - 1) == p)
+                if cs:
+                    load_kv(h + 1, 1 - hh, cs=cs)
+            elif not last and p == NU - 1:
+                # the next item's K^T and V ahead of its first products, with the last unit
                 load_kv(h + 1, 1 - hh)
             if p + 1 < NU:
                 nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
