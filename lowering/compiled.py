@@ -7,6 +7,8 @@ Invariants
   its (shape, strides, element offset) view within that buffer, so several outputs may share a
   buffer (views) and an output may be a view of an input.
 - A timing result depends only on the program, so it is computed once and reused.
+- ``input_copies`` name further ``program.inputs``, each a copy of a (resident) placeholder
+  stored permuted (a tied embedding's transposed copy for its LM head), uploaded beside it.
 - ``program.inputs`` named ``rng_seed*`` are seed buffers (two int32 words each) of RAND kernels,
   anywhere among the placeholders' buffers (which keep their order); ``run`` draws them from
   torch's default generator on every functional call.
@@ -84,6 +86,9 @@ class CompiledGraph:
     # per input: the permutation of its axes it is uploaded in (None: as given), chosen by
     # lowering.passes.layouts for resident inputs; ``run`` applies it to functional inputs
     input_layouts: tuple[tuple[int, ...] | None, ...] = ()
+    # program inputs that are copies of a graph input stored permuted (program input name,
+    # graph input index, permutation; lowering.passes.layouts): uploaded once beside it
+    input_copies: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
     _timing: SimResult | None = field(default=None, repr=False)
 
     def run(self, inputs: list[np.ndarray] | None, mode: str = "functional",
@@ -107,11 +112,15 @@ class CompiledGraph:
         """The program's input buffers' contents for ``inputs`` (placeholder order): laid out
         as ``input_layouts`` says, with fresh RAND seeds."""
         assert inputs is not None and len(inputs) == len(self.input_specs)
-        names = [n for n in self.program.inputs if not n.startswith(RNG_SEED_PREFIX)]
+        copies = {c for c, _, _ in self.input_copies}
+        names = [n for n in self.program.inputs
+                 if not n.startswith(RNG_SEED_PREFIX) and n not in copies]
         assert len(names) == len(inputs), (names, len(inputs))
         layouts = self.input_layouts or (None,) * len(inputs)
         feed = {name: np.ascontiguousarray(x if perm is None else x.transpose(perm))
                 for name, x, perm in zip(names, inputs, layouts)}
+        for name, i, perm in self.input_copies:
+            feed[name] = np.ascontiguousarray(inputs[i].transpose(perm))
         for name in self.program.inputs:         # RAND kernels' seeds (lowering/ops/random.py)
             if name.startswith(RNG_SEED_PREFIX):
                 feed[name] = rng_seed_words()

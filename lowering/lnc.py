@@ -112,9 +112,10 @@ def _compile_cores(gm: fx.GraphModule, plan: SplitPlan, need: dict,
 
 def _wrap(c: CompiledGraph, cores: tuple[CompiledGraph, ...], plan: SplitPlan | None,
           note: str, lnc: int) -> LncCompiledGraph:
-    # input_layouts stay () for a split partition: each core lays out its own slice
+    # input_layouts/copies stay () for a split partition: each core lays out its own slice
     return LncCompiledGraph(c.name, c.program, c.input_specs, c.outputs, c.ops, c.spill_bytes,
-                            c.input_layouts if plan is None else (), lnc=lnc, cores=cores,
+                            c.input_layouts if plan is None else (),
+                            input_copies=c.input_copies if plan is None else (), lnc=lnc, cores=cores,
                             plan=plan, note=note)
 
 

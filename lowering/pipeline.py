@@ -75,11 +75,15 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     early = attend_before_cache_update(kp, t)
     if early:
         kp.notes.append("decode attention before its cache update: " + "; ".join(early))
-    layouts = choose_input_layouts(kp, [s.shape for s in input_specs],
-                                   [s.resident for s in input_specs], t)
+    layouts, copies = choose_input_layouts(kp, [s.shape for s in input_specs],
+                                           [s.resident for s in input_specs])
     if any(layouts):
         kp.notes.append("stored transposed on upload (resident weights read as W.T by a matmul): "
                         + ", ".join(n for n, p in zip(kp.inputs, layouts) if p))
+    if copies:
+        kp.notes.append("a second copy stored transposed on upload for the matmuls reading W.T "
+                        "(other kernels read the input as given): "
+                        + ", ".join(f"{kp.inputs[i]} -> {c}" for c, i, _ in copies))
     emit("ir_post_fusion.txt", lambda: str(kp))
     verify_kir(kp)
     op_of = {n.name: op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
@@ -104,7 +108,7 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     outputs = tuple(OutputView(r.buffer, r.shape, r.strides, r.offset, _torch_dtype(r.dtype))
                     for r in kp.outputs)
     return CompiledGraph(name or "partition", program, tuple(input_specs), outputs, ops,
-                         input_layouts=layouts)
+                         input_layouts=layouts, input_copies=copies)
 
 
 def _tile_with_residency(kp, t):

@@ -63,7 +63,8 @@ Residency (``RESIDENCY``, process-wide): where the current data of each live ten
   the copy; any host write bumps ``_version``, so the device copy is no longer current. Saved
   activations are reachable only by the backward graph that AOTAutograd hands them to.
 - A parameter of an inference graph that a program stores in a layout of its own
-  (``CompiledGraph.input_layouts``: an ``nn.Linear`` weight kept transposed) is a copy of its
+  (``CompiledGraph.input_layouts``: an ``nn.Linear`` weight kept transposed; or
+  ``input_copies``: a tied embedding's transposed copy for its LM head) is a copy of its
   own, tracked as resident on "<target> as <permutation>": sent once like any parameter (the
   host lays it out while sending), and sent again if the plain layout is wanted elsewhere.
 - Each copy costs ``runtime_sim.costs.host_transfer_ns``: one DMA fixed latency per tensor plus
@@ -369,7 +370,8 @@ class DevicePartition(torch.nn.Module):
             return entry.eager(*args)
         compiled = entry.compiled
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        sent, sent_bytes = self._inputs_to_device(tensors, profs, compiled.input_layouts)
+        sent, sent_bytes = self._inputs_to_device(tensors, profs, compiled.input_layouts,
+                                                  compiled.input_copies)
         try:
             out, outs, result = self._run(entry, args, tensors)
         except MachineError as exc:   # the program breaks a machine rule: a compiler bug
@@ -460,14 +462,16 @@ class DevicePartition(torch.nn.Module):
         return tuple(outs) if self.returns_tuple else outs[0], outs, result
 
     def _inputs_to_device(self, tensors: list[torch.Tensor], profs: tuple,
-                          layouts: tuple = ()) -> tuple[int, int]:
+                          layouts: tuple = (), copies: tuple = ()) -> tuple[int, int]:
         """Charge the inputs whose current data is not in this target's HBM; (count, bytes). An
-        input the program stores in a layout of its own (``input_layouts``) is a copy of its
-        own on the device: resident like any other, but not the same as the plain copy."""
+        input the program stores in a layout of its own (``input_layouts``), or a second copy
+        of one stored permuted (``input_copies``), is a copy of its own on the device: resident
+        like any other, but not the same as the plain copy."""
         sent = nbytes = 0
         seen: set[tuple[int, object]] = set()
-        for i, t in enumerate(tensors):
-            perm = layouts[i] if i < len(layouts) else None
+        pairs = [(t, layouts[i] if i < len(layouts) else None) for i, t in enumerate(tensors)]
+        pairs += [(tensors[i], perm) for _, i, perm in copies]
+        for t, perm in pairs:
             if (id(t), perm) in seen:
                 continue
             seen.add((id(t), perm))

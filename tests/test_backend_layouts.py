@@ -1,11 +1,13 @@
 """Resident weights in the layout their matmuls read (lowering/passes/layouts.py).
 
-An ``nn.Linear`` weight of an inference graph is read as ``W.T`` (K contiguous); where no DMA
-transpose serves that (trn1, fp32 anywhere) the program stores it transposed and the runtime lays
-it out when it uploads it. Checked here: values match eager over tile edges, the layout is what
-makes them match (without it the result is wrong), the weight's TensorE transposes are gone, the
-steady state sends nothing, and a weight with any other reader, or of a training graph, keeps
-torch's layout.
+An ``nn.Linear`` weight of an inference graph is read as ``W.T`` (K contiguous); the program
+stores it transposed and the runtime lays it out when it uploads it (on every target: a DMA
+transpose moves W.T below the plain rate, TensorE transposes cost more). A weight that other
+kernels read as given (a tied embedding: gathered rows, and ``W.T`` for the LM head) keeps its
+layout and the matmuls read a second resident copy stored transposed. Checked here: values
+match eager over tile edges, the layout is what makes them match (without it the result is
+wrong), the weight's TensorE transposes are gone, the steady state sends nothing, and a
+training graph keeps torch's layout.
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ def _weight_transposes(cg) -> int:
                if i.op is Op.TRANSPOSE)
 
 
-@pytest.mark.parametrize("target,dtype,tol", [("trn2", torch.float32, 1e-4), ("trn1", torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("target,dtype,tol", [("trn2", torch.float32, 1e-4), ("trn1", torch.bfloat16, 2e-2),
+                                              ("trn3", torch.bfloat16, 2e-2)])
 def test_linear_weights_stored_transposed_match_eager(target, dtype, tol):
     m = _mlp(dtype)
     x = torch.randn(3, 70, 200, dtype=dtype)        # M = 210 rows, K = 200 and 300: tile edges
@@ -80,7 +83,7 @@ def test_layouts_remove_the_weight_transposes_on_trn1():
     assert relaid <= 2 * (2 + 3)
 
 
-def test_tied_or_training_weights_keep_their_layout():
+def test_a_weight_read_as_given_too_gets_a_transposed_copy():
     class Tied(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -91,16 +94,52 @@ def test_tied_or_training_weights_keep_their_layout():
 
     torch.manual_seed(0)
     m, x = Tied().eval(), torch.randn(130, 160)
-    y, _, cg = _run(m, x, "trn2")
+    y, d, cg = _run(m, x, "trn2")
     with torch.no_grad():
         torch.testing.assert_close(y, m(x), rtol=1e-4, atol=1e-4)
     assert not any(cg.input_layouts)
-    torch._dynamo.reset()
+    ((name, i, perm),) = cg.input_copies
+    assert name.endswith("_t") and perm == (1, 0) and name in cg.program.inputs
+    assert d["transfer_bytes"] == y.numel() * y.element_size()     # both copies stay resident
+    # the copy's layout is what makes the values right: fed as given, the result is wrong
+    from runtime_sim import simulate
+    inputs = [x.numpy(), x.numpy()]
+    inputs[i] = m.lin.weight.detach().numpy()          # placeholder i is the weight
+    good = simulate(cg.program, cg.feed(inputs), mode="functional").outputs
+    feed = cg.feed(inputs)
+    feed[name] = feed[name].T.copy()
+    bad = simulate(cg.program, feed, mode="functional").outputs
+    assert any((bad[k] != good[k]).any() for k in good)
+
+
+def test_tied_embedding_lm_head_reads_a_transposed_copy():
+    """GPT-2's shape of it: the token table is gathered from and read as W.T by the LM head;
+    bf16 on trn3 (which has DMA transposes), vocabulary 1000 and width 200 (tile edges)."""
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(1000, 200)
+            self.head = torch.nn.Linear(200, 1000, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.emb(ids)))
+
+    torch.manual_seed(0)
+    m, ids = LM().to(torch.bfloat16).eval(), torch.randint(0, 1000, (1, 130))
+    y, _, cg = _run(m, ids, "trn3")
+    with torch.no_grad():
+        torch.testing.assert_close(y.float(), m(ids).float(), rtol=2e-2, atol=2e-2)
+    assert len(cg.input_copies) == 1 and not any(cg.input_layouts)
+
+
+def test_training_weights_keep_their_layout():
     mt = _mlp(torch.float32).train()
     c = torch.compile(mt, backend="neuron", options={"target": "trn2"})
     with neuron_compiler.profile() as p:
         c(torch.randn(130, 200)).sum().backward()
-    assert all(not any(r.compiled.input_layouts) for r in p._parts.values() if r.compiled is not None)
+    assert all(not any(r.compiled.input_layouts) and not r.compiled.input_copies
+               for r in p._parts.values() if r.compiled is not None)
 
 
 def test_rewrite_is_exact_for_batched_views():
@@ -121,11 +160,10 @@ def test_rewrite_is_exact_for_batched_views():
         kp.outputs = [o]
         return kp
 
-    t = get_target("trn2")
     kp = prog(w)
-    assert choose_input_layouts(kp, [(R, C), (128, C)], [True, True], t) == ((1, 0), None)
+    assert choose_input_layouts(kp, [(R, C), (128, C)], [True, True]) == (((1, 0), None), ())
     assert kp.kernels[0].ins[1].strides == (0, R, 1)
-    assert choose_input_layouts(prog(w), [(R, C), (128, C)], [False, True], t) == (None, None)
+    assert choose_input_layouts(prog(w), [(R, C), (128, C)], [False, True]) == ((None, None), ())
     flat = TensorRef("w", DType.FP32, (1, 2 * C, R // 2), (0, 1, 2 * C))   # not W.T: untouched
-    assert choose_input_layouts(prog(flat), [(R, C), (128, C)], [True, True], t) == (None, None)
+    assert choose_input_layouts(prog(flat), [(R, C), (128, C)], [True, True]) == ((None, None), ())
     assert TensorSpec((R, C), torch.float32).resident is False
