@@ -82,11 +82,22 @@ MODELS = {"mlp": (MLP, (BATCH, 256), (BATCH, 256)),
           "transformer": (TinyTransformer, (BATCH // 4, SEQ, 64), (BATCH // 4, SEQ, 32))}
 
 
+HOOK_PATH = {"ddp": "DDP comm hook", "fsdp2": "FSDP2 comm API",
+             "ddp-ca": "hooks; the rest are in the compiled backward graph"}
+PYTHON_REDUCER = {"optimize_ddp": "python_reducer", "compiled_autograd": True}
+
+
 def _wrap(model: nn.Module, wrap: str, compiled: bool, options: dict) -> nn.Module:
-    """The model as trained: DDP or FSDP2, around the compiled module or not; hooks timed."""
+    """The model as trained: DDP or FSDP2, around the compiled module or not; hooks timed.
+    ``ddp-ca`` compiled: DDP with its Python reducer (built under ``PYTHON_REDUCER``), compiled
+    with the step (``run_case``); eager: plain DDP."""
     from neuron_compiler.dp import time_ddp, time_fsdp
     target = options.get("target", "trn2")
-    if wrap == "ddp":
+    if wrap == "ddp-ca" and compiled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        with torch._dynamo.config.patch(**PYTHON_REDUCER):
+            return DDP(model)
+    if wrap in ("ddp", "ddp-ca"):
         from torch.nn.parallel import DistributedDataParallel as DDP
         inner = torch.compile(model, backend="neuron", options=options) if compiled else model
         return time_ddp(DDP(inner), target)
@@ -114,8 +125,13 @@ def run_case(rank: int, wrap: str, model_name: str, steps: int, options: dict,
     eager = train(_wrap(eager_model, wrap, False, options), eager_model, data, F.mse_loss)
     comp_model = copy.deepcopy(base)
     wrapped = _wrap(comp_model, wrap, True, options)
-    with neuron_compiler.profile() as prof:
-        compiled = train(wrapped, comp_model, data, F.mse_loss)
+    if wrap == "ddp-ca":       # the whole step compiled: compiled autograd traces the backward
+        with torch._dynamo.config.patch(**PYTHON_REDUCER), neuron_compiler.profile() as prof:
+            compiled = train(wrapped, comp_model, data, F.mse_loss, compile_step=lambda f:
+                             torch.compile(f, backend="neuron", options=options))
+    else:
+        with neuron_compiler.profile() as prof:
+            compiled = train(wrapped, comp_model, data, F.mse_loss)
     d = prof.to_dict()
     failures = compare_runs(eager, compiled)
     out = {"wrap": wrap, "model": model_name, "steps": steps, "rank": rank,
@@ -190,7 +206,7 @@ def report(results: list[list[dict]]) -> tuple[str, bool]:
             lines.append(f"  rank {c['rank']}'s profile: {sum(x['calls'] for x in c['collectives'])} "
                          f"collective calls, {sum(x['time_us'] for x in c['collectives']):.2f} us "
                          f"modelled ({c['hook_collective_time_us']:.2f} us through the "
-                         f"{'DDP comm hook' if c['wrap'] == 'ddp' else 'FSDP2 comm API'})")
+                         f"{HOOK_PATH[c['wrap']]})")
         c = per_rank[0]
         ss, phase = c["steady_state"], "steady state"
         if not ss["graph_calls"]:                    # one step: only warm-up calls
@@ -199,9 +215,12 @@ def report(results: list[list[dict]]) -> tuple[str, bool]:
                      f"fallback; graphs: " + ", ".join(f"{n} ({k}, {calls} calls)"
                                                        for n, k, calls in c["graphs"]))
         lines.append(f"  ops on the device: {', '.join(c['device_ops'])}")
+        for fb in c["fallbacks"]:
+            lines.append(f"  fallback: {fb['op']} x{fb['count']}: {fb['reason'][:100]}")
         lines.append(f"  per step (rank 0, {phase}, modelled, nothing overlapped): "
                      f"simulated compute {ss['simulated_time_us']:.2f} us, transfers "
-                     f"{ss['transfer_time_us']:.2f} us, hook collectives "
+                     f"{ss['transfer_time_us']:.2f} us, in-graph collectives "
+                     f"{ss['collective_time_us']:.2f} us, hook collectives "
                      f"{c['hook_collective_time_us'] / c['steps']:.2f} us")
         lines.append(f"  collectives (rank 0; each rank's profile has its own):")
         lines.append(f"    {'op':<44} {'kind':<14} {'ranks':>5} {'bytes':>9} {'algorithm':>9} "
@@ -228,7 +247,8 @@ def _spawned(rank: int, cfg: dict, store: str) -> None:
 
 def parse(argv: list[str] | None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--wrap", choices=("ddp", "fsdp2", "both"), default="both")
+    ap.add_argument("--wrap", choices=("ddp", "fsdp2", "ddp-ca", "both", "all"), default="both",
+                    help="both (default): ddp and fsdp2; ddp-ca: DDP under compiled autograd; all")
     ap.add_argument("--model", choices=("mlp", "transformer", "pair"), default="pair",
                     help="pair (default): DDP x mlp and FSDP2 x transformer")
     ap.add_argument("--steps", type=int, default=2)
@@ -238,9 +258,9 @@ def parse(argv: list[str] | None) -> dict:
     ap.add_argument("--trace-dir", help="write each rank's Chrome trace there (and print rank "
                                         "0's profile summary)")
     a = ap.parse_args(argv)
-    wraps = ("ddp", "fsdp2") if a.wrap == "both" else (a.wrap,)
+    wraps = {"both": ("ddp", "fsdp2"), "all": ("ddp", "fsdp2", "ddp-ca")}.get(a.wrap, (a.wrap,))
     if a.model == "pair":
-        pair = {"ddp": "mlp", "fsdp2": "transformer"}
+        pair = {"ddp": "mlp", "fsdp2": "transformer", "ddp-ca": "mlp"}
         cases = [(w, pair[w]) for w in wraps]
     else:
         cases = [(w, a.model) for w in wraps]

@@ -18,9 +18,14 @@ Where the collectives are (torch 2.13), and how each is timed:
   (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``) on every FSDP module to
   comms that call what FSDP2's defaults call (``dist.all_gather_single`` /
   ``dist.reduce_scatter_single``) and record each call.
-- Functional collectives inside a compiled graph (``_c10d_functional``: TP, compiled autograd's
-  Python reducer, SimpleFSDP) are device operations of ``neuron_compiler.collectives``, not this
-  module's business.
+- **DDP under compiled autograd** (``torch._dynamo.config.optimize_ddp = "python_reducer"`` and
+  ``compiled_autograd = True``, a compiled step that calls ``loss.backward()``): DDP's Python
+  reducer all_reduces each gradient with ``_functional_collectives.all_reduce`` from a
+  post-accumulate-grad hook, which compiled autograd traces **into the compiled backward graph**:
+  device operations of ``neuron_compiler.collectives`` (one per parameter, not bucketed), timed
+  there; nothing here is needed but ``train(..., compile_step=...)``.
+- Other functional collectives inside a compiled graph (TP, SimpleFSDP) are likewise
+  ``neuron_compiler.collectives``' business.
 
 Each hook call is timed by ``collectives.record_collective``, the same path as an in-graph
 collective: ``runtime_sim.collectives.collective_cost(kind, bytes, group size, target, lnc)``
@@ -182,17 +187,27 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def train(model: nn.Module, params: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]],
-          loss_fn: Callable[..., torch.Tensor], lr: float = 0.05) -> Run:
+          loss_fn: Callable[..., torch.Tensor], lr: float = 0.05,
+          compile_step: Callable[[Callable], Callable] | None = None) -> Run:
     """Run one SGD step per batch through ``model`` (the wrapped / compiled callable) and record
-    the losses and the gradients of ``params``' named parameters (before each update)."""
+    the losses and the gradients of ``params``' named parameters (before each update).
+    ``compile_step``: compiles the forward + backward step function as a whole (compiled
+    autograd traces the backward, DDP's Python reducer included, when its config is on)."""
     named = list(params.named_parameters())
     opt = torch.optim.SGD([p for _, p in named], lr=lr)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    if compile_step is not None:
+        step = compile_step(step)
     run = Run()
     for x, y in batches:
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        run.losses.append(float(loss.detach()))
+        loss = step(x, y)
+        run.losses.append(float(loss))
         run.grads.append({n: local(p.grad) for n, p in named if p.grad is not None})
         opt.step()
     return run

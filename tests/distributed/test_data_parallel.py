@@ -149,3 +149,26 @@ def test_time_fsdp_refuses_a_model_without_fully_shard():
     from neuron_compiler.dp import time_fsdp
     with pytest.raises(ValueError, match="fully_shard"):
         time_fsdp(torch.nn.Linear(2, 2))
+
+
+# ---- DDP under compiled autograd: the all_reduce inside the compiled backward (slow: own spawn) --
+def _rank_ca(rank: int) -> dict:
+    import data_parallel as ex
+    (case,) = ex.run_rank(rank, {"cases": [("ddp-ca", "mlp")], "steps": STEPS,
+                                 "options": {"target": "trn2"}})
+    return case
+
+
+@pytest.mark.slow
+def test_ddp_under_compiled_autograd_all_reduces_inside_the_backward_graph(tmp_path):
+    for case in run_ranks(_rank_ca, tmp_path, WORLD):
+        assert case["failures"] == [], case["failures"]
+        assert {"aten.addmm.default", "aten.mm.default"} <= set(case["device_ops"])
+        colls = case["collectives"]
+        # the Python reducer all_reduces each of the 4 parameters' gradients, per step, as
+        # _c10d_functional ops of the compiled backward graph (no hook)
+        assert {c["op"] for c in colls} == {"_c10d_functional.all_reduce.default"}
+        assert sum(c["calls"] for c in colls) == 4 * STEPS
+        assert sum(c["bytes"] * c["calls"] for c in colls) == STEPS * 262_912 * 4
+        assert case["hook_collective_time_us"] == 0.0
+        assert case["steady_state"]["collective_time_us"] > 0
