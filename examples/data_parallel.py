@@ -20,6 +20,9 @@ gradient element moved by 1e-3 of its tensor's largest magnitude.
   ``torch.compile(model, backend="neuron")``; the all_gather / reduce_scatter are FSDP2's hooks',
   outside the compiled graphs, timed through FSDP2's custom comm API
   (``neuron_compiler.dp.time_fsdp``).
+- ``--wrap ddp-ca``: DDP built with ``optimize_ddp="python_reducer"`` and trained by a compiled
+  step with ``compiled_autograd`` on: DDP's Python reducer all_reduces each gradient inside the
+  compiled backward graph (device operations, timed there); its reference is plain eager DDP.
 
 Exit status 0 when every compared run matches (and, with ``--perturb``, every perturbed
 comparison fails), 1 otherwise.
