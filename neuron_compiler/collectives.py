@@ -78,6 +78,23 @@ def _bytes(value: object) -> int:
     return sum(tensor_bytes(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
+def record_collective(graph: GraphRecord, op_name: str, kind: str, nbytes: int, ranks: int,
+                      host_ns: int) -> object:
+    """Time one collective call with the model on ``graph``'s target (and its ``lnc`` when it
+    has one), mark it in the torch profiler and note it in the open profiles; returns the
+    ``CollectiveCost``. Used by ``CollectiveOp`` and by the DDP / FSDP2 comm hooks
+    (``neuron_compiler.dp``), whose collectives run outside compiled graphs."""
+    target = graph.target
+    cost = collective_cost(kind, nbytes, ranks, target, getattr(graph, "lnc", None))
+    if torch.autograd._profiler_enabled():
+        with record_function(f"{COLLECTIVE_RANGE}{op_name} {cost.total_ns / 1e3:.3f} us "
+                             f"modelled on {target} ({cost.algorithm})"):
+            pass
+    for p in active_profiles():
+        p.note_collective(graph, op_name, cost, host_ns)
+    return cost
+
+
 class CollectiveOp(torch.nn.Module):
     """One collective (or wait) node of a compiled graph: runs the op through torch.distributed
     and records its modelled time (module docstring)."""
@@ -99,14 +116,8 @@ class CollectiveOp(torch.nn.Module):
         out = self.op(*args, **kwargs)
         host_ns = time.perf_counter_ns() - t0
         nbytes = max(_bytes((args, kwargs)), _bytes(out))
-        cost = collective_cost(self.kind, nbytes, group_size(self.op, args, kwargs), target,
-                               getattr(self.graph, "lnc", None))
-        if torch.autograd._profiler_enabled():
-            with record_function(f"{COLLECTIVE_RANGE}{self.op_name} {cost.total_ns / 1e3:.3f} us "
-                                 f"modelled on {target} ({cost.algorithm})"):
-                pass
-        for p in profs:
-            p.note_collective(self.graph, self.op_name, cost, host_ns)
+        record_collective(self.graph, self.op_name, self.kind, nbytes,
+                          group_size(self.op, args, kwargs), host_ns)
         producer = (self.graph, f"collective {self.op_name}", ())
         for o in tree_leaves(out):
             if isinstance(o, torch.Tensor):

@@ -27,6 +27,7 @@ import operator
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
@@ -38,7 +39,7 @@ from runtime_sim.stats import SimResult
 def tensor_data(t: torch.Tensor) -> bytes:
     """The bytes of ``t``'s elements, C-contiguous (any dtype, 0-d included)."""
     flat = t.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
+    return np.from_dlpack(flat.view(torch.uint8)).tobytes()   # not .numpy(): runtime.to_numpy
 
 
 _RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_dir",

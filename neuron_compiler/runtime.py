@@ -135,12 +135,14 @@ _BITCAST: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
 
 # ---- torch <-> numpy ---------------------------------------------------------------------------
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A C-contiguous numpy copy of ``t`` (bf16/fp8 as ``ml_dtypes`` arrays)."""
+    """A C-contiguous numpy copy of ``t`` (bf16/fp8 as ``ml_dtypes`` arrays). Read through
+    DLPack, not ``Tensor.numpy()``: that marks ``t``'s storage non-resizable for good, and FSDP2
+    frees its unsharded parameters with ``storage.resize_(0)`` after each forward."""
     t = t.detach().resolve_conj().resolve_neg().cpu().contiguous()
     if t.dtype in _BITCAST:
         carrier, npdt = _BITCAST[t.dtype]
-        return np.array(t.view(carrier).numpy().view(npdt), copy=True, order="C")
-    return np.array(t.numpy(), copy=True, order="C")
+        return np.array(np.from_dlpack(t.view(carrier)).view(npdt), copy=True, order="C")
+    return np.array(np.from_dlpack(t), copy=True, order="C")
 
 
 def from_numpy(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
