@@ -1,6 +1,6 @@
 """DDP and FSDP2 training steps on two gloo ranks: neuron-compiled against eager, collectives timed.
 
-One spawn (module fixture) runs ``examples/data_parallel.py``'s two cases on both ranks (DDP
+One spawn (module fixture) runs ``bench/data_parallel.py``'s two cases on both ranks (DDP
 around a neuron-compiled 2-layer MLP, FSDP2 around a compiled two-block transformer; 2 SGD
 steps each, each rank its own data) and writes what each rank saw; the tests read it. The
 comparison's own failure is shown with a gradient moved by 1e-3 of its tensor's largest value.
@@ -17,7 +17,7 @@ import torch
 
 from ranks import run_ranks
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 sys.path.insert(0, os.path.abspath(EXAMPLES))     # spawned ranks inherit sys.path
 
 WORLD, STEPS = 2, 2

@@ -1,8 +1,8 @@
 """DDP and FSDP2 training steps on 2 gloo ranks, neuron-compiled against eager, collectives timed.
 
-    python examples/data_parallel.py                      # spawns 2 ranks itself
-    python -m torch.distributed.run --nproc-per-node 2 examples/data_parallel.py
-    python examples/data_parallel.py --wrap ddp --model transformer --steps 2 --target trn3
+    python bench/data_parallel.py                      # spawns 2 ranks itself
+    python -m torch.distributed.run --nproc-per-node 2 bench/data_parallel.py
+    python bench/data_parallel.py --wrap ddp --model transformer --steps 2 --target trn3
 
 Each rank builds the same seeded model twice: one copy wrapped and trained eagerly, the other
 wrapped the same way around ``torch.compile(..., backend="neuron")`` (functional simulation: the
