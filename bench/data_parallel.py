@@ -222,9 +222,8 @@ def report(results: list[list[dict]]) -> tuple[str, bool]:
             lines.append(f"  fallback: {fb['op']} x{fb['count']}: {fb['reason'][:100]}")
         lines.append(f"  per step (rank 0, {phase}, modelled, nothing overlapped): "
                      f"simulated compute {ss['simulated_time_us']:.2f} us, transfers "
-                     f"{ss['transfer_time_us']:.2f} us, in-graph collectives "
-                     f"{ss['collective_time_us']:.2f} us, hook collectives "
-                     f"{c['hook_collective_time_us'] / c['steps']:.2f} us")
+                     f"{ss['transfer_time_us']:.2f} us, collectives "
+                     f"{ss['collective_time_us']:.2f} us (in-graph and the hooks')")
         lines.append(f"  collectives (rank 0; each rank's profile has its own):")
         lines.append(f"    {'op':<44} {'kind':<14} {'ranks':>5} {'bytes':>9} {'algorithm':>9} "
                      f"{'bound':>7} {'calls':>5} {'us/call':>8}")

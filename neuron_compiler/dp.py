@@ -40,8 +40,9 @@ in HBM, where the compiled backward wrote them).
 Invariants
 - The hooks change no value: DDP's gradients are those of torch's default hook, FSDP2's those of
   its default comms (the same process-group calls).
-- A hook call outside a compiled graph call is in no graph call's phase: ``warmup`` /
-  ``steady_state`` (per graph call) do not include it; ``hook_collective_time_us(d)`` gives it.
+- A hook call outside a compiled graph call is filed under the phase of the last graph call
+  (``profile``: the step it belongs to), so ``warmup`` / ``steady_state`` include it;
+  ``hook_collective_time_us(d)`` gives the hooks' total over the profile.
 - ``compare_runs`` fails on a loss or gradient element outside ``|a - e| <= atol + rtol |e|``
   (``GRAD_RTOL``; ``atol`` = ``GRAD_CANCELLATION`` x the tensor's mean magnitude): one gradient
   element off by 1e-3 of the tensor's largest fails.
@@ -165,7 +166,7 @@ def time_fsdp(model: nn.Module, target: str = "trn2", lnc: int | None = None) ->
 
 def hook_collective_time_us(profile_dict: dict) -> float:
     """The modelled time of the collectives the DDP / FSDP2 hooks recorded in a profile's
-    ``to_dict()`` (outside compiled graph calls, so in neither ``warmup`` nor ``steady_state``)."""
+    ``to_dict()`` (all steps; ``warmup`` / ``steady_state`` file each under its step)."""
     names = {g["name"] for g in profile_dict["graphs"] if g["kind"] == HOOK_KIND}
     return sum(c["time_us"] for c in profile_dict["collectives"] if c["graph"] in names)
 

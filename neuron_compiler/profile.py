@@ -32,7 +32,9 @@ Invariants
   ``"option"`` or the default's reason); ``summary()`` prints them.
 - Warm-up vs steady state: the first call of a compiled graph in the process is its warm-up
   (its programs are compiled, its parameters sent); every later call is steady state. Every
-  record is filed under the phase of the graph call during which it happened. ``warmup`` sums
+  record is filed under the phase of the graph call during which it happened (a collective
+  issued between graph calls, by a DDP / FSDP2 comm hook, under that of the last graph call:
+  the step it belongs to). ``warmup`` sums
   the warm-up calls made inside the profile; ``steady_state`` is per call: for each graph its
   steady-state totals divided by its steady-state calls, summed over graphs (one call of every
   graph: one inference, or one forward + backward step).
@@ -167,6 +169,7 @@ class Profile:
     _phase: dict[tuple[int, str], Counter] = field(default_factory=dict)  # (graph id, phase)
     _user_copies: dict[str, Counter] = field(default_factory=dict)  # direction -> count, bytes, ns
     _collectives: dict[tuple, _CollectiveStats] = field(default_factory=dict)
+    _last_call: tuple[GraphRecord, bool] | None = None   # the last graph call and its phase
     compiles: int = 0
     compile_time_s: float = 0.0
     cache_hits: int = 0
@@ -175,9 +178,11 @@ class Profile:
     disk_misses: int = 0
 
     # ---- recording (called by the runtime) ---------------------------------------------------
-    def _bump(self, **values: float) -> None:
-        """Add ``values`` to the phase counters of the graph call being executed (if any)."""
-        call = _CALL.get()
+    def _bump(self, _between: bool = False, **values: float) -> None:
+        """Add ``values`` to the phase counters of the graph call being executed (if any);
+        with ``_between``, outside a call to those of the last graph call (a step's collective
+        that a DDP / FSDP2 hook issues between compiled graph calls belongs to that step)."""
+        call = _CALL.get() or (self._last_call if _between else None)
         if call is None:
             return
         graph, first = call
@@ -185,6 +190,7 @@ class Profile:
         c.update(values)
 
     def note_graph_call(self, graph: GraphRecord, first: bool = False) -> None:
+        self._last_call = (graph, first)
         self._graphs[id(graph)] = graph
         self._graph_calls[id(graph)] += 1
         c = self._phase.setdefault((id(graph), "warmup" if first else "steady"), Counter())
@@ -257,7 +263,7 @@ class Profile:
         rec.calls += 1
         rec.host_ns += host_ns
         self._graphs.setdefault(id(graph), graph)
-        self._bump(collective_ns=cost.total_ns)  # type: ignore[attr-defined]
+        self._bump(_between=True, collective_ns=cost.total_ns)  # type: ignore[attr-defined]
 
     def note_user_copy(self, direction: str, nbytes: int, ns: float) -> None:
         """The user copied one tensor between the host and the ``neuron`` device

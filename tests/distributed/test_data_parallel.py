@@ -84,6 +84,13 @@ def test_ddp_bucket_all_reduce_is_timed_through_the_comm_hook(ranks):
         assert all(c["ranks"] == WORLD and c["time_per_call_us"] > 0 for c in colls)
         assert case["hook_collective_time_us"] == pytest.approx(sum(c["time_us"] for c in colls))
         assert len(case["trace_events"]) == len(colls)
+        # filed under the step they belong to (the last graph call's phase): the first step's
+        # buckets are warm-up, the second's the steady state (one call of each graph)
+        assert STEPS == 2
+        first = sum(c["time_per_call_us"] for c in colls if c["bytes"] == grad_bytes)
+        assert case["warmup"]["collective_time_us"] == pytest.approx(first)
+        assert case["steady_state"]["collective_time_us"] == pytest.approx(
+            case["hook_collective_time_us"] - first)
 
 
 def test_ddp_hook_time_is_the_collective_model(ranks):
