@@ -545,6 +545,18 @@ class BnAggrAttrs:
 
 
 @dataclass(frozen=True)
+class BnStatsNkiAttrs(BnStatsAttrs):
+    """NKI's layout: dst [P, 6] = (count, mean, var * count) of the even, then the odd elements."""
+    layout: str = "nki6"
+
+
+@dataclass(frozen=True)
+class BnAggrNkiAttrs(BnAggrAttrs):
+    """NKI's layout: src [P, 3k] of (count, mean, var * count) triples -> dst [P, 2] (mean, var)."""
+    layout: str = "nki6"
+
+
+@dataclass(frozen=True)
 class DmaGatherAttrs:
     """``dst[p, i, row] = table[lockstep(p, i) + index[p, i] * indexed_stride + row]``; srcs =
     (table, index); an index outside ``[0, V)`` is a machine error (NKI ``oob_mode.error``)."""

@@ -65,6 +65,10 @@ Conventions (the executable spec of the ISA)
 - ``tensor_copy``: same dtype -> exact copy; int -> int exact (saturating); otherwise through fp32.
 - ``bn_stats``: [P, 2] = (mean, population variance) of the free elements; ``bn_aggr``: combine
   k (mean, var) pairs of equal counts: mean = avg(mean_i), var = avg(var_i + (mean_i - mean)^2).
+  NKI's layout (``BnStatsNkiAttrs`` / ``BnAggrNkiAttrs``, nki.isa.bn_stats): [P, 6] = (count,
+  mean, variance * count) of the even-indexed then the odd-indexed elements (an empty half:
+  0, 0, 0; ASSUMED, the docs do not say); bn_aggr of k such triples: N = sum n_i, mean =
+  sum n_i mean_i / N, var = (sum M2_i + sum n_i (mean_i - mean)^2) / N (Chan et al.).
 - ``dma_gather`` / ``dma_scatter`` (indirect DMA; operand layout in isa.py): lookups in row-major
   ``(p, i)`` order of the index AP; every lookup value must lie in ``[0, V)`` of the table's
   indexed dim, else BoundsError naming the value, the lookup and the bound (nothing is written).
@@ -105,7 +109,8 @@ from typing import Callable
 
 import numpy as np
 
-from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
+from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, BnAggrNkiAttrs,
+                  BnStatsNkiAttrs, DmaAttrs, DmaScatterAttrs, EngineKind,
                   ExponentialAttrs, Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MatmulMxAttrs,
                   MemsetAttrs, MX_EMAX, MX_GROUP_PARTITIONS, MX_PACK, Op, QuantizeMxAttrs,
                   mx_scale_rows,
@@ -577,6 +582,15 @@ def select(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 def bn_stats(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     x = _rows(m, ins.srcs[0]).astype(np.float64)
+    if isinstance(ins.attrs, BnStatsNkiAttrs):
+        out = []
+        for h in (x[:, 0::2], x[:, 1::2]):
+            n = h.shape[1]
+            mean = h.mean(axis=1) if n else np.zeros(len(x))
+            m2 = ((h - mean[:, None]) ** 2).sum(axis=1)
+            out += [np.full(len(x), float(n)), mean, m2]
+        m.write(_dst(ins), np.stack(out, axis=1).astype(F32))
+        return
     mean = x.mean(axis=1)
     var = ((x - mean[:, None]) ** 2).mean(axis=1)
     m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
@@ -584,6 +598,14 @@ def bn_stats(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 def bn_aggr(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     s = _rows(m, ins.srcs[0]).astype(np.float64)
+    if isinstance(ins.attrs, BnAggrNkiAttrs):
+        n, mu, m2 = s[:, 0::3], s[:, 1::3], s[:, 2::3]
+        tot = n.sum(axis=1)
+        with np.errstate(all="ignore"):
+            mean = (n * mu).sum(axis=1) / tot
+            var = (m2.sum(axis=1) + (n * (mu - mean[:, None]) ** 2).sum(axis=1)) / tot
+        m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
+        return
     means, vars_ = s[:, 0::2], s[:, 1::2]
     mean = means.mean(axis=1)
     var = (vars_ + (means - mean[:, None]) ** 2).mean(axis=1)

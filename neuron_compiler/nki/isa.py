@@ -280,6 +280,32 @@ def tensor_reduce(*args, **kwargs):
     return r
 
 
+def _stats(args, kwargs, cols: int, emit):
+    new = _is_new(args, kwargs, 1)
+    a = _split(args, kwargs, ("data",), new)
+    data = ops.materialize(a["data"])
+    if new:
+        dst, data = ops.apply_mask(a.get("mask"), a["dst"], data)
+    else:
+        (data,) = ops.apply_mask(a.get("mask"), data)
+        dt = to_dtype(a["dtype"]) if a.get("dtype") is not None else data.mdtype
+        dst = ops.tile_like((data.shape[0], cols), dt, emit.__name__)
+    return emit(dst, data)
+
+
+def bn_stats(*args, **kwargs):
+    """Mean/variance statistics of each partition on VectorE: 6 values per partition, (count,
+    mean, variance * count) of the even then the odd elements (at most
+    ``nl.tile_size.bn_stats_fmax`` = 512 elements per partition); feed them to ``bn_aggr``."""
+    return _stats(args, kwargs, 6, ops.bn_stats)
+
+
+def bn_aggr(*args, **kwargs):
+    """(mean, variance) of each partition [P, 2] from one or more ``bn_stats`` outputs side by
+    side in ``data`` [P, 6k] (VectorE)."""
+    return _stats(args, kwargs, 2, ops.bn_aggr)
+
+
 def tensor_tensor_scan(*args, **kwargs):
     """``y[i] = (data0[i] op0 y[i-1]) op1 data1[i]`` along each partition's free axis, from
     ``initial`` (a number or a [P, 1] tile), on VectorE."""

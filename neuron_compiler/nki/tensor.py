@@ -139,6 +139,29 @@ class Storage:
         # (partitions, first kept) of the tile the kernel meant when a mask cut this one's
         # partition axis (a masked nl.load; inherited by tiles computed from it, tracer.emit)
         self.nominal: tuple[int, int] | None = None
+        # (first, count): a whole tile of which only these partitions were written, by an
+        # assignment of such a cut tile (ops.assign); reads through a full index grid see those
+        self.valid: tuple[int, int] | None = None
+
+    def window(self, pstart: int, n: int) -> tuple[int, int, int] | None:
+        """For a view of ``n`` partitions from ``pstart`` covering the whole tile: the rows of
+        the nominal tile that hold data, ``(lo, hi, shift)`` (physical = nominal - shift), when
+        a mask cut this tile (``nominal``) or only part of it was written (``valid``)."""
+        if pstart != 0 or self.pdim is None or n != self.shape[self.pdim]:
+            return None
+        if self.nominal is not None and n < self.nominal[0]:
+            return self.nominal[1], self.nominal[1] + n, self.nominal[1]
+        if self.valid is not None:
+            return self.valid[0], self.valid[0] + self.valid[1], 0
+        return None
+
+    def cut_of(self, partitions: int) -> tuple[int, int] | None:
+        """The ``nominal`` a tile computed from ``partitions`` rows of this one inherits."""
+        if self.nominal is not None:
+            return self.nominal
+        if self.valid is not None and partitions == self.valid[1]:
+            return self.shape[self.pdim], self.valid[0]
+        return None
 
     @property
     def memory(self) -> Memory:
@@ -451,6 +474,7 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
     grid_at = None
     checks = list(v.checks)
     box = list(v.box) if (v.box is not None and v.base) else None
+    cut = None                      # (output position of the partition grid axis, lo, hi)
     for d, (item, (s, n, isp, _)) in enumerate(zip(items, v.axes)):
         name = f"{v.storage.name} dimension {d} (size {n})"
         if isinstance(item, DynSlice):
@@ -461,7 +485,17 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 out.append(None)
             lo = item.const + sum(min(0, c * (a.size - 1)) for a, c in item.terms)
             hi = item.const + sum(max(0, c * (a.size - 1)) for a, c in item.terms) + 1
-            if lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
+            win = v.storage.window(v.pstart, n) if isp and len(item.terms) == 1 else None
+            if win is not None and item.terms[0][1] == 1 and (lo < win[0] or hi > win[1]):
+                # a full index grid over a tile a mask cut: the rows that hold data (NKI
+                # computes every partition; the others are never stored)
+                (a, _), = item.terms
+                (pos, _), = item.by_position().items()
+                cut = (pos - (item.ndim - grid_nd), max(0, win[0] - item.const),
+                       min(a.size, win[1] - item.const))
+                pstart -= win[2]
+                lo, hi = win[0] - win[2], win[1] - win[2]
+            elif lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
                 checks.append((name, item.const, item.terms, n))
                 lo, hi = max(lo, 0), min(hi, n)
             coefs = item.by_position()
@@ -519,8 +553,11 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 box[d] = (i, i + 1)
     if grid_at is not None:
         out[grid_at:grid_at + 1] = [tuple(g) for g in grid]
-    return NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
-                     checks=tuple(checks), clips=v.clips)
+    r = NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
+                  checks=tuple(checks), clips=v.clips)
+    if cut is not None:
+        r = r.clip(grid_at + cut[0], cut[1], cut[2])
+    return r
 
 
 def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:

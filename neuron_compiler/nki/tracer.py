@@ -543,7 +543,8 @@ class Tracer:
                 waits.append((p, c))
                 self._seen[k] = c
         if dst is not None and dst.storage.nominal is None and dst.memory is not Memory.HBM:
-            dst.storage.nominal = next((s.storage.nominal for s in srcs if s.storage.nominal
+            dst.storage.nominal = next((s.storage.cut_of(s.partitions) for s in srcs
+                                        if s.storage.cut_of(s.partitions)
                                         and s.partitions == dst.partitions), None)
         ins = Instr(op, dst_ap, src_aps, attrs, tuple(waits), (sem,), source_line(), acc_ap)
         self._check(queue, len(stream), ins)

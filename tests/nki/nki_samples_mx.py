@@ -1,0 +1,2 @@
+def mx_cases(Case, Run):
+    return []
