@@ -69,7 +69,8 @@ from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, BnAggr
                   Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
-                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode, matmul_kmn)
+                  DOUBLE_ROW_PACK, FP8_DTYPES, X4_ELEMENT, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode,
+                  matmul_kmn)
 from .loops import Stream
 from .targets import Target
 
@@ -413,7 +414,7 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
     for name, a in (("stationary", st), ("moving", mv)):
         if a.memory is not Memory.SBUF:
             raise OperandError(f"matmul {name} must be in SBUF, got {a.memory.value}")
-        if not a.dtype.is_float:
+        if not a.dtype.is_float and not (mx and a.dtype in X4_ELEMENT):
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
     if mx:
         from .checks_nc4 import r_mx     # NC-v4 operand rules (imports this module's helpers)

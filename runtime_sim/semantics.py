@@ -109,7 +109,7 @@ from typing import Callable
 
 import numpy as np
 
-from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, BnAggrNkiAttrs,
+from .isa import (ALU_INT_DTYPES, AP, X4_ELEMENT, BITVEC_OPS, DType, ActFunc, ActivationAttrs, AluOp, BnAggrNkiAttrs,
                   BnStatsNkiAttrs, DmaAttrs, DmaScatterAttrs, EngineKind,
                   ExponentialAttrs, Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MatmulMxAttrs,
                   MemsetAttrs, MX_EMAX, MX_GROUP_PARTITIONS, MX_PACK, Op, QuantizeMxAttrs,
@@ -118,7 +118,7 @@ from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluO
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout,
                   matmul_kmn)
 from .checks import BoundsError, OperandError, dma_2d
-from .memory import MachineMemory
+from .memory import MachineMemory, cast_to
 
 F32 = np.float32
 
@@ -394,11 +394,24 @@ def _mx_operand(m: MachineMemory, data: AP, scale: AP, offset: int) -> np.ndarra
     """MX data [P, F, 4] times its group's scale, in fp32 (as AWS's golden model
     nc_matmul_mx_golden, nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py L112-183: dequantize
     each operand to fp32, then an fp32 matmul); returns [P, 4, F] (K rows in (p, j) order)."""
-    x = m.read_f32(data).reshape(data.partitions, -1, MX_PACK)
+    x = _unpack_x4(m.read(data), data.dtype) if data.dtype in X4_ELEMENT else \
+        m.read_f32(data).reshape(data.partitions, -1, MX_PACK)
     rows = np.concatenate([m.read(a).reshape(a.partitions, -1) for a in _mx_scale_aps(data, scale, offset)])
     f = np.repeat(_mx_factor(rows), MX_GROUP_PARTITIONS, axis=0)          # [P, F]
     with np.errstate(all="ignore"):
         return np.ascontiguousarray((x * f[:, :, None]).astype(F32).transpose(0, 2, 1))
+
+
+def _unpack_x4(raw: np.ndarray, dt) -> np.ndarray:
+    """x4 elements [P, ...] (isa.X4_ELEMENT) -> fp32 [P, F, 4]: value j of an element is byte
+    j (fp8, little-endian) or bits [4j, 4j + 4) (fp4, as AWS's pack_mx_data_into_x4 packs)."""
+    p = raw.shape[0]
+    if dt is DType.FP4_E2M1_X4:
+        w = raw.reshape(p, -1, 1).astype(np.uint16)
+        nib = ((w >> np.array([0, 4, 8, 12], dtype=np.uint16)) & 0xF).astype(np.uint8)
+        return nib.view(X4_ELEMENT[dt]).astype(F32)
+    return np.ascontiguousarray(raw).reshape(p, -1).view(np.uint8).reshape(p, -1, MX_PACK) \
+        .view(X4_ELEMENT[dt]).astype(F32)
 
 
 def quantize_mx(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
@@ -420,7 +433,12 @@ def quantize_mx(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     f = np.repeat(_mx_factor(sb), MX_GROUP_PARTITIONS, axis=0)            # [P, F / 4]
     with np.errstate(all="ignore"):
         q = x.reshape(p, -1, MX_PACK) / f[:, :, None]                      # exact: powers of two
-    m.write(dst, q.astype(F32))
+    if dst.dtype in X4_ELEMENT:         # four fp8 values (RNE) packed into each element
+        e4 = (dst.dtype is DType.FP8_E4M3_X4)
+        q8 = cast_to(q.astype(F32), DType.FP8_E4M3 if e4 else DType.FP8_E5M2)
+        m.write(dst, np.ascontiguousarray(q8).view(np.uint8).reshape(p, -1).view(np.uint32))
+    else:
+        m.write(dst, q.astype(F32))
     k = 0
     for s_ap in _mx_scale_aps(src, ins.accum, a.scale_offset):
         m.write(s_ap, sb[k:k + s_ap.partitions])

@@ -189,6 +189,25 @@ def nc_matmul(*args, **kwargs):
     return ops.PendingMatmul(st, mv, transpose=tr)
 
 
+def nc_matmul_mx(*args, **kwargs):
+    """MX matmul (NeuronCore-v4): ``dst[M, N] (+)= sum over K = (partition, x4 value) of
+    stationary * its scale x moving * its scale``; x4 data (``nl.float8_*_x4``,
+    ``nl.float4_e2m1fn_x4``) and uint8 / float8_e8m0fnu scales in SBUF, dst fp32 or bf16 PSUM."""
+    a = _split(args, kwargs, ("stationary", "moving", "stationary_scale", "moving_scale"), True)
+    pos, size = a.get("tile_position"), a.get("tile_size")
+    if pos not in (None, (0, 0), [0, 0]) or size not in (None, (128, 128), [128, 128]):
+        raise NotImplementedError("nisa.nc_matmul_mx(tile_position/tile_size=...) row tiling is not modelled")
+    st, mv = ops.materialize(a["stationary"]), ops.materialize(a["moving"])
+    return ops.matmul_mx(a["dst"], st, mv, a["stationary_scale"], a["moving_scale"], a.get("accumulate"))
+
+
+def quantize_mx(*args, **kwargs):
+    """bf16/fp16 ``src`` [P, 4F] -> MXFP8 ``dst`` [P, F] (``nl.float8_*_x4``) and ``dst_scale``
+    (one E8M0 scale per 8 partitions x 4 values, in the quadrant of its group), on VectorE."""
+    a = _split(args, kwargs, ("src", "dst_scale"), True)
+    return ops.quantize_mx(a["dst"], ops.materialize(a["src"]), a["dst_scale"])
+
+
 def nc_transpose(*args, **kwargs):
     """Transpose a 2-D tile: TensorE (into PSUM, up to 128 x 128) or VectorE (32 x 32, SBUF)."""
     new = _is_new(args, kwargs, 1)

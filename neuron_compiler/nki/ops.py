@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime_sim.isa import (GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp,
-                             ALU_INT_DTYPES, BnAggrNkiAttrs, BnStatsNkiAttrs, DmaAttrs, DType, EngineKind, MatmulAttrs, Memory,
+                             ALU_INT_DTYPES, BnAggrNkiAttrs, MatmulMxAttrs, QuantizeMxAttrs, BnStatsNkiAttrs, DmaAttrs, DType, EngineKind, MatmulAttrs, Memory,
                              MemsetAttrs, Op, Queue, TensorCopyAttrs, TensorReduceAttrs,
                              TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs,
                              TransposeAttrs, IotaAttrs)
@@ -387,6 +387,29 @@ def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate=
     st.mm_open.add(key)
     st.mm_written.add(key)
     st.zeroed = False
+    return dst
+
+
+def matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, st_scale: NkiTensor,
+              mv_scale: NkiTensor, accumulate=None) -> NkiTensor:
+    """NKI ``nc_matmul_mx`` (NeuronCore-v4): the MX matmul on TensorE (runtime_sim
+    ``MatmulMxAttrs``: x4 data, E8M0 scales in their quadrants); ``accumulate`` as ``matmul``."""
+    st = dst.storage
+    key = dst.key()
+    acc = (key in st.mm_open) if accumulate is None else bool(accumulate)
+    current().emit(TENSOR, Op.MATMUL, dst, (stationary, moving, st_scale, mv_scale),
+                   MatmulMxAttrs(accumulate=acc))
+    st.mm_open.add(key)
+    st.mm_written.add(key)
+    st.zeroed = False
+    return dst
+
+
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor) -> NkiTensor:
+    """NKI ``quantize_mx`` (NeuronCore-v4, VectorE): bf16/fp16 ``src`` [P, 4F] -> MXFP8 x4
+    ``dst`` [P, F] and its E8M0 scales (runtime_sim ``QuantizeMxAttrs``)."""
+    current().emit(VECTOR, Op.QUANTIZE_MX, dst, (src,), QuantizeMxAttrs(), accum=dst_scale)
+    _psum_read(src)
     return dst
 
 

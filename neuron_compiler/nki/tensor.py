@@ -33,7 +33,7 @@ from .index import DynSlice, IndexExpr, Mask
 
 # ---- dtypes -----------------------------------------------------------------------------------
 
-_ALIASES = {"float8_e4m3": DType.FP8_E4M3, "float8_e4m3fn": DType.FP8_E4M3,
+_ALIASES = {"float8_e4m3": DType.FP8_E4M3, "float8_e4m3fn": DType.FP8_E4M3, "float8_e8m0fnu": DType.UINT8,
             "float8_e5m2": DType.FP8_E5M2, "bool": DType.BOOL, "bool_": DType.BOOL}
 
 
@@ -130,6 +130,7 @@ class Storage:
         self.pdim = pdim
         self.block_elems = block_elems      # address stride of one block (dims before pdim)
         self.placement = None               # placement.Placement: blocks placed one by one
+        self.alias_of: "Storage | None" = None   # the storage whose bytes this one reinterprets
         self.written_boxes: set = set()     # footprint boxes instructions wrote (tracer.emit)
         self.dead = ""                      # why its memory was reclaimed while referenced
         self.reclaim = None                 # releases its memory now (on_release)
@@ -264,8 +265,16 @@ class NkiTensor:
         """Identity of the elements addressed (storage, offset, partitions, axes)."""
         return (self.storage.name, self.offset, self.pstart, tuple(a[:3] for a in self.axes))
 
-    def ap(self) -> AP:
-        """This view as a machine access pattern (partition axis first for on-chip views)."""
+    def ap(self, pattern=None, offset: int = 0, dtype=None, **kw):
+        """With no arguments, this view as a machine access pattern (partition axis first for
+        on-chip views). With NKI's arguments, ``t.ap(pattern=[[step, count], ...], offset=,
+        dtype=)``: a view of the same memory (pattern.py)."""
+        if pattern is None and dtype is None and not offset and not kw:
+            return self._ap()
+        from .pattern import pattern_view
+        return pattern_view(self, pattern, offset, dtype, **kw)
+
+    def _ap(self) -> AP:
         st = self.storage
         isz = st.dtype.itemsize
         if st.memory is Memory.HBM:
