@@ -52,3 +52,34 @@ def test_layernorm_v2_with_a_wrong_statistic_fails(loads, monkeypatch):
     monkeypatch.setattr(mod.nki_layernorm_kernel_v2, "_cache", {})      # trace it again
     errs = S.check(case, loads["old"], np.random.default_rng(0), targets=("trn2",))
     assert errs["trn2"][0] > case.tol
+
+
+def _mx_case(name):
+    return next(c for c in S.cases() if c.name.startswith(name))
+
+
+def test_mx_matmul_with_one_wrong_scale_fails(loads):
+    """One stationary scale one step too large (a scaling group doubled) must fail."""
+    if "new" not in loads:
+        pytest.skip("set NKI_SAMPLES_NEW to a local copy of aws-neuron/nki-samples")
+    case = _mx_case("mx_kernels.kernel_offline_quantized_mx_matmul (float8_e5m2)")
+    build = case.build
+
+    def wrong(load, rng):
+        r = build(load, rng)
+        st_s = r.args[1].copy()
+        st_s[3, 5] += 1
+        r.args = (r.args[0], st_s) + r.args[2:]
+        return r
+    case.build = wrong
+    err = S.check(case, loads["new"], np.random.default_rng(0))["trn3"][0]
+    assert err > case.tol
+
+
+def test_mx_kernel_on_trn2_names_the_instruction_and_the_rule(loads):
+    if "new" not in loads:
+        pytest.skip("set NKI_SAMPLES_NEW to a local copy of aws-neuron/nki-samples")
+    case = _mx_case("mx_kernels.kernel_offline_quantized_mx_matmul (float8_e5m2)")
+    with pytest.raises(Exception, match=r"(?s)matmul\(.*perf_mode=mx.*not available on trn2 \(NeuronCore-v3\)"
+                                        r".*mx_kernels.py:\d+"):
+        S.check(case, loads["new"], np.random.default_rng(0), targets=("trn2",))
