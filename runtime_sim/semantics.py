@@ -404,7 +404,9 @@ def _mx_operand(m: MachineMemory, data: AP, scale: AP, offset: int) -> np.ndarra
 
 def _unpack_x4(raw: np.ndarray, dt) -> np.ndarray:
     """x4 elements [P, ...] (isa.X4_ELEMENT) -> fp32 [P, F, 4]: value j of an element is byte
-    j (fp8, little-endian) or bits [4j, 4j + 4) (fp4, as AWS's pack_mx_data_into_x4 packs)."""
+    j (fp8, little-endian) or bits [4j, 4j + 4) (fp4, as AWS's pack_mx_data_into_x4 packs).
+    ASSUMED: an fp4 code means its OCP E2M1 value; NC-v4 converts MXFP4 to MXFP8 "using any
+    arbitrary programmer-defined mapping" (neuron-core-v4.rst L132) and no API sets another."""
     p = raw.shape[0]
     if dt is DType.FP4_E2M1_X4:
         w = raw.reshape(p, -1, 1).astype(np.uint16)

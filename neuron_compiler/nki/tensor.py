@@ -144,15 +144,17 @@ class Storage:
         # assignment of such a cut tile (ops.assign); reads through a full index grid see those
         self.valid: tuple[int, int] | None = None
 
-    def window(self, pstart: int, n: int) -> tuple[int, int, int] | None:
-        """For a view of ``n`` partitions from ``pstart`` covering the whole tile: the rows of
-        the nominal tile that hold data, ``(lo, hi, shift)`` (physical = nominal - shift), when
-        a mask cut this tile (``nominal``) or only part of it was written (``valid``)."""
+    def window(self, pstart: int, n: int, lo: int, hi: int) -> tuple[int, int, int] | None:
+        """An index grid over rows ``[lo, hi)`` of a view of ``n`` partitions from ``pstart``
+        covering the whole tile: the rows of the nominal tile that hold data, ``(lo, hi,
+        shift)`` (physical = nominal - shift), when a mask cut this tile (``nominal``; only a
+        grid reaching past the cut tile means the nominal rows) or only part of it was written
+        (``valid``); else None."""
         if pstart != 0 or self.pdim is None or n != self.shape[self.pdim]:
             return None
-        if self.nominal is not None and n < self.nominal[0]:
+        if self.nominal is not None and n < self.nominal[0] and (lo < 0 or hi > n):
             return self.nominal[1], self.nominal[1] + n, self.nominal[1]
-        if self.valid is not None:
+        if self.valid is not None and (lo < self.valid[0] or hi > self.valid[0] + self.valid[1]):
             return self.valid[0], self.valid[0] + self.valid[1], 0
         return None
 
@@ -494,8 +496,8 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 out.append(None)
             lo = item.const + sum(min(0, c * (a.size - 1)) for a, c in item.terms)
             hi = item.const + sum(max(0, c * (a.size - 1)) for a, c in item.terms) + 1
-            win = v.storage.window(v.pstart, n) if isp and len(item.terms) == 1 else None
-            if win is not None and item.terms[0][1] == 1 and (lo < win[0] or hi > win[1]):
+            win = v.storage.window(v.pstart, n, lo, hi) if isp and len(item.terms) == 1 else None
+            if win is not None and item.terms[0][1] == 1:
                 # a full index grid over a tile a mask cut: the rows that hold data (NKI
                 # computes every partition; the others are never stored)
                 (a, _), = item.terms

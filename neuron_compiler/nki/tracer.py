@@ -17,7 +17,9 @@ kernels):
   the same kernel line are reclaimed first (marked dead: an instruction using one raises);
   then a PSUM tensor of blocks is placed modulo the free banks, its slots paged (a block
   evicted before its first read is copied out to SBUF or HBM and back: ``_page_in``;
-  placement.py). Tiles with an
+  placement.py); a PSUM tensor of blocks that would take every free bank (NKI's compiler
+  allocates blocks by liveness: ``attn_fwd_v8a``'s 32 transposed V blocks fill all 8 banks at
+  s4096, and its QK^T tensor then had none) counts as short of memory too. Tiles with an
   explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
   never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
@@ -350,6 +352,11 @@ class Tracer:
                 stride = 1 << max(0, (tile_bytes - 1).bit_length())
                 block = stride // dtype.itemsize
                 nbytes = (nblocks - 1) * stride + tile_bytes
+            if block is not None and 1 < -(-nbytes // t.psum_bank_bytes) >= sum(1 for u in self.psum.used if not u):
+                # it would take every free bank, leaving none for the kernel's later tiles
+                if modulo and self.psum.free_run():
+                    return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
+                raise CapacityError(f"{what}: would take every free PSUM bank")
             off = self.psum.alloc(nbytes, blocks=block is not None)
             if off is None and block is not None and modulo and self.psum.free_run():
                 return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
