@@ -23,6 +23,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from neuron_compiler import nki
@@ -195,11 +196,11 @@ def _mamba(fn):
     return build
 
 
-def _attention(fn, s):
+def _attention(fn, s, dt=np.float32):
     def build(load, rng):
         m = load("attention_fwd_performance", "attention_kernels")
-        q, k, v = [((rng.random((128, s)) - 0.5) * 2).astype(np.float32) for _ in range(3)]
-        return Run(getattr(m, fn), (q, k, v), np_attention(q, k, v))
+        q, k, v = [((rng.random((128, s)) - 0.5) * 2).astype(dt) for _ in range(3)]
+        return Run(getattr(m, fn), (q, k, v), np_attention(*(x.astype(np.float64) for x in (q, k, v))))
     return build
 
 
@@ -274,6 +275,9 @@ def cases() -> list[Case]:
         old.append(Case(f"attention_fwd.attn_fwd_{v}", "old", f"d128 s{s}", _attention(f"attn_fwd_{v}", s), 1e-2))
     for v in ("v3", "v4", "v5", "v6", "v7", "v8", "v8a", "v9", "v10", "v11"):   # the tutorial test's shape
         old.append(Case(f"attention_fwd.attn_fwd_{v}", "old", "d128 s4096", _attention(f"attn_fwd_{v}", 4096), 1e-2))
+    for v in ("v3", "v4", "v5", "v6", "v7", "v8", "v8a", "v9", "v10", "v11"):   # its benchmark dtype
+        old.append(Case(f"attention_fwd.attn_fwd_{v}", "old", "d128 s4096 bf16",
+                        _attention(f"attn_fwd_{v}", 4096, ml_dtypes.bfloat16), 1e-2))
     old += [Case(f"layernorm.nki_layernorm_kernel_{v}", "old", "300 x 1024",
                  _layernorm(f"nki_layernorm_kernel_{v}", 300, 1024)) for v in ("v1", "v2")]
     old += [Case("layernorm.nki_layernorm_kernel_v2", "old", "300 x 1000",

@@ -90,3 +90,17 @@ def test_ap_reinterprets_bytes_and_checks_the_partition_step():
         return t.ap(pattern=[[16, 64], [1, 8]])
     with pytest.raises(ValueError, match=r"partition dimension; its step must be one partition \(8 elements\), got 16"):
         bad_step(w)
+
+
+@nki.jit
+def _bn_stats_too_wide(x):
+    out = nl.ndarray((x.shape[0], 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    st = nki.isa.bn_stats(nl.load(x), dtype=nl.float32)
+    nl.store(out, value=nki.isa.bn_aggr(st))
+    return out
+
+
+def test_bn_stats_over_512_elements_names_the_instruction_rule_and_value():
+    with pytest.raises(Exception, match=r"(?s)bn_stats\(layout=nki6\).*\[1,600\].*bn_stats free size must be "
+                                        r"<= 512, got 600"):
+        _bn_stats_too_wide(np.ones((128, 600), np.float32))
