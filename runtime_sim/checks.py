@@ -65,10 +65,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, Buffer, DmaAttrs,
+from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, BnAggrNkiAttrs, BnStatsNkiAttrs,
+                  Buffer, DmaAttrs,
                   DmaScatterAttrs, DType, EngineKind, Instr, IotaAttrs, Memory, Op, Program, Queue,
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
-                  DOUBLE_ROW_PACK, FP8_DTYPES, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode, matmul_kmn)
+                  DOUBLE_ROW_PACK, FP8_DTYPES, X4_ELEMENT, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode,
+                  matmul_kmn)
 from .loops import Stream
 from .targets import Target
 
@@ -412,7 +414,7 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
     for name, a in (("stationary", st), ("moving", mv)):
         if a.memory is not Memory.SBUF:
             raise OperandError(f"matmul {name} must be in SBUF, got {a.memory.value}")
-        if not a.dtype.is_float:
+        if not a.dtype.is_float and not (mx and a.dtype in X4_ELEMENT):
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
     if mx:
         from .checks_nc4 import r_mx     # NC-v4 operand rules (imports this module's helpers)
@@ -639,14 +641,18 @@ def _r_bn_stats(ins: Instr, q: Queue, t: Target) -> None:
     s = ins.srcs[0]
     if s.free_size > 512:
         raise OperandError(f"bn_stats free size must be <= 512, got {s.free_size}")
-    _col_n(ins.dst, s.partitions, 2, "bn_stats dst")
+    _col_n(ins.dst, s.partitions, 6 if isinstance(ins.attrs, BnStatsNkiAttrs) else 2, "bn_stats dst")
 
 
 def _r_bn_aggr(ins: Instr, q: Queue, t: Target) -> None:
     _nsrcs(ins, 1)
     assert ins.dst is not None
     s = ins.srcs[0]
-    if s.free_size < 2 or s.free_size % 2:
+    if isinstance(ins.attrs, BnAggrNkiAttrs):
+        if s.free_size < 3 or s.free_size % 3:
+            raise OperandError(f"bn_aggr source holds (count, mean, variance * count) triples: free "
+                               f"size must be a multiple of 3, got {s.free_size}")
+    elif s.free_size < 2 or s.free_size % 2:
         raise OperandError(f"bn_aggr source holds (mean, var) pairs: free size must be even >= 2, got {s.free_size}")
     _col_n(ins.dst, s.partitions, 2, "bn_aggr dst")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .checks import _col, _nsrcs, _same_pf
 from .errors import EngineError, OperandError
-from .isa import (AP, EXP_ACCUM_DTYPES, EXP_DST_DTYPES, EXP_SRC_DTYPES, MX_EMAX, MX_PACK, MX_QUADRANT,
+from .isa import (X4_ELEMENT, matmul_kmn, AP, EXP_ACCUM_DTYPES, EXP_DST_DTYPES, EXP_SRC_DTYPES, MX_EMAX, MX_PACK, MX_QUADRANT,
                   MX_SCALE_OFFSETS, DType, ExponentialAttrs, Instr, MatmulMxAttrs, Memory, Op, Queue,
                   QuantizeMxAttrs, mx_scale_rows)
 from .targets import Target
@@ -30,20 +30,23 @@ def r_mx(ins: Instr, t: Target) -> None:
     if st.partitions != mv.partitions:
         raise OperandError(f"matmul perf_mode=mx: stationary has {st.partitions} partitions, moving "
                            f"{mv.partitions} (ISA3 L779)")
-    m = st.free_size // MX_PACK
+    m = matmul_kmn(ins)[1]
     if m % 2:
         raise OperandError(f"matmul perf_mode=mx: the stationary's free size M={m} (x4 elements) must be "
                            f"even (ISA3 L781)")
     _mx_scale(st, sst, a.stationary_scale_offset, m, "matmul perf_mode=mx stationary_scale")
-    _mx_scale(mv, smv, a.moving_scale_offset, mv.free_size // MX_PACK, "matmul perf_mode=mx moving_scale")
+    _mx_scale(mv, smv, a.moving_scale_offset, matmul_kmn(ins)[2], "matmul perf_mode=mx moving_scale")
 
 
-def _mx_data(x: AP, what: str) -> None:
-    """MXFP8 data: fp8 in SBUF, [P, F, 4] with the x4 innermost, P a multiple of 32 up to 128."""
-    if x.dtype not in MX_EMAX or x.memory is not Memory.SBUF:
-        raise OperandError(f"{what} must be float8_e4m3fn or float8_e5m2 in SBUF (the x4 types; "
-                           f"MXFP4 is not modelled), got {x.dtype.value} in {x.memory.value}")
-    if not x.dims or x.dims[-1] != (1, MX_PACK):
+def _mx_data(x: AP, what: str, fp4: bool = True) -> None:
+    """MX data in SBUF, P a multiple of 32 up to 128: fp8 [P, F, 4] with the x4 innermost, or an
+    x4 dtype [P, F] (isa.X4_ELEMENT; MXFP4 only so, and not where ``fp4`` is False)."""
+    ok = set(MX_EMAX) | ({DType.FP4_E2M1_X4} if fp4 else set())
+    if x.dtype not in ok or x.memory is not Memory.SBUF:
+        raise OperandError(f"{what} must be float8_e4m3fn or float8_e5m2 in SBUF (or the x4 types "
+                           f"{sorted(d.value for d in ok if d in X4_ELEMENT)}), got {x.dtype.value} "
+                           f"in {x.memory.value}")
+    if x.dtype not in X4_ELEMENT and (not x.dims or x.dims[-1] != (1, MX_PACK)):
         raise OperandError(f"{what}: the innermost dim must be (1, {MX_PACK}), the x4 packing, got "
                            f"dims {x.dims}")
     if x.partitions % MX_QUADRANT:
@@ -119,8 +122,14 @@ def _r_quantize_mx(ins: Instr, q: Queue, t: Target) -> None:
                            f"got {src.dtype.value} in {src.memory.value}")
     if src.free_size % MX_PACK:
         raise OperandError(f"quantize_mx src free size must be a multiple of {MX_PACK}, got {src.free_size}")
-    _mx_data(dst, "quantize_mx dst")
-    _same_pf(dst, src, "quantize_mx dst")
+    _mx_data(dst, "quantize_mx dst", fp4=False)     # MXFP8 only (ISA3 L2767)
+    if dst.dtype in X4_ELEMENT:
+        if (dst.partitions, dst.free_size * MX_PACK) != (src.partitions, src.free_size):
+            raise OperandError(f"quantize_mx dst: expected [{src.partitions}, {src.free_size // MX_PACK}] "
+                               f"x4 elements for src [{src.partitions}, {src.free_size}], got "
+                               f"[{dst.partitions}, {dst.free_size}]")
+    else:
+        _same_pf(dst, src, "quantize_mx dst")
     if dst.partition_start != src.partition_start:
         raise OperandError(f"quantize_mx dst must start on the src's partition {src.partition_start}, "
                            f"got {dst.partition_start}")

@@ -32,7 +32,8 @@ every operand is a 2-byte float type)
   4x is the MX matmul). ``perf_mode=mx`` (``MatmulMxAttrs``, NC-v4 ``nc_matmul_mx``, K = 4P <= 512):
   ``max(min(64, M), N)`` x ``4 / min(4, fp8_matmul_speedup)``, the bf16 time of the same M and N
   ("An MX matmul ... runs at 4x the throughput compared to a BF16/FP16 matmul", trainium3_arch.rst
-  L75; no per-instruction cycle count is published).
+  L75; no per-instruction cycle count is published). MXFP4 (x4 dtype ``FP4_E2M1_X4``) costs
+  what MXFP8 does: the guide gives one "Quad-MXFP8/MXFP4" rate (trainium3_arch.rst L70-75).
   The trn2/trn3 TensorE power ramp and the exposed LoadStationary after idle are dynamic:
   ``TensorRamp`` below (applied by the simulator); so are the NC-v2 shared ports
   (``SharedPorts``). NC-v4: N up to 4096 fp32 / 8192 bf16 across PSUM banks
@@ -138,7 +139,7 @@ from typing import Callable, NamedTuple
 from .checks import contiguous_run_elems
 from .isa import (AP, ActivationAttrs, AluOp, DmaAttrs, EngineKind, Instr, MemsetAttrs, Memory,
                   Op, Queue, TensorReduceAttrs, TensorScalarAttrs, TensorTensorAttrs,
-                  indirect_layout, DOUBLE_ROW_PACK, MX_PACK, MatmulPerfMode, matmul_kmn)
+                  indirect_layout, DOUBLE_ROW_PACK, MX_PACK, X4_ELEMENT, MatmulPerfMode, matmul_kmn)
 from .targets import Target
 
 
@@ -215,7 +216,7 @@ def c_matmul(ins: Instr, eng: EngineKind, t: Target) -> Cost:
     st = ins.srcs[0]
     _, m, n = matmul_kmn(ins)
     c = max(min(t.mm_init_latency_cycles, m), n)
-    if st.dtype.itemsize >= 4:
+    if st.dtype.itemsize >= 4 and st.dtype not in X4_ELEMENT:
         c *= t.fp32_matmul_slowdown
     mode = ins.attrs.perf_mode  # type: ignore[union-attr]
     if mode is not MatmulPerfMode.NONE:

@@ -69,6 +69,12 @@ class DType(enum.Enum):
     INT8 = "int8"
     UINT8 = "uint8"
     BOOL = "bool"  # stored as one byte, 0 or 1
+    UINT32 = "uint32"
+    # NKI's x4 types (X4_ELEMENT): four values of K in one element, value j in bits [8j, 8j+8)
+    # (fp8, 32-bit element) or [4j, 4j+4) (fp4, 16-bit element); no arithmetic, MX only
+    FP8_E4M3_X4 = "float8_e4m3fn_x4"
+    FP8_E5M2_X4 = "float8_e5m2_x4"
+    FP4_E2M1_X4 = "float4_e2m1fn_x4"
 
     @property
     def np(self) -> np.dtype:
@@ -85,7 +91,7 @@ class DType(enum.Enum):
     @staticmethod
     def from_numpy(dt: np.dtype) -> "DType":
         for k, v in _NP_DTYPES.items():
-            if v == np.dtype(dt):
+            if v == np.dtype(dt) and k not in X4_ELEMENT:
                 return k
         raise ValueError(f"no machine dtype for numpy dtype {dt}")
 
@@ -101,7 +107,14 @@ _NP_DTYPES = {
     DType.INT8: np.dtype(np.int8),
     DType.UINT8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.uint8),
+    DType.UINT32: np.dtype(np.uint32),
+    DType.FP8_E4M3_X4: np.dtype(np.uint32),
+    DType.FP8_E5M2_X4: np.dtype(np.uint32),
+    DType.FP4_E2M1_X4: np.dtype(np.uint16),
 }
+X4_ELEMENT = {DType.FP8_E4M3_X4: np.dtype(ml_dtypes.float8_e4m3fn),
+              DType.FP8_E5M2_X4: np.dtype(ml_dtypes.float8_e5m2),
+              DType.FP4_E2M1_X4: np.dtype(ml_dtypes.float4_e2m1fn)}
 for _d in DType:  # precomputed per member: these are read once per operand by the simulator
     _d._np = _NP_DTYPES[_d]
     _d._itemsize = _NP_DTYPES[_d].itemsize
@@ -381,7 +394,7 @@ MX_QUADRANT = 32          # scales sit in their group's quadrant, 4 rows per qua
 MX_SCALE_OFFSETS = (0, 4, 8, 12)   # scale rows start 0/4/8/12 into each quadrant (mxfp-matmul.rst L227-228)
 # E_max of the MXFP8 element types (ISA3 quantize_mx L2798-2799: "8 for float8_e4m3fn and 15 for
 # float8_e5m2")
-MX_EMAX = {DType.FP8_E4M3: 8, DType.FP8_E5M2: 15}
+MX_EMAX = {DType.FP8_E4M3: 8, DType.FP8_E5M2: 15, DType.FP8_E4M3_X4: 8, DType.FP8_E5M2_X4: 15}
 
 
 def mx_scale_rows(partitions: int, offset: int) -> list[tuple[int, int]]:
@@ -403,7 +416,8 @@ def matmul_kmn(ins: "Instr") -> tuple[int, int, int]:
     a = ins.attrs
     if isinstance(a, MatmulAttrs) and a.perf_mode is not MatmulPerfMode.NONE:
         pack = DOUBLE_ROW_PACK if a.perf_mode is MatmulPerfMode.DOUBLE_ROW else MX_PACK
-        return st.partitions * pack, st.free_size // pack, mv.free_size // pack
+        return (st.partitions * pack, st.free_size // (1 if st.dtype in X4_ELEMENT else pack),
+                mv.free_size // (1 if mv.dtype in X4_ELEMENT else pack))
     return st.partitions, st.free_size, mv.free_size
 
 
@@ -424,7 +438,8 @@ class MatmulMxAttrs(MatmulAttrs):
       (``mx_scale_rows``; ``*_scale_offset`` in 0/4/8/12 packs up to four scale tensors per
       quadrant). The AP must reach that row; the rows between are not read.
     - dst, ``accumulate``, PSUM limits: as ``MatmulAttrs`` (fp32 or bf16, N up to 4096 / 8192).
-    MXFP4 (``float4_e2m1fn_x4``) is not modelled: the machine has no 4-bit dtype."""
+    Data may also be an x4 dtype (``DType.*_X4``: [P, M] elements of four values each), the
+    only way to give MXFP4 (``FP4_E2M1_X4``, E_max 2; ISA3 L760)."""
 
     perf_mode: MatmulPerfMode = MatmulPerfMode.MX
     stationary_scale_offset: int = 0
@@ -542,6 +557,18 @@ class BnStatsAttrs:
 @dataclass(frozen=True)
 class BnAggrAttrs:
     """Aggregate ``k`` (mean, var) pairs of equal counts into one: src [P, 2k] -> dst [P, 2]."""
+
+
+@dataclass(frozen=True)
+class BnStatsNkiAttrs(BnStatsAttrs):
+    """NKI's layout: dst [P, 6] = (count, mean, var * count) of the even, then the odd elements."""
+    layout: str = "nki6"
+
+
+@dataclass(frozen=True)
+class BnAggrNkiAttrs(BnAggrAttrs):
+    """NKI's layout: src [P, 3k] of (count, mean, var * count) triples -> dst [P, 2] (mean, var)."""
+    layout: str = "nki6"
 
 
 @dataclass(frozen=True)

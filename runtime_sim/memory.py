@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .checks import BoundsError, InputError, PsumAccumulateError, UninitializedReadError
+from .checks import BoundsError, InputError, OperandError, PsumAccumulateError, UninitializedReadError
 from .isa import AP, Buffer, DType, Memory, Program
 from .targets import Target
 
@@ -151,7 +151,7 @@ class MachineMemory:
 
 
 _INT_RANGE = {DType.INT32: (-2**31, 2**31 - 1), DType.INT64: (-2**63, 2**63 - 1),
-              DType.INT8: (-128, 127), DType.UINT8: (0, 255)}
+              DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.UINT32: (0, 2**32 - 1)}
 
 
 FP8_E4M3_MAX = 448.0
@@ -175,6 +175,9 @@ def cast_to(values: np.ndarray, dtype: DType) -> np.ndarray:
             # torch's conversion does; NaN stays NaN (ml_dtypes alone would give NaN)
             values = np.clip(values, -FP8_E4M3_MAX, FP8_E4M3_MAX)
         return values.astype(npd)
+    if dtype not in _INT_RANGE:
+        raise OperandError(f"{dtype.value} holds packed MX values: only MX instructions and copies "
+                           f"of its own type write it, got {values.dtype} values")
     lo, hi = _INT_RANGE[dtype]
     if values.dtype.kind in "iub":
         return np.clip(values.astype(np.int64), lo, hi).astype(npd)

@@ -65,6 +65,10 @@ Conventions (the executable spec of the ISA)
 - ``tensor_copy``: same dtype -> exact copy; int -> int exact (saturating); otherwise through fp32.
 - ``bn_stats``: [P, 2] = (mean, population variance) of the free elements; ``bn_aggr``: combine
   k (mean, var) pairs of equal counts: mean = avg(mean_i), var = avg(var_i + (mean_i - mean)^2).
+  NKI's layout (``BnStatsNkiAttrs`` / ``BnAggrNkiAttrs``, nki.isa.bn_stats): [P, 6] = (count,
+  mean, variance * count) of the even-indexed then the odd-indexed elements (an empty half:
+  0, 0, 0; ASSUMED, the docs do not say); bn_aggr of k such triples: N = sum n_i, mean =
+  sum n_i mean_i / N, var = (sum M2_i + sum n_i (mean_i - mean)^2) / N (Chan et al.).
 - ``dma_gather`` / ``dma_scatter`` (indirect DMA; operand layout in isa.py): lookups in row-major
   ``(p, i)`` order of the index AP; every lookup value must lie in ``[0, V)`` of the table's
   indexed dim, else BoundsError naming the value, the lookup and the bound (nothing is written).
@@ -105,7 +109,8 @@ from typing import Callable
 
 import numpy as np
 
-from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluOp, DmaAttrs, DmaScatterAttrs, EngineKind,
+from .isa import (ALU_INT_DTYPES, AP, X4_ELEMENT, BITVEC_OPS, DType, ActFunc, ActivationAttrs, AluOp, BnAggrNkiAttrs,
+                  BnStatsNkiAttrs, DmaAttrs, DmaScatterAttrs, EngineKind,
                   ExponentialAttrs, Instr, IotaAttrs, MatchReplace8Attrs, MatmulAttrs, MatmulMxAttrs,
                   MemsetAttrs, MX_EMAX, MX_GROUP_PARTITIONS, MX_PACK, Op, QuantizeMxAttrs,
                   mx_scale_rows,
@@ -113,7 +118,7 @@ from .isa import (ALU_INT_DTYPES, AP, BITVEC_OPS, ActFunc, ActivationAttrs, AluO
                   TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs, indirect_layout,
                   matmul_kmn)
 from .checks import BoundsError, OperandError, dma_2d
-from .memory import MachineMemory
+from .memory import MachineMemory, cast_to
 
 F32 = np.float32
 
@@ -389,11 +394,26 @@ def _mx_operand(m: MachineMemory, data: AP, scale: AP, offset: int) -> np.ndarra
     """MX data [P, F, 4] times its group's scale, in fp32 (as AWS's golden model
     nc_matmul_mx_golden, nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py L112-183: dequantize
     each operand to fp32, then an fp32 matmul); returns [P, 4, F] (K rows in (p, j) order)."""
-    x = m.read_f32(data).reshape(data.partitions, -1, MX_PACK)
+    x = _unpack_x4(m.read(data), data.dtype) if data.dtype in X4_ELEMENT else \
+        m.read_f32(data).reshape(data.partitions, -1, MX_PACK)
     rows = np.concatenate([m.read(a).reshape(a.partitions, -1) for a in _mx_scale_aps(data, scale, offset)])
     f = np.repeat(_mx_factor(rows), MX_GROUP_PARTITIONS, axis=0)          # [P, F]
     with np.errstate(all="ignore"):
         return np.ascontiguousarray((x * f[:, :, None]).astype(F32).transpose(0, 2, 1))
+
+
+def _unpack_x4(raw: np.ndarray, dt) -> np.ndarray:
+    """x4 elements [P, ...] (isa.X4_ELEMENT) -> fp32 [P, F, 4]: value j of an element is byte
+    j (fp8, little-endian) or bits [4j, 4j + 4) (fp4, as AWS's pack_mx_data_into_x4 packs).
+    ASSUMED: an fp4 code means its OCP E2M1 value; NC-v4 converts MXFP4 to MXFP8 "using any
+    arbitrary programmer-defined mapping" (neuron-core-v4.rst L132) and no API sets another."""
+    p = raw.shape[0]
+    if dt is DType.FP4_E2M1_X4:
+        w = raw.reshape(p, -1, 1).astype(np.uint16)
+        nib = ((w >> np.array([0, 4, 8, 12], dtype=np.uint16)) & 0xF).astype(np.uint8)
+        return nib.view(X4_ELEMENT[dt]).astype(F32)
+    return np.ascontiguousarray(raw).reshape(p, -1).view(np.uint8).reshape(p, -1, MX_PACK) \
+        .view(X4_ELEMENT[dt]).astype(F32)
 
 
 def quantize_mx(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
@@ -415,7 +435,12 @@ def quantize_mx(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     f = np.repeat(_mx_factor(sb), MX_GROUP_PARTITIONS, axis=0)            # [P, F / 4]
     with np.errstate(all="ignore"):
         q = x.reshape(p, -1, MX_PACK) / f[:, :, None]                      # exact: powers of two
-    m.write(dst, q.astype(F32))
+    if dst.dtype in X4_ELEMENT:         # four fp8 values (RNE) packed into each element
+        e4 = (dst.dtype is DType.FP8_E4M3_X4)
+        q8 = cast_to(q.astype(F32), DType.FP8_E4M3 if e4 else DType.FP8_E5M2)
+        m.write(dst, np.ascontiguousarray(q8).view(np.uint8).reshape(p, -1).view(np.uint32))
+    else:
+        m.write(dst, q.astype(F32))
     k = 0
     for s_ap in _mx_scale_aps(src, ins.accum, a.scale_offset):
         m.write(s_ap, sb[k:k + s_ap.partitions])
@@ -577,6 +602,15 @@ def select(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 def bn_stats(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     x = _rows(m, ins.srcs[0]).astype(np.float64)
+    if isinstance(ins.attrs, BnStatsNkiAttrs):
+        out = []
+        for h in (x[:, 0::2], x[:, 1::2]):
+            n = h.shape[1]
+            mean = h.mean(axis=1) if n else np.zeros(len(x))
+            m2 = ((h - mean[:, None]) ** 2).sum(axis=1)
+            out += [np.full(len(x), float(n)), mean, m2]
+        m.write(_dst(ins), np.stack(out, axis=1).astype(F32))
+        return
     mean = x.mean(axis=1)
     var = ((x - mean[:, None]) ** 2).mean(axis=1)
     m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
@@ -584,6 +618,14 @@ def bn_stats(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
 
 def bn_aggr(ins: Instr, m: MachineMemory, eng: EngineKind) -> None:
     s = _rows(m, ins.srcs[0]).astype(np.float64)
+    if isinstance(ins.attrs, BnAggrNkiAttrs):
+        n, mu, m2 = s[:, 0::3], s[:, 1::3], s[:, 2::3]
+        tot = n.sum(axis=1)
+        with np.errstate(all="ignore"):
+            mean = (n * mu).sum(axis=1) / tot
+            var = (m2.sum(axis=1) + (n * (mu - mean[:, None]) ** 2).sum(axis=1)) / tot
+        m.write(_dst(ins), np.stack([mean, var], axis=1).astype(F32))
+        return
     means, vars_ = s[:, 0::2], s[:, 1::2]
     mean = means.mean(axis=1)
     var = (vars_ + (means - mean[:, None]) ** 2).mean(axis=1)

@@ -189,6 +189,25 @@ def nc_matmul(*args, **kwargs):
     return ops.PendingMatmul(st, mv, transpose=tr)
 
 
+def nc_matmul_mx(*args, **kwargs):
+    """MX matmul (NeuronCore-v4): ``dst[M, N] (+)= sum over K = (partition, x4 value) of
+    stationary * its scale x moving * its scale``; x4 data (``nl.float8_*_x4``,
+    ``nl.float4_e2m1fn_x4``) and uint8 / float8_e8m0fnu scales in SBUF, dst fp32 or bf16 PSUM."""
+    a = _split(args, kwargs, ("stationary", "moving", "stationary_scale", "moving_scale"), True)
+    pos, size = a.get("tile_position"), a.get("tile_size")
+    if pos not in (None, (0, 0), [0, 0]) or size not in (None, (128, 128), [128, 128]):
+        raise NotImplementedError("nisa.nc_matmul_mx(tile_position/tile_size=...) row tiling is not modelled")
+    st, mv = ops.materialize(a["stationary"]), ops.materialize(a["moving"])
+    return ops.matmul_mx(a["dst"], st, mv, a["stationary_scale"], a["moving_scale"], a.get("accumulate"))
+
+
+def quantize_mx(*args, **kwargs):
+    """bf16/fp16 ``src`` [P, 4F] -> MXFP8 ``dst`` [P, F] (``nl.float8_*_x4``) and ``dst_scale``
+    (one E8M0 scale per 8 partitions x 4 values, in the quadrant of its group), on VectorE."""
+    a = _split(args, kwargs, ("src", "dst_scale"), True)
+    return ops.quantize_mx(a["dst"], ops.materialize(a["src"]), a["dst_scale"])
+
+
 def nc_transpose(*args, **kwargs):
     """Transpose a 2-D tile: TensorE (into PSUM, up to 128 x 128) or VectorE (32 x 32, SBUF)."""
     new = _is_new(args, kwargs, 1)
@@ -278,6 +297,32 @@ def tensor_reduce(*args, **kwargs):
     (data,) = ops.apply_mask(a.get("mask"), data)
     r = ops.reduce(op, data, a["axis"], a.get("dtype"), a.get("keepdims", False), negate=a.get("negate", False))
     return r
+
+
+def _stats(args, kwargs, cols: int, emit):
+    new = _is_new(args, kwargs, 1)
+    a = _split(args, kwargs, ("data",), new)
+    data = ops.materialize(a["data"])
+    if new:
+        dst, data = ops.apply_mask(a.get("mask"), a["dst"], data)
+    else:
+        (data,) = ops.apply_mask(a.get("mask"), data)
+        dt = to_dtype(a["dtype"]) if a.get("dtype") is not None else data.mdtype
+        dst = ops.tile_like((data.shape[0], cols), dt, emit.__name__)
+    return emit(dst, data)
+
+
+def bn_stats(*args, **kwargs):
+    """Mean/variance statistics of each partition on VectorE: 6 values per partition, (count,
+    mean, variance * count) of the even then the odd elements (at most
+    ``nl.tile_size.bn_stats_fmax`` = 512 elements per partition); feed them to ``bn_aggr``."""
+    return _stats(args, kwargs, 6, ops.bn_stats)
+
+
+def bn_aggr(*args, **kwargs):
+    """(mean, variance) of each partition [P, 2] from one or more ``bn_stats`` outputs side by
+    side in ``data`` [P, 6k] (VectorE)."""
+    return _stats(args, kwargs, 2, ops.bn_aggr)
 
 
 def tensor_tensor_scan(*args, **kwargs):

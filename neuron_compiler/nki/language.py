@@ -44,6 +44,24 @@ bool_ = np.bool_
 tfloat32 = np.dtype("V4")
 
 
+class _MxDtype:
+    """NKI's packed MX types: four fp8 (32-bit element) or fp4 (16-bit) values per element,
+    machine ``DType.*_X4`` (runtime_sim.isa.X4_ELEMENT); only DMA, quantize_mx, nc_matmul_mx and
+    memset(0) take them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+float8_e4m3fn_x4 = _MxDtype("float8_e4m3fn_x4")
+float8_e5m2_x4 = _MxDtype("float8_e5m2_x4")
+float4_e2m1fn_x4 = _MxDtype("float4_e2m1fn_x4")
+float8_e8m0fnu = _MxDtype("float8_e8m0fnu")     # E8M0 MX scales: one byte, stored as uint8
+
+
 class _TileSize:
     """``nl.tile_size``: the machine's tile limits on the active target (trn2 outside a kernel)."""
 

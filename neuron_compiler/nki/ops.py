@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime_sim.isa import (GPSIMD, SCALAR, TENSOR, VECTOR, ActFunc, ActivationAttrs, AluOp,
-                             ALU_INT_DTYPES, DmaAttrs, DType, EngineKind, MatmulAttrs, Memory,
+                             ALU_INT_DTYPES, BnAggrNkiAttrs, MatmulMxAttrs, QuantizeMxAttrs, BnStatsNkiAttrs, DmaAttrs, DType, EngineKind, MatmulAttrs, Memory,
                              MemsetAttrs, Op, Queue, TensorCopyAttrs, TensorReduceAttrs,
                              TensorScalarAttrs, TensorTensorAttrs, TensorTensorScanAttrs,
                              TransposeAttrs, IotaAttrs)
@@ -281,6 +281,23 @@ def activation(dst: NkiTensor, func: ActFunc, data: NkiTensor, bias=None, scale=
     return dst
 
 
+def bn_stats(dst: NkiTensor, data: NkiTensor) -> NkiTensor:
+    """NKI's bn_stats on VectorE: dst [P, 6] = (count, mean, variance * count) of the even, then
+    the odd free elements of ``data`` (at most 512 per partition)."""
+    current().emit(VECTOR, Op.BN_STATS, dst, (data,), BnStatsNkiAttrs())
+    _psum_written(dst, matmul=False)
+    _psum_read(data)
+    return dst
+
+
+def bn_aggr(dst: NkiTensor, data: NkiTensor) -> NkiTensor:
+    """NKI's bn_aggr on VectorE: (mean, variance) [P, 2] of the bn_stats triples in ``data``."""
+    current().emit(VECTOR, Op.BN_AGGR, dst, (data,), BnAggrNkiAttrs())
+    _psum_written(dst, matmul=False)
+    _psum_read(data)
+    return dst
+
+
 def tensor_reduce(dst: NkiTensor, op: AluOp, data: NkiTensor, axis, negate: bool = False) -> NkiTensor:
     """Reduce ``data`` over ``axis`` (the trailing free axes) into ``dst``."""
     t = current()
@@ -370,6 +387,29 @@ def matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate=
     st.mm_open.add(key)
     st.mm_written.add(key)
     st.zeroed = False
+    return dst
+
+
+def matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, st_scale: NkiTensor,
+              mv_scale: NkiTensor, accumulate=None) -> NkiTensor:
+    """NKI ``nc_matmul_mx`` (NeuronCore-v4): the MX matmul on TensorE (runtime_sim
+    ``MatmulMxAttrs``: x4 data, E8M0 scales in their quadrants); ``accumulate`` as ``matmul``."""
+    st = dst.storage
+    key = dst.key()
+    acc = (key in st.mm_open) if accumulate is None else bool(accumulate)
+    current().emit(TENSOR, Op.MATMUL, dst, (stationary, moving, st_scale, mv_scale),
+                   MatmulMxAttrs(accumulate=acc))
+    st.mm_open.add(key)
+    st.mm_written.add(key)
+    st.zeroed = False
+    return dst
+
+
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor) -> NkiTensor:
+    """NKI ``quantize_mx`` (NeuronCore-v4, VectorE): bf16/fp16 ``src`` [P, 4F] -> MXFP8 x4
+    ``dst`` [P, F] and its E8M0 scales (runtime_sim ``QuantizeMxAttrs``)."""
+    current().emit(VECTOR, Op.QUANTIZE_MX, dst, (src,), QuantizeMxAttrs(), accum=dst_scale)
+    _psum_read(src)
     return dst
 
 
@@ -528,9 +568,23 @@ def assign(dst: NkiTensor, value) -> None:
         if Memory.HBM in (dst.memory, value.memory):
             dma(dst, value if value.memory is not Memory.PSUM else tensor_copy(tile_like(value.shape, value.mdtype), value))
         else:
-            tensor_copy(dst, value)
+            tensor_copy(_cut_dst(dst, value), value)
         return
     memset(dst, float(value))
+
+
+def _cut_dst(dst: NkiTensor, value: NkiTensor) -> NkiTensor:
+    """A tile a mask cut (``Storage.nominal``) assigned to a whole tile of the partitions it
+    stands for: only its rows are written, and the destination tile remembers which
+    (``Storage.valid``: reads of it through a full index grid see those rows)."""
+    nom = value.storage.nominal
+    st = dst.storage
+    if (nom and value.ndim and dst.ndim and value.axes[0][2] and dst.axes[0][2] and dst.pstart == 0
+            and dst.shape[0] == nom[0] == st.shape[st.pdim] and value.shape[0] < nom[0]
+            and st.valid in (None, (nom[1], value.shape[0]))):
+        st.valid = (nom[1], value.shape[0])
+        return dst.clip(0, nom[1], nom[1] + value.shape[0])
+    return dst
 
 
 def update(dst: NkiTensor, value, op: str) -> None:

@@ -33,7 +33,7 @@ from .index import DynSlice, IndexExpr, Mask
 
 # ---- dtypes -----------------------------------------------------------------------------------
 
-_ALIASES = {"float8_e4m3": DType.FP8_E4M3, "float8_e4m3fn": DType.FP8_E4M3,
+_ALIASES = {"float8_e4m3": DType.FP8_E4M3, "float8_e4m3fn": DType.FP8_E4M3, "float8_e8m0fnu": DType.UINT8,
             "float8_e5m2": DType.FP8_E5M2, "bool": DType.BOOL, "bool_": DType.BOOL}
 
 
@@ -130,6 +130,7 @@ class Storage:
         self.pdim = pdim
         self.block_elems = block_elems      # address stride of one block (dims before pdim)
         self.placement = None               # placement.Placement: blocks placed one by one
+        self.alias_of: "Storage | None" = None   # the storage whose bytes this one reinterprets
         self.written_boxes: set = set()     # footprint boxes instructions wrote (tracer.emit)
         self.dead = ""                      # why its memory was reclaimed while referenced
         self.reclaim = None                 # releases its memory now (on_release)
@@ -139,6 +140,31 @@ class Storage:
         # (partitions, first kept) of the tile the kernel meant when a mask cut this one's
         # partition axis (a masked nl.load; inherited by tiles computed from it, tracer.emit)
         self.nominal: tuple[int, int] | None = None
+        # (first, count): a whole tile of which only these partitions were written, by an
+        # assignment of such a cut tile (ops.assign); reads through a full index grid see those
+        self.valid: tuple[int, int] | None = None
+
+    def window(self, pstart: int, n: int, lo: int, hi: int) -> tuple[int, int, int] | None:
+        """An index grid over rows ``[lo, hi)`` of a view of ``n`` partitions from ``pstart``
+        covering the whole tile: the rows of the nominal tile that hold data, ``(lo, hi,
+        shift)`` (physical = nominal - shift), when a mask cut this tile (``nominal``; only a
+        grid reaching past the cut tile means the nominal rows) or only part of it was written
+        (``valid``); else None."""
+        if pstart != 0 or self.pdim is None or n != self.shape[self.pdim]:
+            return None
+        if self.nominal is not None and n < self.nominal[0] and (lo < 0 or hi > n):
+            return self.nominal[1], self.nominal[1] + n, self.nominal[1]
+        if self.valid is not None and (lo < self.valid[0] or hi > self.valid[0] + self.valid[1]):
+            return self.valid[0], self.valid[0] + self.valid[1], 0
+        return None
+
+    def cut_of(self, partitions: int) -> tuple[int, int] | None:
+        """The ``nominal`` a tile computed from ``partitions`` rows of this one inherits."""
+        if self.nominal is not None:
+            return self.nominal
+        if self.valid is not None and partitions == self.valid[1]:
+            return self.shape[self.pdim], self.valid[0]
+        return None
 
     @property
     def memory(self) -> Memory:
@@ -241,8 +267,16 @@ class NkiTensor:
         """Identity of the elements addressed (storage, offset, partitions, axes)."""
         return (self.storage.name, self.offset, self.pstart, tuple(a[:3] for a in self.axes))
 
-    def ap(self) -> AP:
-        """This view as a machine access pattern (partition axis first for on-chip views)."""
+    def ap(self, pattern=None, offset: int = 0, dtype=None, **kw):
+        """With no arguments, this view as a machine access pattern (partition axis first for
+        on-chip views). With NKI's arguments, ``t.ap(pattern=[[step, count], ...], offset=,
+        dtype=)``: a view of the same memory (pattern.py)."""
+        if pattern is None and dtype is None and not offset and not kw:
+            return self._ap()
+        from .pattern import pattern_view
+        return pattern_view(self, pattern, offset, dtype, **kw)
+
+    def _ap(self) -> AP:
         st = self.storage
         isz = st.dtype.itemsize
         if st.memory is Memory.HBM:
@@ -451,6 +485,7 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
     grid_at = None
     checks = list(v.checks)
     box = list(v.box) if (v.box is not None and v.base) else None
+    cut = None                      # (output position of the partition grid axis, lo, hi)
     for d, (item, (s, n, isp, _)) in enumerate(zip(items, v.axes)):
         name = f"{v.storage.name} dimension {d} (size {n})"
         if isinstance(item, DynSlice):
@@ -461,7 +496,17 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 out.append(None)
             lo = item.const + sum(min(0, c * (a.size - 1)) for a, c in item.terms)
             hi = item.const + sum(max(0, c * (a.size - 1)) for a, c in item.terms) + 1
-            if lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
+            win = v.storage.window(v.pstart, n, lo, hi) if isp and len(item.terms) == 1 else None
+            if win is not None and item.terms[0][1] == 1:
+                # a full index grid over a tile a mask cut: the rows that hold data (NKI
+                # computes every partition; the others are never stored)
+                (a, _), = item.terms
+                (pos, _), = item.by_position().items()
+                cut = (pos - (item.ndim - grid_nd), max(0, win[0] - item.const),
+                       min(a.size, win[1] - item.const))
+                pstart -= win[2]
+                lo, hi = win[0] - win[2], win[1] - win[2]
+            elif lo < 0 or hi > n:                  # allowed if a mask cuts it (validate())
                 checks.append((name, item.const, item.terms, n))
                 lo, hi = max(lo, 0), min(hi, n)
             coefs = item.by_position()
@@ -519,8 +564,11 @@ def index_view(v: NkiTensor, key) -> NkiTensor:
                 box[d] = (i, i + 1)
     if grid_at is not None:
         out[grid_at:grid_at + 1] = [tuple(g) for g in grid]
-    return NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
-                     checks=tuple(checks), clips=v.clips)
+    r = NkiTensor(v.storage, offset, pstart, tuple(out), tuple(box) if box is not None else v.box,
+                  checks=tuple(checks), clips=v.clips)
+    if cut is not None:
+        r = r.clip(grid_at + cut[0], cut[1], cut[2])
+    return r
 
 
 def reshape(v: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:

@@ -17,14 +17,18 @@ kernels):
   the same kernel line are reclaimed first (marked dead: an instruction using one raises);
   then a PSUM tensor of blocks is placed modulo the free banks, its slots paged (a block
   evicted before its first read is copied out to SBUF or HBM and back: ``_page_in``;
-  placement.py). Tiles with an
+  placement.py); a PSUM tensor of blocks that would take every free bank (NKI's compiler
+  allocates blocks by liveness: ``attn_fwd_v8a``'s 32 transposed V blocks fill all 8 banks at
+  s4096, and its QK^T tensor then had none) counts as short of memory too. Tiles with an
   explicit placement (``ncc.*.mod_alloc``/``alloc``) go where the kernel says (``placed``),
   never into this allocator's pools. Out of memory is the machine's ``CapacityError``.
 - **Synchronisation.** Every instruction signals ``<queue>.done``; before an instruction is
   emitted, the footprints it reads and writes (physical partition x byte boxes on chip, index
   boxes of HBM tensors) are compared with earlier accesses: it waits for the last overlapping
   writers (RAW, WAW) and the readers since (WAR), unless program order already guarantees it
-  (same compute queue). A write drops the records it covers.
+  (same compute queue). A write drops the records it covers. The records are an index
+  (``deps.Records``: one entry per distinct box and queue), so re-reading a tile in a loop
+  does not grow them.
 - **Queues.** DMAs of one HBM tensor go to that tensor's queue (one queue per tensor, as the
   calibrated tutorial programs do); SBUF->SBUF DMAs to their own queue. Compute ops go to the
   engine the NKI documentation gives them (ops.py decides).
@@ -47,6 +51,7 @@ from runtime_sim.isa import (VECTOR, Buffer, DmaAttrs, DType, EngineKind, Instr,
                              OpAttrs, Program, Queue, TensorCopyAttrs, dma_queue)
 from runtime_sim.targets import Target
 
+from .deps import Records
 from .placement import Placement, StaleBlockError, blocks
 from .tensor import NkiTensor, Storage, free_elems, on_release
 
@@ -221,21 +226,6 @@ def _minus(spans: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tup
     return spans
 
 
-def _overlap(a, b) -> bool:
-    if a is None or b is None:
-        return True
-    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
-
-
-def _covers(a, b) -> bool:
-    """Box ``a`` contains box ``b``."""
-    if a is None:
-        return True
-    if b is None:
-        return False
-    return all(lo1 <= lo2 and hi2 <= hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
-
-
 class Tracer:
     """The program being built for one kernel call (module docstring)."""
 
@@ -251,7 +241,7 @@ class Tracer:
         self.sbuf = _Sbuf(target.sbuf_bytes_per_partition)
         self.psum = _Psum(target.psum_banks, target.psum_bank_bytes, target.matmul_psum_banks)
         self.sbuf_peak = 0
-        self._records: dict[str, list[list]] = {}   # space -> [box, sem, count, is_write]
+        self._records: dict[str, Records] = {}     # space -> its access records (deps.py)
         self._dead: list[tuple[Memory, int, int, str]] = []
         self._seen: dict[tuple[str, str], int] = {}
         self._dma_q: dict[str, Queue] = {}
@@ -362,6 +352,11 @@ class Tracer:
                 stride = 1 << max(0, (tile_bytes - 1).bit_length())
                 block = stride // dtype.itemsize
                 nbytes = (nblocks - 1) * stride + tile_bytes
+            if block is not None and 1 < -(-nbytes // t.psum_bank_bytes) >= sum(1 for u in self.psum.used if not u):
+                # it would take every free bank, leaving none for the kernel's later tiles
+                if modulo and self.psum.free_run():
+                    return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
+                raise CapacityError(f"{what}: would take every free PSUM bank")
             off = self.psum.alloc(nbytes, blocks=block is not None)
             if off is None and block is not None and modulo and self.psum.free_run():
                 return self._modulo_psum(shape, dtype, pdim, name, what, nblocks, block, tile_bytes)
@@ -465,8 +460,8 @@ class Tracer:
         self._add_buffer(b)
         self._inherit(b)
         space = f"@{memory.value}"
-        self._records.setdefault(space, []).extend(self._records[b.name])
-        self._records[b.name] = []
+        self._records.setdefault(space, Records()).merge(self._records[b.name])
+        self._records[b.name] = Records()
         st = Storage(b, shape, dtype, pdim)
         st.placement = Placement(what, tuple(shape[:pdim]), inner,
                                  {i: (p, a - lo) for i, (p, a) in slots.items()}, space, how)
@@ -475,7 +470,7 @@ class Tracer:
     def _add_buffer(self, b: Buffer) -> None:
         self.buffers.append(b)
         self.bufmap[b.name] = b
-        self._records[b.name] = []
+        self._records[b.name] = Records()
 
     def _inherit(self, b: Buffer) -> None:
         """A new buffer reusing freed memory inherits the access records there (physical
@@ -485,7 +480,8 @@ class Tracer:
         recs = self._records[b.name]
         for mem, dlo, dhi, name in self._dead:
             if mem is b.memory and dlo < hi and lo < dhi:
-                recs.extend(r for r in self._records.get(name, ()) if r[0][1][0] < hi and lo < r[0][1][1])
+                if name in self._records:
+                    recs.merge(self._records[name], lambda box: box[1][0] < hi and lo < box[1][1])
             if not (mem is b.memory and lo <= dlo and dhi <= hi):
                 keep.append((mem, dlo, dhi, name))
             elif name in self._records:
@@ -544,13 +540,9 @@ class Tracer:
         rfps = [s.footprint() for s in srcs]
         wfps = [w.footprint() for w in writes]
         for space, box in rfps:
-            for r in self._records[space]:
-                if r[3] and _overlap(box, r[0]):
-                    want(r[1], r[2])
+            self._records[space].waits(box, False, want)
         for space, box in wfps:
-            for r in self._records[space]:
-                if _overlap(box, r[0]):
-                    want(r[1], r[2])
+            self._records[space].waits(box, True, want)
         waits = []
         for p, c in sorted(need.items()):
             k = (sem, p)
@@ -558,20 +550,19 @@ class Tracer:
                 waits.append((p, c))
                 self._seen[k] = c
         if dst is not None and dst.storage.nominal is None and dst.memory is not Memory.HBM:
-            dst.storage.nominal = next((s.storage.nominal for s in srcs if s.storage.nominal
+            dst.storage.nominal = next((s.storage.cut_of(s.partitions) for s in srcs
+                                        if s.storage.cut_of(s.partitions)
                                         and s.partitions == dst.partitions), None)
         ins = Instr(op, dst_ap, src_aps, attrs, tuple(waits), (sem,), source_line(), acc_ap)
         self._check(queue, len(stream), ins)
         stream.append(ins)
         for space, box in rfps:
-            self._records[space].append([box, sem, n, False])
+            self._records[space].add(box, sem, n, False)
         for w, (_, box) in zip(writes, wfps):
             if w.memory is Memory.PSUM:
                 w.storage.written_boxes.add(box)
         for space, box in wfps:
-            recs = self._records[space]
-            recs[:] = [r for r in recs if not _covers(box, r[0])]
-            recs.append([box, sem, n, True])
+            self._records[space].add(box, sem, n, True)
             if space in self.bufmap and self.bufmap[space].memory is Memory.HBM:
                 self.written.add(space)
         return ins

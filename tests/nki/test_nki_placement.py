@@ -192,3 +192,31 @@ def test_tiles_of_earlier_iterations_are_reclaimed_when_memory_is_short():
     np.testing.assert_allclose(_per_iteration_psum(False)(lhsT, rhs), ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(CapacityError, match=r"used after a later declaration at that line"):
         _per_iteration_psum(True)(lhsT, rhs)
+
+
+@nki.jit
+def _psum_hog(a, b):
+    """A PSUM tensor of 32 [128, 128] fp32 blocks (all 8 banks), then two more bank-sized
+    matmul results: attn_fwd_v8a / v11's shape at s4096."""
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    tot = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    x, y = nl.load(a), nl.load(b)
+    t = nl.ndarray((32, nl.par_dim(128), 128), dtype=nl.float32, buffer=nl.psum)
+    acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(32):
+        t[i] = nisa.nc_matmul(x, x)
+        acc[...] = nl.add(acc, t[i])
+    big = nl.ndarray((2, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(2):
+        big[j] = nisa.nc_matmul(x, y)
+    nl.store(out, value=nl.add(big[0], big[1]))
+    nl.store(tot, value=acc)
+    return out, tot
+
+
+def test_psum_tensor_of_blocks_never_takes_every_free_bank():
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((128, 128), dtype=np.float32), rng.standard_normal((128, 512), dtype=np.float32)
+    out, tot = nki.simulate(_psum_hog, a, b).outputs
+    np.testing.assert_allclose(out, 2 * a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tot, 32 * a.T.astype(np.float64) @ a, rtol=1e-4, atol=1e-2)
