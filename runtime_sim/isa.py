@@ -392,8 +392,7 @@ MX_PACK = 4               # x4: four fp8 values of K per (partition, free) eleme
 MX_GROUP_PARTITIONS = 8   # a scaling group: 8 partitions x the 4 packed values (ISA3 L724-725)
 MX_QUADRANT = 32          # scales sit in their group's quadrant, 4 rows per quadrant (ARCH3 L103-105)
 MX_SCALE_OFFSETS = (0, 4, 8, 12)   # scale rows start 0/4/8/12 into each quadrant (mxfp-matmul.rst L227-228)
-# E_max of the MXFP8 element types (ISA3 quantize_mx L2798-2799: "8 for float8_e4m3fn and 15 for
-# float8_e5m2")
+# E_max of the MXFP8 element types (ISA3 quantize_mx L2798-2799)
 MX_EMAX = {DType.FP8_E4M3: 8, DType.FP8_E5M2: 15, DType.FP8_E4M3_X4: 8, DType.FP8_E5M2_X4: 15}
 
 
@@ -423,23 +422,11 @@ def matmul_kmn(ins: "Instr") -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class MatmulMxAttrs(MatmulAttrs):
-    """MX matmul (NKI ``nc_matmul_mx``, NeuronCore-v4; trainium3_arch.rst "Quad-MXFP8/MXFP4
-    Matmul Performance" L70-122; ISA3 L714-826): ``Op.MATMUL`` with ``srcs = (stationary,
-    moving, stationary_scale, moving_scale)``.
-
-    - Data: fp8 (e4m3fn or e5m2, may differ) SBUF APs whose innermost dim is ``(1, 4)``, the x4
-      packing (NKI's ``float8_*_x4``): stationary ``[P, M, 4]``, moving ``[P, N, 4]``, P a multiple
-      of 32 up to 128, M even up to 128; K = 4P (up to 512). ``dst[m, n] = sum over p, j of
-      st[p, m, j] * S_st[g(p), m] * mv[p, n, j] * S_mv[g(p), n]`` with g(p) = p // 8. Which
-      logical K row sits at (p, j) is the program's choice (the guide puts rows 128 apart, L81-87).
-    - Scales: uint8 SBUF APs holding E8M0 exponents, ``S = 2^(s - 127)`` (s = 255: NaN, OCP MX
-      v1.0); the stationary's free size is M, the moving's N. They start on the data's first
-      partition; group i's scales are row ``32 * (i // 4) + offset + i % 4`` of the AP
-      (``mx_scale_rows``; ``*_scale_offset`` in 0/4/8/12 packs up to four scale tensors per
-      quadrant). The AP must reach that row; the rows between are not read.
-    - dst, ``accumulate``, PSUM limits: as ``MatmulAttrs`` (fp32 or bf16, N up to 4096 / 8192).
-    Data may also be an x4 dtype (``DType.*_X4``: [P, M] elements of four values each), the
-    only way to give MXFP4 (``FP4_E2M1_X4``, E_max 2; ISA3 L760)."""
+    """MX matmul (NKI ``nc_matmul_mx``, NeuronCore-v4): ``Op.MATMUL`` with ``srcs =
+    (stationary, moving, stationary_scale, moving_scale)``; fp8 data with an innermost ``(1, 4)``
+    dim or an x4 dtype (``DType.*_X4``; MXFP4 only so), K = 4P, uint8 E8M0 scales of 8-partition
+    groups in rows ``mx_scale_rows`` (``*_scale_offset`` in 0/4/8/12); dst, ``accumulate`` and PSUM
+    limits as ``MatmulAttrs``. Semantics, sources and cost: docs/simulator.md, "MX matmul"."""
 
     perf_mode: MatmulPerfMode = MatmulPerfMode.MX
     stationary_scale_offset: int = 0
@@ -448,15 +435,11 @@ class MatmulMxAttrs(MatmulAttrs):
 
 @dataclass(frozen=True)
 class QuantizeMxAttrs:
-    """VectorE MX quantization (NKI ``quantize_mx``, NeuronCore-v4; trainium3_arch.rst "MX
-    data-type Quantization" L157-174; ISA3 L2741-2816): ``srcs = (src,)`` bf16/fp16 ``[P, F]``
-    in SBUF (P a multiple of 32 up to 128, F a multiple of 4); ``dst`` = the fp8 data (e4m3fn or
-    e5m2) with the source's layout and an innermost ``(1, 4)`` dim (x4); ``Instr.accum`` = the
-    uint8 E8M0 scales, one per group of 8 partitions x 4 consecutive free elements, laid out as
-    for ``MatmulMxAttrs`` (free size F / 4, rows ``mx_scale_rows(P, scale_offset)``).
-    Per group: ``a = max |v|``; scale ``X = 2^(floor(log2 a) - (E_max - 1))`` (E_max 8 e4m3fn,
-    15 e5m2: "a block scale that is two times larger" than OCP's sample algorithm, ISA3
-    L2753-2756, L2790-2812); an all-zero group gets ``X = 2^-127``; ``dst = RNE(v / X)``."""
+    """VectorE MX quantization (NKI ``quantize_mx``, NeuronCore-v4): ``srcs = (src,)`` bf16/fp16
+    ``[P, F]`` in SBUF; ``dst`` the fp8 data (e4m3fn/e5m2) in the source's layout with an
+    innermost ``(1, 4)`` dim; ``Instr.accum`` the uint8 E8M0 scales laid out as for
+    ``MatmulMxAttrs`` (free size F / 4, rows ``mx_scale_rows(P, scale_offset)``). The scale rule
+    (the documented one, twice OCP's) and the cost: docs/simulator.md, "MX quantization"."""
 
     scale_offset: int = 0
 
@@ -626,8 +609,7 @@ class RandPhiloxAttrs:
     bits: int = 24
 
 
-# nki.isa.exponential "Supported dtypes" (ISA3 = aws-neuron-sdk@81ce03a nki/api/nki/isa/__init__.py
-# L2335-2338), restricted to the machine's dtypes (no tfloat32, int16, uint16, uint32 here)
+# nki.isa.exponential "Supported dtypes" (ISA3 L2335-2338), restricted to the machine's dtypes
 EXP_SRC_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.BF16, DType.FP32,
                             DType.INT8, DType.INT32, DType.UINT8})
 EXP_DST_DTYPES = EXP_SRC_DTYPES
@@ -636,20 +618,13 @@ EXP_ACCUM_DTYPES = frozenset({DType.FP8_E4M3, DType.FP8_E5M2, DType.FP16, DType.
 
 @dataclass(frozen=True)
 class ExponentialAttrs:
-    """VectorE fast exponential (NKI ``nki.isa.exponential``, NeuronCore-v4 only; trainium3_arch.rst
-    "Fast Exponential Evaluation" L176-201, ISA3 L2283-2385):
-    ``dst[p, j] = exp(src[p, j] - max_value[p])`` computed in fp32 and rounded to dst's dtype.
-    ``max_value`` is the constant ``max_value`` or, with ``max_from_src``, the fp32 [P, 1] source
-    ``srcs[1]``. When ``Instr.accum`` ([P, 1], a float type) is given, the fp32 values of the row
-    are also summed into it, sequentially along the free axis in fp32 (the guide's loop
-    ``reduce_res[i, 0] += dst[i, j]``), starting from ``reduce_init`` (the constant, or with
-    ``init_from_src`` the fp32 [P, 1] source after max_value): NKI's ``reduce_cmd.reset_reduce``
-    (init 0) or ``load_reduce``. ``srcs = (src, [max_value], [reduce_init])``.
-
-    Not modelled: ``reduce_cmd.reduce`` (continuing the engine's hidden accumulator from a previous
-    instruction) and ``reduce_res=None`` (keeping the sum in the engine): the ISA has no hidden
-    engine state; a chained sum is written as ``load_reduce`` from the previous partial sum's tile,
-    which gives the same values. Tensor indirection (``.indirect``) is not modelled."""
+    """VectorE fast exponential (NKI ``nki.isa.exponential``, NeuronCore-v4 only):
+    ``dst[p, j] = exp(src[p, j] - max_value[p])`` in fp32, rounded to dst's dtype; ``max_value``
+    the constant or (``max_from_src``) the fp32 [P, 1] ``srcs[1]``; with ``Instr.accum`` the fp32
+    values are summed into it along the free axis from ``reduce_init`` (or, ``init_from_src``,
+    the next source): NKI's ``reset_reduce`` / ``load_reduce``. ``srcs = (src, [max_value],
+    [reduce_init])``. Sources, dtypes and what is not modelled: docs/simulator.md, "Fast
+    exponential"."""
 
     max_value: float = 0.0
     max_from_src: bool = False
@@ -697,10 +672,8 @@ ENGINES_OF_OP: dict[Op, frozenset[EngineKind]] = {
     Op.SELECT: frozenset({EngineKind.VECTOR, EngineKind.GPSIMD}),
     Op.BN_STATS: frozenset({EngineKind.VECTOR}),
     Op.BN_AGGR: frozenset({EngineKind.VECTOR}),
-    Op.DMA_GATHER: frozenset({EngineKind.DMA}),
-    Op.DMA_SCATTER: frozenset({EngineKind.DMA}),
-    Op.MAX8: frozenset({EngineKind.VECTOR}),
-    Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
+    Op.DMA_GATHER: frozenset({EngineKind.DMA}), Op.DMA_SCATTER: frozenset({EngineKind.DMA}),
+    Op.MAX8: frozenset({EngineKind.VECTOR}), Op.FIND_INDEX8: frozenset({EngineKind.VECTOR}),
     Op.MATCH_REPLACE8: frozenset({EngineKind.VECTOR}),
     Op.RAND_PHILOX: frozenset({EngineKind.GPSIMD}),
     Op.EXPONENTIAL: frozenset({EngineKind.VECTOR}),   # ISA3 L2310 "Supported engines: Vector"
