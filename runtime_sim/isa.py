@@ -748,17 +748,15 @@ class Program:
     @property
     def num_static(self) -> int:
         """Instructions written in the program (a loop body counts once)."""
-        from .loops import Stream
-        return sum(sum(1 for _ in s.statics()) if isinstance(s, Stream) else len(s)
+        return sum(sum(1 for _ in s.statics()) if hasattr(s, "statics") else len(s)
                    for s in self.streams.values())
 
     def flat(self) -> "Program":
         """The same program with every stream written out straight-line (equal APs shared)."""
-        from .loops import materialize
         aps: dict = {}
         return Program(self.target, self.buffers,
-                       {q: materialize(s, aps) for q, s in self.streams.items()},
-                       self.inputs, self.outputs)
+                       {q: s.written_out(aps) if hasattr(s, "written_out") else tuple(s)
+                        for q, s in self.streams.items()}, self.inputs, self.outputs)
 
     def __str__(self) -> str:
         lines = [f"program target={self.target} inputs={list(self.inputs)} outputs={list(self.outputs)}"]

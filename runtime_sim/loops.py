@@ -380,6 +380,11 @@ class Stream(Sequence):
                     yield it, env
         return run(self.body)
 
+    def written_out(self, aps: dict | None = None) -> tuple[Instr, ...]:
+        """The instances as a straight-line tuple (equal APs shared through ``aps``)."""
+        aps = {} if aps is None else aps
+        return tuple(it.at(env, aps) if isinstance(it, Looped) else it for it, env in self.walk())
+
     def statics(self) -> Iterator[tuple[Instr | Looped, tuple[Loop, ...]]]:
         """Every static instruction with its enclosing loops (outermost first), in order."""
         def run(body: tuple[Item, ...], loops: tuple[Loop, ...]):
@@ -413,8 +418,7 @@ def materialize(stream: Sequence[Instr], aps: dict | None = None) -> tuple[Instr
     """The instances of a stream as a straight-line tuple (equal APs shared)."""
     if not isinstance(stream, Stream):
         return tuple(stream)
-    aps = {} if aps is None else aps
-    return tuple(it.at(env, aps) if isinstance(it, Looped) else it for it, env in stream.walk())
+    return stream.written_out(aps)
 
 
 class Expansion:
