@@ -58,6 +58,7 @@ from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
+                                         stream_whole,
                                          cell_tail, footprint, operand_form, staged, AHEAD_SHARE)
 from lowering.tiling.matmul_transposed import emit_transposed
 from lowering.tiling.stream import paced_pieces
@@ -294,14 +295,18 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         strm = sb if best.resident == "A" else sa
-        once = _transpose_once(shape, best, t, strm)
-        if once:
+        swhole = stream_whole(shape, best, t)
+        once = swhole or _transpose_once(shape, best, t, strm)
+        if swhole:
+            b.note(f"matmul: the streamed side's {-(-shape.K // TK)} K tiles of {strm.F} "
+                   f"column(s) by one DMA, read by every block (stream_whole)")
+        elif once:
             strm.tp_bufs = _once_tp_bufs(shape, best, t)
         ctail = cell_tail(shape, best, t, WEIGHT_STREAMS_AHEAD) if once else 0
         if ctail:
             b.note("matmul: cell-major products, each cell's epilogue under the next cell's "
                    "products (matmul_cells.py)")
-        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail)
+        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail, swhole)
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -417,7 +422,7 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
             a, c = x.args
             for acc_side, other in ((a, c), (c, a)):
                 if (acc_side.op is EOp.ACC and other.op is EOp.LOAD and other.index >= 2
-                        and k.ins[other.index].strides[-2] == 0
+                        and (k.ins[other.index].strides[-2] == 0 or one_row)
                         and k.ins[other.index].dtype == k.ins[0].dtype and x.dtype.is_float
                         and (other.index in folded or not folded)):
                     if other.index not in folded:    # the same sum may occur more than once
@@ -428,6 +433,7 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
             return x
         return Expr(x.op, tuple(walk(y) for y in x.args), x.dtype, x.index, x.value)
 
+    one_row = k.ins[0].shape[-2] == 1 and k.outs[0].shape[-2] == 1   # no other row to differ
     hits = [0]
     new = walk(epi)
     if hits[0] != _count_acc(epi):     # the bare product is used too: it must stay bias-free
@@ -461,7 +467,7 @@ def _prod(xs) -> int:
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
           folded: list[int], once: bool = False, kp: KPack = KPack(),
-          bcast: tuple[int, ...] = (), ctail: int = 0) -> None:
+          bcast: tuple[int, ...] = (), ctail: int = 0, swhole: bool = False) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
@@ -483,7 +489,10 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         rbase, sbase = res.base(bidx), strm.base(bidx)
         rows = {fi: bias_row(b, k, fi, bidx) for fi in folded}
         pre = {fi: bias_bcast(b, k, fi, bidx, _ahead(b, k.ins[fi])) for fi in bcast}
-        if once:
+        if swhole:      # one DMA of all K tiles (``matmul_plan.stream_whole``)
+            tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
+            strm.load_whole(b, tall, sbase, aff(0), strm.F, K)
+        elif once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
                 strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)

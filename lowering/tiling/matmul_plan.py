@@ -283,6 +283,22 @@ def whole_block(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> bool:
     return data <= fixed
 
 
+def stream_whole(s: MatmulShape, c: Blocking, t: Target) -> bool:
+    """The streamed side comes by one DMA of all its K tiles, read by every block
+    (``matmul._Side.load_whole`` into one tile), instead of one transfer per K tile into
+    ``stream_bufs`` slots: where it is one group of a few directly read rows or columns (a
+    decode step's x^T, [768, 1]) whose per-K-tile transfers are each bound by the DMA's fixed
+    phase (``whole_block``'s test) and lie on the chain of dependent kernels: GPT-2's
+    attention output went to the projection in six [128, 1] copies, 0.6 us apart on one queue."""
+    if c.resident not in ("A", "B") or c.swap or c.stream or s.k_pack > 1 or s.K % 128 or s.K <= 128:
+        return False
+    form, F, st = (s.b_form, s.N, 512) if c.resident == "A" else (s.a_form, s.M, 128)
+    if form != DIRECT or F > c.group * st:
+        return False
+    data, _, fixed, _, _ = _whole_cost(_Probe(s, t), form, F, s.K, s.dtype.itemsize, 1)
+    return data <= fixed
+
+
 def _whole_cost(pr: _Probe, form: str, F: int, K: int, isz: int, n: int):
     """``_load_cost`` of ``n`` whole-block loads (``whole_block``)."""
     if form == DMA_T:
