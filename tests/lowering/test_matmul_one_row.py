@@ -1,0 +1,111 @@
+"""Matmuls of one row (a decode step's projections: x [1, K] @ W [K, N] + bias): the row bias
+loaded once (``matmul.fold_row_bias``: with one output row no other row can differ, so the
+bias view's row stride does not matter), and the streamed x^T of a resident-B blocking loaded
+by one DMA of all its K tiles (``matmul_plan.stream_whole``) instead of one [128, 1] transfer
+per K tile.
+
+Against eager through the simulator on shapes crossing tile edges (K a multiple of 128 and
+not, N past 512 with a partial last n-tile), bf16 and fp32, on trn2 and trn3; a dropped K tile,
+a left-out bias and a shifted n-tile must each fail the comparison."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lowering.tiling.matmul as mm
+from lowering.tiling import matmul_plan
+from lowering_helpers import assert_close, check, rand
+from runtime_sim.isa import DType
+from runtime_sim.targets import get_target
+
+
+def _notes(low) -> str:
+    return "\n".join(ln for ln in low.dumps["tir.txt"].splitlines() if ln.startswith("# "))
+
+
+def _per_tile_bias_loads(low) -> int:
+    """Loads of the bias (the kernel's input 2) into per-output-tile epilogue tiles
+    (``_epilogue``'s ``epi2`` tiles)."""
+    return sum(1 for ln in low.dumps["tir.txt"].splitlines()
+               if "dma_copy" in ln and ".epi2" in ln.split("<-")[0])
+
+
+def _force_resident_b(monkeypatch) -> None:
+    """choose_blocking returns the best-scored usual resident-B candidate (the form whose
+    streamed side is x^T)."""
+    orig = matmul_plan.choose_blocking
+
+    def choose(s, t):
+        best, scored = orig(s, t)
+        pick = [c for c in scored if c.resident == "B" and not c.swap and not c.stream]
+        assert pick, f"no resident-B candidate for {s}"
+        return pick[0], [pick[0]] + [c for c in scored if c is not pick[0]]
+    monkeypatch.setattr(mm, "choose_blocking", choose)
+
+
+CASES = [  # (K, N, dtype, target)
+    (768, 2304, torch.bfloat16, "trn3"),
+    (768, 640, torch.bfloat16, "trn2"),
+    (384, 513, torch.float32, "trn3"),
+    (300, 700, torch.bfloat16, "trn2"),     # K not a multiple of 128: x^T per K tile
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}")
+def test_one_row_addmm_matches_eager(monkeypatch, case):
+    K, N, dt, target = case
+    _force_resident_b(monkeypatch)
+    x = rand(1, K, dtype=dt, seed=K)
+    w = rand(K, N, dtype=dt, seed=N, low=-0.3, high=0.3)
+    b = rand(N, dtype=dt, seed=3)
+    low = check(lambda b, x, w: torch.addmm(b, x, w), b, x, w, target=target)
+    assert "matmul(" in low.dumps["tir.txt"] and low.result.stats.instructions > 0
+    notes = _notes(low)
+    assert "resident=B" in notes, notes
+    # the bias row once for the kernel, not one [1, 512] load per output tile
+    assert _per_tile_bias_loads(low) == 0, notes
+    whole = "(stream_whole)" in notes
+    assert whole == (K % 128 == 0), notes
+    out = low.outputs[0]
+    with pytest.raises(AssertionError):       # the bias left out
+        assert_close(out, (x.float() @ w.float()).to(dt))
+    with pytest.raises(AssertionError):       # the first K tile dropped
+        assert_close(out, (x[:, 128:].float() @ w[128:].float() + b.float()).to(dt))
+    with pytest.raises(AssertionError):       # n-tiles shifted by one
+        assert_close(out.roll(512, dims=-1), torch.addmm(b, x, w))
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_one_row_projection_with_residual(target):
+    """GPT-2's attention projection: ``residual + (x @ W + bias)`` with one row, the bias
+    folded or added from one row tile, the residual read in the epilogue."""
+    K, N = 768, 768
+    x, w = rand(1, K, dtype=torch.bfloat16, seed=1), rand(K, N, dtype=torch.bfloat16, seed=2,
+                                                          low=-0.2, high=0.2)
+    b, r = rand(N, dtype=torch.bfloat16, seed=3), rand(1, N, dtype=torch.bfloat16, seed=4)
+
+    def fn(x, w, b, r):
+        return r + torch.addmm(b, x, w)
+
+    low = check(fn, x, w, b, r, target=target)
+    assert _per_tile_bias_loads(low) == 0, _notes(low)
+    with pytest.raises(AssertionError):
+        assert_close(low.outputs[0], r + x @ w)
+
+
+def test_stream_whole_only_for_a_few_direct_columns_bound_by_the_fixed_phase():
+    t = get_target("trn3")
+    s = matmul_plan.MatmulShape(1, 1, 2304, 768, DType.BF16, DType.BF16, matmul_plan.DIRECT,
+                                matmul_plan.DIRECT, (), 1, cast_only=True)
+    res_b = matmul_plan.Blocking("B", 5, 1, 2, 1)
+    assert matmul_plan.stream_whole(s, res_b, t)
+    # the streamed side of a resident-A blocking is the weight: never by one DMA
+    assert not matmul_plan.stream_whole(s, matmul_plan.Blocking("A", 1, 3, 2, 2), t)
+    # a partial K tile, a TensorE-transposed x, streamed per K tile, transposed form: no
+    from dataclasses import replace
+    assert not matmul_plan.stream_whole(replace(s, K=700), res_b, t)
+    assert not matmul_plan.stream_whole(replace(s, a_form=matmul_plan.PE_T), res_b, t)
+    assert not matmul_plan.stream_whole(s, replace(res_b, stream=True), t)
+    assert not matmul_plan.stream_whole(s, replace(res_b, swap=True), t)
+    # rows past one group: the streamed side is refilled per group, not loaded once
+    assert not matmul_plan.stream_whole(replace(s, M=300), res_b, t)
