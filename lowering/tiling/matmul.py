@@ -191,7 +191,9 @@ class _Side:
         f), the destination walked so that it lands at element ``j * fw + f``."""
         r = self.ref
         Kt = K // TK
-        if self.form == DIRECT:
+        if self.form == DIRECT and fw == 1 and self._transpose_row(b, dst, bbase, f0, K):
+            pass
+        elif self.form == DIRECT:
             b.dma(dst.ap(TK, dims=((1, Kt * fw),)),
                   hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, TK, self.kstride,
                          ((Kt, TK * self.kstride), (fw, self.fstride))))
@@ -203,6 +205,24 @@ class _Side:
             with b.loop(Kt, "kw") as j:
                 t = dst.ap(TK, elem_offset=j * fw, dims=((1, fw),))
                 self.pro.make(b, t, t, j, TK)
+
+    def _transpose_row(self, b: TirBuilder, dst: Tile, bbase: Affine, f0: Affine, K: int) -> bool:
+        """``load_whole`` of one row resident in SBUF (a decode step's normed or attended
+        activation) by TensorE transposes of its K tiles into one PSUM tile and one copy out,
+        instead of an SBUF -> SBUF DMA whose fixed phase lies on the chain of dependent kernels
+        (``row_by_transposes``); False (nothing emitted) where that is not cheaper or the row
+        is not resident."""
+        r = self.ref
+        Kt = K // TK
+        views = [b.resident_view(hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + j * TK * self.kstride,
+                                        1, self.fstride, ((TK, self.kstride),)), 1) for j in range(Kt)]
+        if any(v is None for v in views) or not row_by_transposes(b.target, Kt):
+            return False
+        ps = b.tile("rowT", Memory.PSUM, TK, Kt, F32, 1)
+        for j, v in enumerate(views):
+            b.transpose(ps.ap(TK, elem_offset=j, dims=((1, 1),)), v)
+        b.tensor_copy(dst.ap(TK, dims=((1, Kt),)), ps.ap(TK, dims=((1, Kt),)))
+        return True
 
     def load_group(self, b: TirBuilder, dst: Tile, bbase: Affine, c: Affine, G: int, f0: Affine,
                    fw: int) -> None:
@@ -376,6 +396,14 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
         if footprint(shape, more, b.target)[0] + extra <= cap * AHEAD_SHARE:
             return more
     return c
+
+
+def row_by_transposes(t, Kt: int) -> bool:
+    """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those
+    (each ``max(1, min(64, 128))`` cycles, at half speed on a cold engine: ``TensorRamp``) and
+    the copy out of PSUM take less than one DMA's fixed phase."""
+    tp = Kt * min(t.mm_init_latency_cycles, TK) / t.tensor_clock_ghz / t.pe_ramp_start_speed
+    return tp + t.min_ii_cycles / t.vector_clock_ghz < t.dma_transfer_ns
 
 
 def _ahead(b: TirBuilder, ref) -> bool:

@@ -109,3 +109,51 @@ def test_stream_whole_only_for_a_few_direct_columns_bound_by_the_fixed_phase():
     assert not matmul_plan.stream_whole(s, replace(res_b, swap=True), t)
     # rows past one group: the streamed side is refilled per group, not loaded once
     assert not matmul_plan.stream_whole(replace(s, M=300), res_b, t)
+
+
+ROW_CASES = [  # (K, N, dtype, target)
+    (768, 2304, torch.bfloat16, "trn3"),
+    (768, 640, torch.bfloat16, "trn2"),
+    (384, 513, torch.float32, "trn1"),
+    (300, 700, torch.bfloat16, "trn3"),     # K not a multiple of 128: no whole-row load
+]
+
+
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}")
+def test_resident_row_by_transposes(case):
+    """A layer-normed row resident in SBUF feeding a one-row matmul (GPT-2's QKV projection,
+    the norm's affine folded into the A side): its K tiles reach [128, K/128] by TensorE
+    transposes and one copy out of PSUM (``_Side._transpose_row``) rather than an SBUF -> SBUF
+    DMA, the folded affine applied after; then a second one-row matmul on the first one's
+    GELU (its row resident too)."""
+    K, N, dt, target = case
+    x = rand(1, K, dtype=dt, seed=K + 1)
+    g, beta = rand(K, dtype=dt, seed=2), rand(K, dtype=dt, seed=3)
+    w1 = rand(K, N, dtype=dt, seed=4, low=-0.1, high=0.1)
+    b1 = rand(N, dtype=dt, seed=5)
+    w2 = rand(N, 256, dtype=dt, seed=6, low=-0.1, high=0.1)
+
+    def fn(x, g, beta, w1, b1, w2):
+        h = torch.addmm(b1, torch.nn.functional.layer_norm(x, (K,), g, beta), w1)
+        return torch.nn.functional.gelu(h) @ w2
+
+    low = check(fn, x, g, beta, w1, b1, w2, target=target, scale=2.0)
+    tir = low.dumps["tir.txt"]
+    assert "matmul(" in tir and low.result.stats.instructions > 0
+    by_pe = ".rowT[" in tir
+    assert by_pe == (K % 128 == 0 and mm.row_by_transposes(get_target(target), K // 128)), _notes(low)
+    out = low.outputs[0]
+    with pytest.raises(AssertionError):       # the norm's affine left out
+        xn = torch.nn.functional.layer_norm(x, (K,))
+        assert_close(out, torch.nn.functional.gelu(torch.addmm(b1, xn, w1)) @ w2, scale=2.0)
+    with pytest.raises(AssertionError):       # the first K tile of the first matmul dropped
+        xn = torch.nn.functional.layer_norm(x, (K,), g, beta)
+        h = (xn[:, 128:].float() @ w1[128:].float() + b1.float()).to(dt)
+        assert_close(out, torch.nn.functional.gelu(h) @ w2, scale=2.0)
+
+
+def test_row_by_transposes_only_where_cheaper_than_a_dma():
+    t3, t1 = get_target("trn3"), get_target("trn1")
+    assert mm.row_by_transposes(t3, 6)          # GPT-2's 768: 6 transposes
+    assert not mm.row_by_transposes(t3, 24)     # 3072 (its MLP's second matmul): the DMA
+    assert mm.row_by_transposes(t1, 24)         # trn1: a 1.3 us fixed phase, no power ramp
