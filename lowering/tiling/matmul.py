@@ -41,7 +41,10 @@ m-tile; it is a candidate only where that saves TensorE time, and never for fp8 
 tiles (the note says so). fp8 operands on trn2/trn3 take K tiles of 256 in TensorE's double-row
 mode (matmul_fp8.py; not in the third or fourth form). A resident block of a few rows whose K
 tiles, loaded one by one, would each be bound by the DMA's fixed phase comes by one DMA of all
-of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T).
+of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T); so does a streamed side of
+a few such rows (``matmul_plan.stream_whole``), and one row resident in SBUF reaches [128, K/128]
+by TensorE transposes where those beat the DMA's fixed phase (``_Side._transpose_row``). A
+one-row kernel's streamed weights get a slot for every load but the last (``_stream_ahead``).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, M
                                          stream_whole,
                                          cell_tail, footprint, operand_form, staged, AHEAD_SHARE)
 from lowering.tiling.matmul_transposed import emit_transposed
-from lowering.tiling.stream import paced_pieces
+from lowering.tiling.stream import paced_pieces, row_by_transposes, stream_loads
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -284,6 +287,8 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
     if best.resident != "C" and not best.swap:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
+    if best.resident != "C":
+        best = _stream_ahead(b, shape, best, sb if best.resident == "A" else sa)
     bcast: list[int] = []
     if (folded and best.resident != "C" and not best.swap
             and all(_ahead(b, k.ins[i]) and not b.is_resident(k.ins[i].buffer) for i in folded)
@@ -398,12 +403,30 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     return c
 
 
-def row_by_transposes(t, Kt: int) -> bool:
-    """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those
-    (each ``max(1, min(64, 128))`` cycles, at half speed on a cold engine: ``TensorRamp``) and
-    the copy out of PSUM take less than one DMA's fixed phase."""
-    tp = Kt * min(t.mm_init_latency_cycles, TK) / t.tensor_clock_ghz / t.pe_ramp_start_speed
-    return tp + t.min_ii_cycles / t.vector_clock_ghz < t.dma_transfer_ns
+def _stream_ahead(b: TirBuilder, shape: MatmulShape, c: Blocking, strm: _Side) -> Blocking:
+    """A streamed side read from weights (a graph input loaded ahead, ``_ahead``) of a kernel
+    with one row (a decode step's MLP: its weights are the streamed side) gets a slot for
+    every load but the last, as many as fit ``AHEAD_SHARE`` of the kernel's SBUF share: all
+    but the last transfer load during the kernels before it (the attention and the norms, where
+    the DMA engines idle otherwise), and the last one waits for the kernel's first products,
+    so the weight stream (one in-order queue, ``tir/schedule.py``) runs at most one kernel ahead
+    and the next kernels' weights do not fill the DMA engines (which serve transfers in issue
+    order) ahead of the loads on the chain (a decode step's cache loads). Every load in a slot
+    of its own lets the stream run up to three kernels ahead (``tir/plan.py``): decode_gpt2
+    trn3 799.3 us, trn2 989.5, against 753.6 and 957.9 with all but one, 801.0 and 1006.9
+    with three slots."""
+    buf = b.buffers.get(strm.ref.buffer)
+    if (c.stream or shape.M != 1 or buf is None or buf.role != "input"
+            or b.is_resident(strm.ref.buffer) or not _ahead(b, strm.ref) or shape.k_pack > 1):
+        return c
+    cap = int(b.target.sbuf_bytes_per_partition * SBUF_SHARE * AHEAD_SHARE)
+    for n in range(stream_loads(shape, c) - 1, c.stream_bufs, -1):
+        more = replace(c, stream_bufs=n)
+        if footprint(shape, more, b.target)[0] <= cap:
+            b.note(f"matmul: the streamed weights in {n} slots (all loads but the last ahead, "
+                   f"_stream_ahead)")
+            return more
+    return c
 
 
 def _ahead(b: TirBuilder, ref) -> bool:

@@ -157,3 +157,44 @@ def test_row_by_transposes_only_where_cheaper_than_a_dma():
     assert mm.row_by_transposes(t3, 6)          # GPT-2's 768: 6 transposes
     assert not mm.row_by_transposes(t3, 24)     # 3072 (its MLP's second matmul): the DMA
     assert mm.row_by_transposes(t1, 24)         # trn1: a 1.3 us fixed phase, no power ramp
+
+
+AHEAD_CASES = [  # (K, N, dtype, target): GPT-2's MLP shapes and ones crossing tile edges
+    (768, 3072, torch.bfloat16, "trn3"),     # resident x^T, the weight streamed in groups
+    (3072, 768, torch.bfloat16, "trn2"),     # the transposed form's weight chunks
+    (640, 1536, torch.float32, "trn3"),
+    (768, 1000, torch.bfloat16, "trn2"),     # a partial group: slots as chosen
+]
+
+
+@pytest.mark.parametrize("case", AHEAD_CASES, ids=lambda c: f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}")
+def test_one_row_weights_streamed_ahead(case):
+    """A one-row matmul after another kernel (so its weights load ahead, ``_ahead``) whose
+    streamed side is the weight: every load but the last in a slot of its own
+    (``_stream_ahead``), as many as fit; the values match eager whatever the slots."""
+    K, N, dt, target = case
+    x = rand(1, K, dtype=dt, seed=K + 7)
+    w, bias = rand(K, N, dtype=dt, seed=8, low=-0.1, high=0.1), rand(N, dtype=dt, seed=9)
+
+    def fn(x, w, bias):
+        return torch.nn.functional.gelu(torch.addmm(bias, torch.relu(x) * 0.5, w))
+
+    low = check(fn, x, w, bias, target=target)
+    notes = _notes(low)
+    if N % 512 == 0:      # full groups: the slots cover every load but the last
+        assert "_stream_ahead" in notes, notes
+    out = low.outputs[0]
+    with pytest.raises(AssertionError):       # the first K tile dropped
+        xr = torch.relu(x) * 0.5
+        assert_close(out, torch.nn.functional.gelu(
+            (xr[:, 128:].float() @ w[128:].float() + bias.float()).to(dt)))
+
+
+def test_stream_loads_counts_full_groups_only():
+    s = matmul_plan.MatmulShape(1, 1, 3072, 768, DType.BF16, DType.BF16, matmul_plan.DIRECT,
+                                matmul_plan.DIRECT, (), 1, cast_only=True)
+    assert mm.stream_loads(s, matmul_plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
+    from dataclasses import replace
+    assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 0
+    t2 = replace(s, N=768, K=3072)
+    assert mm.stream_loads(t2, matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True, kb=4)) == 2 * 6
