@@ -89,6 +89,7 @@ class MatmulShape:
     no_swap: str = ""     # why the transposed form is refused ("" when it is a candidate)
     no_dma_out: str = ""  # why its short-run store (out="dma") is refused
     cast_only: bool = False  # the epilogue only casts the accumulator (no epilogue, or a cast)
+    acc_cast: bool = False   # it reads the accumulator only through casts to the output type
     a_packed: bool = False   # A's rows lie back to back (K contiguous, rows K apart, K % 128 == 0)
     b_packed: bool = False   # B's columns lie back to back (the same for B^T: a linear's weight)
     a_ahead: bool = False    # A's loads may run ahead, during earlier kernels (a graph input
@@ -451,10 +452,12 @@ def _widths(n: int, step: int) -> list[tuple[int, int]]:
 
 def ev_dtype(s: MatmulShape) -> DType:
     """The transposed form's cells leave PSUM as this type for their TensorE transposes back:
-    the output type when the epilogue only casts (the rounding it would do anyway; a 2-byte
-    transpose costs a quarter of an fp32 one), else fp32 (exact)."""
+    the output type when the epilogue only casts, or reads the accumulator only through casts
+    to the output type (``acc_cast``: GPT-2's ``residual + cast(acc)`` and ``gelu(cast(acc))``
+    once their biases are folded): the rounding it would do anyway, and a 2-byte transpose
+    costs a quarter of an fp32 one (decode_gpt2 trn3 753.6 -> 748.4 us); else fp32 (exact)."""
     o = s.out_dtype
-    return o if s.cast_only and o.is_float and o.itemsize in (2, 4) else DType.FP32
+    return o if (s.cast_only or s.acc_cast) and o.is_float and o.itemsize in (2, 4) else DType.FP32
 
 
 def _estimate_transposed(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:

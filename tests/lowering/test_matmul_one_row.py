@@ -198,3 +198,42 @@ def test_stream_loads_counts_full_groups_only():
     assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 0
     t2 = replace(s, N=768, K=3072)
     assert mm.stream_loads(t2, matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True, kb=4)) == 2 * 6
+
+
+@pytest.mark.parametrize("case", [(3072, 768, "trn3", "res"), (768, 700, "trn2", "gelu"),
+                                  (1000, 300, "trn3", "gelu")],
+                         ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}-{c[3]}")
+def test_transposed_cells_leave_psum_in_the_output_type(case):
+    """The transposed form (decode: GPT-2's second MLP matmul) with an epilogue that reads the
+    accumulator only as ``cast(acc)`` to the output type once the bias is folded (``residual +
+    cast(acc)``, ``gelu(cast(acc))``): its cells leave PSUM rounded to bf16, the rounding the
+    cast does anyway (``matmul_plan.ev_dtype``), and the values match eager."""
+    K, N, target, epi = case
+    x = rand(1, K, dtype=torch.bfloat16, seed=K)
+    w = rand(K, N, dtype=torch.bfloat16, seed=N, low=-0.1, high=0.1)
+    b, r = rand(N, dtype=torch.bfloat16, seed=11), rand(1, N, dtype=torch.bfloat16, seed=12)
+
+    def fn(x, w, b, r):
+        h = torch.addmm(b, torch.relu(x), w)
+        return r + h if epi == "res" else torch.nn.functional.gelu(h)
+
+    orig = matmul_plan.choose_blocking
+
+    def choose(s, t):
+        best, scored = orig(s, t)
+        pick = [c for c in scored if c.swap and c.out == "pe"]
+        return pick[0], [pick[0]] + [c for c in scored if c is not pick[0]]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(mm, "choose_blocking", choose)
+    try:
+        low = check(fn, x, w, b, r, target=target)
+    finally:
+        mp.undo()
+    tir = low.dumps["tir.txt"]
+    assert "transposed: B stationary" in _notes(low), _notes(low)
+    evt = [ln for ln in tir.splitlines() if "sbuf " in ln and ".evT" in ln and "bufs=" in ln]
+    assert evt and all("bfloat16" in ln for ln in evt), evt
+    out = low.outputs[0]
+    with pytest.raises(AssertionError):       # the bias left out
+        h = torch.relu(x) @ w
+        assert_close(out, r + h if epi == "res" else torch.nn.functional.gelu(h))
