@@ -54,8 +54,8 @@ from dataclasses import dataclass, replace
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
-from lowering.tiling.matmul_cells import (Slice, bias_bcast, bias_products, bias_row, boff,
-                                          cell_operands, cell_tile, emit_cells)
+from lowering.tiling.matmul_cells import (Slice, acc_cast, bias_bcast, bias_products, bias_row,
+                                          boff, cell_operands, cell_tile, emit_cells)
 from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
@@ -280,7 +280,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
                         no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack,
                         no_swap=no_swap, no_dma_out=no_dma_out, a_packed=sa.packed(K),
                         b_packed=sb.packed(K), a_ahead=_ahead(b, A), b_ahead=_ahead(b, Bm),
-                        cast_only=_casts_only(epi), acc_cast=_acc_cast(epi, out.dtype))
+                        cast_only=_casts_only(epi), acc_cast=acc_cast(epi, out.dtype))
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
@@ -440,22 +440,6 @@ def _ahead(b: TirBuilder, ref) -> bool:
 def _casts_only(epi: Expr | None) -> bool:
     """No epilogue, or one that only casts the accumulator."""
     return epi is None or (epi.op is EOp.CAST and epi.args[0].op is EOp.ACC)
-
-
-def _acc_cast(epi: Expr | None, dt: DType) -> bool:
-    """The epilogue reads the accumulator only as ``cast(acc)`` to ``dt`` (GPT-2's MLP:
-    ``gelu(cast(acc))`` once its bias is folded): the accumulator may leave PSUM rounded to
-    ``dt``, the rounding that cast does anyway (``matmul_plan.ev_dtype``)."""
-    def acc(e: Expr) -> bool:       # the accumulator, or a cast of it to fp32 (its own type)
-        return e.op is EOp.ACC or (e.op is EOp.CAST and e.dtype is F32 and acc(e.args[0]))
-
-    if epi is None:
-        return True
-    if epi.op is EOp.CAST and acc(epi.args[0]):
-        return epi.dtype == dt
-    if acc(epi):
-        return False
-    return all(_acc_cast(a, dt) for a in epi.args)
 
 
 def _epi_tiles(epi: Expr | None) -> int:
