@@ -217,8 +217,10 @@ class _Side:
         is not resident."""
         r = self.ref
         Kt = K // TK
-        views = [b.resident_view(hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride + j * TK * self.kstride,
-                                        1, self.fstride, ((TK, self.kstride),)), 1) for j in range(Kt)]
+        row0 = bbase + f0 * self.fstride
+        views = [b.resident_view(hbm_ap(r.buffer, r.dtype, row0 + j * TK * self.kstride, 1,
+                                        self.fstride, ((TK, self.kstride),)), 1)
+                 for j in range(Kt)]
         if any(v is None for v in views) or not row_by_transposes(b.target, Kt):
             return False
         ps = b.tile("rowT", Memory.PSUM, TK, Kt, F32, 1)
