@@ -39,7 +39,13 @@ from dataclasses import replace
 from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 
 MAX_ITEMS = 4096
-# Off: measured slower (latest, with the paired K^T loads and the prescaled scores: decode_gpt2
+# Off: measured slower (latest, with the one-row matmuls' streamed weights loaded ahead,
+# branch dec d948760: decode_gpt2 trn2 957.9 us off, 979.1 on; trn3 748.4 off, 833.6 on;
+# before that, with the one-row bias loaded once and x^T by one DMA:
+# decode_gpt2 trn2 1020.5 us off, 1105.6 on; trn3 818.6 off, 901.6 on: after the QKV
+# projection the in-order VectorE runs the position masks, the mask term and the new-key
+# selects, ~11 us per layer on trn3, against ~9 us of cache loads it takes off the chain;
+# earlier, with the paired K^T loads and the prescaled scores: decode_gpt2
 # trn2 1076.0 us off, 1114.4 on; trn3 883.3 off, 979.9 on: the attention's position masks and
 # mask term run on the in-order VectorE after the QKV projection's epilogue, ~5.5 us on the
 # chain per layer on trn3; earlier: trn2 1090.5 us off, 1130.4 on; earlier figures:

@@ -41,7 +41,10 @@ m-tile; it is a candidate only where that saves TensorE time, and never for fp8 
 tiles (the note says so). fp8 operands on trn2/trn3 take K tiles of 256 in TensorE's double-row
 mode (matmul_fp8.py; not in the third or fourth form). A resident block of a few rows whose K
 tiles, loaded one by one, would each be bound by the DMA's fixed phase comes by one DMA of all
-of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T).
+of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T); so does a streamed side of
+a few such rows (``matmul_plan.stream_whole``), and one row resident in SBUF reaches [128, K/128]
+by TensorE transposes where those beat the DMA's fixed phase (``_Side._transpose_row``). A
+one-row kernel's streamed weights get a slot for every load but the last (``_stream_ahead``).
 """
 from __future__ import annotations
 
@@ -51,16 +54,17 @@ from dataclasses import dataclass, replace
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
-from lowering.tiling.matmul_cells import (Slice, bias_bcast, bias_products, bias_row, boff,
-                                          cell_operands, cell_tile, emit_cells)
+from lowering.tiling.matmul_cells import (Slice, acc_cast, bias_bcast, bias_products, bias_row,
+                                          boff, cell_operands, cell_tile, emit_cells)
 from lowering.tiling.matmul_fp8 import KPack, k_pack
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
+                                         stream_whole,
                                          cell_tail, footprint, operand_form, staged, AHEAD_SHARE)
 from lowering.tiling.matmul_transposed import emit_transposed
-from lowering.tiling.stream import paced_pieces
+from lowering.tiling.stream import paced_pieces, row_by_transposes, stream_loads
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -190,7 +194,9 @@ class _Side:
         f), the destination walked so that it lands at element ``j * fw + f``."""
         r = self.ref
         Kt = K // TK
-        if self.form == DIRECT:
+        if self.form == DIRECT and fw == 1 and self._transpose_row(b, dst, bbase, f0, K):
+            pass
+        elif self.form == DIRECT:
             b.dma(dst.ap(TK, dims=((1, Kt * fw),)),
                   hbm_ap(r.buffer, r.dtype, bbase + f0 * self.fstride, TK, self.kstride,
                          ((Kt, TK * self.kstride), (fw, self.fstride))))
@@ -202,6 +208,26 @@ class _Side:
             with b.loop(Kt, "kw") as j:
                 t = dst.ap(TK, elem_offset=j * fw, dims=((1, fw),))
                 self.pro.make(b, t, t, j, TK)
+
+    def _transpose_row(self, b: TirBuilder, dst: Tile, bbase: Affine, f0: Affine, K: int) -> bool:
+        """``load_whole`` of one row resident in SBUF (a decode step's normed or attended
+        activation) by TensorE transposes of its K tiles into one PSUM tile and one copy out,
+        instead of an SBUF -> SBUF DMA whose fixed phase lies on the chain of dependent kernels
+        (``row_by_transposes``); False (nothing emitted) where that is not cheaper or the row
+        is not resident."""
+        r = self.ref
+        Kt = K // TK
+        row0 = bbase + f0 * self.fstride
+        views = [b.resident_view(hbm_ap(r.buffer, r.dtype, row0 + j * TK * self.kstride, 1,
+                                        self.fstride, ((TK, self.kstride),)), 1)
+                 for j in range(Kt)]
+        if any(v is None for v in views) or not row_by_transposes(b.target, Kt):
+            return False
+        ps = b.tile("rowT", Memory.PSUM, TK, Kt, F32, 1)
+        for j, v in enumerate(views):
+            b.transpose(ps.ap(TK, elem_offset=j, dims=((1, 1),)), v)
+        b.tensor_copy(dst.ap(TK, dims=((1, Kt),)), ps.ap(TK, dims=((1, Kt),)))
+        return True
 
     def load_group(self, b: TirBuilder, dst: Tile, bbase: Affine, c: Affine, G: int, f0: Affine,
                    fw: int) -> None:
@@ -256,13 +282,15 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
                         no_outres=bool(folded) or kp.pack > 1 or prologue, k_pack=kp.pack,
                         no_swap=no_swap, no_dma_out=no_dma_out, a_packed=sa.packed(K),
                         b_packed=sb.packed(K), a_ahead=_ahead(b, A), b_ahead=_ahead(b, Bm),
-                        cast_only=_casts_only(epi))
+                        cast_only=_casts_only(epi), acc_cast=acc_cast(epi, out.dtype))
     try:
         best, scored = choose_blocking(shape, t)
     except ValueError as e:
         raise Unsupported(",".join(k.origin) or "matmul", str(e)) from None
     if best.resident != "C" and not best.swap:
         best = _whole_weights(b, shape, best, sa if best.resident == "A" else sb)
+    if best.resident != "C":
+        best = _stream_ahead(b, shape, best, sb if best.resident == "A" else sa)
     bcast: list[int] = []
     if (folded and best.resident != "C" and not best.swap
             and all(_ahead(b, k.ins[i]) and not b.is_resident(k.ins[i].buffer) for i in folded)
@@ -294,14 +322,18 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         emit_outres(b, k, sa, sb, best, used, _epilogue, out_ap)
     else:
         strm = sb if best.resident == "A" else sa
-        once = _transpose_once(shape, best, t, strm)
-        if once:
+        swhole = stream_whole(shape, best, t)
+        once = swhole or _transpose_once(shape, best, t, strm)
+        if swhole:
+            b.note(f"matmul: the streamed side's {-(-shape.K // TK)} K tiles of {strm.F} "
+                   f"column(s) by one DMA, read by every block (stream_whole)")
+        elif once:
             strm.tp_bufs = _once_tp_bufs(shape, best, t)
         ctail = cell_tail(shape, best, t, WEIGHT_STREAMS_AHEAD) if once else 0
         if ctail:
             b.note("matmul: cell-major products, each cell's epilogue under the next cell's "
                    "products (matmul_cells.py)")
-        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail)
+        _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail, swhole)
 
 
 def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
@@ -373,6 +405,32 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
     return c
 
 
+def _stream_ahead(b: TirBuilder, shape: MatmulShape, c: Blocking, strm: _Side) -> Blocking:
+    """A streamed side read from weights (a graph input loaded ahead, ``_ahead``) of a kernel
+    with one row (a decode step's MLP: its weights are the streamed side) gets a slot for
+    every load but the last, as many as fit ``AHEAD_SHARE`` of the kernel's SBUF share: all
+    but the last transfer load during the kernels before it (the attention and the norms, where
+    the DMA engines idle otherwise), and the last one waits for the kernel's first products,
+    so the weight stream (one in-order queue, ``tir/schedule.py``) runs at most one kernel ahead
+    and the next kernels' weights do not fill the DMA engines (which serve transfers in issue
+    order) ahead of the loads on the chain (a decode step's cache loads). Every load in a slot
+    of its own lets the stream run up to three kernels ahead (``tir/plan.py``): decode_gpt2
+    trn3 799.3 us, trn2 989.5, against 753.6 and 957.9 with all but one, 801.0 and 1006.9
+    with three slots."""
+    buf = b.buffers.get(strm.ref.buffer)
+    if (c.stream or shape.M != 1 or buf is None or buf.role != "input"
+            or b.is_resident(strm.ref.buffer) or not _ahead(b, strm.ref) or shape.k_pack > 1):
+        return c
+    cap = int(b.target.sbuf_bytes_per_partition * SBUF_SHARE * AHEAD_SHARE)
+    for n in range(stream_loads(shape, c) - 1, c.stream_bufs, -1):
+        more = replace(c, stream_bufs=n)
+        if footprint(shape, more, b.target)[0] <= cap:
+            b.note(f"matmul: the streamed weights in {n} slots (all loads but the last ahead, "
+                   f"_stream_ahead)")
+            return more
+    return c
+
+
 def _ahead(b: TirBuilder, ref) -> bool:
     """Can the operand's loads run ahead, during earlier kernels (``MatmulShape.a_ahead``)? A
     graph input (weights: the schedule's prefetch queues), unless this kernel opens the
@@ -406,7 +464,10 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     """``add(acc, bias)`` in the epilogue, where the bias view is the same for every row (stride
     0 along M) and every use of the product is that sum, becomes part of the PSUM accumulation: one more product ``ones[1, M].T @
     bias[1, N]`` per cell, so the bias row is loaded once per group (one partition) instead of
-    a [128, 512] broadcast per cell. Returns (new epilogue, folded input indices)."""
+    a [128, 512] broadcast per cell. With one row (M == 1, a decode step) the bias view's row
+    stride does not matter: there is no other row for it to differ on, so the row is loaded
+    once instead of [1, 512] per output tile on the kernel's chain (decode_gpt2 trn3 883.3 ->
+    844.4 us). Returns (new epilogue, folded input indices)."""
     epi = k.attrs.epilogue
     if epi is None:
         return None, []
@@ -417,7 +478,7 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
             a, c = x.args
             for acc_side, other in ((a, c), (c, a)):
                 if (acc_side.op is EOp.ACC and other.op is EOp.LOAD and other.index >= 2
-                        and k.ins[other.index].strides[-2] == 0
+                        and (k.ins[other.index].strides[-2] == 0 or one_row)
                         and k.ins[other.index].dtype == k.ins[0].dtype and x.dtype.is_float
                         and (other.index in folded or not folded)):
                     if other.index not in folded:    # the same sum may occur more than once
@@ -428,6 +489,7 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
             return x
         return Expr(x.op, tuple(walk(y) for y in x.args), x.dtype, x.index, x.value)
 
+    one_row = k.ins[0].shape[-2] == 1 and k.outs[0].shape[-2] == 1   # no other row to differ
     hits = [0]
     new = walk(epi)
     if hits[0] != _count_acc(epi):     # the bare product is used too: it must stay bias-free
@@ -461,7 +523,7 @@ def _prod(xs) -> int:
 
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
           folded: list[int], once: bool = False, kp: KPack = KPack(),
-          bcast: tuple[int, ...] = (), ctail: int = 0) -> None:
+          bcast: tuple[int, ...] = (), ctail: int = 0, swhole: bool = False) -> None:
     """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
@@ -483,7 +545,10 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         rbase, sbase = res.base(bidx), strm.base(bidx)
         rows = {fi: bias_row(b, k, fi, bidx) for fi in folded}
         pre = {fi: bias_bcast(b, k, fi, bidx, _ahead(b, k.ins[fi])) for fi in bcast}
-        if once:
+        if swhole:      # one DMA of all K tiles (``matmul_plan.stream_whole``)
+            tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
+            strm.load_whole(b, tall, sbase, aff(0), strm.F, K)
+        elif once:
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
                 strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)

@@ -1,4 +1,5 @@
-"""Matmul output cells: the operands of one product, the row-bias helpers, and the cell-major
+"""Matmul output cells: the operands of one product, the row-bias helpers (and ``acc_cast``:
+does an epilogue read the accumulator only through casts to the output type), and the cell-major
 order of a group's products (``emit_cells``).
 
 A group of the usual form (``matmul._emit``) accumulates ``block x group`` output cells
@@ -23,13 +24,13 @@ Invariants
 """
 from __future__ import annotations
 
-from lowering.kir import KOp
+from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.matmul_plan import Blocking
 from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
-from runtime_sim.isa import Memory
+from runtime_sim.isa import DType, Memory
 
 TM, TN = 128, 512
 
@@ -156,3 +157,19 @@ def bias_product(b: TirBuilder, ones: Tile, row: Tile, c: Blocking, acc, r0, s0,
 def boff(ref, bidx) -> Affine:
     """Element offset of batch index ``bidx`` (the leading axes) in ``ref``."""
     return ref.offset + sum((i * st for i, st in zip(bidx, ref.strides[:-2])), aff(0))
+
+
+def acc_cast(epi: Expr | None, dt: DType) -> bool:
+    """The epilogue reads the accumulator only as ``cast(acc)`` to ``dt`` (GPT-2's MLP:
+    ``gelu(cast(acc))`` once its bias is folded): the accumulator may leave PSUM rounded to
+    ``dt``, the rounding that cast does anyway (``matmul_plan.ev_dtype``)."""
+    def acc(e: Expr) -> bool:       # the accumulator, or a cast of it to fp32 (its own type)
+        return e.op is EOp.ACC or (e.op is EOp.CAST and e.dtype is DType.FP32 and acc(e.args[0]))
+
+    if epi is None:
+        return True
+    if epi.op is EOp.CAST and acc(epi.args[0]):
+        return epi.dtype == dt
+    if acc(epi):
+        return False
+    return all(acc_cast(a, dt) for a in epi.args)

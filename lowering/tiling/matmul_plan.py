@@ -89,6 +89,7 @@ class MatmulShape:
     no_swap: str = ""     # why the transposed form is refused ("" when it is a candidate)
     no_dma_out: str = ""  # why its short-run store (out="dma") is refused
     cast_only: bool = False  # the epilogue only casts the accumulator (no epilogue, or a cast)
+    acc_cast: bool = False   # it reads the accumulator only through casts to the output type
     a_packed: bool = False   # A's rows lie back to back (K contiguous, rows K apart, K % 128 == 0)
     b_packed: bool = False   # B's columns lie back to back (the same for B^T: a linear's weight)
     a_ahead: bool = False    # A's loads may run ahead, during earlier kernels (a graph input
@@ -283,6 +284,22 @@ def whole_block(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> bool:
     return data <= fixed
 
 
+def stream_whole(s: MatmulShape, c: Blocking, t: Target) -> bool:
+    """The streamed side comes by one DMA of all its K tiles, read by every block
+    (``matmul._Side.load_whole`` into one tile), instead of one transfer per K tile into
+    ``stream_bufs`` slots: where it is one group of a few directly read rows or columns (a
+    decode step's x^T, [768, 1]) whose per-K-tile transfers are each bound by the DMA's fixed
+    phase (``whole_block``'s test) and lie on the chain of dependent kernels: GPT-2's
+    attention output went to the projection in six [128, 1] copies, 0.6 us apart on one queue."""
+    if c.resident not in ("A", "B") or c.swap or c.stream or s.k_pack > 1 or s.K % 128 or s.K <= 128:
+        return False
+    form, F, st = (s.b_form, s.N, 512) if c.resident == "A" else (s.a_form, s.M, 128)
+    if form != DIRECT or F > c.group * st:
+        return False
+    data, _, fixed, _, _ = _whole_cost(_Probe(s, t), form, F, s.K, s.dtype.itemsize, 1)
+    return data <= fixed
+
+
 def _whole_cost(pr: _Probe, form: str, F: int, K: int, isz: int, n: int):
     """``_load_cost`` of ``n`` whole-block loads (``whole_block``)."""
     if form == DMA_T:
@@ -435,10 +452,12 @@ def _widths(n: int, step: int) -> list[tuple[int, int]]:
 
 def ev_dtype(s: MatmulShape) -> DType:
     """The transposed form's cells leave PSUM as this type for their TensorE transposes back:
-    the output type when the epilogue only casts (the rounding it would do anyway; a 2-byte
-    transpose costs a quarter of an fp32 one), else fp32 (exact)."""
+    the output type when the epilogue only casts, or reads the accumulator only through casts
+    to the output type (``acc_cast``: GPT-2's ``residual + cast(acc)`` and ``gelu(cast(acc))``
+    once their biases are folded): the rounding it would do anyway, and a 2-byte transpose
+    costs a quarter of an fp32 one (decode_gpt2 trn3 753.6 -> 748.4 us); else fp32 (exact)."""
     o = s.out_dtype
-    return o if s.cast_only and o.is_float and o.itemsize in (2, 4) else DType.FP32
+    return o if (s.cast_only or s.acc_cast) and o.is_float and o.itemsize in (2, 4) else DType.FP32
 
 
 def _estimate_transposed(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:

@@ -30,6 +30,11 @@ and any small transfer issued on another queue (a gather of a chain of small ker
 store) waits behind all of it. Pieces whose data phase is the fixed phase keep the backlog to
 about one piece at the same throughput.
 
+``stream_loads`` counts a matmul's transfers into its streamed side's slots (``matmul.
+_stream_ahead`` gives a decode step's streamed weights a slot for all but the last);
+``row_by_transposes`` says when one resident row reaches [128, K/128] cheaper by TensorE
+transposes than by one SBUF -> SBUF DMA (``matmul._Side._transpose_row``).
+
 Invariants
 - The returned chunk is in ``[1, min(n, f_max)]``.
 - Scoring is pure arithmetic on the ``Target`` plus the caller's compute estimate; no program
@@ -38,11 +43,14 @@ Invariants
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from runtime_sim.costs import dma_tile_data_ns, instr_cost
 from runtime_sim.isa import AP, DmaAttrs, DType, Instr, Memory, Op, dma_queue
 from runtime_sim.targets import Target
+
+if TYPE_CHECKING:
+    from lowering.tiling.matmul_plan import Blocking, MatmulShape
 
 
 def chunk_candidates(n: int, f_max: int) -> list[int]:
@@ -127,3 +135,29 @@ def paced_pieces(t: Target, partitions: int, elems: int, itemsize: int, transpos
     if x / n < PACE_MIN:       # pieces too short to keep the engines busy: at least one phase
         n = max(1, int(x))
     return min(elems, n)
+
+
+def stream_loads(shape: MatmulShape, c: Blocking) -> int:
+    """Transfers into the streamed side's slots over the kernel (``_emit``'s ``str`` tiles, one
+    per K tile of each group of each block; the transposed form's ``wst`` chunks of ``kb`` K
+    tiles, matmul_transposed.py), full groups and chunks only (0 when there is a partial one:
+    its tile aliases the full ones' slots)."""
+    TK, TN, TM = 128, 512, 128
+    Kt = -(-shape.K // TK)
+    if c.swap:
+        if shape.N % (c.group * 128) or Kt % c.kb or shape.K % TK:
+            return 0
+        return -(-shape.M // (c.block * 512)) * (shape.N // (c.group * 128)) * (Kt // c.kb)
+    st, rt = (TN, TM) if c.resident == "A" else (TM, TN)
+    F, R = (shape.N, shape.M) if c.resident == "A" else (shape.M, shape.N)
+    if F % (c.group * st):
+        return 0
+    return -(-R // (c.block * rt)) * (F // (c.group * st)) * Kt
+
+
+def row_by_transposes(t, Kt: int) -> bool:
+    """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those
+    (each ``max(1, min(64, 128))`` cycles, at half speed on a cold engine: ``TensorRamp``) and
+    the copy out of PSUM take less than one DMA's fixed phase."""
+    tp = Kt * min(t.mm_init_latency_cycles, 128) / t.tensor_clock_ghz / t.pe_ramp_start_speed
+    return tp + t.min_ii_cycles / t.vector_clock_ghz < t.dma_transfer_ns
