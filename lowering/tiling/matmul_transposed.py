@@ -28,9 +28,10 @@ Invariants
 - A cell accumulates in a PSUM bank of its own (``BANK`` elements apart): TensorE keeps one
   open accumulation group per bank (``runtime_sim.checks.PsumGroups``), and the K loop visits
   every cell of the group once per K tile.
-- The copies out of PSUM round to the output type only when the epilogue is a bare cast
-  (``matmul_plan.ev_dtype``; the transposes and the epilogue's cast are then exact), else they
-  stay fp32: the result is the usual form's, value for value.
+- The copies out of PSUM round to the output type only when the epilogue reads the
+  accumulator through casts to that type alone (a bare cast, or ``MatmulShape.acc_cast``:
+  ``residual + cast(acc)``; ``matmul_plan.ev_dtype``; the transposes and the epilogue's cast are
+  then exact), else they stay fp32: the result is the usual form's, value for value.
 - The short-run store reads epilogue inputs and writes the output column-wise in HBM; a tensor
   resident in SBUF has rows on its partitions, so ``out="dma"`` is not a candidate when the
   output or an epilogue input is resident (``MatmulShape.no_dma_out``).
