@@ -45,8 +45,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Callable
 
-from runtime_sim.costs import dma_tile_data_ns, instr_cost
-from runtime_sim.isa import AP, DmaAttrs, DType, Instr, Memory, Op, dma_queue
+from runtime_sim.costs import TensorRamp, dma_tile_data_ns, instr_cost
+from runtime_sim.isa import (AP, DmaAttrs, DType, EngineKind, Instr, Memory, Op, Queue, TensorCopyAttrs,
+                             TransposeAttrs, dma_queue)
 from runtime_sim.targets import Target
 
 if TYPE_CHECKING:
@@ -155,9 +156,19 @@ def stream_loads(shape: MatmulShape, c: Blocking) -> int:
     return -(-R // (c.block * rt)) * (F // (c.group * st)) * Kt
 
 
-def row_by_transposes(t, Kt: int) -> bool:
-    """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those
-    (each ``max(1, min(64, 128))`` cycles, at half speed on a cold engine: ``TensorRamp``) and
-    the copy out of PSUM take less than one DMA's fixed phase."""
-    tp = Kt * min(t.mm_init_latency_cycles, 128) / t.tensor_clock_ghz / t.pe_ramp_start_speed
-    return tp + t.min_ii_cycles / t.vector_clock_ghz < t.dma_transfer_ns
+@functools.lru_cache(maxsize=None)
+def row_by_transposes(t: Target, Kt: int) -> bool:
+    """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those (on a
+    cold engine: its power ramp from the start speed, ``costs.TensorRamp``) and the copy out of
+    PSUM take less than one DMA's fixed phase, all priced by the simulator's cost table."""
+    tr = Instr(Op.TRANSPOSE, AP("ps", Memory.PSUM, 0, 128, 0, ((1, 1),), DType.FP32),
+               (AP("row", Memory.SBUF, 0, 1, 0, ((1, 128),), DType.BF16),), TransposeAttrs())
+    one = instr_cost(tr, Queue(EngineKind.TENSOR), t).busy_ns
+    ramp, now = TensorRamp(t, None), 0.0
+    for i in range(Kt):
+        _, b = ramp.step(now, i, one)
+        now += b
+    cp = Instr(Op.TENSOR_COPY, AP("x", Memory.SBUF, 0, 128, 0, ((1, Kt),), DType.BF16),
+               (AP("ps", Memory.PSUM, 0, 128, 0, ((1, Kt),), DType.FP32),), TensorCopyAttrs())
+    copy = min(instr_cost(cp, Queue(e), t).busy_ns for e in (EngineKind.VECTOR, EngineKind.SCALAR))
+    return now + copy < t.dma_transfer_ns
