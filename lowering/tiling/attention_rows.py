@@ -59,7 +59,6 @@ from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
-from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
@@ -143,18 +142,14 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                f"(K^T scaled by {a.scale:g} on load), P^T copies of blocks 0..{na - 1} on ScalarE; "
                "chosen by the cost model")
     prescale = bool(vexp) and a.scale != 1.0
-    def scale_k(ka: TAP, engine: EngineKind, bb: TirBuilder = b) -> None:
-        """K^T *= scale in place: ScalarE's activation, or an ALU op elsewhere."""
-        if engine is EngineKind.SCALAR:
-            bb.activation(ka, ka, ActFunc.COPY, scale=a.scale)
-        else:
-            bb.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(engine,))
-
     if prescale:   # the K^T scale (one key block per unit, see ``item``) where it least
         # lengthens a unit's busiest engine
         busy = block_busy(b.target, kbs, D, Dv, dt, pdt, nv, na, tensor=False, close=True)
-        scale_engine = spare_engine(b.target, busy, lambda s, e: scale_k(
-            s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap(), e, s), ELEMENTWISE + (EngineKind.SCALAR,))
+
+        def one_scale(s: TirBuilder, e: EngineKind) -> None:
+            x = s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap()
+            s.tensor_scalar(x, x, AluOp.MULTIPLY, a.scale, engines=(e,))
+        scale_engine = spare_engine(b.target, busy, one_scale, ELEMENTWISE + (EngineKind.SCALAR,))
     interleave = b.target.background_transpose
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
 
@@ -251,7 +246,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             _load_k(b, sk, bidx, aff(k0), kw, D, dt, kts[c])
             if prescale:
                 ka = kts[c].ap(min(D, 128), dims=((1, nd * kw),))
-                scale_k(ka, scale_engine)
+                b.tensor_scalar(ka, ka, AluOp.MULTIPLY, a.scale, engines=(scale_engine,))
         for c in cs if v else ():
             k0, kw = kbs[c]
             _load_v(b, V, bidx, aff(k0), kw, Dv, vts[c], Dw)
