@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from neuron_compiler.collectives import record_collective
+from neuron_compiler.device.residency import tensor_bytes
 from neuron_compiler.profile import GraphRecord
 
 DDP_HOOK = "ddp_comm_hook"
@@ -78,10 +79,6 @@ def hook_record(name: str, target: str, lnc: int | None = None) -> GraphRecord:
     return rec
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 # ---- DDP ---------------------------------------------------------------------------------------
 def ddp_hook(target: str = "trn2", lnc: int | None = None, group: object = None) -> Callable:
     """A DDP comm hook ``hook(state, bucket)``: torch's default all_reduce of the bucket, timed
@@ -92,7 +89,7 @@ def ddp_hook(target: str = "trn2", lnc: int | None = None, group: object = None)
     def hook(state, bucket):   # no annotations: DDP checks them, and this module's are strings
         pg = group if group is not None else dist.group.WORLD
         buf = bucket.buffer()
-        nbytes = _nbytes(buf)            # before the hook divides it in place
+        nbytes = tensor_bytes(buf)            # before the hook divides it in place
         t0 = time.perf_counter_ns()
         fut = allreduce_hook(pg, bucket)
         record_collective(record, f"c10d.allreduce (DDP bucket {bucket.index()})", "all_reduce",
@@ -124,7 +121,7 @@ def _fsdp_comms() -> tuple[type, type]:
             t0 = time.perf_counter_ns()
             work = dist.all_gather_single(output_tensor, input_tensor, group=group,
                                           async_op=async_op)
-            record_collective(self.record, self.op_name, "all_gather", _nbytes(output_tensor),
+            record_collective(self.record, self.op_name, "all_gather", tensor_bytes(output_tensor),
                               group.size(), time.perf_counter_ns() - t0)
             return work
 
@@ -139,7 +136,7 @@ def _fsdp_comms() -> tuple[type, type]:
             work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor,
                                               group=group, op=op, async_op=async_op)
             record_collective(self.record, self.op_name, "reduce_scatter",
-                              _nbytes(input_tensor), group.size(), time.perf_counter_ns() - t0)
+                              tensor_bytes(input_tensor), group.size(), time.perf_counter_ns() - t0)
             return work
 
     return TimedAllGather, TimedReduceScatter
