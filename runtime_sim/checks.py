@@ -23,8 +23,9 @@ a looped stream is checked per static instruction, see checks_loops.py)
   * The bytes touched lie within the buffer. A written AP never names one element twice.
 - Engines (EngineError): an op runs only on an engine that has its datapath
   (``isa.ENGINES_OF_OP``); DMA queue indices are below ``dma_engines * dma_queues_per_engine``;
-  compute engines touch only SBUF/PSUM; DMA never touches PSUM. PSUM is written by TensorE
-  (matmul, transpose) and may also be written by Vector/Scalar/GpSimd instructions (memset,
+  compute engines touch only SBUF/PSUM; DMA and GpSimdE never touch PSUM ("GpSimd Engine
+  cannot access PSUM", nki/api/nki/isa/__init__.py L399, L1038, L1914). PSUM is written by
+  TensorE (matmul, transpose) and may also be written by Vector/Scalar instructions (memset,
   tensor_copy, ...), but a matmul may only accumulate onto bytes a matmul wrote (run-time check).
 - Operands (OperandError): operand counts and shapes per op, matmul limits (K <= 128 partitions,
   M <= 128, N <= 512 and one fp32 PSUM bank, stationary and moving of one float dtype in SBUF,
@@ -315,6 +316,9 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
             raise EngineError("DMA cannot access PSUM (evacuate with tensor_copy first)")
     elif any(a.memory is Memory.HBM for a in all_aps):
         raise EngineError(f"{queue.name} cannot access HBM; only DMA queues can")
+    elif eng is EngineKind.GPSIMD and any(a.memory is Memory.PSUM for a in all_aps):
+        raise EngineError(f"{op.value} on {queue.name}: GpSimdE cannot access PSUM (run it on "
+                          f"VectorE or ScalarE)")
     if eng in (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD):
         for a in all_aps:
             lim = 4096 if a.memory is Memory.PSUM else 65536

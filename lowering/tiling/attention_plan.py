@@ -1,8 +1,7 @@
 """Choices of the two-phase attention path (``attention_rows.py``), each made by pricing
 candidate tile bodies with the simulator's cost table (``estimate.profile``): which key blocks'
 exps go to VectorE's fast exponential and which P^T copies to ScalarE (NC-v4), whether a query
-block takes a key block's P^T by DMA transposes, the engines of the row maxes, the cheapest
-engine for one instruction.
+block takes a key block's P^T by DMA transposes, the cheapest engine for one instruction.
 
 Invariants
 - Every price comes from ``runtime_sim.costs`` through ``estimate.profile``; nothing here prices
@@ -102,7 +101,7 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
         for c, (_, kw) in enumerate(kbs):
             sc = (body.qk(f"s{c}", kw) if tensor
                   else s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
-            body.row_max(c, sc, EngineKind.VECTOR if c % 2 == 0 else EngineKind.GPSIMD)
+            body.row_max(c, sc, EngineKind.VECTOR)
             pc = body.exp(f"p{c}", c, sc, kw, c < nv)
             pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
                                 tensor, dma=c < dma)
@@ -111,54 +110,6 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
         if close:
             body.close(len(kbs), nv)
     return profile(s)[0]
-
-
-@lru_cache(maxsize=None)
-def max_engines(t, prev_w: tuple[int, ...], next_w: tuple[int, ...], D: int, Dv: int, dt, pdt,
-                copy_engine: EngineKind, nv: int) -> tuple[EngineKind, ...]:
-    """The engine of each row-max reduce of a query block whose key blocks are ``next_w`` wide,
-    issued (as tile_rows does) after its products and before the previous block's (``prev_w``)
-    transposes, P^T copies and second products, then its own exps (the first ``nv`` on
-    VectorE's fast exponential). Chosen by the cost table among the candidates: without
-    VectorE's exps, every split of the maxes between VectorE and GpSimdE, kept by the body's
-    makespan (``estimate.profile``: run alone in program order, the maxes gate the exps and the
-    copies gate TensorE's second products) plus the busier of the two engines' time (the
-    pipelined units' throughput: VectorE also copies P^T); with them (NC-v4), the first k
-    maxes on VectorE, even key blocks first, kept by the makespan alone (the body leaves out
-    the background transposes: the wider search measured SDPA [1,8,2048,128] trn3 231.5 ->
-    253.7 us)."""
-    n = len(next_w)
-    if nv:
-        order = [c for c in range(n) if c % 2 == 0] + [c for c in range(n) if c % 2]
-        cands = [tuple(EngineKind.VECTOR if c in order[:k] else EngineKind.GPSIMD for c in range(n))
-                 for k in range(n + 1)]
-    else:
-        cands = [tuple(EngineKind.VECTOR if k >> c & 1 else EngineKind.GPSIMD for c in range(n))
-                 for k in range(2 ** n)]
-    best = None
-    for eng in cands:
-        with scratch(t) as s:
-            body = _Body(s, D, Dv, dt, pdt, n)
-            sc = [body.qk(f"s{c}", kw) for c, kw in enumerate(next_w)]
-            for c in range(n):
-                body.row_max(c, sc[c], eng[c])
-            if nv:          # m and -m on GpSimdE, as tile_rows does for VectorE's exps
-                s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, engines=(EngineKind.GPSIMD,))
-                s.tensor_reduce(body.m, body.mb.ap(), AluOp.MAX, negate=True, engines=(EngineKind.GPSIMD,))
-            elif n > 1:     # else -scale * max in one ScalarE instruction
-                s.activation(body.mb.ap(), body.mb.ap(), ActFunc.COPY, scale=-1.0, reduce=AluOp.MIN,
-                             accum=body.m)
-            pts = [body.transpose(c, s.tile(f"p{c}", Memory.SBUF, QB, KB, pdt, 1).ap(dims=((1, kw),)),
-                                  kw, copy_engine) for c, kw in enumerate(prev_w)]
-            for c, kw in enumerate(next_w):
-                body.exp(f"pn{c}", c, sc[c], kw, c < nv)
-            for pt, kw in zip(pts, prev_w):
-                body.pv(pt, kw)
-        busy, span = profile(s)
-        key = span if nv else span + max(busy.get(EngineKind.VECTOR, 0.0), busy.get(EngineKind.GPSIMD, 0.0))
-        if best is None or key < best[0]:
-            best = (key, eng)
-    return best[1]
 
 
 def spare_engine(t, busy: dict, emit, engines) -> EngineKind:

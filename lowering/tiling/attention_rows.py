@@ -10,7 +10,7 @@ sat on the critical path). Per batch index (a loop), K^T and V of every key bloc
 once and stay in SBUF for all the query blocks; per query block t (parity u = t % 2, banks of
 the two parities alternate):
     S_c = Q_t^T.T @ K^T_c                    TensorE -> PSUM bank (u, c), for every key block c
-    m = max_c rowmax(scale * S_c)            VectorE/GpSimdE (``max_engines``): one reduce per
+    m = max_c rowmax(scale * S_c)            VectorE (GpSimdE cannot read PSUM): one reduce per
                                              bank; -scale * m in one ScalarE instruction
     P_c = exp(scale * S_c - m)               ScalarE, one activation per bank (with its row sum
                                              l_c only beside VectorE's exponential)
@@ -51,7 +51,7 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, max_engines,
+from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan,
                                             spare_engine)
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
@@ -220,13 +220,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     def widths(i: int) -> tuple[int, ...]:
         return tuple(kw for _, _, vis in rows_of(i) for _, _, kw, _ in vis)
 
-    def maxes_of(i: int) -> tuple[EngineKind, ...]:
-        """The row-max engines of unit i's banks (``max_engines``)."""
-        dm = by_dma((i - 1) % NU)
-        prev = tuple(kw for s, kw in enumerate(widths((i - 1) % NU)) if s not in dm)
-        return max_engines(b.target, prev, widths(i), D, Dv, dt, pdt,
-                           EngineKind.SCALAR if na else EngineKind.VECTOR, nv)
-
     def by_dma(i: int) -> set[int]:
         """The banks whose P^T unit i takes by DMA transposes."""
         return {0} if dma_transposes(b.target, widths(i), D, Dv, dt, pdt, nv, na) else set()
@@ -270,7 +263,6 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         kts = kv[w][0]
         S, P, PT, tmp = sets[u]
         srcs = {}
-        max_eng = maxes_of(i)
         urows = rows_of(i)
         for j, (t, s0, vis) in enumerate(urows):
             q0, qr = blocks[t]
@@ -295,10 +287,12 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     src = _score_tile(b, k, S[s], bidx, q0, qr, aff(k0), kw)
                     act_scale = 1.0
                 srcs[s] = (src, act_scale)
-                # alternate VectorE / GpSimdE: the max is on the path to every exp of the block
-                # (a row of one key block without VectorE's exps: its max is the row's)
+                # on VectorE: GpSimdE cannot read the scores in PSUM (runtime_sim.checks; an
+                # SBUF score tile may go to either) (a row of one key block without VectorE's
+                # exps: its max is the row's)
                 mx = tmp[j]["m"].ap(qr) if len(vis) == 1 and not vexp else _cols(tmp[j]["mb"].ap(qr), x, 1)
-                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN, engines=(max_eng[s],))
+                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
+                                engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
         for j, (t, s0, vis) in enumerate(urows):
             qr = blocks[t][1]
             act_scale = srcs[s0][1]
@@ -391,7 +385,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                         den = tmp[j]["den"].ap(qr)
                         b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
                 if clamp:
-                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY, engines=(EngineKind.GPSIMD,))
+                    # GpSimdE unless the sum is in PSUM (the ones column), which it cannot read
+                    b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY,
+                                    engines=(EngineKind.GPSIMD, EngineKind.VECTOR))
                     den = tmp[j]["den"].ap(qr)
                 _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
         return tp, rest

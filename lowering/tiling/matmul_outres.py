@@ -45,10 +45,11 @@ from runtime_sim.isa import AluOp, DType, EngineKind, Memory
 
 F32 = DType.FP32
 TM, TN, TK = 128, 512, 128
-ADD_ENGINES = (EngineKind.GPSIMD, EngineKind.VECTOR)
-# the copies out of PSUM of consecutive transposes alternate ScalarE / GpSimdE (on NC-v2 they
-# take different shared ports, so they run side by side)
-TP_COPY_ENGINES = ((EngineKind.SCALAR,), (EngineKind.GPSIMD,))
+# GpSimdE cannot access PSUM (runtime_sim.checks): a partial product's first copy out of PSUM
+# alternates ScalarE / VectorE, its adds (tensor_tensor: VectorE or GpSimdE) run on VectorE
+COPY_ENGINES = (EngineKind.SCALAR, EngineKind.VECTOR)
+# the copies out of PSUM of consecutive transposes alternate ScalarE / VectorE
+TP_COPY_ENGINES = ((EngineKind.SCALAR,), (EngineKind.VECTOR,))
 TP_BUFS = 4     # PSUM slots per TensorE-transpose load site (the transposes sit between products)
 
 
@@ -220,11 +221,10 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
                         b.matmul(dst, oa.ap(kt, ah, k0, i0, iw), ob.ap(kt, bh, k0, j0, jw),
                                  start_when=(k0,))
                     cell = acc.ap(iw, elem_offset=n * TN, dims=((1, jw),))
-                    eng = (ADD_ENGINES[(ui * ns + cj) % 2],)
                     if pos == 0:
-                        b.tensor_copy(cell, dst, engines=eng)
+                        b.tensor_copy(cell, dst, engines=(COPY_ENGINES[(ui * ns + cj) % 2],))
                     else:
-                        b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=eng)
+                        b.tensor_tensor(cell, cell, dst, AluOp.ADD, engines=(EngineKind.VECTOR,))
                     if last:
                         # the result into the accumulators' bytes, the m-tile's cells packed side
                         # by side (cell j at j * 512 output elements: the fp32 bytes of cells

@@ -317,6 +317,12 @@ class TirBuilder:
         for a in (dst, accum, *srcs):
             if a is not None:
                 self._check(a)
+        if EngineKind.GPSIMD in engines and any(
+                a is not None and self.buffers[a.buf].memory is Memory.PSUM for a in (dst, accum, *srcs)):
+            # GpSimdE cannot access PSUM (runtime_sim.checks): the other engines keep their order
+            engines = tuple(e for e in engines if e is not EngineKind.GPSIMD)
+            if not engines:
+                raise LoweringError(f"{self.tag}: {op.value} touches PSUM and may run only on GpSimdE")
         sw = tuple(aff(v) for v in start_when)
         for v in sw:
             for var in v.vars:

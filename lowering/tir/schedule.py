@@ -9,9 +9,11 @@ loop body as an assembly line:
   already worked on its inputs upstream unless that engine produced one of them directly;
 - a tiny instruction (at most a few minimum initiation intervals) stays on the engine of its
   producer, so it never waits behind big work on another engine;
-- otherwise the engine whose busy time, counted over the top-level statement (a kernel's loop
-  nest, each instruction weighted by how often it runs, every fixed-engine instruction counted
-  from the start) stays lowest;
+- otherwise the engine whose busy time, counted over the kernel so far (its top-level
+  statements, loop nests or lone instructions, in program order; each instruction weighted by
+  how often it runs; a statement's fixed-engine instructions counted from its start) stays
+  lowest: a matmul's epilogues, one top-level statement per output cell, spread over the
+  engines that can run them instead of each cell's choosing the same one;
 - an instruction of a hand-unrolled copy of a body (``TInstr.copy_of``, from
   ``TirBuilder.replica``) takes the engine of its counterpart in the first copy, as every
   iteration of a loop body does (fresh greedy choices let the balance drift from copy to copy:
@@ -101,9 +103,10 @@ def schedule(tp: TProgram, target: Target, st: Structure | None = None) -> dict[
         if EngineKind.DMA in ins.engines and sid in st.weight_loads:
             lane_of.setdefault(kernel_key(ins), 1 + len(lane_of) % PREFETCH_LANES)
     stream = _stream_loads(tp, st, target, lanes[1][0])
+    kload: dict[str, dict] = defaultdict(lambda: defaultdict(float))
     for sids in regions.values():
         _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream,
-                         kernel_dma)
+                         kernel_dma, kload)
     return out
 
 
@@ -145,8 +148,8 @@ def _whole(tp: TProgram, ins: TInstr) -> bool:
 
 
 def _schedule_region(tp, st, sids, target, lanes, out, dma_load, rr, lane_of, stream,
-                     kernel_dma) -> None:
-    load: dict[Queue, float] = defaultdict(float)
+                     kernel_dma, kload) -> None:
+    load = kload[kernel_key(st.info[sids[0]].ins)]   # the kernel's engines' busy time so far
     probes: dict[int, Instr] = {}
     for sid in sids:                                 # fixed engines count from the start
         ins = st.info[sid].ins

@@ -35,8 +35,10 @@ def test_next_head_kv_loaded_block_by_block(Sq, D):
 
 
 def test_scale_goes_where_the_unit_has_room():
-    """With three of four key blocks' exps on VectorE, VectorE is a unit's busiest engine:
-    the cheapest instruction there (VectorE's 4x bf16 mode) lengthens it, ScalarE's does not."""
+    """When VectorE is a unit's busiest engine (here: four key blocks' exps split between VectorE
+    and ScalarE, every row max on VectorE), the cheapest instruction there (VectorE's 4x bf16
+    mode) lengthens the unit; ScalarE's does not, as long as ScalarE has that much room. With
+    ScalarE as busy as VectorE, VectorE's cheaper instruction is the better place."""
     from lowering.tiling.attention_plan import block_busy, exp_plan, spare_engine
     from lowering.tiling.attention_steps import KB
     from runtime_sim.isa import AluOp, DType, EngineKind, Memory
@@ -50,4 +52,7 @@ def test_scale_goes_where_the_unit_has_room():
     def emit(s, e):
         x = s.tile("k", Memory.SBUF, 128, KB, DType.BF16, 1).ap()
         s.tensor_scalar(x, x, AluOp.MULTIPLY, 0.5, engines=(e,))
-    assert spare_engine(t, busy, emit, (EngineKind.VECTOR, EngineKind.SCALAR)) is EngineKind.SCALAR
+    v, a = EngineKind.VECTOR, EngineKind.SCALAR
+    roomy = {**busy, a: busy[v] / 2}
+    assert spare_engine(t, roomy, emit, (v, a)) is a
+    assert spare_engine(t, {**busy, a: busy[v]}, emit, (v, a)) is v
