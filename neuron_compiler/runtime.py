@@ -106,6 +106,7 @@ from neuron_compiler.cache import request as cache_request
 from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
                                               Producer, Residency, tensor_bytes)
 from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
+from neuron_compiler.device.transfers import charge_transfer_out
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
@@ -216,20 +217,6 @@ def hbm_capacity_bytes(target: object) -> int:
 
 
 # ---- residency (neuron_compiler.device.residency) ---------------------------------------------
-
-
-def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> None:
-    """Device -> host copy of ``t`` (on the host link of its producer's target)."""
-    if not profs:
-        return
-    if producer is None:
-        raise AssertionError("device-only data without a producing partition")
-    nbytes = tensor_bytes(t)
-    ns = assumptions_of(producer[0]).transfer_ns(nbytes, transfers=1)
-    for p in profs:
-        p.note_transfer_out(producer, ns, nbytes)
-
-
 def read_on_host(value: object, profs: tuple, graph: GraphRecord | None = None) -> None:
     """A host consumer reads every tensor in ``value``: copy device-only data out. The payload
     of a ``neuron`` device tensor is copied out at every read (the host keeps no copy of it),
@@ -246,7 +233,7 @@ def read_on_host(value: object, profs: tuple, graph: GraphRecord | None = None) 
             continue
         copy, producer = RESIDENCY.to_host(t)
         if copy:
-            _charge_out(producer, t, profs)
+            charge_transfer_out(producer, t, profs)
 
 
 # ---- eager fallback ----------------------------------------------------------------------------
@@ -400,7 +387,8 @@ class DevicePartition(torch.nn.Module):
                 if k in self.device_outputs:
                     RESIDENCY.own(o)       # tracked even without a version counter
                 elif not RESIDENCY.produced(o, self.target.name, producer):
-                    _charge_out(producer, o, profs)    # untracked: it leaves the device at once
+                    # untracked: it leaves the device at once
+                    charge_transfer_out(producer, o, profs)
         return out
 
     def _input_names(self) -> list[str]:
@@ -480,7 +468,7 @@ class DevicePartition(torch.nn.Module):
             where = self.target.name if perm is None else f"{self.target.name} as {perm}"
             send, producer, fetch = RESIDENCY.to_device(t, where)
             if fetch:                                  # device-only data of another target
-                _charge_out(producer, t, profs)
+                charge_transfer_out(producer, t, profs)
             if send:
                 sent += 1
                 nbytes += tensor_bytes(t)
