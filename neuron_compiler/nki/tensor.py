@@ -271,7 +271,7 @@ class NkiTensor:
     def ap(self, pattern=None, offset: int = 0, dtype=None, **kw):
         """With no arguments, this view as a machine access pattern (partition axis first for
         on-chip views). With NKI's arguments, ``t.ap(pattern=[[step, count], ...], offset=,
-        dtype=)``: a view of the same memory (pattern.py)."""
+        dtype=)``: a view of the same memory (``pattern_view``)."""
         if pattern is None and dtype is None and not offset and not kw:
             return self._ap()
         return pattern_view(self, pattern, offset, dtype, **kw)
