@@ -5,8 +5,8 @@ per-target entries built from profile dicts (``target_entry``, ``compile_entry``
 ``fallback_rows``, ``call_latency``).
 
 ``measure`` (inference and ``--train``) and ``generate`` (``--generate``) both build their
-reports from these; neither imports the other's run for them (``measure`` hands ``--generate``
-runs to ``generate``).
+reports from these. ``measure`` imports ``generate`` (it hands ``--generate`` runs to it), so
+``generate`` takes these from here, never from ``measure``.
 
 Invariants: those of ``measure``'s module docstring on latency (simulated + transfer + fallback
 + call overhead + collectives), fallback shares, ``assumptions``/``options`` and JSON-ready
