@@ -31,11 +31,10 @@ from neuron_compiler.buckets import BucketedPrompt, bucket_prompt, prompt_bucket
 from neuron_compiler.errors import NeuronFallbackError, NeuronOptionError
 from neuron_compiler.options import NeuronOptions, validate_options
 from neuron_compiler.profile import Profile, profile
+from neuron_compiler.version import __version__
 from neuron_compiler import device
 
 device.register_device()
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

@@ -135,14 +135,14 @@ def request(graph_hash: str, specs: tuple, options: tuple, target: str) -> dict:
     specs (shape, dtype, resident, mutated), the options, the target description and the versions."""
     import torch
 
-    import neuron_compiler
+    from neuron_compiler.version import __version__
     parts = {
         "format": MAGIC.decode().strip(),
         "graph": graph_hash,
         "specs": [[list(shape), str(dtype), *rest] for shape, dtype, *rest in specs],
         "options": [list(o) for o in options],
         "target": target_description(target),
-        "version": neuron_compiler.__version__,
+        "version": __version__,
         "torch": torch.__version__,
         "code": code_fingerprint(),
     }

@@ -21,8 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from neuron_compiler.errors import NeuronOptionError
+from runtime_sim import targets as _machine
 
-TARGETS: tuple[str, ...] = ("trn2", "trn3", "trn1")
+# the targets runtime_sim describes: the default first, then the others newest first
+DEFAULT_TARGET: str = _machine.DEFAULT_TARGET
+TARGETS: tuple[str, ...] = (DEFAULT_TARGET, *sorted(
+    (name for name in _machine.TARGETS if name != DEFAULT_TARGET), reverse=True))
 SIM_MODES: tuple[str, ...] = ("functional", "timing")
 FALLBACK_POLICIES: tuple[str, ...] = ("allow", "error")
 AUTO_CASTS: tuple[str, ...] = ("none", "matmul", "all")   # as neuron_compiler.autocast
@@ -65,7 +69,7 @@ class NeuronOptions:
       meaning (docs/lnc.md says what flipping it takes).
     """
 
-    target: str = "trn2"
+    target: str = DEFAULT_TARGET
     sim_mode: str = "functional"
     fallback: str = "allow"
     dump_dir: str | None = None

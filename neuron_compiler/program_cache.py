@@ -47,7 +47,7 @@ _RUNTIME_ONLY_OPTIONS = frozenset({"dump_dir", "sim_mode", "fallback", "cache_di
 
 
 @dataclass(eq=False)
-class _Program:
+class CachedProgram:
     """One lowering result, shared by every identical partition specialisation."""
 
     origin: str                                   # "<graph>/<partition> <signature>"
@@ -60,7 +60,7 @@ class _Program:
 
 
 class ProgramCache:
-    """Structural key -> ``_Program``, held weakly (see the module docstring)."""
+    """Structural key -> ``CachedProgram``, held weakly (see the module docstring)."""
 
     def __init__(self) -> None:
         self._entries: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -68,7 +68,7 @@ class ProgramCache:
         self.misses = 0
         self.disk_hits = 0        # misses served by the on-disk compile cache (not lowered)
 
-    def get(self, key: tuple, need_stage_files: bool = False) -> _Program | None:
+    def get(self, key: tuple, need_stage_files: bool = False) -> CachedProgram | None:
         prog = self._entries.get(key)
         if prog is None or (need_stage_files and prog.stage_files is None):
             self.misses += 1
@@ -76,7 +76,7 @@ class ProgramCache:
         self.hits += 1
         return prog
 
-    def put(self, key: tuple, prog: _Program) -> None:
+    def put(self, key: tuple, prog: CachedProgram) -> None:
         self._entries[key] = prog
 
     def info(self) -> dict[str, int]:
@@ -133,7 +133,7 @@ def _target_key(gm: GraphModule, n: Node) -> object:
     return None                                     # placeholder/output: position is enough
 
 
-def _process_local(gm: GraphModule) -> bool:
+def process_local(gm: GraphModule) -> bool:
     """True when ``program_key`` keys ``gm`` by object ids (see ``_target_key``)."""
     for n in gm.graph.nodes:
         if n.op in ("call_module", "call_method"):
@@ -144,7 +144,7 @@ def _process_local(gm: GraphModule) -> bool:
     return False
 
 
-def _to_disk(prog: _Program) -> CacheEntry:
+def to_disk_entry(prog: CachedProgram) -> CacheEntry:
     """The disk entry of ``prog``: its program, or its Unsupported reason, its stage files,
     its request and, once it was timed, its timing statistics (values never)."""
     exc = prog.unsupported
@@ -157,12 +157,13 @@ def _to_disk(prog: _Program) -> CacheEntry:
                       None if timing is None else timing.stats)
 
 
-def _from_disk(entry: CacheEntry | None, api: object, need_stage_files: bool) -> _Program | None:
-    """The ``_Program`` of a disk entry (None: no entry, or no stage files when a dump needs
+def from_disk_entry(entry: CacheEntry | None, api: object,
+                    need_stage_files: bool) -> CachedProgram | None:
+    """The ``CachedProgram`` of a disk entry (None: no entry, or no stage files when a dump needs
     them: then it is lowered again, and stored again with them)."""
     if entry is None or (need_stage_files and entry.stage_files is None):
         return None
-    prog = _Program(entry.origin, entry.stage_files, entry.compiled, request=entry.request)
+    prog = CachedProgram(entry.origin, entry.stage_files, entry.compiled, request=entry.request)
     if entry.timing is not None and entry.compiled is not None:
         entry.compiled._timing = SimResult(entry.timing)  # type: ignore[attr-defined]
     if entry.unsupported is not None:

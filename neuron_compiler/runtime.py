@@ -106,6 +106,7 @@ from neuron_compiler.cache import request as cache_request
 from neuron_compiler.device.residency import (DEVICE_PAYLOAD_ATTR, RESIDENCY,  # noqa: F401
                                               Producer, Residency, tensor_bytes)
 from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
+from neuron_compiler.device.transfers import charge_transfer_out
 from neuron_compiler.dump import instructions_per_queue
 from neuron_compiler.errors import (NeuronFallbackError, NeuronInputError,
                                     NeuronInternalError, NeuronRunError)
@@ -113,9 +114,9 @@ from neuron_compiler.logs import artifact, current_compile_id, log
 from neuron_compiler.options import NeuronOptions
 from neuron_compiler.partition import (is_compute_node, is_nki_op_node, lowering_api, op_name,
                                        split_out)
-from neuron_compiler.program_cache import (PROGRAM_CACHE, _from_disk,
-                                           _process_local, _Program, _to_disk,
-                                           program_cache_info, program_key)  # noqa: F401 (re-export)
+from neuron_compiler.program_cache import (PROGRAM_CACHE, CachedProgram,  # noqa: F401
+                                           from_disk_entry, process_local, program_cache_info,
+                                           program_key, to_disk_entry)     # (re-exports)
 from neuron_compiler.profile import (FallbackEntry, GraphRecord, PartitionFailure,
                                      active_profiles, graph_call)
 from neuron_compiler.upcast import needs_upcast, run_upcast, upcast_graph
@@ -216,20 +217,6 @@ def hbm_capacity_bytes(target: object) -> int:
 
 
 # ---- residency (neuron_compiler.device.residency) ---------------------------------------------
-
-
-def _charge_out(producer: Producer | None, t: torch.Tensor, profs: tuple) -> None:
-    """Device -> host copy of ``t`` (on the host link of its producer's target)."""
-    if not profs:
-        return
-    if producer is None:
-        raise AssertionError("device-only data without a producing partition")
-    nbytes = tensor_bytes(t)
-    ns = assumptions_of(producer[0]).transfer_ns(nbytes, transfers=1)
-    for p in profs:
-        p.note_transfer_out(producer, ns, nbytes)
-
-
 def read_on_host(value: object, profs: tuple, graph: GraphRecord | None = None) -> None:
     """A host consumer reads every tensor in ``value``: copy device-only data out. The payload
     of a ``neuron`` device tensor is copied out at every read (the host keeps no copy of it),
@@ -246,7 +233,7 @@ def read_on_host(value: object, profs: tuple, graph: GraphRecord | None = None) 
             continue
         copy, producer = RESIDENCY.to_host(t)
         if copy:
-            _charge_out(producer, t, profs)
+            charge_transfer_out(producer, t, profs)
 
 
 # ---- eager fallback ----------------------------------------------------------------------------
@@ -312,7 +299,7 @@ class _Compiled:
     """One specialisation of a partition: its (shared) program, or the reason it has none."""
 
     signature: Signature
-    program: _Program | None = None
+    program: CachedProgram | None = None
     out_meta: list[torch.Tensor] = field(default_factory=list)
     failure: PartitionFailure | None = None
     eager: GraphModule | None = None
@@ -400,7 +387,8 @@ class DevicePartition(torch.nn.Module):
                 if k in self.device_outputs:
                     RESIDENCY.own(o)       # tracked even without a version counter
                 elif not RESIDENCY.produced(o, self.target.name, producer):
-                    _charge_out(producer, o, profs)    # untracked: it leaves the device at once
+                    # untracked: it leaves the device at once
+                    charge_transfer_out(producer, o, profs)
         return out
 
     def _input_names(self) -> list[str]:
@@ -480,7 +468,7 @@ class DevicePartition(torch.nn.Module):
             where = self.target.name if perm is None else f"{self.target.name} as {perm}"
             send, producer, fetch = RESIDENCY.to_device(t, where)
             if fetch:                                  # device-only data of another target
-                _charge_out(producer, t, profs)
+                charge_transfer_out(producer, t, profs)
             if send:
                 sent += 1
                 nbytes += tensor_bytes(t)
@@ -509,7 +497,7 @@ class DevicePartition(torch.nn.Module):
         req = cache_request(key[0], key[1], key[2], self.options.target) if disk else None
         disk_key = request_key(req) if req is not None else ""
         if prog is None and disk is not None:
-            prog = _from_disk(disk.load(disk_key), api, need_files)
+            prog = from_disk_entry(disk.load(disk_key), api, need_files)
             disk_hit = prog is not None
             if prog is not None:
                 prog.on_disk.add(disk.root)
@@ -530,7 +518,7 @@ class DevicePartition(torch.nn.Module):
             # lowered now, or earlier in this process by a compile without this cache_dir
             # (then an entry another process wrote is kept: it may carry stage files)
             kept = not lowered and os.path.exists(disk.path(disk_key))
-            if kept or disk.store(disk_key, _to_disk(prog)) is not None:
+            if kept or disk.store(disk_key, to_disk_entry(prog)) is not None:
                 prog.on_disk.add(disk.root)
         if hit or disk_hit:
             if writer is not None:
@@ -569,23 +557,23 @@ class DevicePartition(torch.nn.Module):
         self._log_compile(sig, prog, dt, hit, disk_hit)
         return entry
 
-    def _store_timing(self, prog: _Program) -> None:
+    def _store_timing(self, prog: CachedProgram) -> None:
         """Rewrite ``prog``'s disk entries with its timing statistics, once it has been timed
         (a timing result depends only on the program: see ``neuron_compiler.cache``)."""
         if prog.request is None or getattr(prog.compiled, "_timing", None) is None:
             return
         for root in prog.on_disk - prog.timed_on_disk:
-            disk_cache(root).store(request_key(prog.request), _to_disk(prog))
+            disk_cache(root).store(request_key(prog.request), to_disk_entry(prog))
             prog.timed_on_disk.add(root)
 
     def _disk_cache(self, gm: GraphModule) -> DiskCache | None:
         """The on-disk cache when ``cache_dir`` is set and ``gm``'s key can be shared between
         processes (a graph holding Python objects is keyed by their ids: never shared)."""
-        if self.options.cache_dir is None or _process_local(gm):
+        if self.options.cache_dir is None or process_local(gm):
             return None
         return disk_cache(self.options.cache_dir)
 
-    def _log_compile(self, sig: Signature, prog: _Program, dt: float, hit: bool,
+    def _log_compile(self, sig: Signature, prog: CachedProgram, dt: float, hit: bool,
                      disk_hit: bool | None) -> None:
         """Log one specialisation's compile and emit its tlparse artifact (see ``logs``)."""
         where = f"{self.graph.name}/{self.name}"
@@ -611,7 +599,7 @@ class DevicePartition(torch.nn.Module):
             "instructions_per_queue": queues}, compile_id=self.compile_id)
 
     def _lower(self, api: object, gm: GraphModule, specs: list, sig: Signature,
-               writer: object | None) -> _Program:
+               writer: object | None) -> CachedProgram:
         files: list[tuple[str, str]] | None = [] if writer is not None else None
 
         def capture(filename: str, text: str) -> None:
@@ -619,7 +607,7 @@ class DevicePartition(torch.nn.Module):
             writer(filename, text)  # type: ignore[operator]
 
         dump = capture if writer is not None else None
-        prog = _Program(f"{self.graph.name}/{self.name} {describe_signature(sig)}", files)
+        prog = CachedProgram(f"{self.graph.name}/{self.name} {describe_signature(sig)}", files)
         try:
             lnc = {"lnc": self.options.lnc} if self.options.lnc != 1 else {}
             prog.compiled = api.compile_graph(gm, specs, self.options.target,  # type: ignore

@@ -2,8 +2,8 @@
 
 torch's own decomposition of ``_scaled_dot_product_flash_attention_for_cpu`` returns the
 attention probabilities where the op returns the logsumexp its backward reads, so a training
-graph decomposed with it gets silently wrong gradients (``backend._flash_attention_for_cpu``
-returns the true logsumexp). The loss here also reads the present key/value outputs, whose
+graph decomposed with it gets silently wrong gradients
+(``lowering.policy.flash_attention_for_cpu`` returns the true logsumexp). The loss here also reads the present key/value outputs, whose
 tangents reach the backward laid out like the permuted forward outputs (a view the fake
 propagation of the backward partition must follow: ``frontend.fake_values``)."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_sdpa_backward_on_the_device(dtype, tol, mask):
     a causal, a boolean and an additive mask and a scale; nothing falls back; a halved gradient
     fails the comparison. With dropout the op is not decomposed."""
     import torch.nn.functional as F
-    from neuron_compiler.backend import _flash_attention_for_cpu_backward
+    from lowering.policy import flash_attention_for_cpu_backward
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 40, dtype=dtype) for n in (130, 140, 140))
     g = torch.randn(2, 3, 130, 40, dtype=dtype)
@@ -92,4 +92,4 @@ def test_sdpa_backward_on_the_device(dtype, tol, mask):
         torch.testing.assert_close((grads[0][0] * 0.5).float(), b.float(), rtol=tol,
                                    atol=tol * max(1.0, float(b.abs().max())))
     z = torch.zeros(1, 1, 4, 8)
-    assert _flash_attention_for_cpu_backward(z, z, z, z, z, z[..., 0], 0.1, False) is NotImplemented
+    assert flash_attention_for_cpu_backward(z, z, z, z, z, z[..., 0], 0.1, False) is NotImplemented

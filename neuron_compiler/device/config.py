@@ -23,7 +23,7 @@ import os
 from functools import lru_cache
 
 from neuron_compiler.errors import NeuronFallbackError, NeuronOptionError
-from neuron_compiler.options import FALLBACK_POLICIES, TARGETS, NeuronOptions
+from neuron_compiler.options import DEFAULT_TARGET, FALLBACK_POLICIES, TARGETS, NeuronOptions
 
 TARGET_ENV = "NEURON_DEVICE_TARGET"
 FALLBACK_ENV = "NEURON_DEVICE_FALLBACK"
@@ -52,7 +52,8 @@ def _check(key: str, value: object, allowed: tuple[str, ...]) -> str:
 
 
 _STATE = {
-    "target": _check(f"target (${TARGET_ENV})", os.environ.get(TARGET_ENV) or "trn2", TARGETS),
+    "target": _check(f"target (${TARGET_ENV})", os.environ.get(TARGET_ENV) or DEFAULT_TARGET,
+                     TARGETS),
     "fallback": _check(f"fallback (${FALLBACK_ENV})", os.environ.get(FALLBACK_ENV) or "allow",
                        FALLBACK_POLICIES),
 }

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from neuron_compiler.device.registration import single_threaded_backward
+from neuron_compiler.device.accelerators import single_threaded_backward
 from neuron_compiler.device.residency import tensor_bytes
 from neuron_compiler.device.tensor import (DEVICE_TYPE, NeuronTensor, is_real, payload_of,
                                            wrap)

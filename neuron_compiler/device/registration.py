@@ -28,7 +28,13 @@
    interpreter exit it can abort the process ("terminate called without an active
    exception"). On a torch build without another accelerator, every thread that runs a
    device op gets ``torch.autograd.set_multithreading_enabled(False)`` (``single_threaded_
-   backward``): its backward runs on the calling thread, as a CPU backward always does.
+   backward``, ``neuron_compiler.device.accelerators``): its backward runs on the calling
+   thread, as a CPU backward always does.
+
+5. ``NeuronTensor``'s handlers are installed (``tensor.install_handlers``): every ATen op goes
+   to ``dispatch.dispatch``, ``F.scaled_dot_product_attention`` to
+   ``attention.fused_attention``. Those modules build on ``tensor.py``, which cannot import
+   them: this step, run from the package's ``register_device`` only, joins them.
 
 Invariants
 - Registration happens at most once per process; when PrivateUse1 is already renamed to another
@@ -39,13 +45,15 @@ Invariants
 """
 from __future__ import annotations
 
-import threading
 import types
 import warnings
 
 import torch
 
-from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor
+from neuron_compiler.device.accelerators import other_accelerator_built, single_threaded_backward
+from neuron_compiler.device.attention import fused_attention
+from neuron_compiler.device.dispatch import copy_between, dispatch
+from neuron_compiler.device.tensor import DEVICE_TYPE, NeuronTensor, install_handlers
 
 FACTORIES = (
     "empty.memory_format", "empty_strided", "zeros", "ones", "full", "arange", "arange.start",
@@ -74,34 +82,12 @@ def _factory_kernel(op: torch._ops.OpOverload):  # noqa: ANN202
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``torch.tensor(data, device="neuron")`` copies with the Python key excluded: this
     PrivateUse1 kernel of ``aten._copy_from`` does that copy (``dispatch._copy_``)."""
-    from neuron_compiler.device.dispatch import copy_between
     return copy_between(dst, src)
 
 
 def _pin_memory(self: torch.Tensor, device: object = None) -> torch.Tensor:
     """Host memory "pinned" for the simulated device is ordinary memory (module docstring)."""
     return self.clone()
-
-
-def _other_accelerator_built() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    xpu = getattr(torch, "xpu", None)
-    return (torch.version.cuda is not None or torch.version.hip is not None
-            or bool(mps is not None and mps.is_available())
-            or bool(xpu is not None and xpu.is_available()))
-
-
-_THREADS = threading.local()
-
-
-def single_threaded_backward() -> None:
-    """Backward on the calling thread for this thread (module docstring, 4); cheap after the
-    first call in a thread; a no-op on builds with another accelerator."""
-    if getattr(_THREADS, "done", False):
-        return
-    _THREADS.done = True
-    if not _other_accelerator_built():
-        torch._C._set_multithreading_enabled(False)
 
 
 def _setup(module: types.ModuleType) -> None:
@@ -117,6 +103,7 @@ def _setup(module: types.ModuleType) -> None:
 
 def register(module: types.ModuleType) -> bool:
     """Register the ``neuron`` device (module docstring); True when it is available."""
+    install_handlers(dispatch=dispatch, attention=fused_attention)
     if _STATE["registered"]:
         return _STATE["unavailable"] is None
     _STATE["registered"] = True
@@ -133,7 +120,7 @@ def register(module: types.ModuleType) -> bool:
     for name in FACTORIES:
         lib.impl(name, _factory_kernel(_overload(name)), "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
-    if not _other_accelerator_built():
+    if not other_accelerator_built():
         lib.impl("_pin_memory", _pin_memory, "CPU")
     single_threaded_backward()
     _STATE["library"] = lib          # kept alive: dropping it unregisters the kernels

@@ -6,6 +6,11 @@ A wrapper tensor subclass (``torch.Tensor._make_wrapper_subclass``) whose device
 reaches ``__torch_dispatch__`` (``neuron_compiler.device.dispatch``), below autograd: the
 backward's ops are ATen ops too.
 
+The handlers (``dispatch.dispatch`` for every ATen op, ``attention.fused_attention`` for
+``F.scaled_dot_product_attention``) build on this module, so it does not import them: the
+device's registration installs them (``install_handlers``), once, when ``neuron_compiler`` is
+imported, before any device tensor can exist.
+
 Invariants
 - The wrapper's sizes, strides, storage offset and dtype are its payload's; a view of a device
   tensor has a payload that is the same view of its base's payload (in-place writes through a
@@ -20,11 +25,23 @@ Invariants
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from neuron_compiler.device.residency import DEVICE_PAYLOAD_ATTR, RESIDENCY, tensor_bytes
+from neuron_compiler.device.transfers import charge_user_copy
 
 DEVICE_TYPE = "neuron"
+
+_HANDLERS: dict[str, Callable[..., object]] = {}
+
+
+def install_handlers(dispatch: Callable[..., object], attention: Callable[..., object]) -> None:
+    """Where ``NeuronTensor`` sends its ops (module docstring): ``dispatch(func, args, kwargs)``
+    for every ATen op, ``attention(*args, **kwargs)`` (a result or ``NotImplemented``) for
+    ``F.scaled_dot_product_attention``; called by ``registration.register``."""
+    _HANDLERS.update(dispatch=dispatch, attention=attention)
 
 
 def device() -> torch.device:
@@ -49,8 +66,7 @@ class NeuronTensor(torch.Tensor):
         it takes the CPU flash kernel's op, which the lowering runs whole."""
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
-            from neuron_compiler.device.attention import fused_attention
-            out = fused_attention(*args, **kwargs)
+            out = _HANDLERS["attention"](*args, **kwargs)
             if out is not NotImplemented:
                 return out
         with torch._C.DisableTorchFunctionSubclass():
@@ -103,8 +119,7 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        from neuron_compiler.device.dispatch import dispatch
-        return dispatch(func, args, kwargs or {})
+        return _HANDLERS["dispatch"](func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents: str | None = None) -> str:  # noqa: D105
         from torch._tensor_str import _add_suffixes, _tensor_str
@@ -112,7 +127,6 @@ class NeuronTensor(torch.Tensor):
         if not is_real(p):
             return (f"NeuronTensor(size={tuple(self.shape)}, dtype={self.dtype}, "
                     f"device='{self.device}', payload={type(p).__name__})")
-        from neuron_compiler.device.transfers import charge_user_copy
         charge_user_copy("to_host", tensor_bytes(p))
         prefix = "tensor("
         suffixes = [f"device='{self.device}'"]

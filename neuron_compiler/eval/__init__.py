@@ -4,7 +4,8 @@
     neuron-eval mypkg.models:make --baseline report.json --max-slowdown 0.05
 
 Modules: ``zoo`` (MODEL -> model and inputs), ``measure`` (eager reference, compile,
-steady state per target), ``accuracy`` (per-output metrics and per-dtype thresholds),
+steady state per target), ``entries`` (the configuration and per-target report entries that
+``measure`` and ``generate`` share), ``accuracy`` (per-output metrics and per-dtype thresholds),
 ``prices`` (instance prices, HBM capacities, cost model), ``train`` (``--train``),
 ``generate`` (``--generate N``: TTFT, TPOT, KV cache, tokens against eager's), ``baseline`` (regressions),
 ``report`` (terminal table), ``html_report`` (``--html``), ``cli`` (flags, exit codes). The JSON schema is in docs/eval.md.

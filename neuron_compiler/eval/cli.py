@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace):
-    from neuron_compiler.eval import prices
+    import neuron_compiler.eval.prices as prices
     from neuron_compiler.eval.accuracy import parse_threshold_flags
     from neuron_compiler.eval.baseline import Limits
     from neuron_compiler.eval.measure import EvalConfig

@@ -51,6 +51,8 @@ import torch
 import neuron_compiler
 from neuron_compiler.buckets import bucket_prompt, prompt_buckets
 from neuron_compiler.eval.accuracy import dtype_name
+from neuron_compiler.eval.entries import (CompileFailure, CountingBackend, call_latency,
+                                          compile_entry, target_entry, target_options)
 from neuron_compiler.eval.zoo import LoadedModel, ModelSpecError
 
 DEFAULT_PROMPT_LEN = 8
@@ -255,18 +257,15 @@ def eager_generate(loaded: LoadedModel, cfg) -> tuple[dict, dict]:
 
 
 def _latency(d: dict) -> float:
-    from neuron_compiler.eval.measure import _call_latency
-    return sum(_call_latency(d))
+    return sum(call_latency(d))
 
 
 def run_generate(loaded: LoadedModel, ref: dict, model_info: dict, target: str,
                  cfg) -> tuple[dict, dict, list[dict]]:
     """(targets[target], compile.targets[target], accuracy rows) of ``--generate`` on one
-    target (module docstring); raises ``measure.CompileFailure``."""
+    target (module docstring); raises ``entries.CompileFailure``."""
     from neuron_compiler.eval.accuracy import compare_outputs
     from neuron_compiler.eval.flops import HostFlops
-    from neuron_compiler.eval.measure import (CompileFailure, CountingBackend, compile_entry,
-                                              target_entry, target_options)
     torch._dynamo.reset()
     options = target_options(cfg, target)
     backend = CountingBackend(options)

@@ -1,4 +1,5 @@
-"""``install_aliases()``: let unchanged NKI kernel files import this front end.
+"""``install(package)`` (``neuron_compiler.nki.install_aliases()``): let unchanged NKI kernel
+files import this front end.
 
 After it, ``import nki``, ``import nki.language as nl``, ``import nki.isa as nisa``,
 ``from neuronxcc import nki``, ``import neuronxcc.nki.language as nl`` (and ``.isa``,
@@ -6,8 +7,11 @@ After it, ``import nki``, ``import nki.language as nl``, ``import nki.isa as nis
 ``neuronxcc``) that no installed package provides: a real Neuron SDK is never shadowed (a
 directory of that name without ``__init__.py``, a namespace package, does not count).
 
-Invariant: the aliases are ``sys.modules`` entries and nothing else; ``uninstall_aliases()``
-removes exactly the entries ``install_aliases()`` added.
+Invariants
+- The aliases are ``sys.modules`` entries and nothing else; ``uninstall()`` removes exactly the
+  entries ``install()`` added.
+- The package to alias is an argument: this module imports nothing of the front end (the
+  package's ``__init__`` imports it and passes itself).
 """
 from __future__ import annotations
 
@@ -32,10 +36,10 @@ def _real(top: str) -> bool:
     return spec is not None and spec.origin not in (None, "namespace")
 
 
-def install_aliases() -> dict[str, str]:
-    """Install the aliases (module docstring); return ``{module name: what it resolves to}``
-    for every name now served by this front end (empty when a real install owns both)."""
-    from neuron_compiler import nki as pkg
+def install(pkg: types.ModuleType) -> dict[str, str]:
+    """Install the aliases of ``pkg`` (``neuron_compiler.nki``; module docstring); return
+    ``{module name: what it resolves to}`` for every name now served by this front end (empty
+    when a real install owns both)."""
     mods = {f"nki.{s}": getattr(pkg, s) for s in _SUBMODULES}
     done: dict[str, str] = {}
 
@@ -63,7 +67,7 @@ def install_aliases() -> dict[str, str]:
     return done
 
 
-def uninstall_aliases() -> None:
-    """Remove every ``sys.modules`` entry ``install_aliases`` added."""
+def uninstall() -> None:
+    """Remove every ``sys.modules`` entry ``install`` added."""
     while _ADDED:
         sys.modules.pop(_ADDED.pop(), None)

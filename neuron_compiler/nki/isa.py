@@ -16,7 +16,7 @@ import enum
 
 from runtime_sim.isa import ActFunc, DType, Memory
 
-from . import ops
+import neuron_compiler.nki.ops as ops
 from .index import IndexExpr
 from .language import act_of, alu_of
 from .tensor import NkiTensor, to_dtype

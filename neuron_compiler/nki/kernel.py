@@ -245,8 +245,8 @@ class Kernel:
 
 
 def _tracer_active() -> bool:
-    from .tracer import _ACTIVE
-    return _ACTIVE.get() is not None
+    from .tracer import active
+    return active() is not None
 
 
 def _param_names(fn, n: int) -> list[str]:

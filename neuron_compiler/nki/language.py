@@ -20,11 +20,12 @@ import numpy as np
 
 from runtime_sim.isa import ActFunc, AluOp, DType, Memory
 
-from . import ops
+import neuron_compiler.nki.ops as ops
 from .index import arange, ds, mgrid  # noqa: F401  (public nl names)
 from .tensor import (NkiTensor, hbm, np_dtype, par_dim, private_hbm, psum, sbuf,  # noqa: F401
                      shared_hbm, to_dtype)
-from .tracer import current
+from .ops import ALU_BY_NAME  # noqa: F401  (nl.ALU_BY_NAME, as before)
+from .tracer import active, current
 
 # ---- dtypes -----------------------------------------------------------------------------------
 float32 = np.float32
@@ -66,9 +67,8 @@ class _TileSize:
     """``nl.tile_size``: the machine's tile limits on the active target (trn2 outside a kernel)."""
 
     def _t(self):
-        from .tracer import _ACTIVE
         from runtime_sim.targets import get_target
-        t = _ACTIVE.get()
+        t = active()
         return t.target if t is not None else get_target("trn2")
 
     @property
@@ -394,9 +394,6 @@ def device_print(*args, **kwargs) -> None:
 
 
 # ---- operator identifiers (nisa op= arguments) -----------------------------------------------------
-
-ALU_BY_NAME = {"add": AluOp.ADD, "subtract": AluOp.SUBTRACT, "multiply": AluOp.MULTIPLY,
-               "divide": AluOp.DIVIDE}
 
 ALU_OF: dict = {}
 for _f, _op in ((add, AluOp.ADD), (subtract, AluOp.SUBTRACT), (multiply, AluOp.MULTIPLY),

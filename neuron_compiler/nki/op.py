@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 
 from neuron_compiler.device.residency import RESIDENCY, tensor_bytes
+from neuron_compiler.device.transfers import charge_transfer_out
 from neuron_compiler.profile import GraphRecord, active_profiles
 from runtime_sim.errors import MachineError
 
@@ -108,7 +109,6 @@ class NkiOpCall(torch.nn.Module):
 
     def forward(self, *args: object, **kwargs: object) -> object:
         from neuron_compiler.assumptions import assumptions_of
-        from neuron_compiler.runtime import _charge_out
         from torch.utils._pytree import tree_leaves
         profs = active_profiles()
         target = self.graph.target
@@ -121,7 +121,7 @@ class NkiOpCall(torch.nn.Module):
             seen.add(id(t))
             send, producer, fetch = RESIDENCY.to_device(t, target)
             if fetch:
-                _charge_out(producer, t, profs)
+                charge_transfer_out(producer, t, profs)
             if send:
                 sent, nbytes = sent + 1, nbytes + tensor_bytes(t)
         ns = assumptions_of(self.graph).transfer_ns(nbytes, transfers=sent) if sent else 0.0
@@ -141,5 +141,5 @@ class NkiOpCall(torch.nn.Module):
         for o in tree_leaves(out):
             if isinstance(o, torch.Tensor) and id(o) not in inputs:
                 if not RESIDENCY.produced(o, target, producer):
-                    _charge_out(producer, o, profs)
+                    charge_transfer_out(producer, o, profs)
         return out

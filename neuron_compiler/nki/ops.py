@@ -587,9 +587,13 @@ def _cut_dst(dst: NkiTensor, value: NkiTensor) -> NkiTensor:
     return dst
 
 
+# the in-place operators' names (``a += b``: ``update(a, b, "add")``, operators.py)
+ALU_BY_NAME = {"add": AluOp.ADD, "subtract": AluOp.SUBTRACT, "multiply": AluOp.MULTIPLY,
+               "divide": AluOp.DIVIDE}
+
+
 def update(dst: NkiTensor, value, op: str) -> None:
     """``dst op= value`` in place (module docstring for matmuls into PSUM)."""
-    from .language import ALU_BY_NAME
     alu = ALU_BY_NAME[op]
     if (isinstance(value, PendingMatmul) and value._tile is None and dst.memory is Memory.PSUM
             and alu is AluOp.ADD and not value.transpose):

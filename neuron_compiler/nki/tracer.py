@@ -62,6 +62,11 @@ _ACTIVE: contextvars.ContextVar["Tracer | None"] = contextvars.ContextVar("nki_t
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def active() -> "Tracer | None":
+    """The tracer of the kernel being traced, or None outside a kernel."""
+    return _ACTIVE.get()
+
+
 def current() -> "Tracer":
     t = _ACTIVE.get()
     if t is None:
