@@ -22,12 +22,13 @@ def _check_ref(kp: KProgram, r: TensorRef, where: str) -> None:
         raise LoweringError(f"{where}: unknown buffer %{r.buffer}")
     if r.numel == 0:
         return
-    hi = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides))
+    # the extreme elements: positive strides walk up from the offset, negative ones down
+    hi = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides) if st > 0)
     lo = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides) if st < 0)
     n = kp.buffers[r.buffer].numel
     if lo < 0 or hi >= max(n, 1):
-        raise LoweringError(f"{where}: view {r} reaches element {hi} of %{r.buffer} "
-                            f"which has {n} elements")
+        raise LoweringError(f"{where}: view {r} reaches element {lo if lo < 0 else hi} of "
+                            f"%{r.buffer} which has {n} elements")
 
 
 def verify_kir(kp: KProgram) -> None:
