@@ -49,3 +49,11 @@ def regex(template: str) -> str:
 
 def sites_matching(message: str, templates) -> list[str]:
     return [t for t in templates if re.fullmatch(regex(t), message, re.DOTALL)]
+
+
+def assert_covered(covered, sites: list[str]) -> None:
+    """The templates the tests cover are exactly the sites, and no two sites share one."""
+    assert sorted(covered) == sorted(set(sites)), (
+        f"sites without a test: {sorted(set(sites) - set(covered))}; "
+        f"tests of no site: {sorted(set(covered) - set(sites))}")
+    assert len(sites) == len(set(sites)), "two sites share a message; make them distinguishable"
