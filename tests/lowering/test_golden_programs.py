@@ -13,14 +13,12 @@ Regenerate after an intended change exactly as test_golden.py says (``UPDATE_GOL
 """
 from __future__ import annotations
 
-import difflib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lowering_helpers import check, rand
-from test_golden import GOLDEN, IR_FILES, _update_requested
+from test_golden import IR_FILES, assert_golden
 
 FILES = IR_FILES + ("sync.txt", "program.txt")
 
@@ -57,23 +55,7 @@ def _kernels(low) -> list[str]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_golden_programs(name, request):
-    low = _lower(name)
-    update = _update_requested(request.config)
-    failures = []
-    for f in FILES:
-        actual = low.dumps[f].rstrip("\n") + "\n"
-        path = GOLDEN / name / f
-        if update:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(actual)
-        elif not path.exists():
-            failures.append(f"{path} is missing; run with --update-golden or UPDATE_GOLDEN=1")
-        elif path.read_text() != actual:
-            failures.append("".join(difflib.unified_diff(
-                path.read_text().splitlines(True), actual.splitlines(True),
-                f"golden/{name}/{f}", f"actual/{name}/{f}")))
-    assert not failures, "\n".join(failures) + \
-        "\n(if the change is intended: rerun with --update-golden or UPDATE_GOLDEN=1)"
+    assert_golden(name, _lower(name).dumps, FILES, request.config)
 
 
 def test_golden_cases_are_what_they_claim():
