@@ -31,6 +31,10 @@ def _check_ref(kp: KProgram, r: TensorRef, where: str) -> None:
                             f"%{r.buffer} which has {n} elements")
 
 
+# the operands the shape rules below index (a kind absent here has no shape rule)
+_MIN_INPUTS = {KKind.POINTWISE: 0, KKind.MATMUL: 2}
+
+
 def verify_kir(kp: KProgram) -> None:
     written = {n for n, b in kp.buffers.items() if b.role is Role.INPUT}
     for i, k in enumerate(kp.kernels):
@@ -40,6 +44,10 @@ def verify_kir(kp: KProgram) -> None:
         for r in k.ins:
             if r.buffer not in written and r.numel:
                 raise LoweringError(f"{where}: reads %{r.buffer} before any kernel writes it")
+        n_in = _MIN_INPUTS.get(k.kind)
+        if n_in is not None and (len(k.ins) < n_in or not k.outs):
+            raise LoweringError(f"{where}: expected at least {n_in} inputs and 1 output, got "
+                                f"{len(k.ins)} and {len(k.outs)}")
         if k.kind is KKind.POINTWISE:
             assert isinstance(k.attrs, PointwiseAttrs)
             for r in k.ins:

@@ -68,6 +68,9 @@ CASES = {
         lambda: with_kernel(base(), 1, ins=(ref("t", 1, 4, 6), ref("b", 1, 4, 6, offset=4))),
     "{}: reads %{} before any kernel writes it":
         lambda: KProgram(base().buffers, base().kernels[1:], base().inputs, base().outputs),
+    "{}: expected at least {} inputs and 1 output, got {} and {}":
+        # a matmul without its B operand (the verifier used to fail with an IndexError)
+        lambda: with_kernel(base(), 0, ins=(ref("x", 1, 4, 8),)),
     "assert isinstance(k.attrs, PointwiseAttrs)":
         lambda: with_kernel(base(), 1, attrs=MatmulKAttrs()),
     "{}: pointwise input {} does not have the output shape {}":
@@ -109,6 +112,12 @@ def _flipped_b(offset: int) -> KProgram:
     ``aten.flip`` makes: rows walk down from ``offset`` while columns walk up."""
     view = TensorRef("b", F32, (1, 4, 6), (24, -6, 1), offset)
     return with_kernel(base(), 1, ins=(ref("t", 1, 4, 6), view))
+
+
+def test_pointwise_without_output():
+    """The arity site for the other kind it covers (also an IndexError before)."""
+    with pytest.raises(LoweringError, match=r"expected at least 0 inputs and 1 output, got 2 and 0"):
+        verify_kir(with_kernel(base(), 1, outs=()))
 
 
 def test_views_with_negative_strides():
