@@ -22,12 +22,17 @@ def _check_ref(kp: KProgram, r: TensorRef, where: str) -> None:
         raise LoweringError(f"{where}: unknown buffer %{r.buffer}")
     if r.numel == 0:
         return
-    hi = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides))
+    # the extreme elements: positive strides walk up from the offset, negative ones down
+    hi = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides) if st > 0)
     lo = r.offset + sum((s - 1) * st for s, st in zip(r.shape, r.strides) if st < 0)
     n = kp.buffers[r.buffer].numel
     if lo < 0 or hi >= max(n, 1):
-        raise LoweringError(f"{where}: view {r} reaches element {hi} of %{r.buffer} "
-                            f"which has {n} elements")
+        raise LoweringError(f"{where}: view {r} reaches element {lo if lo < 0 else hi} of "
+                            f"%{r.buffer} which has {n} elements")
+
+
+# the operands the shape rules below index (a kind absent here has no shape rule)
+_MIN_INPUTS = {KKind.POINTWISE: 0, KKind.MATMUL: 2}
 
 
 def verify_kir(kp: KProgram) -> None:
@@ -39,6 +44,10 @@ def verify_kir(kp: KProgram) -> None:
         for r in k.ins:
             if r.buffer not in written and r.numel:
                 raise LoweringError(f"{where}: reads %{r.buffer} before any kernel writes it")
+        n_in = _MIN_INPUTS.get(k.kind)
+        if n_in is not None and (len(k.ins) < n_in or not k.outs):
+            raise LoweringError(f"{where}: expected at least {n_in} inputs and 1 output, got "
+                                f"{len(k.ins)} and {len(k.outs)}")
         if k.kind is KKind.POINTWISE:
             assert isinstance(k.attrs, PointwiseAttrs)
             for r in k.ins:

@@ -10,21 +10,25 @@ Checks, each error naming the instruction and what was expected:
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 from lowering.errors import LoweringError
 from lowering.tir.analysis import Structure
-from lowering.tir.ir import TAP, TProgram
+from lowering.tir.ir import TAP, Loop, Stmt, TProgram
 from runtime_sim.isa import Memory
 
 
 def verify_tir(tp: TProgram, st: Structure | None = None) -> None:
-    st = st or Structure(tp)
+    """``st`` is accepted for the pipeline's call but not needed: the checks walk the statement
+    tree, since ``Structure.loop_of_var`` keeps one loop per variable and cannot show a variable
+    that two loops use."""
     seen_vars: set[str] = set()
-    for var, lp in st.loop_of_var.items():
-        if var in seen_vars:
-            raise LoweringError(f"tile IR: loop variable {var} is used by two loops")
-        seen_vars.add(var)
+    for lp in _loops(tp.body):
+        if lp.var in seen_vars:
+            raise LoweringError(f"tile IR: loop variable {lp.var} is used by two loops")
+        seen_vars.add(lp.var)
         if lp.count < 2:
-            raise LoweringError(f"tile IR: loop {var} runs {lp.count} times (expected >= 2)")
+            raise LoweringError(f"tile IR: loop {lp.var} runs {lp.count} times (expected >= 2)")
     last = -1
     for ins, loops in tp.instrs():
         where = f"tile IR instruction {ins.sid} ({ins.op.value}, {ins.tag})"
@@ -38,6 +42,13 @@ def verify_tir(tp: TProgram, st: Structure | None = None) -> None:
             for v in e.vars:
                 if v not in counts:
                     raise LoweringError(f"{where}: uses loop variable {v} outside its loop")
+
+
+def _loops(body: tuple[Stmt, ...]) -> Iterator[Loop]:
+    for s in body:
+        if isinstance(s, Loop):
+            yield s
+            yield from _loops(s.body)
 
 
 def _check_access(tp: TProgram, a: TAP, counts: dict[str, int], where: str) -> None:

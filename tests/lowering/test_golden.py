@@ -61,15 +61,14 @@ def _update_requested(config) -> bool:
         os.environ.get("UPDATE_GOLDEN") == "1"
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_golden_dumps(name, request):
-    fn, make_inputs, files, scale = CASES[name]
-    low = check(fn, *make_inputs(), scale=scale)
-    update = _update_requested(request.config)
+def golden_failures(case: str, dumps: dict[str, str], files, config) -> list[str]:
+    """Compare ``dumps[f]`` with ``GOLDEN/case/f`` for each file (or rewrite them when an update
+    is requested); the unified diff of each difference, or the missing file."""
+    update = _update_requested(config)
     failures = []
     for f in files:
-        actual = low.dumps[f].rstrip("\n") + "\n"
-        path = GOLDEN / name / f
+        actual = dumps[f].rstrip("\n") + "\n"
+        path = GOLDEN / case / f
         if update:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(actual)
@@ -80,10 +79,22 @@ def test_golden_dumps(name, request):
         expected = path.read_text()
         if expected != actual:
             diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
-                                                f"golden/{name}/{f}", f"actual/{name}/{f}"))
+                                                f"golden/{case}/{f}", f"actual/{case}/{f}"))
             failures.append(diff)
+    return failures
+
+
+def assert_golden(case: str, dumps: dict[str, str], files, config) -> None:
+    failures = golden_failures(case, dumps, files, config)
     assert not failures, "\n".join(failures) + \
         "\n(if the change is intended: rerun with --update-golden or UPDATE_GOLDEN=1)"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_golden_dumps(name, request):
+    fn, make_inputs, files, scale = CASES[name]
+    low = check(fn, *make_inputs(), scale=scale)
+    assert_golden(name, low.dumps, files, request.config)
 
 
 def test_mlp_gelu_is_fused_into_the_matmul_epilogue():
