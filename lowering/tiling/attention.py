@@ -472,10 +472,11 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,
            Dv: int, masks: dict | None, psum_free: int, pe_mask: bool = False) -> None:
     """Batch items (the innermost batch axis) that are one step each (all queries in one group,
-    all keys in one block), software-pipelined ``U`` items deep: item t's P^T transposes, then
+    all keys in one block), software-pipelined ``U`` items deep: item t+1's P^T transposes, then
     item t+U-1's early stage (loads, products, row max, exp), then item t's second products and
     normalisation, every engine finding work of another item ahead of the one that waits
-    (TensorE runs the next item's products while P^T is copied out of PSUM).
+    (TensorE runs the next item's products while P^T is copied out of PSUM, and item t's P^T,
+    transposed a step earlier into its set's tile, is in SBUF when its second products come).
     Under a causal mask where every row sees a key, the mask is added to the scores by TensorE
     (``S += I.T @ mask`` with the mask in bf16 at -2^126: exact, and the row max then reads
     PSUM directly instead of a VectorE pass writing the masked scores to SBUF).
@@ -516,7 +517,9 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
              else b.tile(f"op{j}_{u}", Memory.PSUM, qr, Dv, F32, 1) for j, (_, qr) in enumerate(blocks)]
         P = [b.tile(f"p{j}_{u}", Memory.SBUF, qr, KB, pdt) for j, (_, qr) in enumerate(blocks)]
         L = [b.tile(f"l{j}_{u}", Memory.SBUF, qr, 1, F32) for j, (_, qr) in enumerate(blocks)]
-        sets.append((S, O, P, L))
+        PT = [b.tile(f"pt{j}_{u}", Memory.SBUF, min(kw, 128), -(-kw // 128) * qr, pdt, 1)
+              for j, (_, qr) in enumerate(blocks)]
+        sets.append((S, O, P, L, PT))
 
     # heads of 32 or 64, adjacent in memory (a fused QKV projection's output): Q^T and K^T of
     # two heads per DMA transpose ([rows, 2 x D] -> [2 x D, rows]: half the transfers, on twice
@@ -586,7 +589,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
 
     def early(item: Affine, u: int) -> None:
         bidx = outer + (item,)
-        S, O, P, L = sets[u]
+        S, O, P, L, _ = sets[u]
         qts = []
         if pairs:
             half = (item - u % 2) // 2
@@ -637,44 +640,66 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
             b.activation(P[j].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=act_scale, bias_ap=nm,
                          reduce=AluOp.ADD, accum=L[j].ap())
 
-    def late_t(item: Affine, u: int):
-        bidx = outer + (item,)
-        S, O, P, L = sets[u]
-        vt = _resident_v(b, k.ins[2], bidx, kw, Dv) or _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
+    def late_t(item: Affine, u: int) -> None:
+        """Item ``item``'s P^T into its set's tiles: a step ahead of its second products."""
+        S, O, P, L, PT = sets[u]
         nsub = -(-kw // 128)
-        pts = [_transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32)
-               for j, (q0, qr) in enumerate(blocks)]
-        return vt, pts
+        for j, (q0, qr) in enumerate(blocks):
+            _transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32, pt=PT[j])
 
-    def late(item: Affine, u: int, vp=None) -> None:
+    def late(item: Affine, u: int, rls: list) -> None:
         bidx = outer + (item,)
-        S, O, P, L = sets[u]
-        vt, pts = vp if vp is not None else late_t(item, u)
+        S, O, P, L, PT = sets[u]
+        vt = _resident_v(b, k.ins[2], bidx, kw, Dv) or _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
+        pts = [PT[j].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),)) for j, (_, qr) in enumerate(blocks)]
         for j, (q0, qr) in enumerate(blocks):
             for s0, sw in b.tiled(kw, 128, "pv"):
                 sub = s0 // 128
                 b.matmul(O[j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
                          start_when=(s0,))
         for j, (q0, qr) in enumerate(blocks):
+            _store(b, k, bidx, q0, qr, Dv, O[j].ap(), *rls[j])
+
+    def recips(u: int) -> list:
+        """Per block, the normaliser of the item of set ``u`` and its op: its 1 / l on ScalarE
+        (times the rows-with-keys flags under a TensorE bias), issued before the step's exps so
+        that it never waits behind them, or l itself for a divide."""
+        S, O, P, L, PT = sets[u]
+        out = []
+        for j, (q0, qr) in enumerate(blocks):
             den = L[j].ap()
             if clamp:
                 d = b.tile("den", Memory.SBUF, qr, 1, F32).ap()
                 b.tensor_scalar(d, den, AluOp.MAX, TINY)
                 den = d
+            if not pe_bias:     # O / l in the normalising instruction: no ScalarE hop
+                out.append((den, None, AluOp.DIVIDE))
+                continue
             rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
-            b.activation(rl, den, ActFunc.RECIPROCAL, scale_ap=okinv[j] if pe_bias else None)
-            _store(b, k, bidx, q0, qr, Dv, O[j].ap(), rl)
+            b.activation(rl, den, ActFunc.RECIPROCAL, scale_ap=okinv[j])
+            out.append((rl, None, AluOp.MULTIPLY))
+        return out
 
+    # with U >= 3 item t's P^T transposes come a step ahead of its second products (item t+1's
+    # in step t), so TensorE never waits for a P^T copy between an item's transposes and the
+    # next item's; with U = 2 item t+1's exp is issued in step t itself, so they stay in step t
+    ahead = 1 if U >= 3 else 0
     for t in range(min(U - 1, n)):
         early(aff(t), t)
+    if ahead:
+        late_t(aff(0), 0)
     Lp = (n - U + 1) // U if n >= U else 0
     if Lp:
         with b.loop(Lp, "it") as i:
             for r in range(U):
-                vp = late_t(U * i + r, r)
+                late_t(U * i + r + ahead, (r + ahead) % U)
+                rls = recips(r)
                 early(U * i + r + U - 1, (r + U - 1) % U)
-                late(U * i + r, r, vp)
+                late(U * i + r, r, rls)
     for t in range(U * Lp, n):               # the rest, unrolled
+        if t + ahead < n:
+            late_t(aff(t + ahead), (t + ahead) % U)
+        rls = recips(t % U)
         if t + U - 1 < n:
             early(aff(t + U - 1), (t + U - 1) % U)
-        late(aff(t), t % U)
+        late(aff(t), t % U, rls)
