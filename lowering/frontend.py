@@ -1,4 +1,5 @@
-"""ATen FX graph -> kernel-level IR (``kir.KProgram``), one registry rule per node.
+"""ATen FX graph -> kernel-level IR (``kir.KProgram``), one registry rule per node (looked up
+through ``registry.get_rule``, which loads every op family; the rules get a ``lower_ctx.LowerCtx``).
 
 The partition is specialised on concrete input shapes: node values are the graph's own
 ``meta['val']`` when those are static and were traced on C-contiguous inputs of the
@@ -13,8 +14,6 @@ Invariants
 """
 from __future__ import annotations
 
-import math
-
 import operator
 from typing import Any
 
@@ -22,62 +21,11 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lowering.compiled import TORCH_TO_DTYPE, TensorSpec
+from lowering.compiled import TensorSpec
 from lowering.errors import LoweringError, Unsupported
-from lowering.kir import HbmTensor, KOp, KProgram, Role, TensorRef, contiguous_strides
-from lowering.registry import get_rule, op_name
-from runtime_sim.isa import DType
-
-
-def machine_dtype(dt: torch.dtype, op: str = "") -> DType:
-    try:
-        return TORCH_TO_DTYPE[dt]
-    except KeyError:
-        raise Unsupported(op or "tensor", f"dtype {dt} has no machine type") from None
-
-
-class LowerCtx:
-    """What a lowering rule may do: allocate HBM tensors, emit kernels, read node values."""
-
-    def __init__(self, vals: dict[fx.Node, Any]):
-        self.kp = KProgram()
-        self.vals = vals
-        self.node: fx.Node | None = None
-        self._n = 0
-
-    # -- values ---------------------------------------------------------------------------
-    def val(self, node: fx.Node) -> Any:
-        """The fake-tensor value (concrete shapes) of ``node``."""
-        return self.vals[node]
-
-    @property
-    def out_val(self) -> Any:
-        assert self.node is not None
-        return self.vals[self.node]
-
-    @property
-    def op(self) -> str:
-        return op_name(self.node.target) if self.node is not None else "?"
-
-    # -- buffers and kernels -------------------------------------------------------------
-    def new_tensor(self, shape: tuple[int, ...], dtype: DType | torch.dtype,
-                   role: Role = Role.TEMP, hint: str = "t") -> TensorRef:
-        if isinstance(dtype, torch.dtype):
-            dtype = machine_dtype(dtype, self.op)
-        name = f"{hint}{self._n}"
-        self._n += 1
-        shape = tuple(int(s) for s in shape)
-        self.kp.buffers[name] = HbmTensor(name, math.prod(shape), dtype, role)
-        return TensorRef(name, dtype, shape, contiguous_strides(shape), 0)
-
-    def new_like_out(self, hint: str = "t") -> TensorRef:
-        v = self.out_val
-        return self.new_tensor(tuple(v.shape), v.dtype, hint=hint)
-
-    def emit(self, kop: KOp) -> None:
-        if self.node is not None and not kop.origin:
-            kop = KOp(kop.kind, kop.outs, kop.ins, kop.attrs, (self.node.name,))
-        self.kp.kernels.append(kop)
+from lowering.kir import HbmTensor, KProgram, Role, TensorRef, contiguous_strides
+from lowering.lower_ctx import LowerCtx
+from lowering.registry import get_rule
 
 
 def _static(v: Any) -> bool:

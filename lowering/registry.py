@@ -1,76 +1,32 @@
 """The lowering registry: ATen ``OpOverload`` -> rule. Membership IS the support table.
 
-A rule turns one FX node into kernel-level IR through a ``LowerCtx`` (see ``frontend.py``).
+A rule turns one FX node into kernel-level IR through a ``LowerCtx`` (see ``lower_ctx.py``).
 ``why_unsupported`` answers the partitioner: None when the node can be lowered, else a reason
 naming the op, the constraint and the actual value.
 
-Invariants
-- One rule per overload; registering twice is an error (one file per op family registers).
-- A rule's ``check`` sees only what is known before shapes are concrete (``meta['val']`` may have
-  symbolic sizes); constraints that need concrete sizes raise ``Unsupported`` in the rule itself.
+Layers: the table (``registry_table.py``: ``REGISTRY``, ``register``, the dtype sets) sits below
+the op families (``lowering/ops/<family>.py``), which register into it when imported; this
+module sits above them: every lookup here (``get_rule``, ``why_unsupported``,
+``supported_ops``) first loads all families (``_ensure_loaded``: ``import lowering.ops``).
+Nothing under ``lowering/ops`` imports this module. The table's invariants (one rule per
+overload; ``check`` sees only what is known before shapes are concrete) are in its docstring.
 """
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
 
-FLOAT_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
-MASK_DTYPES = frozenset({torch.bool})
-INDEX_DTYPES = frozenset({torch.int64, torch.int32})
-FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
-
-LowerFn = Callable[..., Any]
-CheckFn = Callable[[fx.Node], "str | None"]
-
-
-@dataclass(frozen=True)
-class Rule:
-    target: Any
-    lower: LowerFn
-    dtypes: frozenset
-    check: CheckFn | None
-    family: str
-
-
-REGISTRY: dict[Any, Rule] = {}
-# ops that are deliberately not lowered, with the reason the fallback table shows (not in the
-# support table: they run in eager PyTorch)
-DECLINED: dict[Any, str] = {
-    torch.ops.aten.nonzero.default: "data-dependent output shape (the number of non-zero elements "
-                                    "is only known at run time; a static-shape program cannot "
-                                    "hold it)",
-    torch.ops.aten._local_scalar_dense.default: "reads a device value back to the host (.item()) "
-                                                "for Python control flow",
-}
-
-
-def register(*targets, dtypes: frozenset = FLOAT_DTYPES, check: CheckFn | None = None):
-    """Decorator: ``@register(aten.mul.Tensor, aten.mul.Scalar)`` on ``fn(ctx, node, *args,
-    **kwargs)``. ``dtypes`` bounds every tensor input and output of the node."""
-
-    def deco(fn: LowerFn) -> LowerFn:
-        family = fn.__module__.rsplit(".", 1)[-1]
-        for t in targets:
-            if t in REGISTRY:
-                raise RuntimeError(f"two lowerings registered for {t}")
-            REGISTRY[t] = Rule(t, fn, dtypes, check, family)
-        return fn
-
-    return deco
+# the table itself (rules register there; re-exported here for the registry's users)
+from lowering.registry_table import (DECLINED, FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES,  # noqa: F401
+                                     MASK_DTYPES, REGISTRY, CheckFn, LowerFn, Rule, op_name, register)
 
 
 def _ensure_loaded() -> None:
     import lowering.ops  # noqa: F401  (registers every op family)
-
-
-def op_name(target: Any) -> str:
-    if target is operator.getitem:
-        return "getitem"
-    return str(target)
 
 
 def _tensor_vals(node: fx.Node) -> list[torch.Tensor]:

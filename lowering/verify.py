@@ -78,6 +78,6 @@ def verify_kir(kp: KProgram) -> None:
 
 @without_cyclic_gc
 def verify_program(program: Program) -> None:
-    from runtime_sim.checks import check_program
+    from runtime_sim.checks_program import check_program
     from runtime_sim.targets import get_target
     check_program(program, get_target(program.target))

@@ -26,8 +26,8 @@ from .targets import DEFAULT_TARGET, TARGETS, TRN1, TRN2, TRN3, Target, get_targ
 from .stats import SimResult, SimStats, TraceEvent
 from .checks import (AccessPatternError, AlignmentError, BoundsError, CapacityError,
                      DeadlockError, EngineError, InputError, MachineError, OperandError,
-                     ProgramError, PsumAccumulateError, RaceError, UninitializedReadError,
-                     check_program)
+                     ProgramError, PsumAccumulateError, RaceError, UninitializedReadError)
+from .checks_program import check_program
 from .costs import COSTS, Cost, instr_cost
 from .semantics import SEMANTICS
 from .simulator import simulate

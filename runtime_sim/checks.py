@@ -7,8 +7,9 @@ broken. When the error is about an instruction it names the instruction as ``<qu
     dve #12: tensor_tensor(op=add) sbuf:x[p32:+48 ...] <- ...
       partition alignment: Pattern accesses 48 (> 32) partitions starting at partition 32
 
-Static rules (checked once per program, before it runs; ``simulate(checks=False)`` skips them;
-a looped stream is checked per static instruction, see checks_loops.py)
+Static rules (checked once per program, before it runs, by ``checks_program.check_program``;
+``simulate(checks=False)`` skips them; a looped stream is checked per static instruction, see
+checks_loops.py)
 - Buffers: unique names; SBUF/PSUM buffers have ``1 <= partitions <= 128``, an ``offset`` that is
   set and non-negative, and ``offset + bytes_per_partition`` within the partition size
   (CapacityError). Buffers may overlap in address space (the planner reuses memory over time);
@@ -72,7 +73,8 @@ from .isa import (ATTRS_OF_OP, AP, ENGINES_OF_OP, ActivationAttrs, AluOp, BnAggr
                   TensorReduceAttrs, TensorScalarAttrs, TensorTensorScanAttrs, indirect_layout,
                   DOUBLE_ROW_PACK, FP8_DTYPES, X4_ELEMENT, MatmulAttrs, MatmulMxAttrs, MatmulPerfMode,
                   matmul_kmn)
-from .loops import Stream
+from .checks_common import check_col, check_nsrcs, check_same_pf
+from .checks_nc4 import NC4_RULES, r_mx
 from .targets import Target
 
 
@@ -245,22 +247,6 @@ _REDUCIBLE = frozenset({AluOp.ADD, AluOp.MULTIPLY, AluOp.MAX, AluOp.MIN, AluOp.A
                         AluOp.LOGICAL_AND, AluOp.LOGICAL_OR, AluOp.LOGICAL_XOR})
 
 
-def _nsrcs(ins: Instr, n: int) -> None:
-    if len(ins.srcs) != n:
-        raise OperandError(f"{ins.op.value} takes {n} source APs here, got {len(ins.srcs)}")
-
-
-def _same_pf(a: AP, b: AP, what: str) -> None:
-    if a.partitions != b.partitions or a.free_size != b.free_size:
-        raise OperandError(f"{what}: expected [{b.partitions} partitions x {b.free_size}] elements, "
-                           f"got [{a.partitions} x {a.free_size}] ({a})")
-
-
-def _col(a: AP, p: int, what: str) -> None:
-    if a.partitions != p or a.free_size != 1:
-        raise OperandError(f"{what}: expected a [{p}, 1] per-partition operand, got [{a.partitions} x {a.free_size}] ({a})")
-
-
 def check_instr(ins: Instr, queue: Queue, bufs: dict[str, Buffer], target: Target) -> list[APGeom]:
     """Check one instruction; return the geometry of its operands (dst, accum, srcs order)."""
     check_waits(ins)
@@ -328,7 +314,7 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
 
 
 def _r_dma(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     s, d = ins.srcs[0], ins.dst
     assert d is not None
     if s.dtype is not d.dtype:
@@ -351,7 +337,7 @@ _INDEX_DTYPES = (DType.INT32, DType.INT64)
 
 
 def _r_indirect(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 2)
+    check_nsrcs(ins, 2)
     name = ins.op.value
     scatter = ins.op is Op.DMA_SCATTER
     data, table = (ins.srcs[0], ins.dst) if scatter else (ins.dst, ins.srcs[0])
@@ -411,7 +397,7 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
         raise OperandError("matmul perf_mode=mx goes with MatmulMxAttrs (its scale offsets), and "
                            f"MatmulMxAttrs with perf_mode=mx; got {type(ins.attrs).__name__} "
                            f"perf_mode={ins.attrs.perf_mode.value}")
-    _nsrcs(ins, 4 if mx else 2)
+    check_nsrcs(ins, 4 if mx else 2)
     st, mv = ins.srcs[:2]
     d = ins.dst
     assert d is not None
@@ -421,7 +407,6 @@ def _r_matmul(ins: Instr, q: Queue, t: Target) -> None:
         if not a.dtype.is_float and not (mx and a.dtype in X4_ELEMENT):
             raise OperandError(f"matmul {name} must be a float type, got {a.dtype.value}")
     if mx:
-        from .checks_nc4 import r_mx     # NC-v4 operand rules (imports this module's helpers)
         r_mx(ins, t)
     elif st.dtype is not mv.dtype:
         raise OperandError(f"matmul stationary and moving must share a dtype, got {st.dtype.value} and {mv.dtype.value}")
@@ -541,7 +526,7 @@ def psum_group_error(g: APGeom, bank: int, o: tuple[int, int, int, int] | None) 
 
 
 def _r_transpose(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     s, d = ins.srcs[0], ins.dst
     assert d is not None
     p, f = s.partitions, s.free_size
@@ -562,48 +547,48 @@ def _r_transpose(ins: Instr, q: Queue, t: Target) -> None:
 def _r_activation(ins: Instr, q: Queue, t: Target) -> None:
     a = ins.attrs
     assert isinstance(a, ActivationAttrs) and ins.dst is not None
-    _nsrcs(ins, 1 + int(a.bias_from_src) + int(a.scale_from_src))
-    _same_pf(ins.dst, ins.srcs[0], "activation dst")
+    check_nsrcs(ins, 1 + int(a.bias_from_src) + int(a.scale_from_src))
+    check_same_pf(ins.dst, ins.srcs[0], "activation dst")
     for k in range(1, len(ins.srcs)):
-        _col(ins.srcs[k], ins.srcs[0].partitions, "activation bias/scale")
+        check_col(ins.srcs[k], ins.srcs[0].partitions, "activation bias/scale")
     if (a.reduce is None) != (ins.accum is None):
         raise OperandError("activation: reduce and accum must be given together")
     if ins.accum is not None:
-        _col(ins.accum, ins.srcs[0].partitions, "activation accum")
+        check_col(ins.accum, ins.srcs[0].partitions, "activation accum")
         if a.reduce not in _REDUCIBLE:
             raise OperandError(f"activation reduce op {a.reduce} is not a reduction")
 
 
 def _r_tt(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 2)
+    check_nsrcs(ins, 2)
     assert ins.dst is not None
-    _same_pf(ins.srcs[0], ins.dst, "tensor_tensor src0")
-    _same_pf(ins.srcs[1], ins.dst, "tensor_tensor src1")
+    check_same_pf(ins.srcs[0], ins.dst, "tensor_tensor src0")
+    check_same_pf(ins.srcs[1], ins.dst, "tensor_tensor src1")
 
 
 def _r_scan(ins: Instr, q: Queue, t: Target) -> None:
     a = ins.attrs
     assert isinstance(a, TensorTensorScanAttrs) and ins.dst is not None
-    _nsrcs(ins, 3 if a.initial_from_src else 2)
-    _same_pf(ins.srcs[0], ins.dst, "tensor_tensor_scan src0")
-    _same_pf(ins.srcs[1], ins.dst, "tensor_tensor_scan src1")
+    check_nsrcs(ins, 3 if a.initial_from_src else 2)
+    check_same_pf(ins.srcs[0], ins.dst, "tensor_tensor_scan src0")
+    check_same_pf(ins.srcs[1], ins.dst, "tensor_tensor_scan src1")
     if a.initial_from_src:
-        _col(ins.srcs[2], ins.dst.partitions, "tensor_tensor_scan initial")
+        check_col(ins.srcs[2], ins.dst.partitions, "tensor_tensor_scan initial")
 
 
 def _r_ts(ins: Instr, q: Queue, t: Target) -> None:
     a = ins.attrs
     assert isinstance(a, TensorScalarAttrs) and ins.dst is not None
-    _nsrcs(ins, 1 + int(a.operand0_from_src) + int(a.operand1_from_src and a.op1 is not None))
-    _same_pf(ins.srcs[0], ins.dst, "tensor_scalar src")
+    check_nsrcs(ins, 1 + int(a.operand0_from_src) + int(a.operand1_from_src and a.op1 is not None))
+    check_same_pf(ins.srcs[0], ins.dst, "tensor_scalar src")
     for k in range(1, len(ins.srcs)):
-        _col(ins.srcs[k], ins.dst.partitions, "tensor_scalar operand")
+        check_col(ins.srcs[k], ins.dst.partitions, "tensor_scalar operand")
 
 
 def _r_reduce(ins: Instr, q: Queue, t: Target) -> None:
     a = ins.attrs
     assert isinstance(a, TensorReduceAttrs) and ins.dst is not None
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     s = ins.srcs[0]
     if not 1 <= a.num_axes <= len(s.dims):
         raise OperandError(f"tensor_reduce num_axes must be in [1, {len(s.dims)}], got {a.num_axes}")
@@ -618,13 +603,13 @@ def _r_reduce(ins: Instr, q: Queue, t: Target) -> None:
 
 
 def _r_copy(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     assert ins.dst is not None
-    _same_pf(ins.srcs[0], ins.dst, "tensor_copy src")
+    check_same_pf(ins.srcs[0], ins.dst, "tensor_copy src")
 
 
 def _r_none(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 0)
+    check_nsrcs(ins, 0)
     if ins.op is Op.IOTA:
         a = ins.attrs
         assert isinstance(a, IotaAttrs) and ins.dst is not None
@@ -633,14 +618,14 @@ def _r_none(ins: Instr, q: Queue, t: Target) -> None:
 
 
 def _r_select(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 3)
+    check_nsrcs(ins, 3)
     assert ins.dst is not None
     for k in range(3):
-        _same_pf(ins.srcs[k], ins.dst, f"select src{k}")
+        check_same_pf(ins.srcs[k], ins.dst, f"select src{k}")
 
 
 def _r_bn_stats(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     assert ins.dst is not None
     s = ins.srcs[0]
     if s.free_size > 512:
@@ -649,7 +634,7 @@ def _r_bn_stats(ins: Instr, q: Queue, t: Target) -> None:
 
 
 def _r_bn_aggr(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     assert ins.dst is not None
     s = ins.srcs[0]
     if isinstance(ins.attrs, BnAggrNkiAttrs):
@@ -666,7 +651,7 @@ SELECT8_MAX = 16384   # data elements per partition of max8 / find_index8 / matc
 
 def _r_select8(ins: Instr, q: Queue, t: Target) -> None:
     op = ins.op.value
-    _nsrcs(ins, 1 if ins.op is Op.MAX8 else 2)
+    check_nsrcs(ins, 1 if ins.op is Op.MAX8 else 2)
     assert ins.dst is not None
     data = ins.srcs[0]
     lo = 1 if ins.op is Op.MATCH_REPLACE8 else 8
@@ -676,7 +661,7 @@ def _r_select8(ins: Instr, q: Queue, t: Target) -> None:
     if ins.op is not Op.MAX8:
         _col_n(ins.srcs[1], data.partitions, 8, f"{op} vals")
     if ins.op is Op.MATCH_REPLACE8:
-        _same_pf(ins.dst, data, f"{op} dst")
+        check_same_pf(ins.dst, data, f"{op} dst")
         return
     _col_n(ins.dst, data.partitions, 8, f"{op} dst")
     if ins.op is Op.FIND_INDEX8 and ins.dst.dtype is not DType.INT32:
@@ -684,12 +669,12 @@ def _r_select8(ins: Instr, q: Queue, t: Target) -> None:
 
 
 def _r_rand(ins: Instr, q: Queue, t: Target) -> None:
-    _nsrcs(ins, 2)
+    check_nsrcs(ins, 2)
     assert ins.dst is not None
     p = ins.dst.partitions
     key, ctr = ins.srcs
     _col_n(key, p, 2, "rand_philox key")
-    _col(ctr, p, "rand_philox counter")
+    check_col(ctr, p, "rand_philox counter")
     for a, what in ((key, "key"), (ctr, "counter")):
         if a.dtype not in (DType.INT32, DType.INT64):
             raise OperandError(f"rand_philox {what} must be int32/int64, got {a.dtype.value}")
@@ -711,31 +696,5 @@ _OPERAND_RULES = {
     Op.SELECT: _r_select, Op.BN_STATS: _r_bn_stats, Op.BN_AGGR: _r_bn_aggr,
     Op.DMA_GATHER: _r_indirect, Op.DMA_SCATTER: _r_indirect, Op.MAX8: _r_select8,
     Op.FIND_INDEX8: _r_select8, Op.MATCH_REPLACE8: _r_select8, Op.RAND_PHILOX: _r_rand,
+    **NC4_RULES,
 }
-
-
-from .checks_nc4 import NC4_RULES  # noqa: E402  (after the helpers it imports from here)
-_OPERAND_RULES.update(NC4_RULES)
-
-
-def check_program(program: Program, target: Target | str | None = None) -> None:
-    """Run every static rule over a program; raise the first violation (naming the instruction).
-    ``target`` defaults to the program's own target name."""
-    if not isinstance(target, Target):
-        from .targets import get_target
-        target = get_target(target or program.target)
-    bufs = check_buffers(program, target)
-    for q, stream in program.streams.items():
-        if isinstance(stream, Stream):
-            from .checks_loops import check_stream   # per static instruction, see there
-            check_stream(q, stream, bufs, target)
-            continue
-        groups = PsumGroups(target)
-        for i, ins in enumerate(stream):
-            try:
-                geoms = check_instr(ins, q, bufs, target)
-                if ins.op in (Op.MATMUL, Op.TRANSPOSE) and q.engine is EngineKind.TENSOR:
-                    check_psum_bank(geoms[0], target, ins.op.value, psum_banks_of(ins, target))
-                    groups.step(ins, geoms[0])
-            except MachineError as e:
-                raise e.with_context(q, i, ins) from None

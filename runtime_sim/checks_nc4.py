@@ -7,7 +7,7 @@ nki/api/nki/isa/__init__.py, with line numbers). Layouts: isa.MatmulMxAttrs, isa
 isa.ExponentialAttrs; docs/simulator.md section 8."""
 from __future__ import annotations
 
-from .checks import _col, _nsrcs, _same_pf
+from .checks_common import check_col, check_nsrcs, check_same_pf
 from .errors import EngineError, OperandError
 from .isa import (X4_ELEMENT, matmul_kmn, AP, EXP_ACCUM_DTYPES, EXP_DST_DTYPES, EXP_SRC_DTYPES, MX_EMAX, MX_PACK, MX_QUADRANT,
                   MX_SCALE_OFFSETS, DType, ExponentialAttrs, Instr, MatmulMxAttrs, Memory, Op, Queue,
@@ -81,9 +81,9 @@ def _r_exponential(ins: Instr, q: Queue, t: Target) -> None:
             f"exponential (VectorE fast exponential) is not available on {t.name} ({t.neuron_core}): "
             f"nki.isa.exponential is \"Available only on NeuronCore-v4 and newer\" (ISA3 L2287; "
             f"trainium3_arch.rst L179); use activation(exp) on ScalarE")
-    _nsrcs(ins, 1 + int(a.max_from_src) + int(a.init_from_src))
+    check_nsrcs(ins, 1 + int(a.max_from_src) + int(a.init_from_src))
     src, dst = ins.srcs[0], ins.dst
-    _same_pf(dst, src, "exponential dst")
+    check_same_pf(dst, src, "exponential dst")
     if src.dtype not in EXP_SRC_DTYPES:
         raise OperandError(f"exponential src dtype {src.dtype.value} is not supported (ISA3 L2336: "
                            f"{sorted(x.value for x in EXP_SRC_DTYPES)})")
@@ -92,7 +92,7 @@ def _r_exponential(ins: Instr, q: Queue, t: Target) -> None:
                            f"{sorted(x.value for x in EXP_DST_DTYPES)})")
     names = (["max_value"] if a.max_from_src else []) + (["reduce_init"] if a.init_from_src else [])
     for k, name in enumerate(names, start=1):
-        _col(ins.srcs[k], src.partitions, f"exponential {name}")
+        check_col(ins.srcs[k], src.partitions, f"exponential {name}")
         if ins.srcs[k].dtype is not DType.FP32:
             raise OperandError(f"exponential {name} must be fp32 (ISA3 L2337, L2345), got "
                                f"{ins.srcs[k].dtype.value}")
@@ -101,7 +101,7 @@ def _r_exponential(ins: Instr, q: Queue, t: Target) -> None:
             raise OperandError("exponential reduce_init applies to a reduction: give accum (reduce_res), "
                                "or leave reduce_init 0 (ISA3 L2314)")
         return
-    _col(ins.accum, src.partitions, "exponential accum (reduce_res)")
+    check_col(ins.accum, src.partitions, "exponential accum (reduce_res)")
     if ins.accum.dtype not in EXP_ACCUM_DTYPES:
         raise OperandError(f"exponential accum (reduce_res) must be a float type (ISA3 L2338), got "
                            f"{ins.accum.dtype.value}")
@@ -115,7 +115,7 @@ def _r_quantize_mx(ins: Instr, q: Queue, t: Target) -> None:
         raise EngineError(
             f"quantize_mx (MXFP8 quantization) is not available on {t.name} ({t.neuron_core}): "
             f"\"Available only on NeuronCore-v4 and newer\" (ISA3 L2744-2746)")
-    _nsrcs(ins, 1)
+    check_nsrcs(ins, 1)
     src, dst = ins.srcs[0], ins.dst
     if src.dtype not in (DType.BF16, DType.FP16) or src.memory is not Memory.SBUF:
         raise OperandError(f"quantize_mx src must be bfloat16 or float16 in SBUF (ISA3 L2763, L2767), "
@@ -129,7 +129,7 @@ def _r_quantize_mx(ins: Instr, q: Queue, t: Target) -> None:
                                f"x4 elements for src [{src.partitions}, {src.free_size}], got "
                                f"[{dst.partitions}, {dst.free_size}]")
     else:
-        _same_pf(dst, src, "quantize_mx dst")
+        check_same_pf(dst, src, "quantize_mx dst")
     if dst.partition_start != src.partition_start:
         raise OperandError(f"quantize_mx dst must start on the src's partition {src.partition_start}, "
                            f"got {dst.partition_start}")

@@ -685,7 +685,7 @@ class TensorLanes(TensorRamp):
 
 class SharedPorts:
     """NC-v2 shared SBUF/PSUM ports (``Target.shared_ports``): an instruction whose port mask
-    (``sim_prepare.PORT_SBUF``: VectorE/GpSimdE touching SBUF; ``PORT_PSUM``: VectorE/ScalarE
+    (``sim_static.PORT_SBUF``: VectorE/GpSimdE touching SBUF; ``PORT_PSUM``: VectorE/ScalarE
     touching PSUM) names a port held by the *other* engine of that pair waits until it is released;
     it then holds the port for its busy time. Arbitration is in order of readiness."""
 

@@ -1,20 +1,12 @@
 """The simulator's precompute pass: everything about a program that does not depend on time.
 
-For every queue and instruction: its static cost (cached per *signature*: op, cost-relevant
-attributes, and each operand's memory, partition start and count, free dims and dtype; the
-instructions of a tiled loop share a few signatures), the dependent-instruction penalty, its
-waits and signals, the checked geometry of its operands (when checks are on), TensorE facts for
+For every queue and instruction: its static cost (cached per *signature*, ``sim_static.py``:
+op, cost-relevant attributes, and each operand's memory, partition start and count, free dims
+and dtype; the instructions of a tiled loop share a few signatures), the dependent-instruction
+penalty, its waits and signals, the checked geometry of its operands (when checks are on), TensorE facts for
 the dynamic model (exposed LoadStationary time), the NC-v2 shared-port mask, and the static
 statistics (FLOPs and their TensorE time at peak, transcendental ScalarE elements and their time
-at the ScalarE rate, DMA count and bytes, HBM bytes, spill bytes).
-
-Transcendental functions (``TRANSCENDENTAL``): the ``activation`` functions that only ScalarE's
-lookup tables compute -- exp, log, tanh, sigmoid, gelu (erf and tanh forms), silu, erf, sin, cos.
-Not in the set: sqrt, rsqrt and reciprocal (VectorE computes them with its ``pow`` / ``divide``
-ALU ops, so they are not work that must run on ScalarE), and identity/copy/relu/square/abs/sign/
-neg (VectorE work as well). Their time at the ScalarE rate is ``elements / (lanes x ScalarE
-clock x the 2-byte factor when input and output are 2-byte floats)``: one element per lane per
-cycle, all 128 lanes, no fixed cost, stride penalty or MIN_II floor.
+at the ScalarE rate, ``sim_static.TRANSCENDENTAL``; DMA count and bytes, HBM bytes, spill bytes).
 
 A looped stream (``loops.Stream``) is prepared per static instruction by
 ``sim_prepare_loops.prepare_stream`` into the same lists (unless dynamic checks need every
@@ -26,94 +18,18 @@ event loop over the lists built here.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Iterator
 
 from .checks import (MachineError, PsumGroups, check_ap, check_instr_shape, check_psum_bank,
                      check_waits, psum_banks_of)
-from .costs import Cost, clock_ghz, depends_on_previous, indirect_bytes, instr_cost
-from .isa import ActFunc, EngineKind, Instr, Memory, Op, Queue, matmul_kmn
+from .costs import Cost, clock_ghz, depends_on_previous
+from .isa import EngineKind, Instr, Op, Queue, matmul_kmn
 from .loops import Stream
+from .sim_prepare_loops import StreamPrep
+from .sim_static import COST_ATTRS, PENALIZED, QueueLists, StaticFacts, cost_signature, penalty_ns
 from .targets import Target
 
 ENGINE_NAMES = ("pe", "dve", "act", "pool", "dma")
-PENALIZED = (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD)  # dependent-instruction penalty
-PORT_SBUF, PORT_PSUM = 1, 2   # NC-v2 shared ports: VectorE/GpSimdE on SBUF, VectorE/ScalarE on PSUM
-TRANSCENDENTAL = frozenset({ActFunc.EXP, ActFunc.LOG, ActFunc.TANH, ActFunc.SIGMOID, ActFunc.GELU,
-                            ActFunc.GELU_TANH, ActFunc.SILU, ActFunc.ERF, ActFunc.SIN, ActFunc.COS})
-
-
-class _Static:
-    """Per-signature facts of an instruction: its cost and its static statistics."""
-
-    __slots__ = ("cost", "busy", "lat", "flops", "tensor_ns", "trans", "trans_ns", "dma_bytes",
-                 "hbm_bytes", "port")
-
-    def __init__(self, ins: Instr, q: Queue, tgt: Target) -> None:
-        self.cost = c = instr_cost(ins, q, tgt, None)
-        self.busy, self.lat = c.busy_ns, c.latency_ns
-        self.flops = 0
-        self.tensor_ns = 0.0
-        self.trans = 0             # transcendental elements (ScalarE activation)
-        self.trans_ns = 0.0
-        self.dma_bytes = 0
-        self.hbm_bytes = 0
-        self.port = 0
-        if ins.op is Op.MATMUL:
-            st = ins.srcs[0]
-            kk, mm, nn = matmul_kmn(ins)
-            self.flops = 2 * kk * mm * nn
-            self.tensor_ns = self.flops / tgt.peak_flops_per_ns(st.dtype.itemsize)
-        elif ins.op is Op.ACTIVATION and ins.attrs.func in TRANSCENDENTAL:  # type: ignore[union-attr]
-            s0 = ins.srcs[0]
-            self.trans = s0.partitions * s0.free_size
-            two = all(a.dtype.itemsize == 2 and a.dtype.is_float for a in (s0,) + ins.writes[:1])
-            lanes_per_ns = tgt.lanes * tgt.scalar_clock_ghz * (
-                tgt.scalar_bf16_factor if two else 1)
-            self.trans_ns = self.trans / lanes_per_ns
-        elif ins.op is Op.DMA_COPY:
-            s0, d0 = ins.srcs[0], ins.dst
-            assert d0 is not None
-            self.dma_bytes = s0.bytes
-            self.hbm_bytes = s0.bytes * ((s0.memory is Memory.HBM) + (d0.memory is Memory.HBM))
-        elif ins.op is Op.DMA_GATHER or ins.op is Op.DMA_SCATTER:
-            self.dma_bytes, _, self.hbm_bytes = indirect_bytes(ins)
-        elif tgt.shared_ports and ins.op is not Op.SEM:
-            mems = {a.memory for a in ins.writes + ins.srcs}
-            e = q.engine
-            if Memory.SBUF in mems and e in (EngineKind.VECTOR, EngineKind.GPSIMD):
-                self.port |= PORT_SBUF
-            if Memory.PSUM in mems and e in (EngineKind.VECTOR, EngineKind.SCALAR):
-                self.port |= PORT_PSUM
-
-
-# Which attributes the *cost* of an op depends on (the key used when checks are off; with checks
-# on the whole attrs object is part of the key, since the operand rules read all of it).
-_COST_ATTRS: dict[Op, Callable[[object], object]] = {
-    Op.DMA_COPY: lambda a: a.transpose, Op.MATMUL: lambda a: a.perf_mode, Op.TRANSPOSE: lambda a: None,
-    Op.ACTIVATION: lambda a: (a.reduce, a.func), Op.TENSOR_TENSOR: lambda a: a.op,
-    Op.TENSOR_TENSOR_SCAN: lambda a: a.initial_from_src,
-    Op.TENSOR_SCALAR: lambda a: (a.op0, a.reverse0, a.op1, a.reverse1),
-    Op.TENSOR_REDUCE: lambda a: a.op, Op.TENSOR_COPY: lambda a: None,
-    Op.MEMSET: lambda a: a.value == 0, Op.IOTA: lambda a: None, Op.SELECT: lambda a: None,
-    Op.BN_STATS: lambda a: None, Op.BN_AGGR: lambda a: None, Op.DMA_GATHER: lambda a: None,
-    Op.DMA_SCATTER: lambda a: a.accumulate, Op.MAX8: lambda a: None,
-    Op.FIND_INDEX8: lambda a: None, Op.MATCH_REPLACE8: lambda a: None,
-    Op.RAND_PHILOX: lambda a: None, Op.EXPONENTIAL: lambda a: None, Op.QUANTIZE_MX: lambda a: None,
-    Op.SEM: lambda a: None,
-}
-
-
-def _signature(ins: Instr, akey: object) -> tuple:
-    """Everything an instruction's cost and operand rules depend on, except byte offsets."""
-    d = ins.dst
-    k: tuple = (ins.op, akey) if d is None else (ins.op, akey, d.memory, d.partition_start, d.partitions,
-                                                 d.dims, d.dtype)
-    a = ins.accum
-    if a is not None:
-        k += (None, a.memory, a.partition_start, a.partitions, a.dims, a.dtype)
-    for a in ins.srcs:
-        k += (a.memory, a.partition_start, a.partitions, a.dims, a.dtype)
-    return k
 
 
 def _geoms(ins: Instr, eng: EngineKind, bufs: dict, apcache: dict, tgt: Target) -> tuple:
@@ -191,28 +107,6 @@ class Prepared:
                 self.static_busy[eng.value] += sum(st_l.busy) if sp is None else sp.busy_sum  # type: ignore[attr-defined]
 
 
-class QueueLists:
-    """One queue's per-instance lists (index = position in the stream) and its statistics."""
-
-    __slots__ = ("busy", "lat", "waits", "sigs", "dcost", "ports", "ls", "tr", "geoms", "wait_set",
-                 "sig_set", "nst", "spill")
-
-    def __init__(self) -> None:
-        self.busy: list[float] = []
-        self.lat: list[float] = []
-        self.waits: list[tuple] = []
-        self.sigs: list[tuple] = []
-        self.dcost: list[Cost] | None = None
-        self.ports: list[int] | None = None
-        self.ls: list[float] | None = None
-        self.tr: list[bool] | None = None
-        self.geoms: list[tuple] = []
-        self.wait_set: set[str] = set()
-        self.sig_set: set[str] = set()
-        self.nst: dict[_Static, int] = {}     # DMA / matmul / transcendental signatures -> count,
-        self.spill = 0                        # in order of first occurrence
-
-
 def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict,
             checks: bool, dynamic: bool) -> Prepared:
     """``streams[i]``: queue i's instructions, a tuple or (not with ``dynamic``) a
@@ -226,7 +120,6 @@ def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict
         sp = None
         if isinstance(stream, Stream):
             assert not dynamic, "dynamic checks run on materialized streams"
-            from .sim_prepare_loops import StreamPrep
             sp = StreamPrep(q, stream, tgt, bufs, checks, spill_names)
             chunks = sp.chunks()
             L = next(chunks)
@@ -268,13 +161,6 @@ def prepare(program, queues: list[Queue], streams: list, tgt: Target, bufs: dict
     return P
 
 
-def penalty_ns(eng: EngineKind, tgt: Target) -> float:
-    """The dependent-instruction penalty of a compute engine (0 on TensorE and DMA)."""
-    if eng in (EngineKind.VECTOR, EngineKind.SCALAR, EngineKind.GPSIMD):
-        return tgt.dependent_vector_penalty_cycles / clock_ghz(eng, tgt)
-    return 0.0
-
-
 def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, checks: bool,
                  dynamic: bool, apcache: dict, spill_names: set[str]) -> QueueLists:
     """A straight-line stream, instruction by instruction (equal objects computed once)."""
@@ -282,8 +168,8 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
     eng = q.engine
     clk = clock_ghz(eng, tgt)
     penalty = penalty_ns(eng, tgt)
-    cost_attrs = _COST_ATTRS
-    cache: dict[tuple, _Static] = {}
+    cost_attrs = COST_ATTRS
+    cache: dict[tuple, StaticFacts] = {}
     b_l, l_l, w_l, s_l, g_l = L.busy, L.lat, L.waits, L.sigs, L.geoms
     d_l: list[Cost] | None = [] if eng is EngineKind.DMA else None
     p_l: list[int] | None = [] if tgt.shared_ports and eng in PENALIZED else None
@@ -296,7 +182,7 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
     prev: Instr | None = None
     prev_buf: str | None = None
     q_wait_add, q_sig_update = L.wait_set.add, L.sig_set.update
-    icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (_Static, geoms)
+    icache: dict[tuple, tuple] = {}   # (op, ids of attrs and operands) -> (StaticFacts, geoms)
     nst = L.nst
     depc: dict[tuple, bool] = {}      # (ids of the previous writes, ids of the sources) -> dependent?
     last_sg = None
@@ -317,12 +203,12 @@ def _prepare_seq(q: Queue, stream: tuple[Instr, ...], tgt: Target, bufs: dict, c
         try:
             if hit is None:
                 ak = ins.attrs if checks else cost_attrs[op](ins.attrs)
-                key = _signature(ins, ak)
+                key = cost_signature(ins, ak)
                 st = cache.get(key)
                 if st is None:
                     if checks:
                         check_instr_shape(ins, q, tgt)
-                    st = cache[key] = _Static(ins, q, tgt)
+                    st = cache[key] = StaticFacts(ins, q, tgt)
                 gs = _geoms(ins, eng, bufs, apcache, tgt) if checks else None
                 icache[ikey] = (st, gs)
             else:

@@ -1,6 +1,6 @@
 """The simulator's precompute pass over a looped stream (``loops.Stream``), per static instruction.
 
-Produces, chunk by chunk, the same per-instance lists as ``sim_prepare._prepare_seq`` gives for
+Produces, chunk by chunk, the same per-instance lists as ``sim_prepare`` gives for
 the stream's straight-line expansion (busy and latency times, DMA costs, waits, signals, port
 masks, exposed LoadStationary times) and the same statistics, without an instruction object per
 instance:
@@ -33,7 +33,7 @@ from .checks_loops import check_stream
 from .costs import clock_ghz, depends_on_previous
 from .isa import Buffer, EngineKind, Instr, Op, Queue, matmul_kmn
 from .loops import Expansion, Looped, Stream, base_of, operands, units
-from .sim_prepare import _COST_ATTRS, PENALIZED, QueueLists, _signature, _Static, penalty_ns
+from .sim_static import COST_ATTRS, PENALIZED, QueueLists, StaticFacts, cost_signature, penalty_ns
 from .targets import Target
 
 
@@ -53,9 +53,9 @@ class StreamPrep:
         self.ports = tgt.shared_ports and eng in PENALIZED
         self.stats = QueueLists()             # nst, spill, wait/signal sets (no lists)
         self.busy_sum = 0.0
-        cache: dict[tuple, _Static] = {}
+        cache: dict[tuple, StaticFacts] = {}
         # id(template) -> (static of the base attributes, of the group-starting variant | None)
-        self.static: dict[int, tuple[_Static, _Static | None]] = {}
+        self.static: dict[int, tuple[StaticFacts, StaticFacts | None]] = {}
         self.spill: set[int] = set()          # ids of DMA templates that move spill bytes
         self.port_mask = 0
         self.has_matmul = False
@@ -65,15 +65,15 @@ class StreamPrep:
             if id(it) in self.static:
                 continue
             ins = base_of(it)
-            vs: list[_Static | None] = []
+            vs: list[StaticFacts | None] = []
             for v in (ins, _first_variant(it)):
                 if v is None:
                     vs.append(None)
                     continue
-                key = _signature(v, v.attrs if checks else _COST_ATTRS[v.op](v.attrs))
+                key = cost_signature(v, v.attrs if checks else COST_ATTRS[v.op](v.attrs))
                 st = cache.get(key)
                 if st is None:
-                    st = cache[key] = _Static(v, q, tgt)
+                    st = cache[key] = StaticFacts(v, q, tgt)
                 vs.append(st)
             self.static[id(it)] = (vs[0], vs[1])  # type: ignore[assignment]
             self.port_mask |= vs[0].port | (vs[1].port if vs[1] is not None else 0)  # type: ignore[union-attr]
@@ -98,7 +98,7 @@ class StreamPrep:
     def _chunk(self, ue: Expansion, outer: dict[str, int]) -> QueueLists:
         L = QueueLists()
         n = ue.n
-        groups: list[tuple[int, _Static, np.ndarray]] = []    # (template, static, positions)
+        groups: list[tuple[int, StaticFacts, np.ndarray]] = []    # (template, static, positions)
         for t, it in enumerate(ue.templates):
             if not ue.size[t]:
                 continue

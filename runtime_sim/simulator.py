@@ -74,7 +74,8 @@ from .memory import MachineMemory
 from .races import RaceDetector
 from .sim_report import _deadlock, _late_writer, _trace_args, _union
 from .semantics import SEMANTICS
-from .sim_prepare import ENGINE_NAMES, PORT_PSUM, PORT_SBUF, prepare
+from .sim_prepare import ENGINE_NAMES, prepare
+from .sim_static import PORT_PSUM, PORT_SBUF
 from .stats import SimResult, SimStats, TraceEvent
 from .targets import Target, get_target
 

@@ -10,7 +10,7 @@ Invariants
 - ``roofline_ns`` is the physical floor of the program's work on one NeuronCore, the largest of
   ``roofline_tensor_ns`` (matmul FLOPs at the TensorE peak for their dtype),
   ``roofline_scalar_ns`` (transcendental activation elements at the ScalarE rate; the set is
-  ``sim_prepare.TRANSCENDENTAL``) and ``roofline_hbm_ns`` (``min_hbm_bytes``, the compulsory
+  ``sim_static.TRANSCENDENTAL``) and ``roofline_hbm_ns`` (``min_hbm_bytes``, the compulsory
   traffic: every program input read once and every output written once, at the core's share of
   HBM bandwidth). It never grows with the bytes a program happens to move: that traffic is
   ``hbm_bytes``, reported beside it as ``traffic_ratio() = hbm_bytes / min_hbm_bytes`` (1.0 =

@@ -31,11 +31,11 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import AttentionKAttrs, EOp, Expr, KKind, KOp, TensorRef, one_batch_form, view_as
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -94,7 +94,7 @@ def _sdpa_cpu(ctx: LowerCtx, node: fx.Node, q: TensorRef, k: TensorRef, v: Tenso
         raise Unsupported(ctx.op, f"output strides {strides} of shape {shape} are not dense")
     buf = ctx.new_tensor((math.prod(shape),), out_val.dtype, hint="attn")
     out = TensorRef(buf.buffer, buf.dtype, shape, strides, 0)
-    kt = apply_view(k, _torch_dtype_of(k), lambda t: t.transpose(-2, -1))
+    kt = apply_view(k, torch_dtype_of(k), lambda t: t.transpose(-2, -1))
     # [N*H, ...] as the decomposed bmm saw it when every operand merges, else [N, H, ...]
     flat = view_as(out, (math.prod(shape[:2]),) + shape[2:])
     o, refs = ((flat is not None and one_batch_form(flat, (q, kt, v)))

@@ -26,11 +26,11 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, ScanKAttrs, ScanOp, TensorRef, const, load
-from lowering.ops.indexing import (GATHER_DTYPES, WRAP_LIMIT, _copy_into, _dtype_of, _expand,
-                                   _gather_kernel, _scatter_into, _scatter_kernel, emit_scatter_reduce)
-from lowering.registry import INDEX_DTYPES, register
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.indexing import (GATHER_DTYPES, WRAP_LIMIT, emit_copy, emit_gather, emit_scatter,
+                                   emit_scatter_reduce, expand_to, node_dtype, scatter_into)
+from lowering.registry_table import INDEX_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -46,7 +46,7 @@ def _check_embedding_bag(node: fx.Node) -> str | None:
     """1-d int32/int64 indices and offsets, float weight; modes sum, mean, max; only the output
     is used (the auxiliary outputs the backward reads fall back); at most 2**24 lookups."""
     for i, name in ((1, "indices"), (2, "offsets")):
-        dt = _dtype_of(node.args[i])
+        dt = node_dtype(node.args[i])
         if dt not in INDEX_DTYPES:
             return f"{name} must be int32 or int64, got {dt}"
     w = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
@@ -82,15 +82,15 @@ def embedding_bag(ctx: LowerCtx, node: fx.Node, weight: TensorRef, indices: Tens
     if L == 0 or B <= 0:
         zeros = ctx.new_tensor(tuple(out_val.shape), weight.dtype, hint="eb")
         if zeros.numel:
-            _copy_into(ctx, zeros, 0.0)
+            emit_copy(ctx, zeros, 0.0)
         return (zeros,) + (None,) * 3
     if B + 1 >= WRAP_LIMIT:
         raise Unsupported(ctx.op, f"{B} bags >= 2**24 (bag numbers are computed in fp32)")
     # bag of each lookup: ones at the offsets, a running count, minus one
     marks = ctx.new_tensor((L + 1,), F32, hint="eb")
-    _copy_into(ctx, marks, 0.0)
+    emit_copy(ctx, marks, 0.0)
     offs = TensorRef(offsets.buffer, offsets.dtype, (B,), offsets.strides, offsets.offset)
-    _scatter_into(ctx, marks, 0, offs, 1.0, True)
+    scatter_into(ctx, marks, 0, offs, 1.0, True)
     count = ctx.new_tensor((L + 1,), F32, hint="eb")
     ctx.emit(KOp(KKind.SCAN, (count,), (marks,), ScanKAttrs(0, ScanOp.SUM)))
     bag = ctx.new_tensor((L,), DType.INT32, hint="eb")
@@ -101,32 +101,32 @@ def embedding_bag(ctx: LowerCtx, node: fx.Node, weight: TensorRef, indices: Tens
     ctx.emit(KOp(KKind.POINTWISE, (bag,), (TensorRef(count.buffer, F32, (L,), (1,), 0), indices),
                  PointwiseAttrs(Expr(EOp.CAST, (c,), DType.INT32))))
     table = TensorRef(weight.buffer, weight.dtype, (L, V, D), (0,) + weight.strides, weight.offset)
-    rows = _gather_kernel(ctx, table, indices, (L, D))
+    rows = emit_gather(ctx, table, indices, (L, D))
     if per_sample_weights is not None:
         scaled = ctx.new_tensor((L, D), weight.dtype, hint="eb")
-        psw = _expand(TensorRef(per_sample_weights.buffer, per_sample_weights.dtype, (L, 1),
+        psw = expand_to(TensorRef(per_sample_weights.buffer, per_sample_weights.dtype, (L, 1),
                                 (per_sample_weights.strides[0], 0), per_sample_weights.offset), (L, D))
         ctx.emit(KOp(KKind.POINTWISE, (scaled,), (rows, psw), PointwiseAttrs(Expr(EOp.CAST, (Expr(
             EOp.MUL, (load(0, rows.dtype), load(1, psw.dtype)), F32),), weight.dtype))))
         rows = scaled
     if MODES[int(mode)] == "amax":
         base = ctx.new_tensor((B + 1, D), weight.dtype, hint="eb")   # row B: the padding lookups
-        _copy_into(ctx, base, 0.0)
+        emit_copy(ctx, base, 0.0)
         index = TensorRef(bag.buffer, DType.INT32, (L, D), (1, 0), 0)
         red = emit_scatter_reduce(ctx, base, 0, index, rows, "amax", False)
         return (TensorRef(red.buffer, red.dtype, (B, D), (D, 1), 0),) + (None,) * 3
     # sum / mean: whole rows accumulated into their bag by indirect DMA, in fp32 (eager
     # accumulates in fp32 and rounds once)
     acc = ctx.new_tensor((B + 1, D), F32, hint="eb")
-    _copy_into(ctx, acc, 0.0)
-    _scatter_kernel(ctx, TensorRef(acc.buffer, F32, (L, B + 1, D), (0, D, 1), 0), bag, rows, True)
+    emit_copy(ctx, acc, 0.0)
+    emit_scatter(ctx, TensorRef(acc.buffer, F32, (L, B + 1, D), (0, D, 1), 0), bag, rows, True)
     ins, e = (acc,), load(0, F32)
     if MODES[int(mode)] == "mean":
         cnt = ctx.new_tensor((B + 1, 1), F32, hint="eb")
-        _copy_into(ctx, cnt, 0.0)
+        emit_copy(ctx, cnt, 0.0)
         one = ctx.new_tensor((1, 1), F32, hint="eb")
-        _copy_into(ctx, one, 1.0)
-        _scatter_kernel(ctx, TensorRef(cnt.buffer, F32, (L, B + 1, 1), (0, 1, 1), 0), bag,
+        emit_copy(ctx, one, 1.0)
+        emit_scatter(ctx, TensorRef(cnt.buffer, F32, (L, B + 1, 1), (0, 1, 1), 0), bag,
                         TensorRef(one.buffer, F32, (L, 1), (0, 0), 0), True)
         ins += (TensorRef(cnt.buffer, F32, (B + 1, D), (1, 0), 0),)
         c = load(1, F32)

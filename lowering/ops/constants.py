@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from lowering.errors import Unsupported
-from lowering.frontend import machine_dtype
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, const
-from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.lower_ctx import machine_dtype
+from lowering.registry_table import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten

@@ -24,40 +24,40 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import (AxisMap, ConvKAttrs, ConvWgradKAttrs, EOp, Expr, KKind, KOp,
                           PointwiseAttrs, ReduceOp, ResampleKAttrs, TensorRef, const, view_as)
-from lowering.ops.convolution import _pairs, _val
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.conv_common import conv_pairs, node_val
 from lowering.ops.pooling import emit_resample
 from lowering.ops.reduction import emit_reduce
 from lowering.ops.views import materialize
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, register
 
 aten = torch.ops.aten
 
 
 def _check(node: fx.Node) -> str | None:
     """1-d and 2-d convolutions (3-d or 4-d input), ``transposed=False``, one dtype"""
-    x = _val(node.args[1])
+    x = node_val(node.args[1])
     if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
         rank = x.dim() if isinstance(x, torch.Tensor) else type(x).__name__
         return (f"only 1-d and 2-d convolutions are lowered, got input rank {rank}"
                 + (f" (a {x.dim() - 2}-d convolution)" if isinstance(x, torch.Tensor) else ""))
     if node.args[7]:
         return "the backward of a transposed convolution (transposed=True) is not lowered"
-    dts = {v.dtype for v in (_val(node.args[0]), x, _val(node.args[2])) if isinstance(v, torch.Tensor)}
+    dts = {v.dtype for v in (node_val(node.args[0]), x, node_val(node.args[2])) if isinstance(v, torch.Tensor)}
     if len(dts) > 1:
         return f"grad_output, input and weight must share a dtype, got {sorted(map(str, dts))}"
     return None
 
 
-def _as_2d(r: TensorRef) -> TensorRef:
+def as_2d(r: TensorRef) -> TensorRef:
     """A 1-d conv operand [A, B, L] as [A, B, 1, L]."""
     return TensorRef(r.buffer, r.dtype, r.shape[:2] + (1,) + r.shape[2:],
                      r.strides[:2] + (0,) + r.strides[2:], r.offset)
 
 
-def _flat(ctx: LowerCtx, r: TensorRef) -> TensorRef:
+def flat_spatial(ctx: LowerCtx, r: TensorRef) -> TensorRef:
     """[A, B, H, W] as the 3-d view [A, B, H*W] (copied contiguous when no view exists)."""
     shape = (r.shape[0], r.shape[1], r.shape[2] * r.shape[3])
     v = view_as(r, shape)
@@ -82,7 +82,7 @@ def _fill_bias(ctx: LowerCtx, view: TensorRef, bias: TensorRef) -> None:
     ctx.emit(KOp(KKind.POINTWISE, (view,), (src,), PointwiseAttrs(expr)))
 
 
-def _grad_input(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, pd, dl, G: int,
+def grad_input_phases(ctx: LowerCtx, g3: TensorRef, w: TensorRef, v, xshape, ohw, st, pd, dl, G: int,
                 bias: TensorRef | None = None):
     """The phase convolutions. One phase (stride 1) writes grad_input directly; with strides each
     phase writes its rows contiguously into a phase-major tensor ``[N, Ci, sh, Mh, sw, Mw]``
@@ -148,24 +148,24 @@ def convolution_backward(ctx: LowerCtx, node: fx.Node, g: TensorRef, x: TensorRe
     vals = ctx.out_val
     nsp = x.rank - 2
     g0 = g
-    st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
+    st, pd, dl = conv_pairs(stride, nsp, 1), conv_pairs(padding, nsp, 0), conv_pairs(dilation, nsp, 1)
     if nsp == 1:
-        g, x, w = _as_2d(g), _as_2d(x), _as_2d(w)
+        g, x, w = as_2d(g), as_2d(x), as_2d(w)
     N, Ci, H, W = x.shape
     Co, _, Kh, Kw = w.shape
     Ho, Wo = g.shape[2:]
     G = int(groups)
     outs: list[TensorRef | None] = [None, None, None]
-    g3 = _flat(ctx, g) if (output_mask[0] or output_mask[1]) else None
+    g3 = flat_spatial(ctx, g) if (output_mask[0] or output_mask[1]) else None
     if output_mask[0]:
-        outs[0] = _grad_input(ctx, g3, w, vals[0], (N, Ci, H, W), (Ho, Wo), st, pd, dl, G)
+        outs[0] = grad_input_phases(ctx, g3, w, vals[0], (N, Ci, H, W), (Ho, Wo), st, pd, dl, G)
     if output_mask[1]:
         v = vals[1]
         gw = ctx.new_tensor(tuple(v.shape), v.dtype, hint="wgrad")
         gw4 = TensorRef(gw.buffer, gw.dtype, (Co, w.shape[1], Kh, Kw),
                         (w.shape[1] * Kh * Kw, Kh * Kw, Kw, 1))
         attrs = ConvWgradKAttrs((H, W), (Ho, Wo), (Kh, Kw), st, pd, dl, G)
-        ctx.emit(KOp(KKind.CONV_WGRAD, (gw4,), (_flat(ctx, x), g3), attrs))
+        ctx.emit(KOp(KKind.CONV_WGRAD, (gw4,), (flat_spatial(ctx, x), g3), attrs))
         outs[1] = gw
     if output_mask[2]:
         outs[2] = emit_reduce(ctx, g0, ReduceOp.SUM, [0] + list(range(2, g0.rank)), False,

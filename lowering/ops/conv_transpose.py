@@ -4,7 +4,7 @@ and groups, on TensorE.
 
 A transposed convolution of ``x [N, Ci, H, W]`` with ``w [Ci, Co/groups, Kh, Kw]`` is the data
 gradient of the forward convolution whose weight is ``w`` (``Ci`` its output channels) and whose
-input has the transposed convolution's output size: ``conv_backward._grad_input`` lowers it as
+input has the transposed convolution's output size: ``conv_backward.grad_input_phases`` lowers it as
 ``stride_h * stride_w`` stride-1 *phase* convolutions over ``x`` (sub-pixel decomposition: no
 zero is inserted into ``x``, no product multiplies one; the forward weight's rows are the
 contraction, taps flipped by index), interleaved by one RESAMPLE kernel when strided.
@@ -13,7 +13,7 @@ bias is added per output channel by each phase's PSUM evacuation (ScalarE), and 
 a phase no tap reaches (stride larger than the dilated kernel).
 
 Invariants
-- The phases cover every output element exactly once (``_grad_input``).
+- The phases cover every output element exactly once (``grad_input_phases``).
 - Falls back (with the reason) when a phase's weights or input tiles cannot fit the smallest
   target's SBUF even split (``tiling/conv_plan.py``), like the forward convolution.
 """
@@ -23,10 +23,10 @@ import math
 
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx
 from lowering.kir import TensorRef
-from lowering.ops.conv_backward import _as_2d, _flat, _grad_input, phase_taps
-from lowering.ops.convolution import _pairs, conv_shapes, plan_reason
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.conv_backward import as_2d, flat_spatial, grad_input_phases, phase_taps
+from lowering.ops.conv_common import conv_pairs, conv_shapes, plan_reason
 
 
 def phase_kernel(k: int, s: int, p: int, d: int) -> tuple[int, int]:
@@ -43,7 +43,7 @@ def transposed_fit_reason(node: fx.Node, x, w, stride, padding, dilation, groups
         return None
     xs, ws, ys = shapes
     nsp = x.dim() - 2
-    st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
+    st, pd, dl = conv_pairs(stride, nsp, 1), conv_pairs(padding, nsp, 0), conv_pairs(dilation, nsp, 1)
     (kh, gh), (kw, gw) = (phase_kernel(ws[2 + i], st[i], pd[i], dl[i]) for i in range(2))
     if not (kh and kw):
         return None
@@ -54,14 +54,14 @@ def transposed_fit_reason(node: fx.Node, x, w, stride, padding, dilation, groups
 
 def convolution_transposed(ctx: LowerCtx, x: TensorRef, w: TensorRef, bias: TensorRef | None,
                            stride, padding, dilation, groups: int) -> TensorRef:
-    """``conv_transpose(x, w, bias)``: the phase convolutions of ``_grad_input`` over ``x``."""
+    """``conv_transpose(x, w, bias)``: the phase convolutions of ``grad_input_phases`` over ``x``."""
     nsp = x.rank - 2
-    st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
+    st, pd, dl = conv_pairs(stride, nsp, 1), conv_pairs(padding, nsp, 0), conv_pairs(dilation, nsp, 1)
     v = ctx.out_val
     if nsp == 1:
-        x, w = _as_2d(x), _as_2d(w)
+        x, w = as_2d(x), as_2d(w)
     N, _, H, W = x.shape
     Co = w.shape[1] * int(groups)
     Hout, Wout = (1, int(v.shape[2])) if nsp == 1 else (int(v.shape[2]), int(v.shape[3]))
-    return _grad_input(ctx, _flat(ctx, x), w, v, (N, Co, Hout, Wout), (H, W), st, pd, dl,
+    return grad_input_phases(ctx, flat_spatial(ctx, x), w, v, (N, Co, Hout, Wout), (H, W), st, pd, dl,
                        int(groups), bias=bias)

@@ -32,26 +32,23 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import (ConvKAttrs, EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, const,
                           contiguous_strides, view_as)
-from lowering.ops.elementwise import EW_DTYPES, _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
+from lowering.ops.conv_common import conv_pairs, conv_shapes, node_val, plan_reason
+from lowering.ops.conv_transpose import convolution_transposed, transposed_fit_reason
+from lowering.ops.elementwise import EW_DTYPES
 from lowering.ops.views import apply_view, materialize
-from lowering.registry import FLOAT_DTYPES, op_name, register
-from lowering.tiling.conv_plan import plan_conv
-from runtime_sim.targets import TARGETS
+from lowering.registry_table import FLOAT_DTYPES, register
 
 aten = torch.ops.aten
-
-
-def _val(a: object):
-    return a.meta.get("val") if isinstance(a, fx.Node) else None
 
 
 def _check_convolution(node: fx.Node) -> str | None:
     """1-d/2-d convolutions, forward and transposed, any stride/padding/dilation/groups (and
     output_padding); 3-d convolutions and those that cannot fit SBUF even split fall back."""
-    x = _val(node.args[0])
+    x = node_val(node.args[0])
     if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4):
         dim = x.dim() if isinstance(x, torch.Tensor) else x
         kind = f"{x.dim() - 2}-d convolution" if isinstance(x, torch.Tensor) and x.dim() > 2 else "input"
@@ -59,37 +56,9 @@ def _check_convolution(node: fx.Node) -> str | None:
                 f"(input rank {dim})")
     transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
     if transposed:
-        from lowering.ops.conv_transpose import transposed_fit_reason   # imports this module
-        return transposed_fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[4],
+        return transposed_fit_reason(node, x, node_val(node.args[1]), node.args[3], node.args[4],
                                      node.args[5], int(node.args[8]))
-    return fit_reason(node, x, _val(node.args[1]), node.args[3], node.args[5], int(node.args[8]))
-
-
-def conv_shapes(node: fx.Node, x, w) -> tuple[tuple[int, ...], ...] | None:
-    """The concrete 4-d (a 1-d conv with H = 1) shapes of a convolution node's input, weight and
-    output, or None when one is missing, symbolic or empty (the tiler checks those)."""
-    y = node.meta.get("val")
-    if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
-        return None
-    try:
-        shapes = [tuple(int(d) for d in t.shape) for t in (x, w, y)]
-    except (TypeError, ValueError):
-        return None
-    if x.dim() == 3:
-        shapes = [s[:2] + (1,) + s[2:] for s in shapes]
-    return None if any(0 in s for s in shapes) else tuple(shapes)
-
-
-def plan_reason(node: fx.Node, itemsize: int, **sizes) -> str | None:
-    """Why ``tiling/conv_plan.plan_conv(**sizes)`` finds no blocking within the SBUF of the
-    smallest target, or None: checked here so that such a node falls back before its
-    partition is tiled."""
-    part = min(t.sbuf_bytes_per_partition for t in TARGETS.values())
-    try:
-        plan_conv(op_name(node.target), part, itemsize, **sizes)
-    except Unsupported as e:
-        return e.reason
-    return None
+    return fit_reason(node, x, node_val(node.args[1]), node.args[3], node.args[5], int(node.args[8]))
 
 
 def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None:
@@ -101,16 +70,8 @@ def fit_reason(node: fx.Node, x, w, stride, dilation, groups: int) -> str | None
     xs, ws, ys = shapes
     nsp = x.dim() - 2
     return plan_reason(node, x.element_size(), Co=ws[0], Cig=ws[1], Kh=ws[2], Kw=ws[3],
-                       Ho=ys[2], Wo=ys[3], W=xs[3], stride=_pairs(stride, nsp, 1),
-                       dilation=_pairs(dilation, nsp, 1), groups=groups)
-
-
-def _pairs(v, n: int, unit: int) -> tuple[int, int]:
-    """(h, w) of a stride/padding/dilation list; a 1-d conv gets ``unit`` for its H axis."""
-    v = [int(e) for e in (v if isinstance(v, (list, tuple)) else [v])]
-    if len(v) == 1:
-        v = v * n
-    return (unit, v[0]) if n == 1 else (v[0], v[1])
+                       Ho=ys[2], Wo=ys[3], W=xs[3], stride=conv_pairs(stride, nsp, 1),
+                       dilation=conv_pairs(dilation, nsp, 1), groups=groups)
 
 
 @register(aten.convolution.default, dtypes=FLOAT_DTYPES, check=_check_convolution)
@@ -121,9 +82,8 @@ def convolution(ctx: LowerCtx, node: fx.Node, x: TensorRef, w: TensorRef, bias: 
         raise Unsupported(ctx.op, f"input, weight and bias must share a dtype, got {x.dtype.value}, "
                           f"{w.dtype.value}, {bias.dtype.value if bias is not None else '-'}")
     if transposed:
-        from lowering.ops.conv_transpose import convolution_transposed   # imports this module
         return convolution_transposed(ctx, x, w, bias, stride, padding, dilation, groups)
-    st, pd, dl = _pairs(stride, nsp, 1), _pairs(padding, nsp, 0), _pairs(dilation, nsp, 1)
+    st, pd, dl = conv_pairs(stride, nsp, 1), conv_pairs(padding, nsp, 0), conv_pairs(dilation, nsp, 1)
     if nsp == 1:
         x = TensorRef(x.buffer, x.dtype, x.shape[:2] + (1,) + x.shape[2:],
                       x.strides[:2] + (0,) + x.strides[2:], x.offset)
@@ -148,7 +108,7 @@ def convolution(ctx: LowerCtx, node: fx.Node, x: TensorRef, w: TensorRef, bias: 
 def constant_pad_nd(ctx: LowerCtx, node: fx.Node, x: TensorRef, pad, value: float = 0) -> TensorRef:
     v = ctx.out_val
     out = ctx.new_tensor(tuple(v.shape), v.dtype)
-    tdt = _torch_dtype_of(out)
+    tdt = torch_dtype_of(out)
     rank = x.rank
     # pad lists (before, after) pairs from the last axis backwards
     pads = [(0, 0)] * rank

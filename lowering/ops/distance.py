@@ -24,13 +24,13 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, ReduceKAttrs, ReduceOp,
                           ScatterKAttrs, TensorRef, const, contiguous_strides, load)
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx, machine_dtype
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.matmul import emit_matmul
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def _e(op: EOp, *args: Expr, dtype: DType = F32) -> Expr:
 
 
 def _view(ref: TensorRef, fn) -> TensorRef:
-    return apply_view(ref, _torch_dtype_of(ref), fn)
+    return apply_view(ref, torch_dtype_of(ref), fn)
 
 
 def _direct(ctx: LowerCtx, x1: TensorRef, x2: TensorRef, p: float, batch: tuple[int, ...]) -> TensorRef:

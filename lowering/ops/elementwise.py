@@ -23,13 +23,14 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, const, contiguous_strides,
                           load)
-from lowering.ops import mathfns
+from lowering.lower_ctx import LowerCtx, machine_dtype
+import lowering.ops.mathfns as mathfns
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
 from lowering.tiling.intgen import DIVISOR_BITS
-from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -65,7 +66,7 @@ def pointwise(ctx: LowerCtx, node: fx.Node, operands: Sequence[object],
     leaves: list[Expr] = []
     for x in operands:
         if isinstance(x, TensorRef):
-            tdt = _torch_dtype_of(x)
+            tdt = torch_dtype_of(x)
             bx = apply_view(x, tdt, lambda t: t.expand(out_shape))
             leaves.append(load(len(ins), x.dtype))
             ins.append(bx)
@@ -84,15 +85,6 @@ def pointwise(ctx: LowerCtx, node: fx.Node, operands: Sequence[object],
     out = ctx.new_tensor(out_shape, odt)
     ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(ins), PointwiseAttrs(expr)))
     return out
-
-
-_DT_TO_TORCH = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16,
-                DType.INT32: torch.int32, DType.INT64: torch.int64, DType.BOOL: torch.bool,
-                DType.UINT8: torch.uint8, DType.INT8: torch.int8}
-
-
-def _torch_dtype_of(ref: TensorRef) -> torch.dtype:
-    return _DT_TO_TORCH.get(ref.dtype, torch.float32)
 
 
 def e(op: EOp, *args: Expr, dtype: DType = F32) -> Expr:

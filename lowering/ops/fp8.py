@@ -26,12 +26,12 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, TensorRef
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.matmul import emit_matmul
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, FP8_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -66,7 +66,7 @@ def _check_scaled_mm(node: fx.Node) -> str | None:
 
 
 def _broadcast(ref: TensorRef, view_shape: tuple[int, ...], shape: tuple[int, ...]) -> TensorRef:
-    return apply_view(ref, _torch_dtype_of(ref), lambda t: t.reshape(view_shape).expand(shape))
+    return apply_view(ref, torch_dtype_of(ref), lambda t: t.reshape(view_shape).expand(shape))
 
 
 @register(aten._scaled_mm.default, dtypes=FLOAT_DTYPES | FP8_DTYPES, check=_check_scaled_mm)

@@ -26,14 +26,14 @@ import math
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx
 from lowering.errors import Unsupported
 from lowering.kir import (EOp, Expr, GatherKAttrs, KKind, KOp, PointwiseAttrs, ReduceKAttrs, ReduceOp,
                           ScanKAttrs, ScanOp, ScatterKAttrs, TensorRef, const, contiguous_strides, load,
                           view_as)
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -41,7 +41,7 @@ aten = torch.ops.aten
 GATHER_DTYPES = FLOAT_DTYPES | INDEX_DTYPES | MASK_DTYPES
 
 
-def _dtype_of(arg: object) -> torch.dtype | None:
+def node_dtype(arg: object) -> torch.dtype | None:
     v = arg.meta.get("val") if isinstance(arg, fx.Node) else None
     return v.dtype if isinstance(v, torch.Tensor) else None
 
@@ -50,7 +50,7 @@ def _check_embedding(node: fx.Node) -> str | None:
     w = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return f"weight must be a 2-d tensor [num_embeddings, embedding_dim], got {getattr(w, 'shape', w)}"
-    idt = _dtype_of(node.args[1])
+    idt = node_dtype(node.args[1])
     if idt not in INDEX_DTYPES:
         return f"indices must be int32 or int64, got {idt}"
     return None
@@ -58,13 +58,13 @@ def _check_embedding(node: fx.Node) -> str | None:
 
 def _check_gather(node: fx.Node) -> str | None:
     """gather(x, dim, index) and index_select(x, dim, index): the index is argument 2."""
-    idt = _dtype_of(node.args[2])
+    idt = node_dtype(node.args[2])
     if idt not in INDEX_DTYPES:
         return f"index must be int32 or int64, got {idt}"
     return None
 
 
-def _gather_kernel(ctx: LowerCtx, table: TensorRef, index: TensorRef, out_shape: tuple[int, ...]) -> TensorRef:
+def emit_gather(ctx: LowerCtx, table: TensorRef, index: TensorRef, out_shape: tuple[int, ...]) -> TensorRef:
     out = ctx.new_tensor(out_shape, table.dtype, hint="g")
     ctx.emit(KOp(KKind.GATHER, (out,), (table, index), GatherKAttrs(index.rank, table.shape[index.rank])))
     return out
@@ -77,7 +77,7 @@ def embedding(ctx: LowerCtx, node: fx.Node, weight: TensorRef, indices: TensorRe
     lead = indices.shape
     table = TensorRef(weight.buffer, weight.dtype, lead + (V, D), (0,) * len(lead) + weight.strides,
                       weight.offset)
-    return _gather_kernel(ctx, table, indices, lead + (D,))
+    return emit_gather(ctx, table, indices, lead + (D,))
 
 
 @register(aten.gather.default, dtypes=GATHER_DTYPES, check=_check_gather)
@@ -92,7 +92,7 @@ def gather(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: TensorRe
         index = TensorRef(index.buffer, index.dtype, (1,), (1,), index.offset)
     lock = tuple(0 if a == d else x.strides[a] for a in range(rank))
     table = TensorRef(x.buffer, x.dtype, index.shape + (x.shape[d],), lock + (x.strides[d],), x.offset)
-    out = _gather_kernel(ctx, table, index, index.shape)
+    out = emit_gather(ctx, table, index, index.shape)
     if out.shape != shape:                # 0-d result
         out = TensorRef(out.buffer, out.dtype, shape, (), out.offset)
     return out
@@ -109,7 +109,7 @@ def index_select(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: Te
     idx = TensorRef(index.buffer, index.dtype, lead + (k,), (0,) * d + (ist,), index.offset)
     table = TensorRef(x.buffer, x.dtype, lead + (k, x.shape[d]) + rest,
                       x.strides[:d] + (0, x.strides[d]) + x.strides[d + 1:], x.offset)
-    out = _gather_kernel(ctx, table, idx, lead + (k,) + rest)
+    out = emit_gather(ctx, table, idx, lead + (k,) + rest)
     shape = tuple(ctx.out_val.shape)
     if out.shape != shape:                # 0-d input
         out = TensorRef(out.buffer, out.dtype, shape, (1,) * len(shape), out.offset)
@@ -132,7 +132,7 @@ def _one_index(node: fx.Node) -> str | None:
     idx = node.args[1]
     pos = [k for k, i in enumerate(idx) if i is not None]
     for k in pos:
-        dt = _dtype_of(idx[k])
+        dt = node_dtype(idx[k])
         if dt in (torch.bool, torch.uint8):
             return (f"a {dt} mask index selects a data-dependent number of elements (the result's "
                     "shape is only known at run time)")
@@ -166,7 +166,7 @@ def _flat_index(ctx: LowerCtx, indices, sizes: tuple[int, ...]) -> TensorRef:
         ok = inside if ok is None else Expr(EOp.AND, (ok, inside), F)
         flat = Expr(EOp.ADD, (Expr(EOp.MUL, (flat, const(float(n))), F), w), F)
     out = ctx.new_tensor(shape, DType.INT32, hint="ix")
-    ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(_expand(i, shape) for i in indices), PointwiseAttrs(
+    ctx.emit(KOp(KKind.POINTWISE, (out,), tuple(expand_to(i, shape) for i in indices), PointwiseAttrs(
         Expr(EOp.CAST, (Expr(EOp.WHERE, (ok, flat, const(-1.0)), F),), DType.INT32))))
     return out
 
@@ -208,14 +208,14 @@ def _index_layout(ref: TensorRef, d: int, index: TensorRef):
 def index_tensor(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices) -> TensorRef:
     x, d, index = _merged(ctx, x, indices)
     idx, table = _index_layout(x, d, index)
-    out = _gather_kernel(ctx, table, idx, idx.shape + x.shape[d + 1:])
+    out = emit_gather(ctx, table, idx, idx.shape + x.shape[d + 1:])
     shape = tuple(ctx.out_val.shape)
     if out.shape != shape:
         out = TensorRef(out.buffer, out.dtype, shape, contiguous_strides(shape), out.offset)
     return out
 
 
-def _copy_into(ctx: LowerCtx, dst: TensorRef, src: TensorRef | float) -> None:
+def emit_copy(ctx: LowerCtx, dst: TensorRef, src: TensorRef | float) -> None:
     """A POINTWISE copy (or fill) kernel writing the view ``dst``."""
     if isinstance(src, TensorRef):
         expr = Expr(EOp.CAST, (load(0, src.dtype),), dst.dtype)
@@ -224,15 +224,15 @@ def _copy_into(ctx: LowerCtx, dst: TensorRef, src: TensorRef | float) -> None:
         ctx.emit(KOp(KKind.POINTWISE, (dst,), (), PointwiseAttrs(Expr(EOp.CAST, (const(src),), dst.dtype))))
 
 
-def _expand(ref: TensorRef, shape: tuple[int, ...]) -> TensorRef:
-    return apply_view(ref, _torch_dtype_of(ref), lambda t: t.expand(shape))
+def expand_to(ref: TensorRef, shape: tuple[int, ...]) -> TensorRef:
+    return apply_view(ref, torch_dtype_of(ref), lambda t: t.expand(shape))
 
 
-def _scatter_kernel(ctx: LowerCtx, table: TensorRef, index: TensorRef, data: TensorRef,
+def emit_scatter(ctx: LowerCtx, table: TensorRef, index: TensorRef, data: TensorRef,
                     accumulate: bool) -> None:
     if data.dtype != table.dtype:        # DMA copies bytes: bring the data to the table's type
         c = ctx.new_tensor(data.shape, table.dtype, hint="sv")
-        _copy_into(ctx, c, data)
+        emit_copy(ctx, c, data)
         data = c
     ctx.emit(KOp(KKind.SCATTER, (table,), (data, index),
                  ScatterKAttrs(index.rank, table.shape[index.rank], accumulate)))
@@ -253,7 +253,7 @@ def _check_index_put(node: fx.Node) -> str | None:
     positions, or one row per true element when the mask indexes the leading dims (the rows
     found by a running count of the mask: a SCAN, then a row gather)."""
     acc = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
-    masks = [i for i in node.args[1] if i is not None and _dtype_of(i) in (torch.bool, torch.uint8)]
+    masks = [i for i in node.args[1] if i is not None and node_dtype(i) in (torch.bool, torch.uint8)]
     if masks:
         return _check_mask_put(node, bool(acc))
     return _one_index(node) or _accumulate_float(node, bool(acc))
@@ -264,8 +264,8 @@ def _check_mask_put(node: fx.Node, acc: bool) -> str | None:
     tensors = [i for i in idx if i is not None]
     if len(tensors) != 1:
         return f"{len(tensors)} index tensors with a bool mask (only the mask alone is supported)"
-    if _dtype_of(tensors[0]) is not torch.bool:
-        return f"mask must be bool, got {_dtype_of(tensors[0])}"
+    if node_dtype(tensors[0]) is not torch.bool:
+        return f"mask must be bool, got {node_dtype(tensors[0])}"
     v = node.meta.get("val")
     if isinstance(v, torch.Tensor) and v.dtype not in FLOAT_DTYPES | MASK_DTYPES:
         return f"{v.dtype} tensor: a masked put selects through fp32 (float/bool tensors only)"
@@ -290,7 +290,7 @@ def _mask_positions(ctx: LowerCtx, mask: TensorRef, shape: tuple[int, ...]) -> t
     F = DType.FP32
     L = math.prod(shape)
     m = ctx.new_tensor(shape, F, hint="mk")
-    ctx.emit(KOp(KKind.POINTWISE, (m,), (_expand(mask, shape),), PointwiseAttrs(
+    ctx.emit(KOp(KKind.POINTWISE, (m,), (expand_to(mask, shape),), PointwiseAttrs(
         Expr(EOp.NE, (load(0, mask.dtype), const(0.0)), F))))
     c = ctx.new_tensor((L,), F, hint="mk")
     ctx.emit(KOp(KKind.SCAN, (c,), (TensorRef(m.buffer, F, (L,), (1,), 0),), ScanKAttrs(0, ScanOp.SUM)))
@@ -325,19 +325,19 @@ def _mask_put(ctx: LowerCtx, x: TensorRef, p: int, mask: TensorRef, values: Tens
         raise Unsupported(ctx.op, f"values of rank {values.rank} for a selection of rank {tgt}")
     pad = (1,) * (tgt - values.rank) + values.shape
     mshape = (1,) * p + mask.shape + (1,) * len(rest)
-    mask_b = _expand(apply_view(mask, torch.bool, lambda t: t.view(mshape)), x.shape)
-    vt = apply_view(values, _torch_dtype_of(values), lambda t: t.view(pad))
+    mask_b = expand_to(apply_view(mask, torch.bool, lambda t: t.view(mshape)), x.shape)
+    vt = apply_view(values, torch_dtype_of(values), lambda t: t.view(pad))
     if pad[p] == 1:                       # the same values at every selected position
-        vb = apply_view(vt, _torch_dtype_of(vt), lambda t: t.view(pad[:p] + (1,) * mr + pad[p + 1:]))
-        return _masked_select_into(ctx, x, mask_b, _expand(vb, x.shape), accumulate)
+        vb = apply_view(vt, torch_dtype_of(vt), lambda t: t.view(pad[:p] + (1,) * mr + pad[p + 1:]))
+        return _masked_select_into(ctx, x, mask_b, expand_to(vb, x.shape), accumulate)
     if p != 0:
         raise Unsupported(ctx.op, f"a mask at index position {p} with one row of values per "
                           "true element (only a mask over the leading dims)")
     _, pos = _mask_positions(ctx, mask, mask.shape)
-    rows = _expand(vt, (pad[0],) + rest)
+    rows = expand_to(vt, (pad[0],) + rest)
     table = TensorRef(rows.buffer, rows.dtype, mask.shape + rows.shape, (0,) * mr + rows.strides,
                       rows.offset)
-    g = _gather_kernel(ctx, table, pos, mask.shape + rest)
+    g = emit_gather(ctx, table, pos, mask.shape + rest)
     return _masked_select_into(ctx, x, mask_b, g, accumulate)
 
 
@@ -348,13 +348,13 @@ def index_put(ctx: LowerCtx, node: fx.Node, x: TensorRef, indices, values: Tenso
     if indices[d].dtype is DType.BOOL:
         return _mask_put(ctx, x, d, indices[d], values, bool(accumulate))
     out = ctx.new_tensor(x.shape, x.dtype, hint="ip")
-    _copy_into(ctx, out, x)
+    emit_copy(ctx, out, x)
     merged, d, index = _merged(ctx, out, indices)
     idx, table = _index_layout(merged, d, index)
     if idx.numel == 0:
         return out
-    data = _expand(values, idx.shape + merged.shape[d + 1:])
-    _scatter_kernel(ctx, table, idx, data, bool(accumulate))
+    data = expand_to(values, idx.shape + merged.shape[d + 1:])
+    emit_scatter(ctx, table, idx, data, bool(accumulate))
     return out
 
 
@@ -363,8 +363,8 @@ def _check_masked_scatter(node: fx.Node) -> str | None:
     true position is found by a running count of the mask (SCAN on VectorE) and gathered by
     indirect DMA; a select writes the result. More true elements than source elements is a
     machine BoundsError (eager raises too)."""
-    if _dtype_of(node.args[1]) is not torch.bool:
-        return f"mask must be bool, got {_dtype_of(node.args[1])}"
+    if node_dtype(node.args[1]) is not torch.bool:
+        return f"mask must be bool, got {node_dtype(node.args[1])}"
     v = node.meta.get("val")
     if isinstance(v, torch.Tensor) and v.dtype not in FLOAT_DTYPES | MASK_DTYPES:
         return f"{v.dtype} tensor: the select runs through fp32 (float/bool tensors only)"
@@ -381,14 +381,14 @@ def masked_scatter(ctx: LowerCtx, node: fx.Node, x: TensorRef, mask: TensorRef,
     m, pos = _mask_positions(ctx, mask, shape)
     table = TensorRef(flat.buffer, flat.dtype, shape + (flat.numel,), (0,) * len(shape) + flat.strides,
                       flat.offset)
-    g = _gather_kernel(ctx, table, pos, shape)
-    return _masked_select_into(ctx, _expand(x, shape), m, g, False)
+    g = emit_gather(ctx, table, pos, shape)
+    return _masked_select_into(ctx, expand_to(x, shape), m, g, False)
 
 
 def _check_scatter(node: fx.Node) -> str | None:
     """Element scatter (one indirect-DMA lookup per index element); index int32/int64 in
     ``[0, size)`` (torch rejects negative ones too); scatter_add into float tensors only."""
-    idt = _dtype_of(node.args[2])
+    idt = node_dtype(node.args[2])
     if idt not in INDEX_DTYPES:
         return f"index must be int32 or int64, got {idt}"
     if node.kwargs.get("reduce") is not None:
@@ -396,7 +396,7 @@ def _check_scatter(node: fx.Node) -> str | None:
     return _accumulate_float(node, node.target is aten.scatter_add.default)
 
 
-def _scatter_into(ctx: LowerCtx, out: TensorRef, dim: int, index: TensorRef,
+def scatter_into(ctx: LowerCtx, out: TensorRef, dim: int, index: TensorRef,
                   src: TensorRef | float, accumulate: bool) -> None:
     """``out[I with I[dim] := index[I]] (+)= src[I]`` for every lookup ``I`` of the index, by
     indirect DMA into ``out`` (already written whole by an earlier kernel)."""
@@ -416,16 +416,16 @@ def _scatter_into(ctx: LowerCtx, out: TensorRef, dim: int, index: TensorRef,
         data = TensorRef(src.buffer, src.dtype, index.shape, src.strides, src.offset)
     else:                                  # a scalar: one element, read with stride 0
         one = ctx.new_tensor((1,), out.dtype, hint="sv")
-        _copy_into(ctx, one, float(src))
+        emit_copy(ctx, one, float(src))
         data = TensorRef(one.buffer, one.dtype, index.shape, (0,) * index.rank, 0)
-    _scatter_kernel(ctx, table, index, data, accumulate)
+    emit_scatter(ctx, table, index, data, accumulate)
 
 
 def _element_scatter(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
                      src: TensorRef | float, accumulate: bool) -> TensorRef:
     out = ctx.new_tensor(x.shape, x.dtype, hint="sc")
-    _copy_into(ctx, out, x)
-    _scatter_into(ctx, out, dim, index, src, accumulate)
+    emit_copy(ctx, out, x)
+    scatter_into(ctx, out, dim, index, src, accumulate)
     return out
 
 
@@ -460,7 +460,7 @@ def _check_scatter_reduce(node: fx.Node) -> str | None:
     """reduce in sum/prod/mean/amax/amin, include_self either way, float tensors, index int32/
     int64 below 2**24 targets; prod/amax/amin build a dense [index x dim] tensor on the engines
     (at most 2**22 elements, else the op falls back)."""
-    idt = _dtype_of(node.args[2])
+    idt = node_dtype(node.args[2])
     if idt not in INDEX_DTYPES:
         return f"index must be int32 or int64, got {idt}"
     reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
@@ -480,8 +480,8 @@ def _check_scatter_reduce(node: fx.Node) -> str | None:
 def _lookup_count(ctx: LowerCtx, shape: tuple[int, ...], dim: int, index: TensorRef) -> TensorRef:
     """fp32 ``count[p]`` = how many lookups of ``index`` along ``dim`` hit position ``p``."""
     cnt = ctx.new_tensor(shape, DType.FP32, hint="cnt")
-    _copy_into(ctx, cnt, 0.0)
-    _scatter_into(ctx, cnt, dim, index, 1.0, True)
+    emit_copy(ctx, cnt, 0.0)
+    scatter_into(ctx, cnt, dim, index, 1.0, True)
     return cnt
 
 
@@ -522,7 +522,7 @@ def emit_scatter_reduce(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
                         reduce: str, include_self: bool) -> TensorRef:
     out = ctx.new_tensor(x.shape, x.dtype, hint="sr")
     if index.numel == 0:
-        _copy_into(ctx, out, x)
+        emit_copy(ctx, out, x)
         return out
     if x.rank == 0:                      # a 0-d self scatters like a 1-element vector
         x = TensorRef(x.buffer, x.dtype, (1,), (1,), x.offset)
@@ -543,7 +543,7 @@ def emit_scatter_reduce(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
         acc = out if direct else ctx.new_tensor(x.shape, F, hint="sr")
         ctx.emit(KOp(KKind.POINTWISE, (acc,), (x,) + ((cnt,) if counted else ()),
                      PointwiseAttrs(Expr(EOp.CAST, (base,), F))))
-        _scatter_into(ctx, acc, d, index, src, True)
+        scatter_into(ctx, acc, d, index, src, True)
         if direct:
             return out
         s = load(0, F)
@@ -562,7 +562,7 @@ def emit_scatter_reduce(ctx: LowerCtx, x: TensorRef, dim: int, index: TensorRef,
     region = index.shape[:d] + (x.shape[d],) + index.shape[d + 1:]
     sub = lambda ref: TensorRef(ref.buffer, ref.dtype, region, ref.strides, ref.offset)
     if region != x.shape:
-        _copy_into(ctx, out, x)
+        emit_copy(ctx, out, x)
     comb = Expr(_DENSE[reduce][1], (xs, load(2, F)), F) if include_self else load(2, F)
     if not include_self:
         comb = Expr(EOp.WHERE, (hit, comb, xs), F)
@@ -581,7 +581,7 @@ def scatter_reduce(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, index: 
 
 def _check_scatter_legacy_reduce(node: fx.Node) -> str | None:
     """scatter(..., reduce='add' | 'multiply'): scatter_reduce sum / prod with include_self."""
-    idt = _dtype_of(node.args[2])
+    idt = node_dtype(node.args[2])
     if idt not in INDEX_DTYPES:
         return f"index must be int32 or int64, got {idt}"
     reduce = node.kwargs.get("reduce", node.args[4] if len(node.args) > 4 else None)
@@ -600,17 +600,17 @@ def scatter_legacy_reduce(ctx: LowerCtx, node: fx.Node, x: TensorRef, dim: int, 
     """As scatter_reduce(sum | prod, include_self=True); a scalar ``value`` is a stride-0 src."""
     if not isinstance(src, TensorRef):
         one = ctx.new_tensor((1,), x.dtype, hint="sv")
-        _copy_into(ctx, one, float(src))
+        emit_copy(ctx, one, float(src))
         src = TensorRef(one.buffer, one.dtype, index.shape, (0,) * index.rank, 0)
     return emit_scatter_reduce(ctx, x, dim, index, src, "sum" if reduce == "add" else "prod", True)
 
 
 def _view_scatter(ctx: LowerCtx, x: TensorRef, src: TensorRef, view) -> TensorRef:
     out = ctx.new_tensor(x.shape, x.dtype, hint="vs")
-    _copy_into(ctx, out, x)
-    part = apply_view(out, _torch_dtype_of(out), view)
+    emit_copy(ctx, out, x)
+    part = apply_view(out, torch_dtype_of(out), view)
     if part.numel:
-        _copy_into(ctx, part, _expand(src, part.shape))
+        emit_copy(ctx, part, expand_to(src, part.shape))
     return out
 
 
@@ -635,7 +635,7 @@ def _check_embedding_backward(node: fx.Node) -> str | None:
     fill, then the padding row zeroed; scale_grad_by_freq=True falls back."""
     if len(node.args) > 4 and node.args[4]:
         return "scale_grad_by_freq=True is not supported"
-    idt = _dtype_of(node.args[1])
+    idt = node_dtype(node.args[1])
     if idt not in INDEX_DTYPES:
         return f"indices must be int32 or int64, got {idt}"
     return None
@@ -647,21 +647,21 @@ def embedding_dense_backward(ctx: LowerCtx, node: fx.Node, grad: TensorRef, indi
                              num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> TensorRef:
     D = grad.shape[-1]
     out = ctx.new_tensor((int(num_weights), D), grad.dtype, hint="eb")
-    _copy_into(ctx, out, 0.0)
+    emit_copy(ctx, out, 0.0)
     lead = indices.shape
     if indices.numel:
         table = TensorRef(out.buffer, out.dtype, lead + (int(num_weights), D),
                           (0,) * len(lead) + out.strides, 0)
         data = view_as(grad, lead + (D,)) or view_as(_contiguous(ctx, grad), lead + (D,))
-        _scatter_kernel(ctx, table, indices, data, True)
+        emit_scatter(ctx, table, indices, data, True)
     if 0 <= padding_idx < num_weights:
-        _copy_into(ctx, TensorRef(out.buffer, out.dtype, (1, D), out.strides, padding_idx * D), 0.0)
+        emit_copy(ctx, TensorRef(out.buffer, out.dtype, (1, D), out.strides, padding_idx * D), 0.0)
     return out
 
 
 def _contiguous(ctx: LowerCtx, ref: TensorRef) -> TensorRef:
     c = ctx.new_tensor(ref.shape, ref.dtype, hint="c")
-    _copy_into(ctx, c, ref)
+    emit_copy(ctx, c, ref)
     return c
 
 
@@ -697,7 +697,7 @@ def col2im(ctx: LowerCtx, node: fx.Node, cols: TensorRef, output_size, kernel_si
         raise Unsupported(ctx.op, f"{L} columns for {Lh} x {Lw} blocks")
     HW = H * W
     plane = ctx.new_tensor((N, C, HW + 1), cols.dtype, hint="ci")
-    _copy_into(ctx, plane, 0.0)
+    emit_copy(ctx, plane, 0.0)
     F = DType.FP32
     # position of column element (ki, kj, lh, lw): h = lh*sh - ph + ki*dh, w = lw*sw - pw + kj*dw
     ki, kj = Expr(EOp.INDEX, (), F, 0), Expr(EOp.INDEX, (), F, 1)
@@ -719,6 +719,6 @@ def col2im(ctx: LowerCtx, node: fx.Node, cols: TensorRef, output_size, kernel_si
                                                         cols.strides[1], cols.strides[2]), cols.offset)
     table = TensorRef(plane.buffer, plane.dtype, lookups + (HW + 1,),
                       (C * (HW + 1), HW + 1, 0, 0, 1), 0)
-    _scatter_kernel(ctx, table, index, data, True)
+    emit_scatter(ctx, table, index, data, True)
     out = TensorRef(plane.buffer, plane.dtype, (N, C, H, W), (C * (HW + 1), HW + 1, W, 1), 0)
     return out if batched else TensorRef(out.buffer, out.dtype, (C, H, W), out.strides[1:], 0)

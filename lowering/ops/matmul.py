@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, KKind, KOp, MatmulKAttrs, TensorRef, const, load
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import register
+from lowering.registry_table import register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -21,7 +21,7 @@ ACC = Expr(EOp.ACC, (), DType.FP32)
 
 
 def _as3d(ref: TensorRef) -> TensorRef:
-    return apply_view(ref, _torch_dtype_of(ref), lambda t: t.unsqueeze(0)) if ref.rank == 2 else ref
+    return apply_view(ref, torch_dtype_of(ref), lambda t: t.unsqueeze(0)) if ref.rank == 2 else ref
 
 
 def emit_matmul(ctx: LowerCtx, a: TensorRef, b: TensorRef, epilogue_of=None,
@@ -32,7 +32,7 @@ def emit_matmul(ctx: LowerCtx, a: TensorRef, b: TensorRef, epilogue_of=None,
     out3 = _as3d(out)
     odt = out.dtype
     ins = (_as3d(a), _as3d(b)) + tuple(
-        apply_view(x, _torch_dtype_of(x), lambda t: t.expand(out.shape)) for x in extra)
+        apply_view(x, torch_dtype_of(x), lambda t: t.expand(out.shape)) for x in extra)
     ins = ins[:2] + tuple(_as3d(x) for x in ins[2:])
     if epilogue_of is None:
         epi = Expr(EOp.CAST, (ACC,), odt)

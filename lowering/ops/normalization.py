@@ -30,13 +30,13 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import (EOp, Expr, KKind, KOp, LayerNormBwdKAttrs, LayerNormKAttrs, PointwiseAttrs,
                           ReduceOp, SoftmaxKAttrs, TensorRef, const, load, view_as)
-from lowering.ops.elementwise import _torch_dtype_of
-from lowering.ops.reduction import _var_and_mean, emit_reduce
+from lowering.lower_ctx import LowerCtx, machine_dtype
+from lowering.ops.common import torch_dtype_of
+from lowering.ops.reduction import emit_reduce, var_and_mean
 from lowering.ops.views import apply_view, materialize
-from lowering.registry import register
+from lowering.registry_table import register
 from runtime_sim.isa import DType
 
 F32 = DType.FP32
@@ -49,8 +49,8 @@ def _softmax_like(ctx: LowerCtx, x, dim: int, log: bool):
     out = ctx.new_tensor(tuple(v.shape), v.dtype)
     d = dim % x.rank if x.rank else 0
     if x.rank == 0:
-        x = apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
-        out_v = apply_view(out, _torch_dtype_of(out), lambda t: t.view(1))
+        x = apply_view(x, torch_dtype_of(x), lambda t: t.view(1))
+        out_v = apply_view(out, torch_dtype_of(out), lambda t: t.view(1))
     else:
         out_v = out
     ctx.emit(KOp(KKind.SOFTMAX, (out_v,), (x,), SoftmaxKAttrs(d, log)))
@@ -87,7 +87,7 @@ def _e(op: EOp, *args: Expr, dtype: DType = F32) -> Expr:
 def _channel(ref: TensorRef, shape: tuple[int, ...], axis: int = 1) -> TensorRef:
     """A per-channel vector ``[C]`` broadcast to ``shape`` along ``axis`` (stride-0 view)."""
     vshape = tuple(s if d == axis else 1 for d, s in enumerate(shape))
-    return apply_view(ref, _torch_dtype_of(ref), lambda t: t.view(vshape).expand(shape))
+    return apply_view(ref, torch_dtype_of(ref), lambda t: t.view(vshape).expand(shape))
 
 
 def _affine(ctx: LowerCtx, ins: list[TensorRef], core: Expr, weight, bias, shape, odt: DType,
@@ -107,7 +107,7 @@ def _affine(ctx: LowerCtx, ins: list[TensorRef], core: Expr, weight, bias, shape
 def _cast(ctx: LowerCtx, ref: TensorRef, odt: DType, shape=None) -> TensorRef:
     if ref.dtype is odt and shape is None:
         return ref
-    src = ref if shape is None else apply_view(ref, _torch_dtype_of(ref), lambda t: t.view(shape))
+    src = ref if shape is None else apply_view(ref, torch_dtype_of(ref), lambda t: t.view(shape))
     out = ctx.new_tensor(tuple(src.shape), odt)
     ctx.emit(KOp(KKind.POINTWISE, (out,), (src,), PointwiseAttrs(_e(EOp.CAST, load(0, ref.dtype), dtype=odt))))
     return out
@@ -176,7 +176,7 @@ def _bn_training(ctx, x, weight, bias, eps):
     dims = tuple(d for d in range(x.rank) if d != 1)
     kshape = tuple(1 if d in dims else s for d, s in enumerate(x.shape))
     meta = torch.empty(kshape, dtype=torch.float32, device="meta")
-    var, mean = _var_and_mean(ctx, x, dims, 0, True, out_vals=(meta, meta))
+    var, mean = var_and_mean(ctx, x, dims, 0, True, out_vals=(meta, meta))
     inv = ctx.new_tensor(kshape, F32)
     ctx.emit(KOp(KKind.POINTWISE, (inv,), (var,),
                  PointwiseAttrs(_e(EOp.RSQRT, _e(EOp.ADD, load(0, F32), const(float(eps)))))))
@@ -229,7 +229,7 @@ def _layer_norm_backward(ctx, node, grad_out, x, normalized_shape, mean, rstd, w
     rows = tuple(range(lead))
     if output_mask[1] and weight is not None:
         shape = tuple(x.shape)
-        bc = lambda r: apply_view(r, _torch_dtype_of(r), lambda t: t.expand(shape))
+        bc = lambda r: apply_view(r, torch_dtype_of(r), lambda t: t.expand(shape))
         xhat = _e(EOp.MUL, _e(EOp.SUB, load(1, x.dtype), load(2, mean.dtype)), load(3, rstd.dtype))
         prod = ctx.new_tensor(shape, F32)
         ctx.emit(KOp(KKind.POINTWISE, (prod,), (grad_out, x, bc(mean_k), bc(rstd_k)),
@@ -251,7 +251,7 @@ def _group_norm_backward(ctx, node, grad_out, x, mean, rstd, weight, N, C, HxW, 
     Cg = C // G
     dy3 = _contiguous_view(ctx, grad_out, (N, C, HxW))
     x3 = _contiguous_view(ctx, x, (N, C, HxW))
-    stat4 = lambda r: apply_view(_contiguous_view(ctx, r, (N, G)), _torch_dtype_of(r),
+    stat4 = lambda r: apply_view(_contiguous_view(ctx, r, (N, G)), torch_dtype_of(r),
                                  lambda t: t.view(N, G, 1, 1).expand(N, G, Cg, HxW))
     outs: list = [None, None, None]
     if output_mask[0]:

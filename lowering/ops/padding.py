@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx
 from lowering.kir import AxisMap, ReduceOp, ResampleKAttrs, TensorRef
+from lowering.lower_ctx import LowerCtx
 from lowering.ops.pooling import emit_resample, transpose_map
-from lowering.registry import register
+from lowering.registry_table import register
 
 aten = torch.ops.aten
 

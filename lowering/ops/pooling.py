@@ -34,11 +34,11 @@ import operator
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx
 from lowering.kir import (AxisMap, Divisors, KKind, KOp, MaxPoolBwdKAttrs, ReduceOp,
                           ResampleKAttrs, TensorRef, view_as)
+from lowering.lower_ctx import LowerCtx
 from lowering.ops.views import materialize
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, register
 
 aten = torch.ops.aten
 WITH_INDEX = FLOAT_DTYPES | {torch.int64}

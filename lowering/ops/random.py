@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, RandKAttrs, Role, TensorRef, const, load
-from lowering.registry import FLOAT_DTYPES, MASK_DTYPES, register
+from lowering.lower_ctx import LowerCtx, machine_dtype
+from lowering.registry_table import FLOAT_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten

@@ -16,12 +16,12 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import LoweringError
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import (EOp, Expr, KKind, KOp, PointwiseAttrs, ReduceKAttrs, ReduceOp,
                           TensorRef, const, load)
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx, machine_dtype
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -52,10 +52,10 @@ def emit_reduce(ctx: LowerCtx, x: TensorRef, op: ReduceOp, dims, keepdim: bool,
     scale = 1.0 / count if mean and count > 0 else 1.0
     if mean and count <= 0:
         scale = float("nan")
-    out_keep = apply_view(out, _torch_dtype_of(out), lambda t: t.view(kshape)) if rank else out
-    xin = x if rank else apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
+    out_keep = apply_view(out, torch_dtype_of(out), lambda t: t.view(kshape)) if rank else out
+    xin = x if rank else apply_view(x, torch_dtype_of(x), lambda t: t.view(1))
     if not rank:
-        out_keep = apply_view(out, _torch_dtype_of(out), lambda t: t.view(1))
+        out_keep = apply_view(out, torch_dtype_of(out), lambda t: t.view(1))
         rd = (0,)
     ctx.emit(KOp(KKind.REDUCE, (out_keep,), (xin,), ReduceKAttrs(op, rd, scale)))
     return out
@@ -129,15 +129,15 @@ def _min_all(ctx, node, x):
 def _var_mean(ctx, node, x, dim=None, *, correction=None, keepdim=False):
     """mean = sum(x)/n; var = sum((x - mean)^2)/(n - correction): two reductions (VectorE or
     TensorE) around one fused elementwise kernel (the two-pass formula, as eager's)."""
-    return _var_and_mean(ctx, x, dim, correction, keepdim)
+    return var_and_mean(ctx, x, dim, correction, keepdim)
 
 
 @register(aten.var.correction)
 def _var(ctx, node, x, dim=None, *, correction=None, keepdim=False):
-    return _var_and_mean(ctx, x, dim, correction, keepdim, var_only=True)
+    return var_and_mean(ctx, x, dim, correction, keepdim, var_only=True)
 
 
-def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False, out_vals=None):
+def var_and_mean(ctx, x, dim, correction, keepdim, var_only=False, out_vals=None):
     """``out_vals``: (var, mean) values giving the outputs' shapes and dtypes (default: the
     node's)."""
     vals = out_vals if out_vals is not None else (ctx.out_val if not var_only else (ctx.out_val, ctx.out_val))
@@ -147,10 +147,10 @@ def _var_and_mean(ctx, x, dim, correction, keepdim, var_only=False, out_vals=Non
         n *= x.shape[d]
     corr = 1.0 if correction is None else float(correction)
     kshape = tuple(1 if d in rd else s for d, s in enumerate(x.shape))
-    tdt = _torch_dtype_of(x)
+    tdt = torch_dtype_of(x)
     meta = torch.empty(kshape, dtype=vals[1].dtype, device="meta")
     mean_k = emit_reduce(ctx, x, ReduceOp.SUM, rd, True, mean=True, out_val=meta)
-    mb = apply_view(mean_k, _torch_dtype_of(mean_k), lambda t: t.expand(x.shape))
+    mb = apply_view(mean_k, torch_dtype_of(mean_k), lambda t: t.expand(x.shape))
     sq = ctx.new_tensor(x.shape, x.dtype)
     d = Expr(EOp.SUB, (load(0, x.dtype), load(1, mean_k.dtype)), x.dtype)
     ctx.emit(KOp(KKind.POINTWISE, (sq,), (x, mb), PointwiseAttrs(Expr(EOp.MUL, (d, d), x.dtype))))

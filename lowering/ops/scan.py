@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx, machine_dtype
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, ScanKAttrs, ScanOp, TensorRef, load
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx, machine_dtype
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view
-from lowering.registry import FLOAT_DTYPES, MASK_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, MASK_DTYPES, register
 from runtime_sim.isa import DType
 
 aten = torch.ops.aten
@@ -83,7 +83,7 @@ def emit_scan(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp) -> TensorRef:
     v = ctx.out_val
     odt = machine_dtype(v.dtype, ctx.op)
     if x.rank == 0:
-        x = apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
+        x = apply_view(x, torch_dtype_of(x), lambda t: t.view(1))
     if not x.dtype.is_float:            # a count of a bool mask: scanned in fp32, exact
         f = _cast(ctx, x, DType.FP32)
         counts = emit_scan_of(ctx, f, dim, op, DType.FP32, tuple(v.shape))
@@ -97,7 +97,7 @@ def emit_scan(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp) -> TensorRef:
 
 def emit_scan_of(ctx: LowerCtx, x: TensorRef, dim: int, op: ScanOp, odt, shape) -> TensorRef:
     out = ctx.new_tensor(shape, odt)
-    o = out if out.rank else apply_view(out, _torch_dtype_of(out), lambda t: t.view(1))
+    o = out if out.rank else apply_view(out, torch_dtype_of(out), lambda t: t.view(1))
     if x.numel:
         ctx.emit(KOp(KKind.SCAN, (o,), (x,), ScanKAttrs(dim % x.rank, op)))
     return out

@@ -21,11 +21,11 @@ import torch
 import torch.fx as fx
 
 from lowering.errors import Unsupported
-from lowering.frontend import LowerCtx
 from lowering.kir import KKind, KOp, SelectKAttrs, TensorRef, view_as
-from lowering.ops.elementwise import _torch_dtype_of
+from lowering.lower_ctx import LowerCtx
+from lowering.ops.common import torch_dtype_of
 from lowering.ops.views import apply_view, materialize
-from lowering.registry import FLOAT_DTYPES, register
+from lowering.registry_table import FLOAT_DTYPES, register
 from lowering.tiling.select import select_limit
 
 aten = torch.ops.aten
@@ -69,7 +69,7 @@ def _check(pos: int | None, default_dim=None):
 
 
 def _keep_view(ref: TensorRef, shape: tuple[int, ...]) -> TensorRef:
-    return apply_view(ref, _torch_dtype_of(ref), lambda t: t.view(shape))
+    return apply_view(ref, torch_dtype_of(ref), lambda t: t.view(shape))
 
 
 def emit_select(ctx: LowerCtx, x: TensorRef, dim, k: int, largest: bool, nan_wins: bool,
@@ -82,7 +82,7 @@ def emit_select(ctx: LowerCtx, x: TensorRef, dim, k: int, largest: bool, nan_win
         x = flat if flat is not None else view_as(materialize(ctx, x), (x.numel,))
         d = 0
     elif x.rank == 0:
-        x = apply_view(x, _torch_dtype_of(x), lambda t: t.view(1))
+        x = apply_view(x, torch_dtype_of(x), lambda t: t.view(1))
         d = 0
     else:
         d = dim % x.rank

@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs
-from lowering.ops.elementwise import EW_DTYPES, _torch_dtype_of
+from lowering.ops.common import torch_dtype_of
+from lowering.ops.elementwise import EW_DTYPES
 from lowering.ops.views import apply_view
-from lowering.registry import register
+from lowering.registry_table import register
 
 aten = torch.ops.aten
 
@@ -26,7 +27,7 @@ def _cat(ctx, node, tensors, dim=0):
             continue  # legacy empty tensor in cat
         n = t.shape[d]
         if n:
-            piece = apply_view(out, _torch_dtype_of(out),
+            piece = apply_view(out, torch_dtype_of(out),
                                lambda x, s=start, n=n: x.narrow(d, s, n))
             expr = Expr(EOp.CAST, (Expr(EOp.LOAD, (), t.dtype, 0),), out.dtype)
             ctx.emit(KOp(KKind.POINTWISE, (piece,), (t,), PointwiseAttrs(expr)))

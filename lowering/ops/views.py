@@ -14,9 +14,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from lowering.frontend import LowerCtx
 from lowering.kir import EOp, Expr, KKind, KOp, PointwiseAttrs, TensorRef, contiguous_strides
-from lowering.registry import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
+from lowering.lower_ctx import LowerCtx
+from lowering.registry_table import FLOAT_DTYPES, FP8_DTYPES, INDEX_DTYPES, MASK_DTYPES, register
 
 aten = torch.ops.aten
 ALL_DTYPES = FLOAT_DTYPES | MASK_DTYPES | INDEX_DTYPES | FP8_DTYPES

@@ -15,7 +15,7 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KKind, KProgram
-from lowering.passes.fusion import _readers, _writers, chain_plan, epilogue_plan
+from lowering.passes.fusion_rules import chain_plan, epilogue_plan, readers_of, writers_of
 
 # what a pair of kinds could become when no rule covers it
 NO_RULE = "no fusion rule takes a {p} output into a {c} kernel (the tensor stays resident in " \
@@ -23,7 +23,7 @@ NO_RULE = "no fusion rule takes a {p} output into a {c} kernel (the tensor stays
 
 
 def explain(kp: KProgram) -> list[str]:
-    readers, writers = _readers(kp), _writers(kp)
+    readers, writers = readers_of(kp), writers_of(kp)
     outputs = {r.buffer for r in kp.outputs}
     lines: list[str] = []
     for pi, prod in enumerate(kp.kernels):

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from lowering.kir import (AttentionKAttrs, EOp, Expr, KKind, KOp, KProgram, MatmulKAttrs,
                           PointwiseAttrs)
+from lowering.passes.fusion_rules import drop_unused_inputs
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
@@ -143,7 +144,6 @@ def recognise_activations(kp: KProgram) -> bool:
         else:
             continue
         if not same:
-            from lowering.passes.fusion import _drop_unused_inputs
-            kp.kernels[i] = _drop_unused_inputs(KOp(k.kind, k.outs, k.ins, new, k.origin))
+            kp.kernels[i] = drop_unused_inputs(KOp(k.kind, k.outs, k.ins, new, k.origin))
             changed = True
     return changed

@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from lowering.errors import LoweringError
 from lowering.kir import BITWISE_OPS, EOp, Expr
+from lowering.tir.builder import TirBuilder
 from lowering.tir.ir import TAP
 from runtime_sim.isa import AluOp, DType, EngineKind, Op, SelectAttrs
-
-if TYPE_CHECKING:
-    from lowering.tiling.exprgen import ExprGen
 
 I32, I64, BOOL = DType.INT32, DType.INT64, DType.BOOL
 WIDE = frozenset({I32, I64})
@@ -120,10 +118,27 @@ def int64_divisor(b: Expr) -> int | None:
     return c if 0 < abs(c) < 2 ** DIVISOR_BITS else None
 
 
-class IntGen:
-    """Integer code for one tile shape, on the tiles of an ``ExprGen``."""
+class TileHost(Protocol):
+    """What ``IntGen`` needs from the expression generator that hands it nodes
+    (``exprgen.ExprGen``): its builder, fresh tiles, operand values, and a memo shared
+    across the nodes of one tile."""
 
-    def __init__(self, eg: ExprGen):
+    b: TirBuilder
+    int_memo: dict
+
+    def new(self, dtype: DType, row: bool = False) -> TAP: ...
+
+    def wide(self, x: Expr, v: TAP | float) -> TAP | float: ...
+
+    def value(self, x: Expr) -> TAP | float: ...
+
+    def tile_of(self, x: Expr, dtype: DType | None = None, out: TAP | None = None) -> TAP: ...
+
+
+class IntGen:
+    """Integer code for one tile shape, on the tiles of a ``TileHost`` (an ``ExprGen``)."""
+
+    def __init__(self, eg: TileHost):
         self.eg, self.b = eg, eg.b
 
     # ---- words and single instructions ------------------------------------------------------

@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from lowering.errors import Unsupported
 from lowering.kir import KOp, LayerNormKAttrs, SoftmaxKAttrs
 from lowering.passes.residency import BUDGET_SHARE as RESIDENT_SHARE
-from lowering.tiling import norm_split
+import lowering.tiling.norm_split as norm_split
 from lowering.tiling.layout import plan_rows
 from lowering.tiling.norm_split import small
 from lowering.tiling.pointwise import outer_loops

@@ -34,7 +34,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..isa import DType, Program
-from . import layernorm, mamba, mamba_spill, matmul, probes
+import runtime_sim.calibration.layernorm as layernorm
+import runtime_sim.calibration.mamba as mamba
+import runtime_sim.calibration.mamba_spill as mamba_spill
+import runtime_sim.calibration.matmul as matmul
+import runtime_sim.calibration.probes as probes
 
 DOCS: dict[str, str] = {
     "MM": "aws-neuron-sdk@v2.26.0 general/nki/tutorials/matrix_multiplication.rst",

@@ -190,13 +190,13 @@ def test_out_of_range_index_is_a_machine_error(bad):
 def test_a_wrong_lowering_fails(monkeypatch):
     """The exact comparison catches a lowering that reads the neighbouring row, for float,
     bf16 and integer tables (run once with a deliberately wrong table view)."""
-    real = indexing._gather_kernel
+    real = indexing.emit_gather
 
     def off_by_one_row(ctx, t: TensorRef, index, out_shape):
         a = index.rank
         shape = t.shape[:a] + (t.shape[a] - 1,) + t.shape[a + 1:]
         return real(ctx, TensorRef(t.buffer, t.dtype, shape, t.strides, t.offset + t.strides[a]), index, out_shape)
-    monkeypatch.setattr(indexing, "_gather_kernel", off_by_one_row)
+    monkeypatch.setattr(indexing, "emit_gather", off_by_one_row)
     i = torch.tensor([0, 3, 1, 3])
     for w in (table(10, 8), table(10, 8, torch.bfloat16), torch.randint(0, 1000, (10, 8))):
         with pytest.raises(AssertionError, match="elements differ"):
