@@ -287,7 +287,7 @@ def check_instr_shape(ins: Instr, queue: Queue, target: Target) -> None:
         return
     if ins.dst is None:
         raise OperandError(f"{op.value} needs a destination AP")
-    _OPERAND_RULES[op](ins, queue, target)
+    OPERAND_RULES[op](ins, queue, target)
     if ins.accum is not None and op not in (Op.ACTIVATION, Op.EXPONENTIAL, Op.QUANTIZE_MX):
         raise OperandError(f"only activation, exponential and quantize_mx have an accum destination, "
                            f"got one on {op.value}")
@@ -688,7 +688,7 @@ def _col_n(a: AP, p: int, n: int, what: str) -> None:
         raise OperandError(f"{what}: expected [{p}, {n}], got [{a.partitions}, {a.free_size}]")
 
 
-_OPERAND_RULES = {
+OPERAND_RULES = {
     Op.DMA_COPY: _r_dma, Op.MATMUL: _r_matmul, Op.TRANSPOSE: _r_transpose,
     Op.ACTIVATION: _r_activation, Op.TENSOR_TENSOR: _r_tt, Op.TENSOR_TENSOR_SCAN: _r_scan,
     Op.TENSOR_SCALAR: _r_ts,

@@ -4,17 +4,14 @@ has an entry for an op that does not exist (issue 26, item 4).
 The universes, read from the code that indexes each table:
 - ``runtime_sim.isa.Op`` (the machine's ops): ``check_instr_shape`` (runtime_sim/checks.py)
   indexes ``ATTRS_OF_OP[op]`` and ``ENGINES_OF_OP[op]`` for every instruction, SEM included,
-  then returns for SEM before ``_OPERAND_RULES[op]``; the simulator indexes ``SEMANTICS`` and
-  ``COSTS`` (and sim_prepare's ``_COST_ATTRS``) for every instruction it executes, SEM included.
+  then returns for SEM before ``OPERAND_RULES[op]``; the simulator indexes ``SEMANTICS`` and
+  ``COSTS`` (and sim_prepare's ``COST_ATTRS``) for every instruction it executes, SEM included.
 - ``lowering.kir.KKind`` (the kernel IR's kinds): ``tile_program`` (lowering/tiling) indexes
   ``TILERS[k.kind]`` for every kernel of the program, so every kind needs a tiler.
 
 A missing key would be a ``KeyError`` deep in a pass at the first program that uses the op; a
 stale key (an op removed from the enum but kept in a table) cannot happen with enum keys, but a
 key of the wrong enum (e.g. an ``EOp`` or a string) can, and is caught by the same equality.
-
-``_OPERAND_RULES`` is private (runtime_sim/checks.py) and imported as is; it should get a
-public name since a test depends on it.
 """
 from __future__ import annotations
 
@@ -25,11 +22,11 @@ import pytest
 
 from lowering.kir import KKind
 from lowering.tiling import TILERS
-from runtime_sim.checks import _OPERAND_RULES
+from runtime_sim.checks import OPERAND_RULES
 from runtime_sim.costs import COSTS
 from runtime_sim.isa import ATTRS_OF_OP, ENGINES_OF_OP, EngineKind, Op, OpAttrs
 from runtime_sim.semantics import SEMANTICS
-from runtime_sim.sim_prepare import _COST_ATTRS
+from runtime_sim.sim_static import COST_ATTRS
 
 ALL_OPS = frozenset(Op)
 DATAPATH_OPS = ALL_OPS - {Op.SEM}     # ops with operands (SEM: waits and signals only)
@@ -66,12 +63,12 @@ def test_engines_of_op_covers_every_op():
 def test_operand_rules_cover_every_op_with_operands():
     """Universe: every ``Op`` except SEM (``check_instr_shape`` checks SEM has no operands and
     returns before the operand rules). Each value is callable."""
-    assert set(_OPERAND_RULES) == DATAPATH_OPS, _diff(_OPERAND_RULES, DATAPATH_OPS)
-    assert all(callable(f) for f in _OPERAND_RULES.values())
+    assert set(OPERAND_RULES) == DATAPATH_OPS, _diff(OPERAND_RULES, DATAPATH_OPS)
+    assert all(callable(f) for f in OPERAND_RULES.values())
 
 
 @pytest.mark.parametrize("name,table", [("SEMANTICS", SEMANTICS), ("COSTS", COSTS),
-                                        ("sim_prepare._COST_ATTRS", _COST_ATTRS)])
+                                        ("sim_static.COST_ATTRS", COST_ATTRS)])
 def test_simulator_tables_cover_every_op(name, table):
     """Universe: every ``Op`` (the simulator executes and times SEM like any instruction)."""
     assert set(table) == ALL_OPS, f"{name}: " + _diff(table, ALL_OPS)
