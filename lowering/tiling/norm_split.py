@@ -11,14 +11,16 @@ the row statistics, then ``y = (x - mean) * rstd [* w] [+ b]``. Two ways to get 
 
 The finishing work is split by columns, each part on engines of its own:
 
-- columns ``[0, cv)``: ``xn = (x - mean) * rstd`` as one VectorE tensor_scalar (per-partition
+- columns ``[0, cv)``: ``xn = (x - mean) * rstd`` as VectorE tensor_scalars (per-partition
   operands; the fast mode for 2-byte types), then the weight/bias products on VectorE;
 - columns ``[cv, C)``: ``xn = x * rstd + (-mean * rstd)`` on ScalarE (activation with
   per-partition scale and bias), then the weight/bias products on GpSimdE.
 
 Each engine's share of a row tile waits only at its start (for the load or for the engine that
 feeds it): no engine hands a tile to another and takes a result back within one row tile, so
-successive row tiles pipeline over the engines.
+successive row tiles pipeline over the engines. Pipelined row tiles cut each part in two
+pieces; a row tile alone (latency-bound, e.g. GPT-2's [128, 768] norms) cuts it in pieces of
+one partition's worth of columns, so a consuming matmul's transposes start on the first.
 
 ``choose`` scores the candidates -- each statistics way, ``cv`` on a grid of ``min_ii_cycles``
 columns (narrower parts cost the minimum initiation interval anyway) -- by emitting one row tile
@@ -107,7 +109,13 @@ def row_tile(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, split: Spli
             continue
         # pipelined row tiles: two column pieces, emitted stage by stage, so that no instruction
         # reads what the previous one of its engine wrote (the dependent-instruction penalty)
-        pieces = [(c0, n // 2), (c0 + n // 2, n - n // 2)] if pipelined and n >= 2 * g else [(c0, n)]
+        # one row tile alone (latency-bound): pieces of one K tile (a partition's worth of
+        # columns), the unit a consuming matmul's TensorE transposes read, so they start on the
+        # first piece instead of waiting for the whole row
+        kt = b.target.sbuf_partitions
+        pieces = ([(c0, n // 2), (c0 + n // 2, n - n // 2)] if pipelined and n >= 2 * g
+                  else [(a, min(kt, c0 + n - a)) for a in range(c0, c0 + n, kt)] if not pipelined
+                  else [(c0, n)])
         firsts = [col(mids[0], a, m) for a, m in pieces]
         if eng is V:
             op0, shift = (AluOp.SUBTRACT, st.mu) if st.mu is not None else (AluOp.ADD, st.nmu)
