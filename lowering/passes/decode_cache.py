@@ -28,7 +28,11 @@ Invariants
   index still hold the same values at the attention, and moving the scatters to just after it
   (in their order) lets every other kernel see the same bytes as before; the attention sees the
   old rows everywhere but at the positions, where it takes the new rows.
-- Off unless ``ENABLED`` (see there: slower with today's memory plan and DMA schedule).
+- ``ENABLED``: False (off: slower with today's memory plan and DMA schedule, see there),
+  True (both rows, as above) or ``"values"``: the value cache alone is read before its update
+  (``new_kv`` names two inputs, ``(VN, pos_v)``; the key cache's scatter stays before the
+  attention and its loads after it), so the attention's key half costs nothing extra (no new
+  key's scores, no selects on the score rows) while its value loads leave the chain.
 """
 from __future__ import annotations
 
@@ -58,7 +62,11 @@ MAX_ITEMS = 4096
 # the pass, so hiding the 3 MB of loads saves little; (2) the early cache loads share the DMA
 # engines with the weight stream and delay the projection's small loads behind them on the
 # in-order engines (tir/schedule.py's queue choice, not this pass).
-ENABLED = False     # batch items compared one by one (a decode step has batch x heads of them)
+# With the query and output rows by TensorE transposes (tiling/attention_decode.py) both modes
+# still measure slower than off on decode_gpt2 (figures in the commit message): the weight
+# stream's backlog on the in-order DMA engines and the early cache loads delay the chain's
+# small transfers, and the score selects on 12 partitions sit on VectorE's chain.
+ENABLED: bool | str = False   # False, "values" or True (module docstring)
 
 
 def _touches(k: KOp, name: str) -> bool:
@@ -121,6 +129,7 @@ def attend_before_cache_update(kp: KProgram, target) -> list[str]:
     done: list[str] = []
     if not ENABLED:
         return done
+    both = ENABLED is True
     a = 0
     while a < len(kp.kernels):
         k = kp.kernels[a]
@@ -131,22 +140,29 @@ def attend_before_cache_update(kp: KProgram, target) -> list[str]:
         batch = Q.shape[:-2]
         ku = vu = None
         if KT.buffer != V.buffer and Q.shape[-2] == 1 and batch:
-            ku = _row_update(kp, a, KT, KT.rank - 1, KT.rank - 2, batch)
             vu = _row_update(kp, a, V, V.rank - 2, V.rank - 1, batch)
-        if ku is None or vu is None or any(r.buffer in (KT.buffer, V.buffer) for r in (Q,) + k.ins[3:]):
+            if both:
+                ku = _row_update(kp, a, KT, KT.rank - 1, KT.rank - 2, batch)
+        if (vu is None or (both and ku is None)
+                or any(r.buffer in (KT.buffer, V.buffer) for r in (Q,) + k.ins[3:])):
             a += 1
             continue
-        (sk, kn, pk), (sv, vn, pv) = ku, vu
-        new = KOp(k.kind, k.outs, k.ins + (kn, vn, pk, pv), replace(k.attrs, new_kv=len(k.ins)),
-                  k.origin)
+        sv, vn, pv = vu
+        if both:
+            sk, kn, pk = ku
+            rows, scat = (kn, vn, pk, pv), (sk, sv)
+        else:
+            rows, scat = (vn, pv), (sv,)
+        new = KOp(k.kind, k.outs, k.ins + rows, replace(k.attrs, new_kv=len(k.ins)), k.origin)
         if not new_rows_fit(new, target):
             a += 1
             continue
-        moved = [kp.kernels[j] for j in sorted((sk, sv))]
-        rest = [o for j, o in enumerate(kp.kernels[:a]) if j not in (sk, sv)]
+        moved = [kp.kernels[j] for j in sorted(scat)]
+        rest = [o for j, o in enumerate(kp.kernels[:a]) if j not in scat]
         kp.kernels[:a + 1] = rest + [new] + moved
-        done.append(f"{','.join(k.origin[:1]) or 'attention'} reads %{KT.buffer}, %{V.buffer} "
-                    f"before their row updates")
+        read = f"%{KT.buffer}, %{V.buffer} before their row updates" if both else \
+            f"%{V.buffer} before its row update (%{KT.buffer} after)"
+        done.append(f"{','.join(k.origin[:1]) or 'attention'} reads {read}")
         a = len(rest) + 1 + len(moved)
     return done
 

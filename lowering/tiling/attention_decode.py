@@ -29,6 +29,13 @@ the first bank's products and score expression run while the rest arrive (decode
 add of the term to the products in PSUM (decode_gpt2 trn2 1087.5 -> 1076.0 us, trn3 903.7 ->
 891.0 with the paired loads); scores that come scaled take VectorE's exponential where it is
 the faster engine (NC-v4: trn3 891.0 -> 883.3 us).
+A query row resident in SBUF (the QKV projection's output) reaches the pairs' [128, H/2] by one
+TensorE transpose per pair (``_q_rows``), and an output row resident in SBUF (the next matmul's
+input) is assembled by one transpose per pair into a PSUM row and one copy (``_resident_row``):
+no SBUF -> SBUF DMA on the chain of dependent kernels, where it would wait behind the weight
+stream on the in-order DMA engines. Work that depends only on the positions and the mask (the
+position masks, the additive term, the query blocks' pattern) goes to GpSimdE where it can
+(``_off_vector``), off the in-order VectorE that runs the score work.
 
 New rows (``AttentionKAttrs.new_kv``, ``passes/decode_cache.py``): KT and V are the cache before
 its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions. By value:
@@ -38,6 +45,9 @@ its one-row update, KN / VN the new rows, pos_k / pos_v their runtime positions.
     P^T' = P^T * (key != pos_v)              the stale value row gets probability 0 ...
     p_new = onehot(pos_v).T @ P^T            [1, H]: each head's probability of key pos_v ...
     O[0, h] += p_new[h] * vn_h               ... which multiplies the new row instead
+With the value rows only (``new_kv`` naming two inputs, VN and pos_v: the key cache is read
+after its update, ``decode_cache.ENABLED == "values"``) the value half alone: no s_new, no key
+selects, the scores as without new rows.
 The masks depend only on the positions, so they and the cache loads wait for nothing the layer
 computes. A stale value row must be finite (0 x inf is NaN): a static cache starts zeroed and
 holds rows that earlier steps wrote.
@@ -54,7 +64,7 @@ Invariants
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 from lowering.errors import LoweringError
 from lowering.kir import EOp, Expr, KOp
@@ -67,6 +77,28 @@ from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory, Op, SelectAttrs
+
+
+@contextmanager
+def _off_vector(b: TirBuilder, on: bool = True):
+    """Inside: an instruction that GpSimdE can run goes to GpSimdE alone. For the work that
+    depends on nothing the layer computes (the position masks, the additive score term, the
+    query blocks' pattern): on the in-order VectorE it would sit between the previous kernels'
+    epilogues and this kernel's score work, on the chain of dependent kernels."""
+    if not on:
+        yield
+        return
+    emit = b.emit
+
+    def pinned(op, dst, srcs, attrs, *, engines, **kw):
+        if EngineKind.GPSIMD in engines:
+            engines = (EngineKind.GPSIMD,)
+        return emit(op, dst, srcs, attrs, engines=engines, **kw)
+    b.emit = pinned
+    try:
+        yield
+    finally:
+        del b.emit
 
 
 
@@ -82,7 +114,8 @@ def decode_fits(k: KOp, batch, Sq: int, Sk: int, D: int, Dv: int, sk: _Side, t) 
 def new_rows_fit(k: KOp, t) -> bool:
     """Whether ``tile_decode`` takes ``k``, an attention with ``new_kv`` set (the pass's check)."""
     Q, KT, V = k.ins[:3]
-    KN, VN = k.ins[k.attrs.new_kv:k.attrs.new_kv + 2]
+    rows = k.ins[k.attrs.new_kv:]
+    KN, VN = rows[:2] if len(rows) == 4 else (KT, rows[0])
     *batch, Sq, D = Q.shape
     Sk, Dv = KT.shape[-1], V.shape[-1]
     return (min(Sq, Sk, D, Dv) > 0 and KN.dtype == KT.dtype == Q.dtype and VN.dtype == V.dtype
@@ -123,8 +156,11 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
     groups = [(h0, min(per_bank, H - h0)) for h0 in range(0, H, per_bank)]
     clamp = a.safe and a.score is not None
     new = a.new_kv is not None
-    if new:
+    newk = new and len(k.ins) - a.new_kv == 4        # the key row too (else the value row only)
+    if newk:
         KN, VN, PK, PV = k.ins[a.new_kv:a.new_kv + 4]
+    elif new:
+        VN, PV = k.ins[a.new_kv:a.new_kv + 2]
     b.note(f"attention decode: {H} heads of one query each over {Sk} keys, heads on partitions "
            f"(block-diagonal queries, {nk} score banks, outputs in {len(groups)} banks)")
     with ExitStack() as es:
@@ -139,20 +175,25 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         paired = halves == 2 and D == 64
         nq = slots if paired else H          # stationary blocks [P, H], one per product
         # Q^T of every head, then the blocks: eye[d, j, m] = (m == head of block j in half u)
-        qt = b.tile("dq", Memory.SBUF, P, H, dt, 1)
+        rows = _q_rows(b, k, outer, H, D, paired, t)
+        if rows is not None:     # pair j's q [1, 128] -> column j of qtp (heads 2j, 2j+1)
+            qtp = b.tile("dqT", Memory.PSUM, P, nq, F32, 1)
+            for j, v in enumerate(rows):
+                b.transpose(qtp.ap(P, elem_offset=j, dims=((1, 1),)), v)
+        else:
+            qt = b.tile("dq", Memory.SBUF, P, H, dt, 1)
         eye = b.tile("deye", Memory.SBUF, P, nq * H, dt, 1)
         qm = b.tile("dqm", Memory.SBUF, P, nq * H, dt, 1)
-        if new:
-            onek, onev, keepv = _position_masks(b, PK, PV, H, Sk, pdt)
         # an additive score term takes scale S + X in one add when the scale is a power of two
         # (then q * scale is exact in the query blocks and S comes scaled from the products)
         qscale = _pow2(a.scale) if _additive(a.score) is not None and PRESCALE_Q else 1.0
         for u in range(halves):
-            # every head's q in one DMA per half (features on partitions): one fixed phase,
-            # not one per head
-            b.dma(qt.ap(D, partition_start=64 * u, dims=((1, H),)),
-                  hbm_ap(Q.buffer, Q.dtype, _boff(Q, outer + (aff(0),)), D, Q.strides[-1],
-                         ((H, Q.strides[-3]),)))
+            if rows is None:
+                # every head's q in one DMA per half (features on partitions): one fixed phase,
+                # not one per head
+                b.dma(qt.ap(D, partition_start=64 * u, dims=((1, H),)),
+                      hbm_ap(Q.buffer, Q.dtype, _boff(Q, outer + (aff(0),)), D, Q.strides[-1],
+                             ((H, Q.strides[-3]),)))
             hh = dict(partition_start=64 * u)
             grid = dict(dims=((H, nq), (1, H)), **hh)
             # paired: block j holds head 2j + u in half u (j*2 + u - m); else head j (j - m)
@@ -162,11 +203,15 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
                                 op1=AluOp.MULTIPLY, operand1=qscale)
             else:
                 b.tensor_scalar(eye.ap(D, **hh), eye.ap(D, **hh), AluOp.IS_EQUAL, 0.0)
-            b.tensor_tensor(qm.ap(D, **grid), eye.ap(D, **grid), qt.ap(D, dims=((0, nq), (1, H)), **hh),
-                            AluOp.MULTIPLY)
+            q = (qt.ap(D, dims=((0, nq), (1, H)), **hh) if rows is None else
+                 qtp.ap(D, dims=((1, nq), (0, H)), **hh))   # block j: its pair's column
+            b.tensor_tensor(qm.ap(D, **grid), eye.ap(D, **grid), q, AluOp.MULTIPLY)
+        if new:         # after the query blocks: GpSimdE makes both (the blocks' pattern first)
+            with _off_vector(b, OFF_VECTOR):
+                onek, onev, keepv = _position_masks(b, PK if newk else None, PV, H, Sk, pdt)
         if new:         # the new rows, before the cache loads on the DMA queues
-            knt = b.tile("dkn", Memory.SBUF, P, slots, dt, 1)
-            for u in range(halves):
+            knt = b.tile("dkn", Memory.SBUF, P, slots, dt, 1) if newk else None
+            for u in range(halves if newk else 0):
                 n_u = len(range(u, H, halves))
                 b.dma(knt.ap(D, partition_start=64 * u, dims=((1, n_u),)),
                       hbm_ap(KN.buffer, KN.dtype, _boff(KN, outer + (aff(u),)), D, KN.strides[-1],
@@ -179,8 +224,9 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
         # waits for nothing the products give (``_additive``); its loads before the cache's
         bias = _additive(a.score)
         if bias is not None:
-            bias = [_bias_tile(b, k, bias, outer + (aff(0),), H, k0, kw, len(batch) - 1)
-                    for k0, kw in kbs]
+            with _off_vector(b, OFF_VECTOR):
+                bias = [_bias_tile(b, k, bias, outer + (aff(0),), H, k0, kw, len(batch) - 1)
+                        for k0, kw in kbs]
         # the second products by columns or by rows (``_columns``)
         cols = _columns(t, H, Sk, Dv, new, V.dtype, pdt)
         kt = b.tile("dk", Memory.SBUF, P, slots * Sk, dt, 1)
@@ -208,6 +254,7 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
 
         if new:         # the new key's scores s_new [H, 1], into column 0 of ``fx``
             fx = b.tile("dfx", Memory.PSUM, H, 1 + H, F32, 1)
+        if newk:
             for j in range(nq):
                 p0, pp, slot = block(j)
                 b.matmul(fx.ap(dims=((1, 1),)),
@@ -225,15 +272,16 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
                          qm.ap(pp, partition_start=p0, elem_offset=j * H, dims=((1, H),)),
                          kt.ap(pp, partition_start=p0, elem_offset=slot * Sk + k0, dims=((1, kw),)),
                          start_when=(j,))
-            if new:     # key pos_k: the new key's score, whatever the stale one is
+        mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
+        srcs = []
+        for c, (k0, kw) in enumerate(kbs):
+            if newk:    # key pos_k: the new key's score, whatever the stale one is (per bank
+                #         with its score expression: VectorE runs in order)
                 sel = b.tile(f"dsel{c}", Memory.SBUF, H, KB, F32, 1)
                 b.emit(Op.SELECT, sel.ap(dims=((1, kw),)),
                        (onek.ap(elem_offset=k0, dims=((1, kw),)), sn.ap(dims=((0, kw),)),
                         S[c].ap(dims=((1, kw),))), SelectAttrs(), engines=(EngineKind.VECTOR,))
                 S[c] = sel
-        mb = b.tile("dmb", Memory.SBUF, H, nk, F32, 1).ap()
-        srcs = []
-        for c, (k0, kw) in enumerate(kbs):
             src, act_scale = S[c].ap(dims=((1, kw),)), a.scale
             if bias is not None:        # scale S + X, as _score_tile computes ACC + X
                 acc = S[c].ap(dims=((1, kw),))
@@ -318,7 +366,31 @@ def tile_decode(b: TirBuilder, k: KOp, sk: _Side) -> None:
             _products_by_rows(b, out, outer, H, Sk, Dv, vt, ptv, rl, (vn, pn) if new else None)
 
 
+def _q_rows(b: TirBuilder, k: KOp, outer, H: int, D: int, paired: bool, t):
+    """The query row resident in SBUF (a decode step's QKV projection output) as one [1, 128]
+    view per head pair, to reach [128, pairs] by TensorE transposes rather than SBUF -> SBUF
+    DMAs (on the chain of dependent kernels, behind the weight stream on the in-order DMA
+    engines); None where the heads are not paired, H is odd, the row is not resident, a pair
+    is not 128 contiguous elements, or the PSUM banks are taken (``_fits``)."""
+    Q, KT, V = k.ins[:3]
+    if not (Q_BY_TRANSPOSES and paired and H % 2 == 0 and Q.strides[-1] == 1
+            and Q.strides[-3] == D):
+        return None
+    a = k.attrs
+    nk = -(-KT.shape[-1] // KB)
+    per_bank = t.psum_bank_bytes // (V.shape[-1] * 4)
+    fix = 1 if a.new_kv is not None else 0
+    if nk + -(-H // per_bank) + 2 + fix + 1 > t.psum_banks:
+        return None
+    base = _boff(Q, outer + (aff(0),))
+    views = [b.resident_view(hbm_ap(Q.buffer, Q.dtype, base + j * 2 * D, 1, 0, ((2 * D, 1),)), 1)
+             for j in range(H // 2)]
+    return None if any(v is None for v in views) else views
+
+
 PAIRED_KT_LOADS = True
+Q_BY_TRANSPOSES = True
+OFF_VECTOR = True
 PRESCALE_Q = True
 VECTOR_EXP = True
 
@@ -502,18 +574,41 @@ def _products_by_columns(b: TirBuilder, out, outer, H: int, Sk: int, Dv: int, vt
     slots = -(-H // nh)
     wt = b.tile("dw", Memory.SBUF, P, slots, _out_dtype(out), 1)
     so = out.strides if not isinstance(out, _SbufOut) else (0, 0, 0)
+    row = _resident_row(b, out, outer, H, Dv) if nh == 2 and H % 2 == 0 else None
     for u in range(min(nh, H)):
         n_u = len(range(u, H, nh))
         hh = dict(partition_start=u * Dv)
         b.tensor_tensor(wt.ap(Dv, dims=((1, n_u),), **hh),
                         ot.ap(Dv, elem_offset=u, dims=((nh, n_u),), **hh),
                         rlb.ap(Dv, elem_offset=u, dims=((nh, n_u),), **hh), AluOp.MULTIPLY)
+        if row is not None:
+            continue
         # heads back on partitions (one row each), so the store moves whole rows
         tt = b.tile(f"dwt{u}", Memory.PSUM, n_u, Dv, wt.dtype, 1)
         b.transpose(tt.ap(), wt.ap(Dv, dims=((1, n_u),), **hh))
         rows = b.tile(f"dwr{u}", Memory.SBUF, n_u, Dv, wt.dtype, 1)
         b.tensor_copy(rows.ap(), tt.ap())
         _store(b, out, outer, u, n_u, nh * so[-3], ((Dv, so[-1]),), rows.ap())
+    if row is not None:
+        # an output row resident in SBUF (the next matmul's input): column j of ``wt`` (heads
+        # 2j and 2j + 1) is the row's elements 2j Dv .. (2j + 2) Dv, so one transpose per pair
+        # into one PSUM row and one copy into the resident row, no SBUF -> SBUF DMA (on the
+        # chain, behind the weight stream on the in-order DMA engines)
+        ps = b.tile("dwrow", Memory.PSUM, 1, H * Dv, wt.dtype, 1)
+        for j in range(slots):
+            b.transpose(ps.ap(1, elem_offset=j * P, dims=((1, P),)),
+                        wt.ap(P, elem_offset=j, dims=((1, 1),)))
+        b.tensor_copy(row, ps.ap())
+
+
+def _resident_row(b: TirBuilder, out, outer, H: int, Dv: int):
+    """The attention's output [*B, H, 1, Dv] as one SBUF row [1, H Dv] when it is resident and
+    its heads lie back to back; else None (stored by DMA)."""
+    if isinstance(out, _SbufOut) or not Q_BY_TRANSPOSES or out.strides[-1] != 1 \
+            or out.strides[-3] != Dv:
+        return None
+    return b.resident_view(hbm_ap(out.buffer, out.dtype, _boff(out, outer + (aff(0),)), 1, 0,
+                                  ((H * Dv, 1),)), 1)
 
 
 def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None:
@@ -535,17 +630,20 @@ def _load_v_head(b: TirBuilder, V, bidx, Sk: int, Dv: int, vt, off: int) -> None
 def _position_masks(b: TirBuilder, PK, PV, H: int, Sk: int, pdt):
     """From the positions (int32, one element each): ``onek`` [H, Sk], 1 at key pos_k on every
     row; keys on partitions (key p + 128 c at [p, c]), ``onev`` and ``keepv`` [128, chunks], 1
-    at key pos_v and 1 elsewhere. Compared in fp32 (exact for every key index)."""
+    at key pos_v and 1 elsewhere. Compared in fp32 (exact for every key index). Without
+    ``PK`` (the value row only) ``onek`` is None."""
     nch, w0 = -(-Sk // 128), min(Sk, 128)
-    out = []
+    out = [] if PK is not None else [None]
     for name, r, p, steps in (("k", PK, H, (1,)), ("v", PV, w0, (128,))):
+        if r is None:
+            continue
+        n = Sk if name == "k" else nch
+        ix = b.tile(f"dix{name}", Memory.SBUF, p, n, F32, 1)
+        b.iota(ix.ap(), 0, 0 if name == "k" else 1, steps)      # first: waits for nothing
         pi = b.tile(f"dp{name}i", Memory.SBUF, p, 1, r.dtype, 1)
         b.dma(pi.ap(), hbm_ap(r.buffer, r.dtype, r.offset, p, 0, ()))
         pf = b.tile(f"dp{name}", Memory.SBUF, p, 1, F32, 1)
         b.tensor_copy(pf.ap(), pi.ap())
-        n = Sk if name == "k" else nch
-        ix = b.tile(f"dix{name}", Memory.SBUF, p, n, F32, 1)
-        b.iota(ix.ap(), 0, 0 if name == "k" else 1, steps)
         for op in ((AluOp.IS_EQUAL,) if name == "k" else (AluOp.IS_EQUAL, AluOp.NOT_EQUAL)):
             m = b.tile(f"d{op.value}{name}", Memory.SBUF, p, n, pdt, 1)
             b.tensor_scalar(m.ap(), ix.ap(), op, pf.ap(), engines=(EngineKind.VECTOR,))

@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Callable
 
-from runtime_sim.costs import TensorRamp, dma_tile_data_ns, instr_cost
+from runtime_sim.costs import TensorLanes, TensorRamp, dma_tile_data_ns, instr_cost
 from runtime_sim.isa import (AP, DmaAttrs, DType, EngineKind, Instr, Memory, Op, Queue, TensorCopyAttrs,
                              TransposeAttrs, dma_queue)
 from runtime_sim.targets import Target
@@ -159,16 +159,23 @@ def stream_loads(shape: MatmulShape, c: Blocking) -> int:
 @functools.lru_cache(maxsize=None)
 def row_by_transposes(t: Target, Kt: int) -> bool:
     """One resident row's ``Kt`` K tiles go to [128, Kt] by TensorE transposes when those (on a
-    cold engine: its power ramp from the start speed, ``costs.TensorRamp``) and the copy out of
-    PSUM take less than one DMA's fixed phase, all priced by the simulator's cost table."""
+    cold engine: its power ramp from the start speed, ``costs.TensorRamp``; two at a time where
+    TensorE has a background transpose lane, ``costs.TensorLanes``) and the copy out of PSUM
+    take less than the SBUF -> SBUF DMA they replace: its fixed phase and its data phase (one
+    element per run: ``Kt`` x 128 runs of 2 bytes), all priced by the simulator's cost table."""
     tr = Instr(Op.TRANSPOSE, AP("ps", Memory.PSUM, 0, 128, 0, ((1, 1),), DType.FP32),
                (AP("row", Memory.SBUF, 0, 1, 0, ((1, 128),), DType.BF16),), TransposeAttrs())
     one = instr_cost(tr, Queue(EngineKind.TENSOR), t).busy_ns
-    ramp, now = TensorRamp(t, None), 0.0
+    ramp = TensorLanes(t, None, [True] * Kt) if t.background_transpose else TensorRamp(t, None)
+    now = end = 0.0
     for i in range(Kt):
-        _, b = ramp.step(now, i, one)
-        now += b
+        s, b = ramp.step(now, i, one)
+        end = max(end, s + b)
+        now = ramp.free if isinstance(ramp, TensorLanes) else s + b
     cp = Instr(Op.TENSOR_COPY, AP("x", Memory.SBUF, 0, 128, 0, ((1, Kt),), DType.BF16),
                (AP("ps", Memory.PSUM, 0, 128, 0, ((1, Kt),), DType.FP32),), TensorCopyAttrs())
     copy = min(instr_cost(cp, Queue(e), t).busy_ns for e in (EngineKind.VECTOR, EngineKind.SCALAR))
-    return now + copy < t.dma_transfer_ns
+    dma = Instr(Op.DMA_COPY, AP("x", Memory.SBUF, 0, 128, 0, ((1, Kt),), DType.BF16),
+                (AP("row", Memory.SBUF, 0, 1, 0, ((1, 128), (128, Kt)), DType.BF16),), DmaAttrs(False))
+    c = instr_cost(dma, dma_queue(0), t)
+    return end + copy < c.issue_ns + c.busy_ns
