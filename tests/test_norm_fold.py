@@ -70,7 +70,9 @@ def _folded(cg) -> bool:
 CASES = [("trn1", torch.bfloat16, 130, 200, 300, 3e-2), ("trn2", torch.bfloat16, 130, 200, 300, 3e-2),
          ("trn3", torch.bfloat16, 70, 768, 200, 3e-2), ("trn2", torch.float32, 130, 200, 300, 1e-4),
          ("trn1", torch.float32, 300, 384, 130, 1e-4),      # K groups of 3 (the grouped columns)
-         ("trn1", torch.bfloat16, 100, 768, 768, 3e-2)]     # K groups, two blocks
+         ("trn1", torch.bfloat16, 100, 768, 768, 3e-2),     # K groups, two blocks
+         ("trn2", torch.bfloat16, 64, 128, 200, 3e-2),      # one K tile: one row, no DMA transpose
+         ("trn2", torch.bfloat16, 130, 256, 300, 3e-2)]     # two K tiles: DMA-transposed columns
 
 
 @pytest.mark.parametrize("target,dtype,M,C,N,tol", CASES)
@@ -87,6 +89,50 @@ def test_folded_norm_matches_eager(target, dtype, M, C, N, tol, bias):
     with pytest.raises(AssertionError):     # the tolerance can fail: half the result does
         torch.testing.assert_close((y * 0.5).float(), ref.float(), rtol=tol,
                                    atol=tol * ref.float().abs().max().item())
+
+
+class _ResidualNormLinear(torch.nn.Module):
+    """A pre-norm block's join: the norm reads a residual sum made in the same partition (its
+    rows stay in SBUF), so the matmul's A^T tiles come by TensorE transposes with plain K tiles."""
+
+    def __init__(self, C, N):
+        super().__init__()
+        self.fc0 = torch.nn.Linear(C, C)
+        self.ln = torch.nn.LayerNorm(C)
+        self.fc = torch.nn.Linear(C, N)
+        torch.nn.init.normal_(self.ln.weight, 1.0, 0.5)
+        torch.nn.init.normal_(self.ln.bias, 0.0, 0.5)
+
+    def forward(self, x):
+        return self.fc(self.ln(x + self.fc0(x)))
+
+
+@pytest.mark.parametrize("target,C,by_dma", [("trn3", 768, True), ("trn2", 768, True),
+                                              ("trn3", 128, False), ("trn1", 768, False)])
+def test_scale_columns_by_dma_transpose(target, C, by_dma, monkeypatch):
+    """The norm's weight/bias columns for plain K tiles (``APrologue._transposed``) come by one
+    DMA transpose of their [Kt, 128] rows where the target has 2-byte DMA transposes and there
+    are two or more whole rows (one row is a vector: ALBERT's 128-wide embedding norm); else by
+    a TensorE transpose and a copy out of PSUM. Values match eager either way."""
+    seen = []
+    orig = matmul_prologue.APrologue._transposed
+
+    def spy(*a, **kw):
+        seen.append(a[1])
+        return orig(*a, **kw)
+    monkeypatch.setattr(matmul_prologue.APrologue, "_transposed", staticmethod(spy))
+    torch.manual_seed(0)
+    m = _ResidualNormLinear(C, 300).to(torch.bfloat16).eval()
+    x = torch.randn(128, C, dtype=torch.bfloat16)
+    y, cg = _run(m, x, target)
+    with torch.no_grad():
+        ref = m(x)
+    assert sorted(seen) == ["scale", "shift"]          # the path under test ran
+    torch.testing.assert_close(y.float(), ref.float(), rtol=3e-2, atol=3e-2 * ref.float().abs().max().item())
+    ins = _instrs(cg)
+    dma_t = [i for i in ins if i.op is Op.DMA_COPY and i.attrs.transpose and i.dst.buffer.endswith(".ascale")]
+    pe_t = [i for i in ins if i.op is Op.TRANSPOSE and i.dst.buffer.endswith(".ascalep")]
+    assert (len(dma_t), len(pe_t)) == ((1, 0) if by_dma else (0, 1))
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])

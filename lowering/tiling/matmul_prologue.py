@@ -84,13 +84,13 @@ class APrologue:
         """The columns of plain K tiles by one load of the vector as [Kt, 128] rows (contiguous
         runs; the column layout loaded directly is one 2-byte run per element, 27 us of GPT-2
         small's DMA time on trn2): on a target with 2-byte DMA transposes, one DMA transpose of
-        those rows (a weight load: it runs ahead with the weight stream, touching no compute
+        those rows (two or more whole rows: one row is a vector, not a 2-D transpose) (a weight load: it runs ahead with the weight stream, touching no compute
         engine); else one TensorE transpose into PSUM, copied out in fp32 on ScalarE (an
         instruction that, issued in program order after the producing layer norm's work, held
         the kernel's first x^T transposes back)."""
         vs = v.strides[-1]
         full, rem = divmod(K, TK)
-        if not rem and v.dtype.itemsize == 2 and b.target.dma_transpose_efficiency > 0:
+        if full > 1 and not rem and v.dtype.itemsize == 2 and b.target.dma_transpose_efficiency > 0:
             t = b.tile(f"a{name}", Memory.SBUF, TK, kt_n, v.dtype, 1)
             b.dma(t.ap(TK, dims=((1, full),)), hbm_ap(v.buffer, v.dtype, v.offset, full, TK * vs, ((TK, vs),)),
                   transpose=True)
