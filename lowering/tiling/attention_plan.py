@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lowering.tiling.attention_steps import F32, KB, QB, _cols, _ones_column
+from lowering.tiling.attention_steps import F32, KB, MDT, QB, _cols, _half_max, _ones_column
 from lowering.tiling.estimate import profile, scratch
 from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
 
@@ -33,7 +33,8 @@ class _Body:
         self.ones = _ones_column(pdt, Dv, s.target)
         self.v = s.tile("v", Memory.SBUF, 128, Dv + self.ones, dt, 1)
         self.o = s.tile("o", Memory.PSUM, QB, Dv + self.ones, F32, 1)
-        self.mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
+        self.mb = s.tile("mb", Memory.SBUF, QB, nk, MDT, 1)
+        self.mh = s.tile("mh", Memory.SBUF, QB, nk * KB // 2, MDT, 1)
         self.m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
 
     def qk(self, name: str, kw: int):
@@ -44,8 +45,9 @@ class _Body:
                      self.kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
         return sc
 
-    def row_max(self, c: int, sc, engine: EngineKind) -> None:
-        self.s.tensor_reduce(_cols(self.mb.ap(), c, 1), sc, AluOp.MAX, engines=(engine,))
+    def row_max(self, c: int, sc, kw: int) -> None:
+        _half_max(self.s, _cols(self.mb.ap(), c, 1), sc, _cols(self.mh.ap(), c * KB // 2, kw // 2),
+                  kw, AluOp.MAX)
 
     def exp(self, name: str, c: int, sc, kw: int, vector: bool):
         pc = self.s.tile(name, Memory.SBUF, QB, KB, self.pdt, 1).ap(dims=((1, kw),))
@@ -101,7 +103,7 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
         for c, (_, kw) in enumerate(kbs):
             sc = (body.qk(f"s{c}", kw) if tensor
                   else s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
-            body.row_max(c, sc, EngineKind.VECTOR)
+            body.row_max(c, sc, kw)
             pc = body.exp(f"p{c}", c, sc, kw, c < nv)
             pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
                                 tensor, dma=c < dma)

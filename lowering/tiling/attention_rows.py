@@ -53,7 +53,7 @@ from __future__ import annotations
 from lowering.kir import KOp
 from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan,
                                             spare_engine)
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
                                              _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
@@ -151,6 +151,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             s.tensor_scalar(x, x, AluOp.MULTIPLY, a.scale, engines=(e,))
         scale_engine = spare_engine(b.target, busy, one_scale, ELEMENTWISE + (EngineKind.SCALAR,))
     interleave = b.target.background_transpose
+    # scores in PSUM: their row maxes by ``_half_max`` (VectorE, then GpSimdE)
+    halves = a.score is None
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
 
     def visible(t: int) -> list[tuple[int, int, int, int | None]]:
@@ -178,7 +180,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         # staging: a tile per query block would leave the planner only short lifetimes to share
         # bytes by, and every sharing is a wait on another block's instructions
         tmp = [{"qt": b.tile(f"rqt{j}_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
-                "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
+                "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, MDT if halves else F32, 1),
+                # per bank the elementwise max of the scores' two halves (``_half_max``)
+                "mh": b.tile(f"rmh{j}_{u}", Memory.SBUF, QB, nk * KB // 2, MDT, 1) if halves else None,
                 "l": None if ones else b.tile(f"rl{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
                 "m": b.tile(f"rm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "nm": b.tile(f"rnm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
@@ -287,12 +291,13 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     src = _score_tile(b, k, S[s], bidx, q0, qr, aff(k0), kw)
                     act_scale = 1.0
                 srcs[s] = (src, act_scale)
-                # on VectorE: GpSimdE cannot read the scores in PSUM (runtime_sim.checks; an
-                # SBUF score tile may go to either) (a row of one key block without VectorE's
-                # exps: its max is the row's)
+                # (a row of one key block without VectorE's exps: its max is the row's)
                 mx = tmp[j]["m"].ap(qr) if len(vis) == 1 and not vexp else _cols(tmp[j]["mb"].ap(qr), x, 1)
-                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
-                                engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
+                op = AluOp.MAX if act_scale >= 0 else AluOp.MIN
+                if halves:
+                    _half_max(b, mx, src, _cols(tmp[j]["mh"].ap(qr), x * KB // 2, kw // 2), kw, op)
+                else:   # an SBUF score tile: either engine
+                    b.tensor_reduce(mx, src, op, engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
         for j, (t, s0, vis) in enumerate(urows):
             qr = blocks[t][1]
             act_scale = srcs[s0][1]

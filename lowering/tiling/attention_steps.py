@@ -27,6 +27,7 @@ F32 = DType.FP32
 QB, KB = 128, 512
 LOWEST = -3.4028234663852886e38     # lowest finite fp32
 TINY = 1.1754943508222875e-38       # smallest normal fp32
+MDT = DType.BF16                    # the row maxes of scores in PSUM (``_half_max``)
 
 
 def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
@@ -48,6 +49,22 @@ def _mask_tile(b: TirBuilder, name: str, base: int, width: int, dt: DType, hidde
     b.tensor_scalar(t.ap(), t.ap(), AluOp.IS_LE, 0.0, op1=AluOp.SUBTRACT, operand1=1.0, engines=pool)
     b.tensor_scalar(t.ap(), t.ap(), AluOp.MULTIPLY, -hidden, engines=pool)   # 0 or hidden
     return t
+
+
+def _half_max(b: TirBuilder, mx, src, half, kw: int, op: AluOp) -> None:
+    """``mx`` = the row max (``op``: or min) of ``src`` [qr, kw], scores in PSUM, which GpSimdE
+    cannot read: VectorE takes the elementwise max of the block's two halves into ``half`` in
+    SBUF (one instruction streaming both: half the elements of a reduce over the block), GpSimdE
+    the row max of that (``MDT``: a max near the true one gives the same softmax, as long as no
+    exp overflows; bf16 rounding moves it by a fraction of a percent). An odd width: one
+    VectorE reduce over the block."""
+    h = kw // 2
+    if kw % 2 == 0:
+        b.tensor_tensor(_cols(half, 0, h), _cols(src, 0, h), _cols(src, h, h), op,
+                        engines=(EngineKind.VECTOR,))
+        b.tensor_reduce(mx, _cols(half, 0, h), op, engines=(EngineKind.GPSIMD,))
+    else:
+        b.tensor_reduce(mx, src, op, engines=(EngineKind.VECTOR,))
 
 
 def _only_casts(e: Expr) -> bool:
