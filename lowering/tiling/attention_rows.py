@@ -225,13 +225,16 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         return tuple(kw for _, _, vis in rows_of(i) for _, _, kw, _ in vis)
 
     def by_dma(i: int) -> set[int]:
-        """The banks whose P^T unit i takes by DMA transposes."""
-        return {0} if dma_transposes(b.target, widths(i), D, Dv, dt, pdt, nv, na) else set()
+        """The banks whose P^T unit i takes by DMA transposes (its first ones)."""
+        return set(range(dma_transposes(b.target, widths(i), len(units[i]), D, Dv, dt, pdt, nv, na)))
 
-    ndma = sum(1 for i in range(NU) if by_dma(i))
-    if ndma:
-        b.note(f"attention: {ndma} of {NU} units take their first bank's P^T by DMA transposes "
-               "(SBUF -> SBUF): it lowers their busiest engine (TensorE's transposes, VectorE's copy)")
+    ndma = [len(by_dma(i)) for i in range(NU)]
+    if any(ndma):
+        more = sum(1 for n in ndma if n > 1)
+        b.note(f"attention: {sum(1 for n in ndma if n)} of {NU} units take their first bank's P^T by "
+               "DMA transposes (SBUF -> SBUF)" + (f", {more} also the next bank's" if more else "")
+               + ": it lowers their busiest engine (TensorE's transposes, VectorE's copy) and the "
+               "DMA queues keep up; chosen by the cost model")
 
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True, cs=None) -> None:
         """K^T (``k``) and V (``v``) of item h into set w: key blocks ``cs`` (default all)."""
@@ -363,7 +366,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             if s in dmat:        # by DMA, issued with the exps
                 pts[s] = PT[s].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),))
                 return
-            eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
+            eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if a.score is not None else
                    (EngineKind.SCALAR,) if s < na else (EngineKind.VECTOR,))
             pts[s] = _transpose_block(b, k, S[s], P[s].ap(qr, dims=((1, kw),)), qr, kw,
                                       -(-kw // 128), pt=PT[s], engines=eng)
@@ -376,11 +379,17 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 last = s0 + len(vis) - 1
                 O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dw) if shares
                      else tmp[j]["o"])
-                for x, (c, k0, kw, _) in enumerate(vis):
+                # in the order their P^T lands: the first DMA-transposed bank (its exp is the
+                # unit's first), the TensorE-transposed ones, the other DMA banks (their
+                # transfers queue behind the first's on every DMA engine)
+                dm = [x for x in range(len(vis)) if s0 + x in dmat]
+                xs = dm[:1] + [x for x in range(len(vis)) if x not in dm] + dm[1:]
+                for x in xs:
+                    c, k0, kw, _ = vis[x]
                     for s1, sw in b.tiled(kw, 128, "pv"):
                         sub = s1 // 128
                         b.matmul(O.ap(qr), _cols(pts[s0 + x], sub * qr, qr, sw),
-                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 + k0,))
+                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 if x == xs[0] else 1,))
                 if ones:
                     den = _cols(O.ap(qr), Dv, 1)
                 else:   # the sums on GpSimdE (ScalarE's queue holds the next unit's exps: an
