@@ -203,3 +203,20 @@ def dma_transposes(t, widths: tuple[int, ...], rows: int, D: int, Dv: int, dt, p
         if best is None or key < best[0]:
             best = (key, n)
     return best[1]
+
+
+@lru_cache(maxsize=None)
+def norm_engine(t, widths: tuple[int, ...], D: int, Dv: int, dt, pdt, nv: int) -> EngineKind:
+    """The engine of a unit's output normalisation (one instruction reading the output in
+    PSUM): it sits in its engine's queue behind the next unit's exps (``tile_rows`` issues them
+    first), and the unit after that waits for it (the output shares a score bank), so the one
+    of VectorE and ScalarE whose queue holds less exp time for a unit of key blocks ``widths``
+    wide, the first ``nv`` exps on VectorE (``exp_plan``), priced by ``estimate.profile``
+    (ties: VectorE)."""
+    with scratch(t) as s:
+        body = _Body(s, D, Dv, dt, pdt, len(widths))
+        for c, kw in enumerate(widths):
+            sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
+            body.exp(f"p{c}", c, sc, kw, c < nv)
+    busy = profile(s)[0]
+    return min((EngineKind.VECTOR, EngineKind.SCALAR), key=lambda e: busy.get(e, 0.0))

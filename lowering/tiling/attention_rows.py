@@ -51,7 +51,7 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan,
+from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, norm_engine,
                                             spare_engine)
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
@@ -348,9 +348,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                                   _cols(P[s].ap(qr, dims=((1, kw),)), s1, sw), transpose=True)
         return exps
 
-    def late(h: Affine, w: int, i: int, u: int):
+    def late(h: Affine, w: int, i: int, u: int, nxt: int):
         """Unit i's transposes (``tp(s)`` per bank) and the rest (``rest()``: 1 / sum, second
-        products, store), for the caller to place."""
+        products, store), for the caller to place; unit ``nxt``'s exps go ahead of the rest."""
         bidx = outer + (h,)
         vts = kv[w][1]
         S, P, PT, tmp = sets[u]
@@ -403,7 +403,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY,
                                     engines=(EngineKind.GPSIMD, EngineKind.VECTOR))
                     den = tmp[j]["den"].ap(qr)
-                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
+                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE,
+                       engines=(norm_engine(b.target, widths(nxt), D, Dv, dt, pdt, nv),))
         return tp, rest
 
     def order(hh: int) -> list[int]:
@@ -419,7 +420,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         od, nod = order(hh), order(1 - hh)
         for p, i in enumerate(od):
             u = (hh * NU + p) % 2
-            tp, rest = late(h, hh, i, u)
+            tp, rest = late(h, hh, i, u, od[p + 1] if p + 1 < NU else nod[0])
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None

@@ -19,7 +19,7 @@ from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.builder import ELEMENTWISE, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
@@ -79,10 +79,11 @@ def _only_casts(e: Expr) -> bool:
 
 
 def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP,
-           w=None, op: AluOp = AluOp.MULTIPLY) -> None:
+           w=None, op: AluOp = AluOp.MULTIPLY, engines=ELEMENTWISE) -> None:
     """out rows [q0, q0 + qr) = epilogue(o op rl), o the unnormalised output (PSUM or SBUF), rl
     1 / the row sums (``op`` MULTIPLY) or the row sums (DIVIDE); ``w``: the staging tile
-    [qr, Dv] of the output dtype to use when the epilogue is casts."""
+    [qr, Dv] of the output dtype to use when the epilogue is casts; ``engines``: those of the
+    normalisation when it is the only instruction."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
@@ -90,7 +91,7 @@ def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl
     if _only_casts(a.epilogue):      # normalise and round in one instruction
         w = target if target is not None else (w.ap(qr) if w is not None else
                                                b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap())
-        b.tensor_scalar(w, o, op, rl)
+        b.tensor_scalar(w, o, op, rl, engines=engines)
         if target is None:
             b.dma(dst, w)
         return
