@@ -336,16 +336,25 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     s = s0 + x
                     src, sc = srcs[s]
                     acc = {} if ones else {"accum": _cols(tmp[j]["l"].ap(qr), x, 1)}
+                    pc = P[s].ap(qr, dims=((1, kw),))
                     if s in vexp:
-                        b.exponential(P[s].ap(qr, dims=((1, kw),)), src, m, **acc)
+                        b.exponential(pc, src, m, **acc)
+                    elif s in dmat and ones:
+                        # P^T by DMA transposes: the exp per 128 keys, each piece's transfer
+                        # right behind it (its fixed phase starts that much earlier)
+                        for s1 in range(0, kw, 128):   # unrolled: one queue each
+                            sw = min(128, kw - s1)
+                            b.activation(_cols(pc, s1, sw), _cols(src, s1, sw), ActFunc.EXP, scale=sc,
+                                         bias_ap=nm)
+                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw), _cols(pc, s1, sw), transpose=True)
+                        continue
                     else:
-                        b.activation(P[s].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
+                        b.activation(pc, src, ActFunc.EXP, scale=sc, bias_ap=nm,
                                      reduce=AluOp.ADD if acc else None, **acc)
                     if s in dmat:   # P^T by DMA transposes: a unit period ahead of its use
                         for s1 in range(0, kw, 128):   # unrolled: one queue each
                             sw = min(128, kw - s1)
-                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw),
-                                  _cols(P[s].ap(qr, dims=((1, kw),)), s1, sw), transpose=True)
+                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw), _cols(pc, s1, sw), transpose=True)
         return exps
 
     def late(h: Affine, w: int, i: int, u: int, nxt: int):
