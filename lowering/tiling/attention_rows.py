@@ -261,7 +261,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             for d0, dw in b.tiled(D, 128, "d"):
                 sq.load(b, sets[u][3][j]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
-    def early(h: Affine, w: int, i: int, u: int, nxt=None, between=None):
+    def early(h: Affine, w: int, i: int, u: int, nxt=None, between=None, before_m=None):
         """Unit i's products, row maxes and statistics; ``between(s)`` is called after bank s's
         product (the previous unit's transposes, to run beside it). Returns the exps as a
         callable: the caller issues them after the previous unit's transposes, whose PSUM ->
@@ -301,6 +301,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     _half_max(b, mx, src, _cols(tmp[j]["mh"].ap(qr), x * KB // 2, kw // 2), kw, op)
                 else:   # an SBUF score tile: either engine
                     b.tensor_reduce(mx, src, op, engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
+        if before_m is not None:
+            before_m()
         for j, (t, s0, vis) in enumerate(urows):
             qr = blocks[t][1]
             act_scale = srcs[s0][1]
@@ -380,6 +382,22 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             pts[s] = _transpose_block(b, k, S[s], P[s].ap(qr, dims=((1, kw),)), qr, kw,
                                       -(-kw // 128), pt=PT[s], engines=eng)
 
+        summed = []
+
+        def sums() -> None:
+            """The row sums of a row's exps (several key blocks) on GpSimdE (ScalarE's queue holds
+            the next unit's exps: an instruction there would wait for them), once: for the caller
+            to issue between GpSimdE's last row max of the next unit and its m (no instruction
+            then reads what the one before it wrote, the dependent-instruction penalty)."""
+            if ones or summed:
+                return
+            summed.append(True)
+            for j, (t, s0, vis) in enumerate(urows):
+                if len(vis) > 1:
+                    qr = blocks[t][1]
+                    b.tensor_reduce(tmp[j]["den"].ap(qr), _cols(tmp[j]["l"].ap(qr), 0, len(vis)), AluOp.ADD,
+                                    engines=(EngineKind.GPSIMD,))
+
         def rest() -> None:
             for j, (t, s0, vis) in enumerate(urows):
                 q0, qr = blocks[t]
@@ -403,10 +421,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     den = _cols(O.ap(qr), Dv, 1)
                 else:   # the sums on GpSimdE (ScalarE's queue holds the next unit's exps: an
                     # instruction there would wait for them); one key block's sum is the row's
-                    den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
-                    if len(vis) > 1:
-                        den = tmp[j]["den"].ap(qr)
-                        b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
+                    sums()
+                    den = tmp[j]["den"].ap(qr) if len(vis) > 1 else _cols(tmp[j]["l"].ap(qr), 0, 1)
                 if clamp:
                     # GpSimdE unless the sum is in PSUM (the ones column), which it cannot read
                     b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY,
@@ -414,7 +430,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     den = tmp[j]["den"].ap(qr)
                 _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE,
                        engines=(norm_engine(b.target, widths(nxt), D, Dv, dt, pdt, nv),))
-        return tp, rest
+        return tp, sums, rest
 
     def order(hh: int) -> list[int]:
         """The units of an item in set hh in the order they run: odd items reversed, so an
@@ -429,7 +445,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         od, nod = order(hh), order(1 - hh)
         for p, i in enumerate(od):
             u = (hh * NU + p) % 2
-            tp, rest = late(h, hh, i, u, od[p + 1] if p + 1 < NU else nod[0])
+            tp, sums, rest = late(h, hh, i, u, od[p + 1] if p + 1 < NU else nod[0])
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
@@ -444,9 +460,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 load_kv(h + 1, 1 - hh)
             if p + 1 < NU:
                 nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
-                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
+                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between, before_m=sums)
             elif not last:
-                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
+                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between,
+                             before_m=sums)
             else:
                 between = None
             for s in range(nk):     # (those no product of the next unit ran beside)
