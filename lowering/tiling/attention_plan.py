@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lowering.tiling.attention_steps import F32, KB, QB, _cols, _ones_column
+from lowering.tiling.attention_steps import F32, KB, MDT, QB, _cols, _half_max, _ones_column
 from lowering.tiling.estimate import profile, scratch
-from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory
+from lowering.tir.builder import hbm_ap
+from lowering.tir.schedule import probe_instr
+from runtime_sim.costs import instr_cost
+from runtime_sim.isa import ActFunc, AluOp, EngineKind, Memory, Op, Queue
 
 
 class _Body:
@@ -33,7 +36,8 @@ class _Body:
         self.ones = _ones_column(pdt, Dv, s.target)
         self.v = s.tile("v", Memory.SBUF, 128, Dv + self.ones, dt, 1)
         self.o = s.tile("o", Memory.PSUM, QB, Dv + self.ones, F32, 1)
-        self.mb = s.tile("mb", Memory.SBUF, QB, nk, F32, 1)
+        self.mb = s.tile("mb", Memory.SBUF, QB, nk, MDT, 1)
+        self.mh = s.tile("mh", Memory.SBUF, QB, nk * KB // 2, MDT, 1)
         self.m = s.tile("m", Memory.SBUF, QB, 1, F32, 1).ap()
 
     def qk(self, name: str, kw: int):
@@ -44,8 +48,9 @@ class _Body:
                      self.kt.ap(dw, elem_offset=d0 // 128 * KB, dims=((1, kw),)))
         return sc
 
-    def row_max(self, c: int, sc, engine: EngineKind) -> None:
-        self.s.tensor_reduce(_cols(self.mb.ap(), c, 1), sc, AluOp.MAX, engines=(engine,))
+    def row_max(self, c: int, sc, kw: int) -> None:
+        _half_max(self.s, _cols(self.mb.ap(), c, 1), sc, _cols(self.mh.ap(), c * KB // 2, kw // 2),
+                  kw, AluOp.MAX)
 
     def exp(self, name: str, c: int, sc, kw: int, vector: bool):
         pc = self.s.tile(name, Memory.SBUF, QB, KB, self.pdt, 1).ap(dims=((1, kw),))
@@ -101,7 +106,7 @@ def block_busy(t, kbs, D: int, Dv: int, dt, pdt, nv: int, na: int, tensor: bool,
         for c, (_, kw) in enumerate(kbs):
             sc = (body.qk(f"s{c}", kw) if tensor
                   else s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),)))
-            body.row_max(c, sc, EngineKind.VECTOR)
+            body.row_max(c, sc, kw)
             pc = body.exp(f"p{c}", c, sc, kw, c < nv)
             pt = body.transpose(c, pc, kw, EngineKind.SCALAR if c < na else EngineKind.VECTOR,
                                 tensor, dma=c < dma)
@@ -131,15 +136,13 @@ def spare_engine(t, busy: dict, emit, engines) -> EngineKind:
 @lru_cache(maxsize=None)
 def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
     """(nv, na): on a target with VectorE's fast exponential, the first ``nv`` key blocks' exps
-    go to it (the others stay on ScalarE) and the first ``na`` blocks' P^T copies to ScalarE
-    (the others to VectorE); (0, 0) without it. Chosen by the cost model: each candidate's
+    go to it (the others stay on ScalarE; nv = 0 without it), and the first ``na`` blocks' P^T
+    copies to ScalarE (the others to VectorE). Chosen by the cost model: each candidate's
     non-TensorE work of one query block is priced per engine (``block_busy``) and the busiest
     engine's time is kept lowest (ties: fewer moves)."""
-    if t.vector_exp_speedup <= 1:
-        return 0, 0
     nk = len(kbs)
     best = None
-    for nv in range(nk + 1):
+    for nv in range(nk + 1) if t.vector_exp_speedup > 1 else (0,):
         for na in range(nk + 1):
             busy = block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=False)
             key = (max(busy.values()), nv + na)
@@ -148,22 +151,72 @@ def exp_plan(t, kbs, D: int, Dv: int, dt, pdt) -> tuple[int, int]:
     return best[1]
 
 
+def _dma_ns(t, kw: int, D: int, Dv: int, dt, pdt, n: int, rows: int) -> float:
+    """DMA time of a unit of ``rows`` query blocks whose first ``n`` key blocks' P^T come by DMA
+    transposes (SBUF -> SBUF, a [128, 128] piece per 128 keys, each spread over every DMA engine,
+    so their data phases queue one behind the other), beside its rows' Q^T loads and output
+    stores: one fixed phase and every transfer's data phase, priced by ``runtime_sim.costs``."""
+    with scratch(t) as s:
+        p = s.tile("p", Memory.SBUF, QB, KB, pdt, 1)
+        pt = s.tile("pt", Memory.SBUF, 128, -(-KB // 128) * QB, pdt, 1)
+        s.hbm_tensor("x", QB * max(D, Dv) * 4, dt, "input")
+        qt = s.tile("qt", Memory.SBUF, min(D, 128), -(-D // 128) * QB, dt, 1)
+        w = s.tile("w", Memory.SBUF, QB, Dv, dt, 1)
+        for _ in range(rows if n else 0):
+            for d0 in range(0, D, 128):
+                dw = min(128, D - d0)
+                s.dma(_cols(qt.ap(dw), d0 // 128 * QB, QB, dw),
+                      hbm_ap("x", dt, d0, dw, 1, ((QB, D),)), transpose=True)
+            s.dma(hbm_ap("x", dt, 0, QB, Dv, ((Dv, 1),)), w.ap())
+        for _ in range(n):
+            for s0 in range(0, kw, 128):
+                sw = min(128, kw - s0)
+                s.dma(_cols(pt.ap(sw), s0 // 128 * QB, QB, sw), _cols(p.ap(), s0, sw), transpose=True)
+    tp = s.program((), ())
+    costs = [instr_cost(probe_instr(tp, ins), Queue(EngineKind.DMA), t) for ins, _ in tp.instrs()
+             if ins.op is Op.DMA_COPY]
+    return max((c.issue_ns for c in costs), default=0.0) + sum(c.busy_ns for c in costs)
+
+
 @lru_cache(maxsize=None)
-def dma_transposes(t, widths: tuple[int, ...], D: int, Dv: int, dt, pdt, nv: int, na: int) -> bool:
-    """Whether a unit of query blocks whose key blocks (in bank order) are ``widths`` wide takes
-    its first bank's P^T by DMA transposes (SBUF -> SBUF) instead of TensorE transposes and a
-    PSUM -> SBUF copy: on a target that has them for 2-byte types and no background
-    transposes, when that lowers the busiest compute engine of the unit (``block_busy``: TensorE
-    loses the transposes, VectorE the copy). The first bank only: its exp is the unit's first,
-    so its transposes have the rest of the unit's exps to land before the second products read
-    them; a [128, 128] transpose spans all 128 partitions, so every DMA engine, and a second
-    bank's transfers would queue behind the first's past the products that read them. A full
-    key block only: a narrower bank (a short causal row) saves TensorE a transpose or two, less
-    than the DMA's fixed phase adds to the latency of the row's second products (causal SDPA
-    [1,8,2048,128] trn2: 182.3 -> 181.7 us without them)."""
-    if (t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2
-            or widths[0] < KB):
-        return False
+def dma_transposes(t, widths: tuple[int, ...], rows: int, D: int, Dv: int, dt, pdt, nv: int,
+                   na: int) -> int:
+    """How many of its first banks a unit of query blocks whose key blocks (in bank order) are
+    ``widths`` wide (``rows`` query blocks) takes P^T of by DMA transposes (SBUF -> SBUF) instead of TensorE transposes
+    and a PSUM -> SBUF copy: on a target that has them for 2-byte types and no background
+    transposes, the count that keeps lowest the longer of the unit's busiest compute engine
+    (``block_busy``: TensorE loses the transposes, VectorE the copy) and the DMA time of the
+    transposes (``_dma_ns``: the unit's transfers must not fall behind the pipeline). The first
+    banks: their exps are the unit's first, so their transposes have the rest of the unit's
+    exps to land before the second products read them (``tile_rows`` issues those products
+    last). Full key blocks only: a narrower bank (a short causal row) saves TensorE a
+    transpose or two, less than the DMA's fixed phase adds to the latency of the row's second
+    products (measured on causal SDPA)."""
+    if t.background_transpose or t.dma_transpose_efficiency <= 0 or pdt.itemsize != 2:
+        return 0
     kbs = tuple((0, kw) for kw in widths)
-    return (max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True, dma=1).values())
-            < max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True).values()))
+    full = next((i for i, kw in enumerate(widths) if kw < KB), len(widths))
+    best = None
+    for n in range(full + 1):
+        busy = max(block_busy(t, kbs, D, Dv, dt, pdt, nv, na, tensor=True, dma=n).values())
+        key = max(busy, _dma_ns(t, KB, D, Dv, dt, pdt, n, rows))
+        if best is None or key < best[0]:
+            best = (key, n)
+    return best[1]
+
+
+@lru_cache(maxsize=None)
+def norm_engine(t, widths: tuple[int, ...], D: int, Dv: int, dt, pdt, nv: int) -> EngineKind:
+    """The engine of a unit's output normalisation (one instruction reading the output in
+    PSUM): it sits in its engine's queue behind the next unit's exps (``tile_rows`` issues them
+    first), and the unit after that waits for it (the output shares a score bank), so the one
+    of VectorE and ScalarE whose queue holds less exp time for a unit of key blocks ``widths``
+    wide, the first ``nv`` exps on VectorE (``exp_plan``), priced by ``estimate.profile``
+    (ties: VectorE)."""
+    with scratch(t) as s:
+        body = _Body(s, D, Dv, dt, pdt, len(widths))
+        for c, kw in enumerate(widths):
+            sc = s.tile(f"s{c}", Memory.PSUM, QB, KB, F32, 1).ap(dims=((1, kw),))
+            body.exp(f"p{c}", c, sc, kw, c < nv)
+    busy = profile(s)[0]
+    return min((EngineKind.VECTOR, EngineKind.SCALAR), key=lambda e: busy.get(e, 0.0))

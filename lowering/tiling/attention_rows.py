@@ -51,9 +51,9 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan,
+from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, norm_engine,
                                             spare_engine)
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _cols, _diag_offsets,
+from lowering.tiling.attention_steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
                                              _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
@@ -151,6 +151,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             s.tensor_scalar(x, x, AluOp.MULTIPLY, a.scale, engines=(e,))
         scale_engine = spare_engine(b.target, busy, one_scale, ELEMENTWISE + (EngineKind.SCALAR,))
     interleave = b.target.background_transpose
+    # scores in PSUM: their row maxes by ``_half_max`` (VectorE, then GpSimdE)
+    halves = a.score is None
     blocks = [(aff(q0), min(QB, Sq - q0)) for q0 in range(0, Sq, QB)]
 
     def visible(t: int) -> list[tuple[int, int, int, int | None]]:
@@ -178,7 +180,9 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         # staging: a tile per query block would leave the planner only short lifetimes to share
         # bytes by, and every sharing is a wait on another block's instructions
         tmp = [{"qt": b.tile(f"rqt{j}_{u}", Memory.SBUF, min(D, 128), nd * QB, dt, 1),
-                "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
+                "mb": b.tile(f"rmb{j}_{u}", Memory.SBUF, QB, nk, MDT if halves else F32, 1),
+                # per bank the elementwise max of the scores' two halves (``_half_max``)
+                "mh": b.tile(f"rmh{j}_{u}", Memory.SBUF, QB, nk * KB // 2, MDT, 1) if halves else None,
                 "l": None if ones else b.tile(f"rl{j}_{u}", Memory.SBUF, QB, nk, F32, 1),
                 "m": b.tile(f"rm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
                 "nm": b.tile(f"rnm{j}_{u}", Memory.SBUF, QB, 1, F32, 1),
@@ -221,13 +225,16 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         return tuple(kw for _, _, vis in rows_of(i) for _, _, kw, _ in vis)
 
     def by_dma(i: int) -> set[int]:
-        """The banks whose P^T unit i takes by DMA transposes."""
-        return {0} if dma_transposes(b.target, widths(i), D, Dv, dt, pdt, nv, na) else set()
+        """The banks whose P^T unit i takes by DMA transposes (its first ones)."""
+        return set(range(dma_transposes(b.target, widths(i), len(units[i]), D, Dv, dt, pdt, nv, na)))
 
-    ndma = sum(1 for i in range(NU) if by_dma(i))
-    if ndma:
-        b.note(f"attention: {ndma} of {NU} units take their first bank's P^T by DMA transposes "
-               "(SBUF -> SBUF): it lowers their busiest engine (TensorE's transposes, VectorE's copy)")
+    ndma = [len(by_dma(i)) for i in range(NU)]
+    if any(ndma):
+        more = sum(1 for n in ndma if n > 1)
+        b.note(f"attention: {sum(1 for n in ndma if n)} of {NU} units take their first bank's P^T by "
+               "DMA transposes (SBUF -> SBUF)" + (f", {more} also the next bank's" if more else "")
+               + ": it lowers their busiest engine (TensorE's transposes, VectorE's copy) and the "
+               "DMA queues keep up; chosen by the cost model")
 
     def load_kv(h: Affine, w: int, k: bool = True, v: bool = True, cs=None) -> None:
         """K^T (``k``) and V (``v``) of item h into set w: key blocks ``cs`` (default all)."""
@@ -254,7 +261,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             for d0, dw in b.tiled(D, 128, "d"):
                 sq.load(b, sets[u][3][j]["qt"], d0 // 128 * qr, sq.base(bidx), d0, dw, q0, qr)
 
-    def early(h: Affine, w: int, i: int, u: int, nxt=None, between=None):
+    def early(h: Affine, w: int, i: int, u: int, nxt=None, between=None, before_m=None):
         """Unit i's products, row maxes and statistics; ``between(s)`` is called after bank s's
         product (the previous unit's transposes, to run beside it). Returns the exps as a
         callable: the caller issues them after the previous unit's transposes, whose PSUM ->
@@ -287,12 +294,15 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     src = _score_tile(b, k, S[s], bidx, q0, qr, aff(k0), kw)
                     act_scale = 1.0
                 srcs[s] = (src, act_scale)
-                # on VectorE: GpSimdE cannot read the scores in PSUM (runtime_sim.checks; an
-                # SBUF score tile may go to either) (a row of one key block without VectorE's
-                # exps: its max is the row's)
+                # (a row of one key block without VectorE's exps: its max is the row's)
                 mx = tmp[j]["m"].ap(qr) if len(vis) == 1 and not vexp else _cols(tmp[j]["mb"].ap(qr), x, 1)
-                b.tensor_reduce(mx, src, AluOp.MAX if act_scale >= 0 else AluOp.MIN,
-                                engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
+                op = AluOp.MAX if act_scale >= 0 else AluOp.MIN
+                if halves:
+                    _half_max(b, mx, src, _cols(tmp[j]["mh"].ap(qr), x * KB // 2, kw // 2), kw, op)
+                else:   # an SBUF score tile: either engine
+                    b.tensor_reduce(mx, src, op, engines=(EngineKind.VECTOR, EngineKind.GPSIMD))
+        if before_m is not None:
+            before_m()
         for j, (t, s0, vis) in enumerate(urows):
             qr = blocks[t][1]
             act_scale = srcs[s0][1]
@@ -328,21 +338,30 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                     s = s0 + x
                     src, sc = srcs[s]
                     acc = {} if ones else {"accum": _cols(tmp[j]["l"].ap(qr), x, 1)}
+                    pc = P[s].ap(qr, dims=((1, kw),))
                     if s in vexp:
-                        b.exponential(P[s].ap(qr, dims=((1, kw),)), src, m, **acc)
+                        b.exponential(pc, src, m, **acc)
+                    elif s in dmat and ones:
+                        # P^T by DMA transposes: the exp per 128 keys, each piece's transfer
+                        # right behind it (its fixed phase starts that much earlier)
+                        for s1 in range(0, kw, 128):   # unrolled: one queue each
+                            sw = min(128, kw - s1)
+                            b.activation(_cols(pc, s1, sw), _cols(src, s1, sw), ActFunc.EXP, scale=sc,
+                                         bias_ap=nm)
+                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw), _cols(pc, s1, sw), transpose=True)
+                        continue
                     else:
-                        b.activation(P[s].ap(qr, dims=((1, kw),)), src, ActFunc.EXP, scale=sc, bias_ap=nm,
+                        b.activation(pc, src, ActFunc.EXP, scale=sc, bias_ap=nm,
                                      reduce=AluOp.ADD if acc else None, **acc)
                     if s in dmat:   # P^T by DMA transposes: a unit period ahead of its use
                         for s1 in range(0, kw, 128):   # unrolled: one queue each
                             sw = min(128, kw - s1)
-                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw),
-                                  _cols(P[s].ap(qr, dims=((1, kw),)), s1, sw), transpose=True)
+                            b.dma(_cols(PT[s].ap(), s1 // 128 * qr, qr, sw), _cols(pc, s1, sw), transpose=True)
         return exps
 
-    def late(h: Affine, w: int, i: int, u: int):
+    def late(h: Affine, w: int, i: int, u: int, nxt: int):
         """Unit i's transposes (``tp(s)`` per bank) and the rest (``rest()``: 1 / sum, second
-        products, store), for the caller to place."""
+        products, store), for the caller to place; unit ``nxt``'s exps go ahead of the rest."""
         bidx = outer + (h,)
         vts = kv[w][1]
         S, P, PT, tmp = sets[u]
@@ -358,10 +377,26 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
             if s in dmat:        # by DMA, issued with the exps
                 pts[s] = PT[s].ap(min(kw, 128), dims=((1, -(-kw // 128) * qr),))
                 return
-            eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if not vexp else
+            eng = ((EngineKind.VECTOR, EngineKind.SCALAR) if a.score is not None else
                    (EngineKind.SCALAR,) if s < na else (EngineKind.VECTOR,))
             pts[s] = _transpose_block(b, k, S[s], P[s].ap(qr, dims=((1, kw),)), qr, kw,
                                       -(-kw // 128), pt=PT[s], engines=eng)
+
+        summed = []
+
+        def sums() -> None:
+            """The row sums of a row's exps (several key blocks) on GpSimdE (ScalarE's queue holds
+            the next unit's exps: an instruction there would wait for them), once: for the caller
+            to issue between GpSimdE's last row max of the next unit and its m (no instruction
+            then reads what the one before it wrote, the dependent-instruction penalty)."""
+            if ones or summed:
+                return
+            summed.append(True)
+            for j, (t, s0, vis) in enumerate(urows):
+                if len(vis) > 1:
+                    qr = blocks[t][1]
+                    b.tensor_reduce(tmp[j]["den"].ap(qr), _cols(tmp[j]["l"].ap(qr), 0, len(vis)), AluOp.ADD,
+                                    engines=(EngineKind.GPSIMD,))
 
         def rest() -> None:
             for j, (t, s0, vis) in enumerate(urows):
@@ -371,26 +406,31 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 last = s0 + len(vis) - 1
                 O = (_Cols(S[last], _pt_bytes(-(-bank[last][1] // 128), pdt) // 4, QB, Dw) if shares
                      else tmp[j]["o"])
-                for x, (c, k0, kw, _) in enumerate(vis):
+                # in the order their P^T lands: the first DMA-transposed bank (its exp is the
+                # unit's first), the TensorE-transposed ones, the other DMA banks (their
+                # transfers queue behind the first's on every DMA engine)
+                dm = [x for x in range(len(vis)) if s0 + x in dmat]
+                xs = dm[:1] + [x for x in range(len(vis)) if x not in dm] + dm[1:]
+                for x in xs:
+                    c, k0, kw, _ = vis[x]
                     for s1, sw in b.tiled(kw, 128, "pv"):
                         sub = s1 // 128
                         b.matmul(O.ap(qr), _cols(pts[s0 + x], sub * qr, qr, sw),
-                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 + k0,))
+                                 _v_rows(vts[c], sub, s1, sw, Dw), start_when=(s1 if x == xs[0] else 1,))
                 if ones:
                     den = _cols(O.ap(qr), Dv, 1)
                 else:   # the sums on GpSimdE (ScalarE's queue holds the next unit's exps: an
                     # instruction there would wait for them); one key block's sum is the row's
-                    den = l = _cols(tmp[j]["l"].ap(qr), 0, len(vis))
-                    if len(vis) > 1:
-                        den = tmp[j]["den"].ap(qr)
-                        b.tensor_reduce(den, l, AluOp.ADD, engines=(EngineKind.GPSIMD,))
+                    sums()
+                    den = tmp[j]["den"].ap(qr) if len(vis) > 1 else _cols(tmp[j]["l"].ap(qr), 0, 1)
                 if clamp:
                     # GpSimdE unless the sum is in PSUM (the ones column), which it cannot read
                     b.tensor_scalar(tmp[j]["den"].ap(qr), den, AluOp.MAX, TINY,
                                     engines=(EngineKind.GPSIMD, EngineKind.VECTOR))
                     den = tmp[j]["den"].ap(qr)
-                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE)
-        return tp, rest
+                _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE,
+                       engines=(norm_engine(b.target, widths(nxt), D, Dv, dt, pdt, nv),))
+        return tp, sums, rest
 
     def order(hh: int) -> list[int]:
         """The units of an item in set hh in the order they run: odd items reversed, so an
@@ -405,7 +445,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         od, nod = order(hh), order(1 - hh)
         for p, i in enumerate(od):
             u = (hh * NU + p) % 2
-            tp, rest = late(h, hh, i, u)
+            tp, sums, rest = late(h, hh, i, u, od[p + 1] if p + 1 < NU else nod[0])
             # with background transposes, unit i's transposes run beside unit i+1's products
             between = tp if interleave else None
             exps = None
@@ -420,9 +460,10 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                 load_kv(h + 1, 1 - hh)
             if p + 1 < NU:
                 nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
-                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between)
+                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between, before_m=sums)
             elif not last:
-                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between)
+                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between,
+                             before_m=sums)
             else:
                 between = None
             for s in range(nk):     # (those no product of the next unit ran beside)

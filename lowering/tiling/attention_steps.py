@@ -19,7 +19,7 @@ from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.exprgen import ExprGen
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
-from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.builder import ELEMENTWISE, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
@@ -27,6 +27,7 @@ F32 = DType.FP32
 QB, KB = 128, 512
 LOWEST = -3.4028234663852886e38     # lowest finite fp32
 TINY = 1.1754943508222875e-38       # smallest normal fp32
+MDT = DType.BF16                    # the row maxes of scores in PSUM (``_half_max``)
 
 
 def _diag_offsets(q0: int, qr: int, k0: int, kw: int, off: int) -> int | None:
@@ -50,6 +51,22 @@ def _mask_tile(b: TirBuilder, name: str, base: int, width: int, dt: DType, hidde
     return t
 
 
+def _half_max(b: TirBuilder, mx, src, half, kw: int, op: AluOp) -> None:
+    """``mx`` = the row max (``op``: or min) of ``src`` [qr, kw], scores in PSUM, which GpSimdE
+    cannot read: VectorE takes the elementwise max of the block's two halves into ``half`` in
+    SBUF (one instruction streaming both: half the elements of a reduce over the block), GpSimdE
+    the row max of that (``MDT``: a max near the true one gives the same softmax, as long as no
+    exp overflows; bf16 rounding moves it by a fraction of a percent). An odd width: one
+    VectorE reduce over the block."""
+    h = kw // 2
+    if kw % 2 == 0:
+        b.tensor_tensor(_cols(half, 0, h), _cols(src, 0, h), _cols(src, h, h), op,
+                        engines=(EngineKind.VECTOR,))
+        b.tensor_reduce(mx, _cols(half, 0, h), op, engines=(EngineKind.GPSIMD,))
+    else:
+        b.tensor_reduce(mx, src, op, engines=(EngineKind.VECTOR,))
+
+
 def _only_casts(e: Expr) -> bool:
     """The epilogue is ACC under casts to wider-or-final types: rounding once to the output
     dtype gives the same values."""
@@ -62,10 +79,11 @@ def _only_casts(e: Expr) -> bool:
 
 
 def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl: TAP,
-           w=None, op: AluOp = AluOp.MULTIPLY) -> None:
+           w=None, op: AluOp = AluOp.MULTIPLY, engines=ELEMENTWISE) -> None:
     """out rows [q0, q0 + qr) = epilogue(o op rl), o the unnormalised output (PSUM or SBUF), rl
     1 / the row sums (``op`` MULTIPLY) or the row sums (DIVIDE); ``w``: the staging tile
-    [qr, Dv] of the output dtype to use when the epilogue is casts."""
+    [qr, Dv] of the output dtype to use when the epilogue is casts; ``engines``: those of the
+    normalisation when it is the only instruction."""
     a, out = k.attrs, k.outs[0]
     dst = hbm_ap(out.buffer, out.dtype, _boff(out, bidx) + q0 * out.strides[-2], qr,
                  out.strides[-2], ((Dv, out.strides[-1]),))
@@ -73,7 +91,7 @@ def _store(b: TirBuilder, k: KOp, bidx, q0: Affine, qr: int, Dv: int, o: TAP, rl
     if _only_casts(a.epilogue):      # normalise and round in one instruction
         w = target if target is not None else (w.ap(qr) if w is not None else
                                                b.tile("w", Memory.SBUF, qr, Dv, out.dtype).ap())
-        b.tensor_scalar(w, o, op, rl)
+        b.tensor_scalar(w, o, op, rl, engines=engines)
         if target is None:
             b.dma(dst, w)
         return
