@@ -557,6 +557,9 @@ def _r_activation(ins: Instr, q: Queue, t: Target) -> None:
         check_col(ins.accum, ins.srcs[0].partitions, "activation accum")
         if a.reduce not in _REDUCIBLE:
             raise OperandError(f"activation reduce op {a.reduce} is not a reduction")
+        if a.reduce is not AluOp.ADD and not t.scalar_reduce_any_op:
+            raise OperandError(f"activation reduce op {a.reduce.value} on {t.neuron_core}: only add "
+                               f"(Target.scalar_reduce_any_op)")
 
 
 def _r_tt(ins: Instr, q: Queue, t: Target) -> None:

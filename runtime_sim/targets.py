@@ -128,6 +128,12 @@ class Target:
     # trainium2_arch.rst and trainium3_arch.rst give no TensorE cycle figure (81ce03a).
     mm_init_latency_cycles: int = 64
 
+    # ScalarE's fused free-axis reduce (``ActivationAttrs.reduce``) with an op other than add:
+    # "On NeuronCore-v2, the reduce_op must be nl.add" (ISA nki/api/nki/isa/__init__.py L1476,
+    # activation_reduce; the same file's activation, L1348, says "must be nl.add" without a
+    # generation). NC-v3/v4 take the other reductions here (max, min, ...), read from L1476.
+    scalar_reduce_any_op: bool = False
+
     # --- NeuronCore-v4 features (the defaults: the target does not have the feature) ------------
     # VectorE fast exponential (``Op.EXPONENTIAL``, nki.isa.exponential): its throughput as a
     # multiple of ScalarE's ``activation(op=exp)`` on the same target; 0 = no such instruction.
@@ -252,6 +258,7 @@ TRN2 = Target(
     dma_transpose_efficiency=0.9,                                        # ARCH2 L321: up to 90%
     host_link_bytes_per_ns=64.0,  # ASSUMED (not in hardware.md): PCIe Gen5 x16 ~64 GB/s
     pe_ramp_start_speed=0.5,                                             # power ramp (see Target)
+    scalar_reduce_any_op=True,                                           # ISA L1476 (NC-v2 only: add)
 )
 
 TRN3 = Target(
@@ -282,6 +289,7 @@ TRN3 = Target(
     # ISA3 L717-719 (MX matmul, quantize_mx)
     vector_exp_speedup=4, psum_bf16=True, matmul_psum_banks=8, background_transpose=True,
     mx_matmul=True,                                                      # ISA3 L717-719, L2744-2746
+    scalar_reduce_any_op=True,                                           # ISA L1476 (NC-v2 only: add)
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -311,3 +311,25 @@ def test_inplace_op_reads_old_values():
     b.add(VECTOR, Instr(Op.TENSOR_TENSOR, t, (t, t), TensorTensorAttrs(AluOp.ADD), waits=((s, 1),), signals=(done,)))
     b.store("o", t, ((done, 1),))
     np.testing.assert_array_equal(out(b.run(), "o", F32, (4, 8)), x + x)
+
+
+@pytest.mark.parametrize("target,reduce,ok", [("trn1", AluOp.ADD, True), ("trn1", AluOp.MAX, False),
+                                              ("trn1", AluOp.MIN, False), ("trn2", AluOp.MAX, True),
+                                              ("trn3", AluOp.MIN, True)])
+def test_activation_reduce_ops_per_generation(target, reduce, ok):
+    """ScalarE's fused reduce takes only add on NeuronCore-v2 ("On NeuronCore-v2, the reduce_op
+    must be nl.add", ISA L1476); NC-v3/v4 take max/min (``Target.scalar_reduce_any_op``)."""
+    from runtime_sim.checks import check_instr_shape
+    from runtime_sim.errors import OperandError
+    from runtime_sim.isa import AP, Instr, Memory
+    from runtime_sim.targets import TARGETS
+
+    def ap(n):
+        return AP("x", Memory.SBUF, 0, 16, 0, ((1, n),), F32)
+    ins = Instr(Op.ACTIVATION, ap(40), (ap(40),), ActivationAttrs(ActFunc.COPY, reduce=reduce),
+                accum=ap(1))
+    if ok:
+        check_instr_shape(ins, SCALAR, TARGETS[target])
+    else:
+        with pytest.raises(OperandError, match="only add"):
+            check_instr_shape(ins, SCALAR, TARGETS[target])
