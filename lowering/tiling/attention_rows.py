@@ -13,12 +13,13 @@ the two parities alternate):
     m = max_c rowmax(scale * S_c)            VectorE (GpSimdE cannot read PSUM): one reduce per
                                              bank; -scale * m in one ScalarE instruction
     P_c = exp(scale * S_c - m)               ScalarE, one activation per bank (with its row sum
-                                             l_c only beside VectorE's exponential)
+                                             l_c only without the ones column)
     P^T_c = transpose(P_c) per 128 keys      TensorE -> bank (u, c) (the exp has read it) -> SBUF;
                                              on trn2 a unit's first bank, a full key block, by
                                              SBUF -> SBUF DMA transposes (``dma_transposes``)
     [O | l] = sum_c P^T_c.T @ [V_c | 1]      TensorE, one accumulation group in bank (u, last);
-                                             the ones column gives the row sum (``_ones_column``)
+                                             the ones column gives the row sum (``_ones_column``,
+                                             when ``exp_plan`` takes it)
     out = epilogue(O / l)                    one instruction, dividing by the sum
 Query block t+1's products and row max are issued before block t's transposes, its exps after
 them (so block t's PSUM -> SBUF copies of P^T never queue behind them on ScalarE/VectorE), then
@@ -54,7 +55,7 @@ from lowering.kir import KOp
 from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, norm_engine,
                                             spare_engine)
 from lowering.tiling.attention_steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
-                                             _load_k, _load_v, _mask_tile, _o_shares_bank, _ones_column,
+                                             _load_k, _load_v, _mask_tile, _o_shares_bank,
                                              _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
 from lowering.tiling.matmul import _Side
 from lowering.tir.affine import Affine, aff
@@ -130,12 +131,11 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     clamp = a.safe and a.score is not None
     # key blocks whose exp runs on VectorE's fast exponential (NC-v4); it has no scale operand,
     # so then K^T carries the scale
-    nv, na = exp_plan(b.target, kbs, D, Dv, dt, pdt) if a.score is None else (0, 0)
+    nv, na, ones = exp_plan(b.target, kbs, D, Dv, dt, pdt, vector=a.score is None)
     vexp = set(range(nv))
-    # the row sums from the second product (V with a column of ones): no exp sums them, which
-    # costs ScalarE an initiation interval per exp, and no instruction adds a row's sums up
-    # (``_ones_column``: not with VectorE's exponential, which sums for free)
-    ones = _ones_column(pdt, Dv, b.target)
+    # with ``ones`` the row sums from the second product (V with a column of ones): no exp
+    # sums them, which costs ScalarE an initiation interval per exp, and no instruction adds a
+    # row's sums up; VectorE's exponential sums for free (both by ``exp_plan``)
     Dw = Dv + 1 if ones else Dv
     if nv:
         b.note(f"attention: exps of key blocks 0..{nv - 1} of {nk} on VectorE's fast exponential "
@@ -144,7 +144,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
     prescale = bool(vexp) and a.scale != 1.0
     if prescale:   # the K^T scale (one key block per unit, see ``item``) where it least
         # lengthens a unit's busiest engine
-        busy = block_busy(b.target, kbs, D, Dv, dt, pdt, nv, na, tensor=False, close=True)
+        busy = block_busy(b.target, kbs, D, Dv, dt, pdt, nv, na, ones, tensor=False, close=True)
 
         def one_scale(s: TirBuilder, e: EngineKind) -> None:
             x = s.tile("k", Memory.SBUF, min(D, 128), nd * KB, dt, 1).ap()
@@ -226,7 +226,8 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
 
     def by_dma(i: int) -> set[int]:
         """The banks whose P^T unit i takes by DMA transposes (its first ones)."""
-        return set(range(dma_transposes(b.target, widths(i), len(units[i]), D, Dv, dt, pdt, nv, na)))
+        return set(range(dma_transposes(b.target, widths(i), len(units[i]), D, Dv, dt, pdt, nv, na,
+                                                  ones)))
 
     ndma = [len(by_dma(i)) for i in range(NU)]
     if any(ndma):
@@ -429,7 +430,7 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
                                     engines=(EngineKind.GPSIMD, EngineKind.VECTOR))
                     den = tmp[j]["den"].ap(qr)
                 _store(b, k, bidx, q0, qr, Dv, _cols(O.ap(qr), 0, Dv), den, tmp[j]["w"], op=AluOp.DIVIDE,
-                       engines=(norm_engine(b.target, widths(nxt), D, Dv, dt, pdt, nv),))
+                       engines=(norm_engine(b.target, widths(nxt), D, Dv, dt, pdt, nv, ones),))
         return tp, sums, rest
 
     def order(hh: int) -> list[int]:

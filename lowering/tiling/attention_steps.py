@@ -257,13 +257,12 @@ def _o_shares_bank(pdt: DType, Dv: int, t) -> bool:
 
 
 def _ones_column(pdt: DType, Dv: int, t) -> bool:
-    """Whether the two-phase path takes the row sums from its second product, V with a column
-    of ones (P @ [V | 1] = [P V | sum P], one more moving column) instead of its exps' sums:
-    on a target without VectorE's exponential (which sums for free: with it, the wider second
-    products cost more than ScalarE's sums save, SDPA [1,8,2048,128] trn3 231.5 -> 234.0 us),
-    when the output [128, Dv + 1] still fits a PSUM bank, sharing the last score bank whenever
-    [128, Dv] would."""
-    return (t.vector_exp_speedup <= 1 and (Dv + 1) * 4 <= t.psum_bank_bytes
+    """Whether the two-phase path can take the row sums from its second product, V with a
+    column of ones (P @ [V | 1] = [P V | sum P], one more moving column) instead of its exps'
+    sums: when the output [128, Dv + 1] still fits a PSUM bank, sharing the last score bank
+    whenever [128, Dv] would. Whether it does is the cost model's choice
+    (``attention_plan.exp_plan``)."""
+    return ((Dv + 1) * 4 <= t.psum_bank_bytes
             and _o_shares_bank(pdt, Dv + 1, t) == _o_shares_bank(pdt, Dv, t))
 
 
