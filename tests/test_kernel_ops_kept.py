@@ -1,5 +1,5 @@
 """Ops the backend keeps out of the decompositions because the registry has a kernel for them
-(``neuron_compiler.backend.KERNEL_OPS``): GroupNorm's backward runs the group-norm-backward
+(``lowering.policy.KERNEL_OPS``): GroupNorm's backward runs the group-norm-backward
 kernel (LAYER_NORM_BWD over the group rows) and ``F.fold`` runs ``col2im`` (indirect-DMA
 accumulation) under ``torch.compile``, matching eager; calls a kernel cannot take still
 decompose. Shapes cross the tile edges (more than 128 group rows, rows longer than 512)."""

@@ -4,7 +4,7 @@
 of the decomposition table, as Inductor keeps it) when nothing can read its second output, the
 logsumexp: traced with grad mode off (no backward), and ``whole_refusal`` has nothing against
 the call (no dropout, no ``attn_mask``, as many key/value heads as query heads, one float
-dtype; ``neuron_compiler.backend.sdpa_kernel_fits``). Otherwise it is decomposed
+dtype; ``lowering.policy.sdpa_kernel_fits``). Otherwise it is decomposed
 (torch's math path plus the true logsumexp) and ``passes/attention.py`` fuses the pattern
 back; this rule makes the same kernel directly, without tracing the ~50 ops of the math path
 and matching them again.
@@ -49,7 +49,7 @@ def _lse_readers(node: fx.Node) -> list[fx.Node]:
 
 def whole_refusal(q, k, v, dropout_p: float = 0.0, attn_mask=None) -> str | None:
     """Why a call on tensors (or fake values) ``q, k, v`` cannot be one ATTENTION kernel as it
-    stands, or None: the backend keeps such calls whole (``backend.sdpa_kernel_fits``) and the
+    stands, or None: the backend keeps such calls whole (``lowering.policy.sdpa_kernel_fits``) and the
     rule's ``_check`` refuses the others."""
     if dropout_p:
         return "dropout_p > 0 (the op draws its own dropout mask)"

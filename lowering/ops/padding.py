@@ -15,7 +15,7 @@ Limits: the ranks ATen accepts for the op (N-d pad over an (N+1)-d or (N+2)-d in
 dtypes. A reflection pad must be smaller than its axis (ATen raises otherwise).
 
 The core-ATen decompositions turn these ops into ``index`` gathers and ``where`` chains;
-``neuron_compiler.backend`` keeps them whole (``KEEP_WHOLE``) so that they reach these rules.
+the decomposition policy keeps them whole (``lowering.policy.KEEP_WHOLE``) so that they reach these rules.
 """
 from __future__ import annotations
 

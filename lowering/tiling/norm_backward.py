@@ -36,7 +36,7 @@ def bytes_per_column(dy_size: int, x_size: int, dx_size: int) -> int:
 def row_fits_always(C: int, dy_size: int, x_size: int, dx_size: int, target) -> bool:
     """Does a row of ``C`` elements fit one partition whatever is resident beside it (the
     residency budget used up)? The backend keeps ``native_group_norm_backward`` whole when it
-    does (neuron_compiler/backend.py); ``tile_layer_norm_bwd`` itself asks ``fits``."""
+    does (``lowering.policy.KERNEL_OPS``); ``tile_layer_norm_bwd`` itself asks ``fits``."""
     resident = int(target.sbuf_bytes_per_partition * RESIDENT_SHARE)
     small_tiles = SMALL_TILES * 2 * max(SBUF_ALIGN, 16 * 4)
     return (C * bytes_per_column(dy_size, x_size, dx_size) + small_tiles + resident

@@ -6,7 +6,7 @@ traced as written (``undecomposed.lower_raw``: every node must be lowered and in
 execute). Shapes cross the tile edges of ``tiling/resample.py``: 134 planes (two partition
 tiles), odd sizes, pads on one side only, negative (cropping) replication pads, integer and
 fractional scale factors, ``align_corners``. The pad backward ops are also run through
-``torch.compile``, which keeps them whole (``neuron_compiler.backend.KEEP_WHOLE``).
+``torch.compile``, which keeps them whole (``lowering.policy.KEEP_WHOLE``).
 
 ``test_tolerance_catches_wrong_results`` feeds known-wrong results (a halved result, a border
 dropped, a bilinear output shifted by one phase) and requires the comparison to fail.
