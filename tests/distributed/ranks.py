@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from datetime import timedelta
 from collections.abc import Callable
 
 import torch.multiprocessing as mp
@@ -27,6 +28,14 @@ def _worker(rank: int, fn: Callable[[int], dict], out_dir: str, world: int) -> N
         result = {"error": traceback.format_exc()}
     finally:
         if dist.is_initialized():
+            # both ranks done before either tears the group down: a rank that exits while the
+            # other still has a collective in flight aborts in gloo's threads ("terminate called
+            # without an active exception", seen under load); bounded, so a failed rank
+            # cannot hang the other
+            try:
+                dist.monitored_barrier(timeout=timedelta(seconds=120))
+            except Exception:
+                pass
             dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
