@@ -53,6 +53,7 @@ from lowering.tiling.matmul_prologue import ScaleBy
 from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
+from lowering.tir.ir import TAP
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -647,7 +648,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
         for j, (q0, qr) in enumerate(blocks):
             _transpose_block(b, k, S[j], P[j].ap(qr, dims=((1, kw),)), qr, kw, nsub, F32, pt=PT[j])
 
-    def late(item: Affine, u: int, rls: list) -> None:
+    def late(item: Affine, u: int, rls: list[tuple[TAP, AluOp]]) -> None:
         bidx = outer + (item,)
         S, O, P, L, PT = sets[u]
         vt = _resident_v(b, k.ins[2], bidx, kw, Dv) or _load_v(b, k.ins[2], bidx, aff(0), kw, Dv)
@@ -658,9 +659,10 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.matmul(O[j].ap(), _cols(pts[j], sub * qr, qr, sw), _v_rows(vt, sub, s0, sw, Dv),
                          start_when=(s0,))
         for j, (q0, qr) in enumerate(blocks):
-            _store(b, k, bidx, q0, qr, Dv, O[j].ap(), *rls[j])
+            rl, op = rls[j]
+            _store(b, k, bidx, q0, qr, Dv, O[j].ap(), rl, op=op)
 
-    def recips(u: int) -> list:
+    def recips(u: int) -> list[tuple[TAP, AluOp]]:
         """Per block, the normaliser of the item of set ``u`` and its op: its 1 / l on ScalarE
         (times the rows-with-keys flags under a TensorE bias), issued before the step's exps so
         that it never waits behind them, or l itself for a divide."""
@@ -673,11 +675,11 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
                 b.tensor_scalar(d, den, AluOp.MAX, TINY)
                 den = d
             if not pe_bias:     # O / l in the normalising instruction: no ScalarE hop
-                out.append((den, None, AluOp.DIVIDE))
+                out.append((den, AluOp.DIVIDE))
                 continue
             rl = b.tile("rl", Memory.SBUF, qr, 1, F32).ap()
             b.activation(rl, den, ActFunc.RECIPROCAL, scale_ap=okinv[j])
-            out.append((rl, None, AluOp.MULTIPLY))
+            out.append((rl, AluOp.MULTIPLY))
         return out
 
     # with U >= 3 item t's P^T transposes come a step ahead of its second products (item t+1's

@@ -112,10 +112,13 @@ def row_tile(b: TirBuilder, xa: TAP, p: int, C: int, ch: int | None, split: Spli
         # one row tile alone (latency-bound): pieces of one K tile (a partition's worth of
         # columns), the unit a consuming matmul's TensorE transposes read, so they start on the
         # first piece instead of waiting for the whole row
-        kt = b.target.sbuf_partitions
-        pieces = ([(c0, n // 2), (c0 + n // 2, n - n // 2)] if pipelined and n >= 2 * g
-                  else [(a, min(kt, c0 + n - a)) for a in range(c0, c0 + n, kt)] if not pipelined
-                  else [(c0, n)])
+        if not pipelined:
+            kt = b.target.sbuf_partitions
+            pieces = [(a, min(kt, c0 + n - a)) for a in range(c0, c0 + n, kt)]
+        elif n >= 2 * g:
+            pieces = [(c0, n // 2), (c0 + n // 2, n - n // 2)]
+        else:
+            pieces = [(c0, n)]
         firsts = [col(mids[0], a, m) for a, m in pieces]
         if eng is V:
             op0, shift = (AluOp.SUBTRACT, st.mu) if st.mu is not None else (AluOp.ADD, st.nmu)
