@@ -11,6 +11,8 @@
       -> choose_input_layouts resident weights stored as their matmuls read them
       -> choose_resident      intermediates that stay in SBUF between kernels
       -> tile_program         tile IR: loop nests over tiles            (tir.txt)
+      -> prefetch_far_weights the first blocks of a weight too big for SBUF loaded kernels
+                              ahead, into SBUF left free, while the DMA queues idle
       -> schedule             a queue per tile instruction
       -> plan_memory          SBUF/PSUM offsets from buffer lifetimes   (memory_plan.txt)
       -> synchronize          semaphore waits per loop iteration        (sync.txt)
@@ -41,6 +43,7 @@ from lowering.tiling import tile_program
 from lowering.tir.analysis import Structure, without_cyclic_gc
 from lowering.tir.emit import emit_program
 from lowering.tir.plan import plan_memory
+from lowering.tir.prefetch import prefetch_far_weights
 from lowering.tir.resident import NotResident
 from lowering.tir.schedule import schedule
 from lowering.tir.sync import synchronize
@@ -89,6 +92,9 @@ def compile_graph(gm: fx.GraphModule, input_specs: list[TensorSpec], target: str
     op_of = {n.name: op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     try:
         tp, notes = _tile_with_residency(kp, t)
+        tp, note = prefetch_far_weights(tp, t)
+        if note:
+            notes.append(note)
         emit("tir.txt", lambda: "\n".join([f"# {n}" for n in notes] + [str(tp)]))
         st = Structure(tp)
         verify_tir(tp, st)

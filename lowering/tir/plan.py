@@ -71,6 +71,8 @@ class MemPlan:
     # alias members placed in their root's bytes (coarse mode honours the builder's aliases;
     # fine mode plans every buffer on its own)
     roots: dict[str, str] = field(default_factory=dict)
+    # SBUF in "kernel" mode: how many weight streams ahead a weight buffer's lifetime starts
+    ahead: int = 0
 
     def root_of(self, name: str) -> str:
         return self.roots.get(name, name)
@@ -265,6 +267,8 @@ def plan_memory(tp: TProgram, target: Target, st: Structure | None = None) -> Me
             except PackingError:
                 continue
             plan.modes[mem] = mode
+            if mem is Memory.SBUF and mode == "kernel":
+                plan.ahead = ahead
             for b in present:
                 plan.lifetimes[b.name] = (coarse if mode == "kernel" else live)[b.name]
             if mode != "fine":
