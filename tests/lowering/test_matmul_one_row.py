@@ -199,7 +199,11 @@ def test_stream_loads_counts_full_groups_only():
                                 matmul_plan.DIRECT, (), 1, cast_only=True)
     assert mm.stream_loads(s, matmul_plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
     from dataclasses import replace
-    assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 0
+    # a partial last group (N = 3000: one full group of 1536 and a partial one) is left out
+    assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 1 * 6
+    # the transposed form's partial group: none counted
+    assert mm.stream_loads(replace(s, N=700, K=3072), matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True,
+                                                                            kb=4)) == 0
     t2 = replace(s, N=768, K=3072)
     assert mm.stream_loads(t2, matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True, kb=4)) == 2 * 6
 
