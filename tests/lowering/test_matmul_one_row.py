@@ -174,8 +174,9 @@ AHEAD_CASES = [  # (K, N, dtype, target): GPT-2's MLP shapes and ones crossing t
 @pytest.mark.parametrize("case", AHEAD_CASES, ids=lambda c: f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}")
 def test_one_row_weights_streamed_ahead(case):
     """A one-row matmul after another kernel (so its weights load ahead, ``_ahead``) whose
-    streamed side is the weight: every load but the last in a slot of its own
-    (``_stream_ahead``), as many as fit; the values match eager whatever the slots."""
+    streamed side is the weight: every load of its full groups in a slot of its own
+    (``_stream_ahead``), as many as fit (a partial last group: its loads reuse the full
+    groups' slots, ``stream.stream_loads``); the values match eager whatever the slots."""
     K, N, dt, target = case
     x = rand(1, K, dtype=dt, seed=K + 7)
     w, bias = rand(K, N, dtype=dt, seed=8, low=-0.1, high=0.1), rand(N, dtype=dt, seed=9)
@@ -185,7 +186,7 @@ def test_one_row_weights_streamed_ahead(case):
 
     low = check(fn, x, w, bias, target=target)
     notes = _notes(low)
-    if N % 512 == 0:      # full groups: the slots cover every load but the last
+    if N % 512 == 0:      # full groups only: the slots cover every load
         assert "_stream_ahead" in notes, notes
     out = low.outputs[0]
     with pytest.raises(AssertionError):       # the first K tile dropped
