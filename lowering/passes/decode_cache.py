@@ -28,11 +28,11 @@ Invariants
   index still hold the same values at the attention, and moving the scatters to just after it
   (in their order) lets every other kernel see the same bytes as before; the attention sees the
   old rows everywhere but at the positions, where it takes the new rows.
-- ``ENABLED``: False (off: slower with today's memory plan and DMA schedule, see there),
-  True (both rows, as above) or ``"values"``: the value cache alone is read before its update
-  (``new_kv`` names two inputs, ``(VN, pos_v)``; the key cache's scatter stays before the
-  attention and its loads after it), so the attention's key half costs nothing extra (no new
-  key's scores, no selects on the score rows) while its value loads leave the chain.
+- ``ENABLED``: True (both rows, as above; the default, see there), False (off) or
+  ``"values"``: the value cache alone is read before its update (``new_kv`` names two
+  inputs, ``(VN, pos_v)``; the key cache's scatter stays before the attention and its loads
+  after it), so the attention's key half costs nothing extra (no new key's scores, no selects
+  on the score rows) while its value loads leave the chain.
 """
 from __future__ import annotations
 
@@ -43,7 +43,13 @@ from dataclasses import replace
 from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 
 MAX_ITEMS = 4096
-# Off: measured slower (latest, with the one-row matmuls' streamed weights loaded ahead,
+# On (both rows): with every load of a one-row kernel's streamed weights in a slot of its own
+# (tiling/matmul._stream_ahead), the weight stream runs through the attention, the out
+# projection and the norm, where the DMA engines idled: decode_gpt2 trn3 707.5 -> 686.2 us
+# (branch h_dec; with all-but-the-last slots, on: trn3 719.4, "values": 723.0; all slots with
+# "values": 698.5, all slots and off: 738.9); with the LM head's slots too (tiling/stream.
+# stream_loads) trn3 684.1, trn2 922.8 -> 915.9. With all-but-the-last slots it measured slower,
+# as it still does (earlier figures, off against on: latest, with the one-row matmuls' streamed weights loaded ahead,
 # branch dec d948760: decode_gpt2 trn2 957.9 us off, 979.1 on; trn3 748.4 off, 833.6 on;
 # before that, with the one-row bias loaded once and x^T by one DMA:
 # decode_gpt2 trn2 1020.5 us off, 1105.6 on; trn3 818.6 off, 901.6 on: after the QKV
@@ -65,8 +71,8 @@ MAX_ITEMS = 4096
 # With the query and output rows by TensorE transposes (tiling/attention_decode.py) both modes
 # still measure slower than off on decode_gpt2 (figures in the commit message): the weight
 # stream's backlog on the in-order DMA engines and the early cache loads delay the chain's
-# small transfers, and the score selects on 12 partitions sit on VectorE's chain.
-ENABLED: bool | str = False   # False, "values" or True (module docstring)
+# small transfers, and the score selects on 12 partitions sit on VectorE's chain).
+ENABLED: bool | str = True   # False, "values" or True (module docstring)
 
 
 def _touches(k: KOp, name: str) -> bool:

@@ -44,7 +44,7 @@ tiles, loaded one by one, would each be bound by the DMA's fixed phase comes by 
 of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T); so does a streamed side of
 a few such rows (``matmul_plan.stream_whole``), and one row resident in SBUF reaches [128, K/128]
 by TensorE transposes where those beat the DMA's fixed phase (``_Side._transpose_row``). A
-one-row kernel's streamed weights get a slot for every load but the last (``_stream_ahead``).
+one-row kernel's streamed weights get a slot for every load (``_stream_ahead``).
 """
 from __future__ import annotations
 
@@ -407,25 +407,26 @@ def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -
 
 def _stream_ahead(b: TirBuilder, shape: MatmulShape, c: Blocking, strm: _Side) -> Blocking:
     """A streamed side read from weights (a graph input loaded ahead, ``_ahead``) of a kernel
-    with one row (a decode step's MLP: its weights are the streamed side) gets a slot for
-    every load but the last, as many as fit ``AHEAD_SHARE`` of the kernel's SBUF share: all
-    but the last transfer load during the kernels before it (the attention and the norms, where
-    the DMA engines idle otherwise), and the last one waits for the kernel's first products,
-    so the weight stream (one in-order queue, ``tir/schedule.py``) runs at most one kernel ahead
-    and the next kernels' weights do not fill the DMA engines (which serve transfers in issue
-    order) ahead of the loads on the chain (a decode step's cache loads). Every load in a slot
-    of its own lets the stream run up to three kernels ahead (``tir/plan.py``): decode_gpt2
-    trn3 799.3 us, trn2 989.5, against 753.6 and 957.9 with all but one, 801.0 and 1006.9
-    with three slots."""
+    with one row (a decode step's projections and MLP: their weights are the streamed side)
+    gets a slot for every load, as many as fit ``AHEAD_SHARE`` of the kernel's SBUF share:
+    the loads run during the kernels before it (the attention, the norms and the chain of
+    one-row kernels, where the DMA engines idle otherwise), up to the lifetimes
+    ``tir/plan.py`` gives weight buffers (``WEIGHT_STREAMS_AHEAD``). With a decode step's
+    cache loads off the chain (``passes/decode_cache.py`` on) decode_gpt2 trn3 takes 686.2 us
+    with every load ahead, 719.4 with all but the last; with them on the chain (off) 738.9
+    and 707.5: there the last load, waiting for the kernel's first products, kept the stream
+    at most one kernel ahead and the DMA engines (which serve transfers in issue order) free
+    for the cache loads on the chain (earlier, off: every load ahead 799.3, all but the last
+    753.6, three slots 801.0)."""
     buf = b.buffers.get(strm.ref.buffer)
     if (c.stream or shape.M != 1 or buf is None or buf.role != "input"
             or b.is_resident(strm.ref.buffer) or not _ahead(b, strm.ref) or shape.k_pack > 1):
         return c
     cap = int(b.target.sbuf_bytes_per_partition * SBUF_SHARE * AHEAD_SHARE)
-    for n in range(stream_loads(shape, c) - 1, c.stream_bufs, -1):
+    for n in range(stream_loads(shape, c), c.stream_bufs, -1):
         more = replace(c, stream_bufs=n)
         if footprint(shape, more, b.target)[0] <= cap:
-            b.note(f"matmul: the streamed weights in {n} slots (all loads but the last ahead, "
+            b.note(f"matmul: the streamed weights in {n} slots (every load ahead, "
                    f"_stream_ahead)")
             return more
     return c

@@ -4,8 +4,8 @@ and puts the new key and value rows in by value at the runtime position
 0, 127, 128 and the last key (128-key chunks and 512-key score banks crossed), caches whose stale
 row at the position differs from the new one (a wrong position, a stale row read or a dropped new
 row fails), the mask of GPT-2's static cache (keys after the position hidden by value), and the
-updated caches equal eager's exactly. The pass is off by default (``decode_cache.ENABLED``: slower
-with today's plan and schedule); these tests turn it on."""
+updated caches equal eager's exactly. The pass is on by default (``decode_cache.ENABLED``); these
+tests set it explicitly."""
 from __future__ import annotations
 
 import pytest

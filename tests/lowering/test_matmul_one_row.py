@@ -174,8 +174,9 @@ AHEAD_CASES = [  # (K, N, dtype, target): GPT-2's MLP shapes and ones crossing t
 @pytest.mark.parametrize("case", AHEAD_CASES, ids=lambda c: f"{c[0]}x{c[1]}-{str(c[2])[6:]}-{c[3]}")
 def test_one_row_weights_streamed_ahead(case):
     """A one-row matmul after another kernel (so its weights load ahead, ``_ahead``) whose
-    streamed side is the weight: every load but the last in a slot of its own
-    (``_stream_ahead``), as many as fit; the values match eager whatever the slots."""
+    streamed side is the weight: every load of its full groups in a slot of its own
+    (``_stream_ahead``), as many as fit (a partial last group: its loads reuse the full
+    groups' slots, ``stream.stream_loads``); the values match eager whatever the slots."""
     K, N, dt, target = case
     x = rand(1, K, dtype=dt, seed=K + 7)
     w, bias = rand(K, N, dtype=dt, seed=8, low=-0.1, high=0.1), rand(N, dtype=dt, seed=9)
@@ -185,7 +186,7 @@ def test_one_row_weights_streamed_ahead(case):
 
     low = check(fn, x, w, bias, target=target)
     notes = _notes(low)
-    if N % 512 == 0:      # full groups: the slots cover every load but the last
+    if N % 512 == 0:      # full groups only: the slots cover every load
         assert "_stream_ahead" in notes, notes
     out = low.outputs[0]
     with pytest.raises(AssertionError):       # the first K tile dropped
@@ -199,7 +200,11 @@ def test_stream_loads_counts_full_groups_only():
                                 matmul_plan.DIRECT, (), 1, cast_only=True)
     assert mm.stream_loads(s, matmul_plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
     from dataclasses import replace
-    assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 0
+    # a partial last group (N = 3000: one full group of 1536 and a partial one) is left out
+    assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 1 * 6
+    # the transposed form's partial group: none counted
+    assert mm.stream_loads(replace(s, N=700, K=3072), matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True,
+                                                                            kb=4)) == 0
     t2 = replace(s, N=768, K=3072)
     assert mm.stream_loads(t2, matmul_plan.Blocking("A", 1, 3, 2, 2, swap=True, kb=4)) == 2 * 6
 
