@@ -12,8 +12,10 @@ neuron-runtime/explore/internode-collective-comm.rst, COLL = neuron-runtime/abou
 The model
 - Placement: each rank is one logical core of ``lnc`` physical cores (COLL L110), so a chip holds
   ``cores_per_chip // lnc`` ranks; a group's ranks fill chips in order (ASSUMED: a group is
-  consecutive logical cores, as nccom-test's ``-r`` ranks are), chips fill a row-major 4x4 torus
-  (trn1/trn2) or hang off a switch (trn3), and instances of ``chips_per_instance`` chips.
+  consecutive logical cores, as nccom-test's ``-r`` ranks are; neuron-ls numbers a chip's cores
+  consecutively, runtime-performance-tips.rst L113-255, L369-511), chips fill a row-major 4x4
+  torus (trn1/trn2: the same tables' "CONNECTED DEVICES") or hang off a switch (trn3), and
+  instances of ``chips_per_instance`` chips.
 - An all-reduce is a reduce-scatter then an all-gather (INTRA L55, L85, L109); each phase moves
   D = (N-1)/N x B per rank (INTER L85, L113, L168: the same for Ring, Mesh and RDH).
 - Time = sum over phases of (steps x per-hop latency + the slowest of three resources):
@@ -49,8 +51,11 @@ The model
 - More than one instance: hierarchical (COLL L101-103): the collective inside each instance, plus
   an RDH (Ring when not a power of two) exchange between instances of each rank's 1/n_local share
   over its EFA share (COLL L110) at ``inter_hop_ns`` per step (INTER L66).
-- Not modelled: any fixed per-operation cost of the runtime (no document gives one: INTRA L61
-  puts a collective's whole latency term at "10^0 to 10^1 us"), contention with compute for DMA
+- Not modelled: any fixed per-operation cost of the runtime. No document gives one (INTRA L61
+  puts a collective's whole latency term at "10^0 to 10^1 us"); what was searched, and the
+  release-dependent figures found instead (a "collectives barrier" of 500 then 40 us, NEFF-start
+  savings), is printed by ``python -m runtime_sim.calibrate_collectives``
+  (``calibrate_collectives.SEARCHED``). Also not modelled: contention with compute for DMA
   engines and HBM, the over-subscription of RDH, the single-step Mesh.
 
 Invariants

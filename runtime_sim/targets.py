@@ -313,6 +313,11 @@ def get_target(name: str) -> Target:
 #  NCCOM = tools/neuron-sys-tools/nccom-test.rst
 #  TRN1A = about-neuron/arch/neuron-hardware/trn1-arch.rst; TRN2A = .../trn2-arch.rst;
 #  TRN3A = .../trn3-arch.rst; CHIP2 = .../trainium2.rst; CHIP3 = .../trainium3.rst
+#  TIPS  = neuron-runtime/explore/runtime-performance-tips.rst: neuron-ls tables whose "CONNECTED
+#          DEVICES" column is the chip adjacency (trn1.32xlarge L113-255, trn2.48xlarge L369-511):
+#          device d is linked to d+-1 mod 4 in its row of four and d+-4 mod 16 (device 0: "12, 3,
+#          4, 1", L132; device 5: "1, 4, 9, 6", L172), a row-major 4x4 torus on both, and device
+#          d holds NeuronCores 2d..2d+1 (trn1) or 4d..4d+3 (trn2 at LNC=2), consecutive ids.
 #
 # Bandwidth convention. ASSUMED: a per-chip interconnect figure is what the chip can send (and,
 # at the same time, receive): per direction, summed over its links, each link carrying an equal
@@ -364,8 +369,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
         chip_link_bytes_per_ns=384.0,   # CHIP2 L134-136 "Inter-chip Interconnect (GB/sec/chip)" 384;
                                         # TRN1A L58 (trn1.32xlarge; trn1n.32xlarge: 768, L69)
         topology="torus2d",             # TRN1A L77, L82: "2D Torus topology"
-        torus_side=4,                   # ASSUMED 4x4 as trn2 (TRN2A L33): TRN1A gives 16 chips
-                                        # (L50-52) in a 2D torus, its shape only in a figure
+        torus_side=4,                   # TIPS L113-255: trn1.32xlarge's connected devices form
+                                        # a row-major 4x4 torus (TRN1A L50-52, L77: 16 chips, 2D)
         chips_per_instance=16,          # TRN1A L50-52: trn1.32xlarge, 16 Trainium chips
         default_lnc=1,                  # NCCOM L567-568: "1 for inf2 and trn1"
         hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,
@@ -380,7 +385,7 @@ INTERCONNECTS: dict[str, Interconnect] = {
         # instances of an UltraServer (TRN2A L100-102); a trn2.48xlarge has the 1,024.
         chip_link_bytes_per_ns=1024.0,
         topology="torus2d",             # TRN2A L33: "4x4, 2D Torus"; COLL L121
-        torus_side=4,                   # TRN2A L33
+        torus_side=4,                   # TRN2A L33; TIPS L369-511 (row-major, as trn1)
         chips_per_instance=16,          # TRN2A L29, L70-71: 16 Trainium2 chips
         default_lnc=2,                  # NCCOM L567-568: "2 for trn2 and trn3"; COLL L110
         hop_ns=_HOP_NS, inter_hop_ns=_INTER_HOP_NS,

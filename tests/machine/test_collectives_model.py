@@ -155,3 +155,53 @@ def test_calibration_report_lists_every_row_with_source_and_status(capsys):
         assert r["within_25pct"] == (abs(r["ratio"] - 1) <= 0.25)
         assert r["within_25pct"] or r["reason"]
     assert status == (0 if all(r["within_25pct"] for r in rows) else 1)
+
+
+# neuron-ls "CONNECTED DEVICES" of trn1.32xlarge and trn2.48xlarge (identical columns:
+# neuron-runtime/explore/runtime-performance-tips.rst L113-255 and L369-511, aws-neuron-sdk@81ce03a)
+NEURON_LS_CONNECTED = {
+    0: {12, 3, 4, 1}, 1: {13, 0, 5, 2}, 2: {14, 1, 6, 3}, 3: {15, 2, 7, 0},
+    4: {0, 7, 8, 5}, 5: {1, 4, 9, 6}, 6: {2, 5, 10, 7}, 7: {3, 6, 11, 4},
+    8: {4, 11, 12, 9}, 9: {5, 8, 13, 10}, 10: {6, 9, 14, 11}, 11: {7, 10, 15, 8},
+    12: {8, 15, 0, 13}, 13: {9, 12, 1, 14}, 14: {10, 13, 2, 15}, 15: {11, 14, 3, 12}}
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_torus_is_the_published_chip_adjacency(target):
+    """The model's one-hop neighbours of each chip are exactly the devices neuron-ls lists as
+    connected (the row-major 4x4 torus; trn1's shape was ASSUMED before this table was found)."""
+    from runtime_sim.collectives import _hops
+    ic = get_interconnect(target)
+    assert ic.chips_per_instance == len(NEURON_LS_CONNECTED)
+    for a, linked in NEURON_LS_CONNECTED.items():
+        assert {b for b in range(16) if _hops(a, b, ic) == 1} == linked, a
+
+
+def test_2023_tables_compare_with_ring_and_p50():
+    """The Neuron 2.10 tables (trn1) predate the Mesh all-reduce and RDH between instances (the
+    collectives / runtime release notes): every row is modelled with Ring, the time read as P50."""
+    by_table = {t.name: t for t in cal.TABLES}
+    for r in cal.evaluate():
+        t = by_table[r["table"]]
+        if t.target == "trn1":
+            assert t.algorithm == "ring" and r["model_algorithm"] == "ring"
+            assert r["algorithm_set_by_table"] and r["statistic"].startswith("P50")
+        else:
+            assert t.algorithm is None and not r["algorithm_set_by_table"]
+
+
+def test_report_says_what_was_searched_for_a_per_operation_cost(capsys):
+    """No per-operation constant is in the model; the report names what was searched and what
+    was found instead, and every latency-bound red row points to that record."""
+    cal.main([])
+    text = capsys.readouterr().out
+    assert "Per-operation cost: searched, NOT FOUND" in text
+    for needle in ("nccom-test.rst", "intranode", "compute-comm-overlap.rst",
+                   "aws-neuronx-{collectives,runtime-lib}", "500us to 40us",
+                   "nrt_experimental.rst L141", "NEFF start", "151 us", "6.16"):
+        assert needle in text, needle
+    red_latency = [r for r in cal.evaluate() if r["bound"] == "latency" and not r["within_25pct"]]
+    assert red_latency and all("'Per-operation cost' below" in r["reason"] for r in red_latency)
+    small = collective_cost("all_reduce", 4, 16, "trn2")
+    assert small.latency_ns == small.steps * get_interconnect("trn2").hop_ns   # hops only
+    assert small.total_ns < small.latency_ns + 1.0                             # 4 B: < 1 ns data
