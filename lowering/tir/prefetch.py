@@ -44,7 +44,7 @@ from lowering.tir.ir import TAP, Loop, Stmt, TBuf, TProgram, walk
 from lowering.tir.plan import WEIGHT_STREAM_BYTES, MemPlan, plan_memory
 from lowering.tir.schedule import probe_instr
 from runtime_sim.costs import instr_cost
-from runtime_sim.isa import EngineKind, Memory, Queue
+from runtime_sim.isa import EngineKind, Memory, Queue, dma_queue
 from runtime_sim.targets import Target
 
 BLOCK_SPACING = 4   # weight-streaming kernels between two blocks' placements (GPT-2 small
@@ -102,26 +102,28 @@ def dma_idle_ns(tp: TProgram, st: Structure, target: Target, before: int) -> flo
     """How long the DMA queues idle in top-level statements ``[0, before)``, as far as a
     roofline says: the kernels' compute (per kernel its busiest compute engine, from the
     simulator's cost table; an instruction several engines may run counted evenly on each)
-    minus every transfer's bytes at the DMA engines' rate, when positive. The weight stream runs
-    kernels ahead (``tir/plan.py``), so only the totals matter: a machine whose kernels stream
-    more bytes than they compute has nothing to prefetch into."""
+    minus every transfer's data phase on its busiest DMA engine (the same table), when
+    positive. The weight stream runs kernels ahead (``tir/plan.py``), so only the totals
+    matter: a machine whose kernels stream more bytes than they compute has nothing to
+    prefetch into."""
     busy: dict[str, dict[EngineKind, float]] = {}
-    dma_bytes = 0.0
+    dma = 0.0
     for inf in st.info.values():
         if inf.top >= before:
             continue
         ins = inf.ins
-        if EngineKind.DMA in ins.engines:
-            a = ins.dst if tp.buffer(ins.dst.buf).memory is not Memory.HBM else ins.srcs[0]
-            dma_bytes += inf.count * a.partitions * a.free_size * a.dtype.itemsize
-            continue
         probe = probe_instr(tp, ins)
+        if EngineKind.DMA in ins.engines:
+            # the data phase of its busiest DMA engine: a transfer over 128 partitions moves
+            # on every engine at once
+            dma += inf.count * instr_cost(probe, dma_queue(0), target).busy_ns
+            continue
         k = busy.setdefault(kernel_key(ins), {})
         for e in ins.engines:
             c = instr_cost(probe, Queue(e), target).busy_ns * inf.count / len(ins.engines)
             k[e] = k.get(e, 0.0) + c
     compute = sum(max(k.values()) for k in busy.values() if k)
-    return max(0.0, compute - dma_bytes / target.dma_bytes_per_ns)
+    return max(0.0, compute - dma)
 
 
 def _find(tp: TProgram, st: Structure) -> _Candidate | None:
