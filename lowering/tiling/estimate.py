@@ -29,7 +29,7 @@ from collections import defaultdict
 from typing import Iterator
 
 from lowering.tir.builder import TirBuilder
-from lowering.tir.ir import TAP
+from lowering.tir.ir import TAP, walk
 from lowering.tir.schedule import probe_instr, schedule
 from runtime_sim.costs import instr_cost, static_busy
 from runtime_sim.isa import EngineKind, Instr, Queue
@@ -62,31 +62,41 @@ def _overlap(x: tuple[int, int, int, int], y: tuple[int, int, int, int]) -> bool
 
 def profile(b: TirBuilder) -> tuple[dict[EngineKind, float], float]:
     """(busy ns per compute engine, makespan ns) of everything emitted into ``b`` so far."""
-    tp = b.program((), ())
-    queues = schedule(tp, b.target)
+    return program_profile(b.program((), ()), b.target, outer=1)
+
+
+def program_profile(tp, target: Target, outer: int = 0,
+                    upto: int | None = None) -> tuple[dict[EngineKind, float], float]:
+    """``profile`` of a whole tile program (its top-level statements before ``upto``): every
+    loop's trips counted except the ``outer`` outermost ones of each instruction (1: the
+    scratch builder's own loop)."""
+    queues = schedule(tp, target)
     busy: dict[EngineKind, float] = defaultdict(float)
     prev: dict[EngineKind, Instr] = {}
     free: dict[EngineKind, float] = defaultdict(float)
     done: dict[str, list[tuple[tuple[int, int, int, int], float]]] = defaultdict(list)
     makespan = 0.0
-    for ins, loops in tp.instrs():
-        eng = queues[ins.sid].engine
-        if eng is EngineKind.DMA:
-            continue
-        probe = probe_instr(tp, ins)
-        n = math.prod(lp.count for lp in loops[1:])     # loops[0]: the scratch's own loop
-        c = instr_cost(probe, Queue(eng), b.target, prev.get(eng))
-        busy[eng] += n * c.busy_ns
-        prev[eng] = probe
-        start = free[eng]
-        for a in ins.srcs:
-            ext = _extent(a)
-            for w, t in done[a.buf]:
-                if t > start and _overlap(ext, w):
-                    start = t
-        free[eng] = start + n * c.busy_ns
-        end = free[eng] + c.latency_ns
-        makespan = max(makespan, end)
-        for a in ins.writes:
-            done[a.buf].append((_extent(a), end))
-    return static_busy(busy, b.target), makespan
+    for top, s in enumerate(tp.body):
+        if upto is not None and top >= upto:
+            break
+        for ins, loops in walk((s,), ()):
+            eng = queues[ins.sid].engine
+            if eng is EngineKind.DMA:
+                continue
+            probe = probe_instr(tp, ins)
+            n = math.prod(lp.count for lp in loops[outer:])
+            c = instr_cost(probe, Queue(eng), target, prev.get(eng))
+            busy[eng] += n * c.busy_ns
+            prev[eng] = probe
+            start = free[eng]
+            for a in ins.srcs:
+                ext = _extent(a)
+                for w, t in done[a.buf]:
+                    if t > start and _overlap(ext, w):
+                        start = t
+            free[eng] = start + n * c.busy_ns
+            end = free[eng] + c.latency_ns
+            makespan = max(makespan, end)
+            for a in ins.writes:
+                done[a.buf].append((_extent(a), end))
+    return static_busy(busy, target), makespan

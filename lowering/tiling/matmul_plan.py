@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 
-import math
 from dataclasses import dataclass, field, replace
 
 from runtime_sim.costs import instr_cost
@@ -590,7 +589,8 @@ def cell_tail(s: MatmulShape, c: Blocking, t: Target, ahead: int) -> int:
 
 def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
     """(SBUF bytes per partition, PSUM banks) of a candidate. A partial block, group or tile
-    reuses the bytes of the full one (the builder's tail aliases), so the full shapes count."""
+    reuses the bytes of the full one (the builder's tail aliases; an SBUF tile under
+    ``ALIAS_MIN_BYTES``, a few KiB, takes its own), so the full shapes count."""
     isz, osz = s.dtype.itemsize, s.out_dtype.itemsize
     Kt = _ktiles(s)[1]
     if c.resident == "C":

@@ -16,12 +16,17 @@ starts with loads of a weight into a buffer it allocates per iteration):
 - the loop's slots drop to ``STREAM_SLOTS``, and statements of the kernel after the loop that
   touch none of its bytes (the remainder block, from its own prefetched buffer) move ahead of
   it, so the kernel ends on the last streamed block.
+A one-row kernel (a decode step's LM head) loads each K tile's piece of a block beside its
+products, in an inner loop; the pass first splits that loop (``_split_block_loads``): the
+block's pieces load side by side into one slot per block (``<slots>.blk``), then the products.
 ``P`` is the largest count whose memory plan gives up nothing the plan without prefetch had
 (SBUF and PSUM lifetime modes, weight streams ahead; the copies of the loop's PSUM buffers share
-their bytes), tried only when a roofline of the kernels before (``dma_idle_ns``) says they
-compute longer than they stream: GPT-2 small b1 s128 bf16 on trn3 computes for 374 us and
-streams for 364 us there (4 blocks prefetched: 599.7 -> 585.0 us); on trn2 381 against 522 us,
-so nothing is prefetched.
+their bytes), and no more blocks than the DMA queues' idle time before the loop can load
+(``dma_idle_ns``: the makespan of the compute there, from the simulator's cost table, minus the
+transfers' data phases). Measured: GPT-2 small b1 s128 bf16 on trn3, 4 blocks, 599.7 -> 585.0
+us; its decode step over a 1024-token cache on trn3, 4 blocks, 679.8 -> 665.4 us; on trn2 the
+estimate finds 13.6 us of idle before the prefill's LM head (2 blocks: 800.6 -> 802.8 us) and
+none in the decode step.
 
 Invariants
 - Values are unchanged: every block's products are computed once, from the same bytes of the
@@ -43,8 +48,9 @@ from lowering.tir.analysis import Structure, kernel_key
 from lowering.tir.ir import TAP, Loop, Stmt, TBuf, TProgram, walk
 from lowering.tir.plan import WEIGHT_STREAM_BYTES, MemPlan, plan_memory
 from lowering.tir.schedule import probe_instr
+from lowering.tiling.estimate import program_profile
 from runtime_sim.costs import instr_cost
-from runtime_sim.isa import EngineKind, Memory, Queue, dma_queue
+from runtime_sim.isa import EngineKind, Memory, dma_queue
 from runtime_sim.targets import Target
 
 BLOCK_SPACING = 4   # weight-streaming kernels between two blocks' placements (GPT-2 small
@@ -69,18 +75,30 @@ def prefetch_far_weights(tp: TProgram, target: Target,
     note saying what moved; ``tp`` unchanged (and no note) when there is no such loop or no
     block fits."""
     plan = plan or (lambda p: plan_memory(p, target))
+    orig = tp
     st = Structure(tp)
     cand = _find(tp, st)
-    if cand is None:
-        return tp, None
+    if cand is None:        # a block's loads in an inner loop, each beside its products
+        tp = _split_block_loads(tp, st)
+        if tp is orig:
+            return orig, None
+        st = Structure(tp)
+        cand = _find(tp, st)
+        if cand is None:
+            return orig, None
     loop = tp.body[cand.index]
     hosts = _hosts(tp, st, cand.index)
-    base = plan(tp)
+    base = plan(orig)
     want = (base.modes.get(Memory.SBUF), base.modes.get(Memory.PSUM), base.ahead)
     slots = min(cand.slots.bufs, STREAM_SLOTS)
-    if dma_idle_ns(tp, st, target, cand.index) <= 0:
-        return tp, None             # the kernels before stream more than they compute
-    most = target.sbuf_bytes_per_partition // 2 // cand.slots.slot_bytes   # half of SBUF
+    # as many blocks as the DMA's idle time before the loop loads (each at its loads' data
+    # phases), at most half of SBUF
+    block_ns = sum(inf.count // loop.count * instr_cost(probe_instr(tp, inf.ins), dma_queue(0),
+                                                        target).busy_ns
+                   for inf in st.info.values() if inf.top == cand.index
+                   and inf.ins.dst is not None and inf.ins.dst.buf == cand.slots.name)
+    most = min(target.sbuf_bytes_per_partition // 2 // cand.slots.slot_bytes,
+               int(dma_idle_ns(tp, st, target, cand.index) // max(block_ns, 1.0)))
     for p in range(min(loop.count - 4, len(hosts), most), 1, -1):
         for g in _groups(loop.count, p, slots):
             new = _peel(tp, cand, p, g, slots, hosts)
@@ -95,35 +113,24 @@ def prefetch_far_weights(tp: TProgram, target: Target,
                              f"kernels, one every {BLOCK_SPACING}, into {cand.slots.name}.far; "
                              f"their products run in {g} groups of {p // g} among the others "
                              f"({slots} slots)")
-    return tp, None
+    return orig, None
 
 
 def dma_idle_ns(tp: TProgram, st: Structure, target: Target, before: int) -> float:
-    """How long the DMA queues idle in top-level statements ``[0, before)``, as far as a
-    roofline says: the kernels' compute (per kernel its busiest compute engine, from the
-    simulator's cost table; an instruction several engines may run counted evenly on each)
-    minus every transfer's data phase on its busiest DMA engine (the same table), when
-    positive. The weight stream runs kernels ahead (``tir/plan.py``), so only the totals
-    matter: a machine whose kernels stream more bytes than they compute has nothing to
-    prefetch into."""
-    busy: dict[str, dict[EngineKind, float]] = {}
+    """How long the DMA queues idle in top-level statements ``[0, before)``, as far as an
+    estimate from the simulator's cost table says: the compute's makespan there
+    (``tiling.estimate.program_profile``: instructions in program order on their engines, each
+    after the ones whose bytes it reads) minus every transfer's data phase on its busiest DMA
+    engine, when positive. The weight stream runs kernels ahead (``tir/plan.py``), so only the
+    totals matter: a machine whose kernels stream more bytes than their chain of dependent
+    work takes has nothing to prefetch into."""
+    _, makespan = program_profile(tp, target, upto=before)
     dma = 0.0
     for inf in st.info.values():
-        if inf.top >= before:
-            continue
-        ins = inf.ins
-        probe = probe_instr(tp, ins)
-        if EngineKind.DMA in ins.engines:
-            # the data phase of its busiest DMA engine: a transfer over 128 partitions moves
-            # on every engine at once
-            dma += inf.count * instr_cost(probe, dma_queue(0), target).busy_ns
-            continue
-        k = busy.setdefault(kernel_key(ins), {})
-        for e in ins.engines:
-            c = instr_cost(probe, Queue(e), target).busy_ns * inf.count / len(ins.engines)
-            k[e] = k.get(e, 0.0) + c
-    compute = sum(max(k.values()) for k in busy.values() if k)
-    return max(0.0, compute - dma)
+        if inf.top < before and EngineKind.DMA in inf.ins.engines:
+            # a transfer over 128 partitions moves on every engine at once
+            dma += inf.count * instr_cost(probe_instr(tp, inf.ins), dma_queue(0), target).busy_ns
+    return max(0.0, makespan - dma)
 
 
 def _find(tp: TProgram, st: Structure) -> _Candidate | None:
@@ -155,6 +162,79 @@ def _find(tp: TProgram, st: Structure) -> _Candidate | None:
             if loads and loads == list(range(len(loads))) and _only_reads_after(lp, r, loads):
                 return _Candidate(i, r, tuple(loads))
     return None
+
+
+def _split_block_loads(tp: TProgram, st: Structure) -> TProgram:
+    """The last top-level loop whose body begins with an inner loop that loads a weight piece
+    into a rotating buffer and then uses it (a one-row matmul's streamed weights: for each K
+    tile, its load and its products), with the inner loop split in two: every piece's load into
+    one slot per outer iteration (``<buffer>.blk``, the pieces side by side), then the products
+    over them; ``tp`` itself when there is none. Tail tiles that shared the buffer's bytes share
+    the new one's."""
+    inputs = _never_written(tp, st)
+    for i in range(len(tp.body) - 1, -1, -1):
+        lp = tp.body[i]
+        if not isinstance(lp, Loop) or lp.count < 4 or not lp.body or not isinstance(lp.body[0], Loop):
+            continue
+        inner: Loop = lp.body[0]
+        for r in [b for b in tp.buffers if b.scope == inner.var and b.memory is Memory.SBUF
+                  and b.bufs >= 2 and b.alias is None]:
+            n = _load_prefix(inner, r, st, inputs)
+            if not n:
+                continue
+            names = _Names(tp)
+            blk = TBuf(f"{r.name}.blk", Memory.SBUF, r.partitions, (inner.count * _elems(r),),
+                       r.dtype, max(2, r.bufs // inner.count), lp.var)
+            k2 = names.var(inner.var)
+            piece = lambda v: Affine.var(v) * r.slot_bytes      # noqa: E731
+            loads = Loop(inner.var, inner.count, tuple(
+                _clone(x, {}, {r.name: (blk.name, piece(inner.var))}, {}, None)
+                for x in inner.body[:n]))
+            prods = Loop(k2, inner.count, tuple(
+                _clone(x, {inner.var: Affine.var(k2)}, {r.name: (blk.name, piece(k2))}, {}, None)
+                for x in inner.body[n:]))
+            bufs = []
+            for b in tp.buffers:
+                if b.name == r.name:
+                    continue
+                if b.alias == r.name:
+                    b = dataclasses.replace(b, alias=blk.name, bufs=min(b.bufs, blk.bufs))
+                elif b.scope == inner.var:
+                    b = dataclasses.replace(b, scope=k2)
+                bufs.append(b)
+            body = tp.body[:i] + (Loop(lp.var, lp.count, (loads, prods) + lp.body[1:]),) + tp.body[i + 1:]
+            return _renumber(dataclasses.replace(tp, buffers=tuple(bufs) + (blk,), body=body,
+                                                 _index={}))
+    return tp
+
+
+def _never_written(tp: TProgram, st: Structure) -> set[str]:
+    out = {b.name for b in tp.buffers if b.memory is Memory.HBM and b.role == "input"}
+    for inf in st.info.values():
+        for a in inf.ins.writes:
+            out.discard(a.buf)
+    return out
+
+
+def _load_prefix(lp: Loop, r: TBuf, st: Structure, inputs: set[str]) -> int:
+    """How many statements at the start of ``lp``'s body only load weights into ``r``, when the
+    rest only reads it (0 otherwise)."""
+    n = 0
+    for s in lp.body:
+        ins = [x for x, _ in walk((s,), ())]
+        if not ins or any(x.dst is None or x.dst.buf != r.name for x in ins):
+            break
+        if any(x.sid not in st.weight_loads or EngineKind.DMA not in x.engines
+               or any(a.buf not in inputs for a in x.srcs) for x in ins):
+            return 0
+        n += 1
+    if not n or n == len(lp.body):
+        return 0
+    for s in lp.body[n:]:
+        for x, _ in walk((s,), ()):
+            if any(a.buf == r.name for a in x.writes):
+                return 0
+    return n
 
 
 def _only_reads_after(lp: Loop, r: TBuf, loads: list[int]) -> bool:
@@ -201,8 +281,9 @@ def _peel(tp: TProgram, cand: _Candidate, p: int, g: int, slots: int,
     prefetched blocks' loads placed at ``hosts``."""
     loop: Loop = tp.body[cand.index]
     r = dataclasses.replace(cand.slots, bufs=slots)
-    tp = dataclasses.replace(tp, buffers=tuple(r if b.name == r.name else b for b in tp.buffers),
-                             _index={})
+    tp = dataclasses.replace(tp, buffers=tuple(
+        r if b.name == r.name else dataclasses.replace(b, bufs=min(b.bufs, slots))
+        if b.alias == r.name else b for b in tp.buffers), _index={})
     far = TBuf(f"{r.name}.far", Memory.SBUF, r.partitions, (p * _elems(r),), r.dtype)
     names = _Names(tp)
     q, m, v = p // g, (loop.count - p) // g, loop.var
