@@ -339,18 +339,24 @@ def _peel(tp: TProgram, cand: _Candidate, p: int, g: int, slots: int,
 
 def _independent_tail(tp: TProgram, index: int) -> int:
     """How many top-level statements after the streaming loop belong to its kernel and touch
-    none of the bytes the loop touches (aliases aside: the sync pass orders those): the
-    remainder block of the weight, computed from its own (whole, prefetched) buffer."""
+    none of the bytes the loop touches (aliases aside: the sync pass orders those; but no load
+    into a buffer sharing the loop's buffers' bytes): the remainder block of the weight,
+    computed from its own (whole, prefetched) buffer."""
     loop = tp.body[index]
     key = kernel_key(next(ins for ins, _ in walk((loop,), ())))
     on_chip = {b.name for b in tp.buffers if b.memory is not Memory.HBM}
     touched = {a.buf for ins, _ in walk((loop,), ()) for a, _ in ins.accesses()} & on_chip
     written = {a.buf for ins, _ in walk((loop,), ()) for a in ins.writes} & on_chip
+    # a load into bytes the loop's buffers share (a tail alias of its slots) would hold the
+    # loop's first loads until the tail's products are done: such a tail stays after it
+    roots = {tp.buffer(b).alias or b for b in touched}
     n = 0
     for s in tp.body[index + 1:]:
         ins = [x for x, _ in walk((s,), ())]
         if any(kernel_key(x) != key for x in ins) or any(
-                a.buf in (touched if w else written) for x in ins for a, w in x.accesses()):
+                a.buf in (touched if w else written) for x in ins for a, w in x.accesses()) or any(
+                EngineKind.DMA in x.engines and (tp.buffer(a.buf).alias or a.buf) in roots
+                for x in ins for a in x.writes):
             break
         n += 1
     return n
