@@ -24,7 +24,7 @@ block's pieces load side by side into one slot per block (``<slots>.blk``), then
 their bytes), and no more blocks than the DMA queues' idle time before the loop can load
 (``dma_idle_ns``: the makespan of the compute there, from the simulator's cost table, minus the
 transfers' data phases). Measured: GPT-2 small b1 s128 bf16 on trn3, 4 blocks, 599.7 -> 585.0
-us; its decode step over a 1024-token cache on trn3, 4 blocks, 679.8 -> 665.4 us; on trn2 the
+us; its decode step over a 1024-token cache on trn3, 4 blocks, 679.8 -> 654.3 us; on trn2 the
 estimate finds 13.6 us of idle before the prefill's LM head (2 blocks: 800.6 -> 802.8 us) and
 none in the decode step.
 
