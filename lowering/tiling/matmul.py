@@ -58,6 +58,7 @@ from lowering.tiling.matmul_cells import (Slice, acc_cast, bias_bcast, bias_prod
                                           residual_plus_bias,
                                           boff, cell_operands, cell_tile, emit_cells)
 from lowering.tiling.matmul_fp8 import KPack, k_pack
+from lowering.tiling.matmul_once import load_once, once_tp_bufs, transpose_once
 from lowering.tiling.matmul_outres import emit_outres
 from lowering.tiling.matmul_prologue import APrologue, Prologue
 from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
@@ -324,53 +325,17 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     else:
         strm = sb if best.resident == "A" else sa
         swhole = stream_whole(shape, best, t)
-        once = swhole or _transpose_once(shape, best, t, strm)
+        once = swhole or transpose_once(shape, best, t, strm)
         if swhole:
             b.note(f"matmul: the streamed side's {-(-shape.K // TK)} K tiles of {strm.F} "
                    f"column(s) by one DMA, read by every block (stream_whole)")
         elif once:
-            strm.tp_bufs = _once_tp_bufs(shape, best, t)
+            strm.tp_bufs = once_tp_bufs(shape, best, t)
         ctail = cell_tail(shape, best, t, WEIGHT_STREAMS_AHEAD) if once else 0
         if ctail:
             b.note("matmul: cell-major products, each cell's epilogue under the next cell's "
                    "products (matmul_cells.py)")
         _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail, swhole)
-
-
-def _transpose_once(shape: MatmulShape, c: Blocking, t, strm: _Side) -> bool:
-    """Resident rows (``RES_T``) streamed as one group: transpose all their K tiles first, side
-    by side in one tile that every block reads (instead of ``stream_bufs`` slots re-filled per
-    block and K tile), when that tile fits next to the rest of the kernel. TensorE then runs
-    the transposes back to back, their PSUM copies pipelined behind them, and the products
-    without waiting for a copy (GPT-2 small trn2 1010 -> 984 us, BERT-base trn1 1863 -> 1844
-    us; and with several blocks each K tile is transposed once instead of once per block)."""
-    st = TN if c.resident == "A" else TM
-    if strm.form != RES_T or c.stream or strm.F > c.group * st or shape.K <= TK or shape.k_pack > 1:
-        return False
-    isz = shape.dtype.itemsize
-    extra = -(-shape.K // TK) * strm.F * isz - c.stream_bufs * strm.F * isz
-    return footprint(shape, c, t)[0] + max(0, extra) <= int(t.sbuf_bytes_per_partition * SBUF_SHARE)
-
-
-UNROLL_KT = 8        # K tiles up to which the up-front transposes are unrolled (``_emit``;
-#                      GPT-2 small trn3 579.6 -> 568.7 us: fc1's first transpose no longer waits
-#                      for the norm's last column piece, and TensorE keeps its speed, above the
-#                      power ramp's 50% utilisation, across the norm)
-ONCE_TP_BUFS = 4     # PSUM slots of the up-front transposes (``_once_tp_bufs``), at most
-
-
-def _once_tp_bufs(shape: MatmulShape, c: Blocking, t) -> int:
-    """PSUM slots for the streamed side's up-front transposes (``_transpose_once``): with two,
-    TensorE waits for the copy out of PSUM of the transpose two before each one (a round trip
-    through the copy engine per K tile, on the chain between two kernels); deeper, it runs
-    ahead and the copies follow. Up to ``ONCE_TP_BUFS``, never more than the K tiles, and
-    only in PSUM banks the blocking leaves free beside its accumulators (``footprint`` counts
-    two transpose slots)."""
-    Kt = -(-shape.K // TK)
-    spare = t.psum_banks - footprint(shape, c, t)[1]
-    return max(2, min(ONCE_TP_BUFS, Kt, 2 + spare))
-
-
 
 
 def _whole_weights(b: TirBuilder, shape: MatmulShape, c: Blocking, res: _Side) -> Blocking:
@@ -530,7 +495,7 @@ def _prod(xs) -> int:
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
           folded: list[int], once: bool = False, kp: KPack = KPack(),
           bcast: tuple[int, ...] = (), ctail: int = 0, swhole: bool = False) -> None:
-    """The resident/streamed loop nest; ``once`` (``_transpose_once``): the streamed side's K
+    """The resident/streamed loop nest; ``once`` (``matmul_once.transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
     the K packing (``matmul_fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
     the last ``ctail`` K tiles of a group run cell-major (``matmul_cells.py``)."""
@@ -557,21 +522,8 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         if swhole:      # one DMA of all K tiles (``matmul_plan.stream_whole``)
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             strm.load_whole(b, tall, sbase, aff(0), strm.F, K)
-        elif once and G == 1 and strm.form in (PE_T, RES_T) and strm.F <= TK and Kt <= UNROLL_KT:
-            # unrolled: each K tile's transpose waits only for its own rows (a loop's first
-            # transpose waits for every statement that writes the rows: a layer norm's column
-            # pieces on two engines), its PSUM cells in turn in one tile
-            tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
-            cells = b.tile("tps", Memory.PSUM, TK, strm.tp_bufs * strm.F, F32, 1)
-            for j in range(Kt):
-                kt = min(TK, K - j * TK)
-                strm.load(b, tall, aff(j * strm.F), sbase, aff(j * TK), kt, aff(0), strm.F, j=j,
-                          psum=cells.ap(kt, elem_offset=j % strm.tp_bufs * strm.F,
-                                        dims=((1, strm.F),)))
         elif once:
-            tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
-            for j, k0, kt, ks, _ in _ktiles(b, K, G, "kt", TK):
-                strm.load(b, tall, j * strm.F, sbase, k0, kt, aff(0), strm.F, kstep=ks, j=j)
+            tall = load_once(b, strm, sbase, K, G, dt, _ktiles(b, K, G, "kt", TK))
         for r0, rw in b.tiled(res.F, c.block * rt, "blk"):
             if not c.stream:
                 # the partial last block of a refilled prefix (``_whole_weights``) in bytes of

@@ -10,7 +10,7 @@ one after another on the evacuation engines, while TensorE waits for the next ke
 QKV projection on trn3: five [128, 512] bias adds, 1.9 us after its last product).
 
 When every K tile of both operands is in SBUF before the group's products start (a resident
-block of all of K, and a streamed side transposed once up front, ``matmul._transpose_once``),
+block of all of K, and a streamed side transposed once up front, ``matmul_once.transpose_once``),
 the products can run cell-major instead (for each cell, every K tile), and each cell's
 epilogue runs as soon as its last product is done, under the next cell's products: only the
 last cell's epilogue follows the group. The same products accumulate in the same order per

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Callable
 
 from lowering.errors import Unsupported
@@ -135,32 +136,17 @@ def dma_idle_ns(tp: TProgram, st: Structure, target: Target, before: int) -> flo
 
 def _find(tp: TProgram, st: Structure) -> _Candidate | None:
     """The last top-level loop whose body begins with weight loads into a rotating buffer it
-    allocates (the statements filling it hold nothing else)."""
-    never_written = {b.name for b in tp.buffers if b.memory is Memory.HBM and b.role == "input"}
-    for inf in st.info.values():
-        for a in inf.ins.writes:
-            never_written.discard(a.buf)
+    allocates (the statements filling it hold nothing else; the rest only read it)."""
+    inputs = _never_written(tp, st)
     for i in range(len(tp.body) - 1, -1, -1):
         lp = tp.body[i]
         if not isinstance(lp, Loop) or lp.count < 4:
             continue
-        slots = [b for b in tp.buffers if b.scope == lp.var and b.memory is Memory.SBUF
-                 and b.bufs >= 2 and b.alias is None]
-        for r in slots:
-            loads = []
-            for j, s in enumerate(lp.body):
-                ins = [x for x, _ in walk((s,), ())]
-                fills = [x for x in ins if x.dst is not None and x.dst.buf == r.name]
-                if not fills:
-                    continue
-                if len(fills) != len(ins) or any(
-                        x.sid not in st.weight_loads or EngineKind.DMA not in x.engines
-                        or any(a.buf not in never_written for a in x.srcs) for x in fills):
-                    loads = []
-                    break
-                loads.append(j)
-            if loads and loads == list(range(len(loads))) and _only_reads_after(lp, r, loads):
-                return _Candidate(i, r, tuple(loads))
+        for r in [b for b in tp.buffers if b.scope == lp.var and b.memory is Memory.SBUF
+                  and b.bufs >= 2 and b.alias is None]:
+            n = _load_prefix(lp, r, st, inputs)
+            if n:
+                return _Candidate(i, r, tuple(range(n)))
     return None
 
 
@@ -235,15 +221,6 @@ def _load_prefix(lp: Loop, r: TBuf, st: Structure, inputs: set[str]) -> int:
             if any(a.buf == r.name for a in x.writes):
                 return 0
     return n
-
-
-def _only_reads_after(lp: Loop, r: TBuf, loads: list[int]) -> bool:
-    """Every other access to ``r`` in the loop body reads it, after its loads."""
-    for s in lp.body[len(loads):]:
-        for ins, _ in walk((s,), ()):
-            if any(a.buf == r.name for a in ins.writes):
-                return False
-    return True
 
 
 def _hosts(tp: TProgram, st: Structure, before: int) -> list[int]:
@@ -363,10 +340,7 @@ def _independent_tail(tp: TProgram, index: int) -> int:
 
 
 def _elems(b: TBuf) -> int:
-    n = 1
-    for f in b.free:
-        n *= f
-    return n
+    return math.prod(b.free)
 
 
 def _loop_vars(body) -> set[str]:

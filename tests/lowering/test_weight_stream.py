@@ -9,7 +9,7 @@
 - a weight operand that does not fit whole keeps a prefix of its blocks in slots of their own,
   its partial last block in bytes of its own (``matmul._whole_weights``, ``_emit``);
 - the up-front transposes of a resident streamed side get the PSUM banks the blocking leaves
-  free (``matmul._once_tp_bufs``);
+  free (``matmul_once.once_tp_bufs``);
 - kernel lifetimes fall back to weights fewer streams ahead before coarse lifetimes
   (``tir.plan.plan_memory``).
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import neuron_compiler
-from lowering.tiling.matmul import _once_tp_bufs
+from lowering.tiling.matmul_once import once_tp_bufs as _once_tp_bufs
 from lowering.tiling.matmul_plan import (DIRECT, RES_T, Blocking, MatmulShape, bias_by_products,
                                          footprint)
 from lowering.tiling.stream import PACE_MIN, paced_pieces
