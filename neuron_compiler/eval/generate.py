@@ -173,13 +173,15 @@ def kv_cache_info(cache: object) -> dict | None:
 
 class _Recorder:
     """Replaces ``model.forward``: each call runs ``forward`` inside its own profile (when
-    ``profiled``) and, for the call index in ``count_at``, inside a counting dispatch mode."""
+    ``profiled``) and, for each call index in ``count_at``, inside a counting dispatch mode of
+    its own (``counters[index]``; ``counter`` is the last one entered)."""
 
     def __init__(self, forward: Callable, original: Callable, profiled: bool):
         self.forward, self.profiled = forward, profiled
         self.calls: list[dict] = []
-        self.count_at: tuple[int, Callable[[], object]] | None = None
+        self.count_at: tuple[int | tuple[int, ...], Callable[[], object]] | None = None
         self.counter: object = None
+        self.counters: dict[int, object] = {}
         call = self._call
         # generate() inspects forward's signature (``logits_to_keep``, ...): keep it
         self.wrapped = functools.wraps(original)(lambda *args, **kwargs: call(*args, **kwargs))
@@ -188,13 +190,17 @@ class _Recorder:
         i = len(self.calls)
         with contextlib.ExitStack() as stack:
             prof = stack.enter_context(neuron_compiler.profile()) if self.profiled else None
-            if self.count_at is not None and self.count_at[0] == i:
-                self.counter = stack.enter_context(self.count_at[1]())
+            if self.count_at is not None and i in _indices(self.count_at[0]):
+                self.counter = self.counters[i] = stack.enter_context(self.count_at[1]())
             t0 = time.perf_counter()
             out = self.forward(*args, **kwargs)
             wall = time.perf_counter() - t0
         self.calls.append({"wall_s": wall, "profile": prof.to_dict() if prof else None})
         return out
+
+
+def _indices(at: int | tuple[int, ...]) -> tuple[int, ...]:
+    return at if isinstance(at, tuple) else (at,)
 
 
 def _generate(model: torch.nn.Module, ids: torch.Tensor, n: int,
@@ -221,7 +227,8 @@ def _cache(out: object) -> object:
 
 def eager_generate(loaded: LoadedModel, cfg) -> tuple[dict, dict]:
     """(reference values, the report's ``model.generate`` entry): one eager generation for the
-    tokens and the KV cache, one more with FLOPs counted for the prefill and a decode step."""
+    tokens and the KV cache, one more (two tokens) with FLOPs counted for the prefill and the
+    first decode step."""
     from neuron_compiler.eval.flops import model_flop_counter
     ids, mask, prompt = generation_prompt(loaded, cfg)
     n = cfg.generate
@@ -232,14 +239,15 @@ def eager_generate(loaded: LoadedModel, cfg) -> tuple[dict, dict]:
     out = _generate(model, ids, n, mask)
     wall = time.perf_counter() - t0
     walls = [c["wall_s"] * 1e3 for c in rec.calls]
-    flops = []
-    for at in (0, 1):   # prefill, first decode step
-        probe = copy.deepcopy(loaded.model)
-        prec = _Recorder(probe.forward, probe.forward, profiled=False)
-        prec.count_at = (at, model_flop_counter)
-        probe.forward = prec.wrapped
-        _generate(probe, ids, 2, mask)
-        flops.append(int(prec.counter.get_total_flops()))
+    # one more generation of two tokens, the prefill and the first decode step each counted
+    # (a counter of its own per call; not the timed run, which the counting would slow)
+    probe = copy.deepcopy(loaded.model)
+    prec = _Recorder(probe.forward, probe.forward, profiled=False)
+    prec.count_at = ((0, 1), model_flop_counter)
+    probe.forward = prec.wrapped
+    _generate(probe, ids, 2, mask)
+    flops = [int(prec.counters[at].get_total_flops()) for at in (0, 1)]
+    del probe
     tokens = out.sequences[:, ids.shape[1]:]
     return _values(out, ids.shape[1]), {
         "tokens": n, "prompt_len": prompt["prompt_len"], "batch": int(ids.shape[0]),

@@ -7,7 +7,9 @@ Phases, in order (each target is compiled afresh after ``torch._dynamo.reset()``
    reference outputs are the first call's, ``eager_time_ms`` is the p50 of the ``--iters``
    timed calls after the warm-up (the first, cold call is reported beside it); one more
    eager call under ``FlopCounterMode`` and a live-tensor tracker gives the model's FLOPs
-   and its peak of live intermediate bytes (the activation estimate);
+   and its peak of live intermediate bytes (the activation estimate). With ``--generate`` the
+   forward is called once (no warm-up): the reference and the eager timings are the eager
+   generation's (``generate.eager_generate``);
 2. ``torch._dynamo.explain``: Dynamo graphs and graph breaks with their reasons;
 3. per target: ``--warmup`` calls (the first compiles), then ``--iters`` calls, each inside
    its own ``neuron_compiler.profile()``; every call gets fresh copies of the inputs, so it pays
@@ -291,9 +293,13 @@ def evaluate(loaded: LoadedModel, cfg: EvalConfig) -> dict:
     ``ModelFailure`` / ``CompileFailure`` (after which the partial report is in
     ``exc.report``)."""
     report = empty_report(cfg.targets, loaded.spec)
-    cfg.progress(f"eager reference ({cfg.warmup} warm-up + {cfg.iters} timed calls)")
+    # --generate: the reference is the eager generation, timed there; the model's forward is
+    # called once, for the report's model entry (FLOPs, outputs, activation peak)
+    warmup, iters = (0, 1) if cfg.generate else (cfg.warmup, cfg.iters)
+    cfg.progress(f"eager reference ({warmup} warm-up + {iters} timed calls"
+                 + (": --generate times the eager generation instead)" if cfg.generate else ")"))
     try:
-        ref, report["model"] = eager_reference(loaded, cfg.warmup, cfg.iters)
+        ref, report["model"] = eager_reference(loaded, warmup, iters)
         if cfg.train:
             from neuron_compiler.eval.train import eager_steps
             cfg.progress("eager training steps")
