@@ -96,7 +96,8 @@ def test_neuron_eval_tp_prints_ttft_tpot_with_collectives(tmp_path, capsys):
     from neuron_compiler.eval.cli import main
     out = tmp_path / "r.json"
     code = main(["zoo:llama", "--tp", "2", "--generate", "3", "--sim-mode", "timing",
-                 "--targets", "trn2", "--iters", "1", "--quiet", "--json", str(out)])
+                 "--targets", "trn2", "--iters", "1", "--quiet", "--json", str(out),
+                 "--price", "trn2.48xlarge=36"])
     text = capsys.readouterr().out
     assert code == 0, text
     assert not torch.distributed.is_initialized()        # the fake group was closed
@@ -111,6 +112,12 @@ def test_neuron_eval_tp_prints_ttft_tpot_with_collectives(tmp_path, capsys):
                                        + lat["fallback_us"] + lat["call_overhead_us"]
                                        + lat["collective_us"], rel=1e-6)
     assert "--tp 2: rank 0 of 2 simulated" in text and "collectives us" in text
+    # a replica is 2 ranks x LNC=2 physical cores: 32 of them on the instance's 128 cores
+    c = r["targets"]["trn2"]["cost"]
+    assert (c["cores_per_replica"], c["replicas"]) == (4, 32)
+    assert c["usd_per_million_inferences"] == pytest.approx(
+        36 / 3600 / (32 * 1e6 / lat["p50"]) * 1e6, rel=1e-9)
+    assert "one replica per 4 NeuronCores" in c["assumption"]
 
 
 def test_neuron_eval_tp_usage_errors(capsys):
@@ -137,3 +144,14 @@ def test_neuron_eval_dp_train_times_the_gradient_all_reduce(tmp_path, capsys):
     assert par["dp_gradient_bytes"] == grad and par["dp_buckets"] == 1
     want = collective_cost("all_reduce", grad, 4, "trn2").total_ns / 1e3
     assert par["dp_gradient_all_reduce_us"]["trn2"] == pytest.approx(want)
+
+
+def test_per_replica_cost_scales_with_the_cores_a_replica_holds():
+    from neuron_compiler.eval.prices import INSTANCES, cost, per_replica
+    one = cost("trn1", 100.0, INSTANCES)          # trn1.32xlarge: 32 cores, a published price
+    eight = per_replica(one, 8, "test")
+    assert eight["replicas"] == 4
+    assert eight["usd_per_million_inferences"] == pytest.approx(
+        8 * one["usd_per_million_inferences"])
+    with pytest.raises(ValueError, match="does not fit"):
+        per_replica(one, 64, "test")

@@ -80,11 +80,28 @@ def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool) -> None:
         return
     report["model"]["parallel"] = parallel
     if tp > 1:
+        tp_costs(report, tp)
         acc = report.setdefault("accuracy", {})
         acc["not_checked"] = NOT_CHECKED.format(n=tp)
         acc["not_checked_outputs"] = acc.get("outputs", [])   # kept, not judged
         acc["outputs"] = []
         acc["passed"] = True
+
+
+def tp_costs(report: dict, tp: int) -> None:
+    """Each target's cost for a replica of ``tp`` ranks: a rank is one logical core of the
+    target's default LNC (``Interconnect.default_lnc``, where the collective model places the
+    ranks), so a replica occupies ``tp`` x LNC physical NeuronCores of the instance."""
+    from neuron_compiler.eval.prices import per_replica
+    from runtime_sim.targets import get_interconnect
+    for name, t in report.get("targets", {}).items():
+        if "cost" not in t:
+            continue
+        lnc = get_interconnect(name).default_lnc
+        t["cost"] = per_replica(t["cost"], tp * lnc,
+                                f"--tp {tp} ranks x LNC={lnc} physical cores per rank, "
+                                f"as the collective model places them; the compute of a "
+                                f"rank is simulated on one physical core")
 
 
 def text(parallel: dict) -> str:

@@ -141,6 +141,25 @@ def cost(target: str, p50_us: float | None, table: dict[str, Instance]) -> dict:
             "assumption": COST_ASSUMPTION}
 
 
+def per_replica(c: dict, cores_per_replica: int, why: str) -> dict:
+    """``c`` (a ``cost`` entry computed for one replica per NeuronCore) for replicas that each
+    occupy ``cores_per_replica`` NeuronCores (a tensor-parallel group): the instance holds
+    ``neuron_cores // cores_per_replica`` of them, so a million calls cost that factor more;
+    ``why`` says where the core count comes from (it replaces the assumption's first clause)."""
+    if cores_per_replica < 1 or cores_per_replica > c["neuron_cores"]:
+        raise ValueError(f"a replica of {cores_per_replica} NeuronCores does not fit "
+                         f"{c['instance']} ({c['neuron_cores']} NeuronCores)")
+    replicas = c["neuron_cores"] // cores_per_replica
+    out = dict(c, cores_per_replica=cores_per_replica, replicas=replicas,
+               assumption=f"one replica per {cores_per_replica} NeuronCores ({why}), "
+                          f"{replicas} replicas per instance, calls back to back at the "
+                          "steady-state p50 latency")
+    if c["usd_per_million_inferences"] is not None:
+        out["usd_per_million_inferences"] = (c["usd_per_million_inferences"]
+                                             * c["neuron_cores"] / replicas)
+    return out
+
+
 def price_text(c: dict) -> str:
     """One line for a report: the price with its status, or why there is none."""
     if c["usd_per_hour"] is None:
