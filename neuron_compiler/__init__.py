@@ -5,7 +5,8 @@
 
 - ``profile()``: a context manager recording what ran on the device and what fell back, with
   simulated, transfer and fallback times (``.summary()``, ``.to_dict()``,
-  ``.export_chrome_trace(path)``);
+  ``.export_chrome_trace(path)``; ``export_distributed_chrome_trace(prof, path)`` writes one
+  trace of every rank under torch.distributed, ``merge_chrome_traces`` merges per-rank files);
 - ``NeuronOptions`` / ``validate_options``: the ``options=`` accepted by the backend;
 - ``neuron_backend``: the backend callable itself;
 - ``bucket_prompt`` / ``prompt_buckets``: a prompt left-padded to a bucket length, so that a new
@@ -41,9 +42,13 @@ def __getattr__(name: str) -> object:
     if name in ("neuron_backend", "neuron_sim_backend"):
         from neuron_compiler import backend
         return getattr(backend, name)
+    if name in ("export_distributed_chrome_trace", "merge_chrome_traces"):   # lazy: keeps
+        from neuron_compiler import trace_merge    # `python -m neuron_compiler.trace_merge` clean
+        return getattr(trace_merge, name)
     raise AttributeError(f"module 'neuron_compiler' has no attribute {name!r}")
 
 
 __all__ = ["device", "profile", "Profile", "NeuronOptions", "validate_options", "NeuronOptionError",
            "NeuronFallbackError", "neuron_backend", "neuron_sim_backend", "bucket_prompt", "prompt_buckets",
-           "BucketedPrompt", "__version__"]
+           "BucketedPrompt", "export_distributed_chrome_trace", "merge_chrome_traces",
+           "__version__"]

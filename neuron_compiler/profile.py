@@ -158,7 +158,7 @@ class _CollectiveStats:
 @dataclass
 class Profile:
     """Everything recorded while this profile was open. Build reports with ``summary()``,
-    ``to_dict()`` and ``export_chrome_trace(path)``."""
+    ``to_dict()``, ``chrome_trace()`` and ``export_chrome_trace(path)``."""
 
     _graphs: dict[int, GraphRecord] = field(default_factory=dict)
     _graph_calls: Counter = field(default_factory=Counter)
@@ -495,13 +495,14 @@ class Profile:
                 lines += [f"  {a['target']}: {line}" for line in describe(a)]
         return "\n".join(lines)
 
-    def export_chrome_trace(self, path: str) -> None:
-        """Write Chrome trace-event JSON (open in Perfetto / chrome://tracing): one process per
-        device partition and input signature, one track per engine / DMA queue (named as
-        AWS's profiler names them: ``pe (TensorE)``, ..., ``dma3 (DMA queue 3)``; with LNC > 1
-        ``core0/pe (TensorE)``, ..., ``core1/dma3 (DMA queue 3)``), times in
-        simulated microseconds from the start of one call of that partition (the program's
-        timing does not depend on the data, so every call looks the same)."""
+    def chrome_trace(self) -> dict:
+        """This process's Chrome trace-event JSON object (``{"traceEvents": [...],
+        "displayTimeUnit": "ns"}``): one process per device partition and input signature, one
+        track per engine / DMA queue (named as AWS's profiler names them: ``pe (TensorE)``, ...,
+        ``dma3 (DMA queue 3)``; with LNC > 1 ``core0/pe (TensorE)``, ..., ``core1/dma3 (DMA
+        queue 3)``), times in simulated microseconds from the start of one call of that
+        partition (the program's timing does not depend on the data, so every call looks the
+        same); then, when collectives ran, one process of the collectives."""
         from runtime_sim.trace import to_chrome_trace
         events: list[dict] = []
         names = self._graph_names()
@@ -512,8 +513,23 @@ class Profile:
             events += to_chrome_trace(result, process_name=pname, pid=pid,
                                       engine_labels=True)["traceEvents"]
         events += self._collective_trace(pid=len(self._parts) + 1)
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def export_chrome_trace(self, path: str, all_ranks: bool = False) -> str | None:
+        """Write ``chrome_trace()`` to ``path`` (open it in Perfetto / chrome://tracing).
+
+        With ``all_ranks=True``, call it on every rank of an initialised torch.distributed
+        process group: rank 0 writes one trace of all ranks, a process per rank and partition
+        (``neuron_compiler.trace_merge.export_distributed_chrome_trace``) and gets ``path``
+        back; the other ranks write nothing and get None. Without it: this process's trace,
+        returning None."""
+        if all_ranks:
+            from neuron_compiler.trace_merge import export_distributed_chrome_trace
+            return export_distributed_chrome_trace(self, path)
+        trace = self.chrome_trace()
         with open(path, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+            json.dump(trace, f)
+        return None
 
     def _collective_trace(self, pid: int) -> list[dict]:
         """One process of the collectives: one complete event per distinct collective (op,
