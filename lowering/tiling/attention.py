@@ -54,10 +54,16 @@ from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
+from lowering.tir.pipelined import Stage, pipelined
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
-
+# the group pipelines' issue order per step (lowering/tir/pipelined.py): A(g) C(g-1) I(g+1) B(g)
+# for full groups (the state and Q loads of the next group ahead of its first key block), and
+# I(g) B(g-1) A(g) C(g-1) for causal groups, whose middles differ in length from group to group
+# (scheduled each on its own)
+GROUP_STAGES = (Stage("A", 0), Stage("C", 1), Stage("I", -1), Stage("B", 0))
+CAUSAL_STAGES = (Stage("I", 0), Stage("B", 1, same_schedule=False), Stage("A", 0), Stage("C", 1))
 
 
 def tile_attention(b: TirBuilder, k: KOp) -> None:
@@ -235,27 +241,25 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
     sets = [_state(b, tmpl, D, Dv, dt, tag=f"g{u}_") for u in range(2)]
     nomask = [[None] * J for _ in kbs]
 
-    def stages(g: Affine, u: int):
-        blocks = _blocks(g * gw, gw)
-        return blocks, _steps(b, k, sk, (sets[u], blocks) + bufs + (bidx, D, Dv), kbs, nomask)
+    def body(g: int | Affine, u: int):
+        """Group g's stages: I its state and Q loads, A its first key block, B the middle
+        ones, C the last and the results (A, B, C from one ``_steps``, made at A)."""
+        g = aff(g)
+        made: list = []
 
-    def stage(key: str, fn):                   # every group's copy of a stage: one schedule
-        def run():
-            with b.replica(key):
-                fn()
-        return run
-
-    def init(g: Affine, u: int) -> None:       # state and Q of a group
-        stage("I", lambda: _init(b, sq, bidx, sets[u], _blocks(g * gw, gw), D, l0=_l0(k)))()
-
-    def start(g: Affine, u: int):              # its first key block; returns the rest
-        first, middle, last = stages(g, u)[1]
-        stage("A", first)()
-        return stage("B", middle), stage("C", last)
+        def part(j: int):
+            def run() -> None:
+                if not made:
+                    made.append(_steps(b, k, sk, (sets[u], _blocks(g * gw, gw)) + bufs
+                                       + (bidx, D, Dv), kbs, nomask))
+                made[0][j]()
+            return run
+        return {"I": lambda: _init(b, sq, bidx, sets[u], _blocks(g * gw, gw), D, l0=_l0(k)),
+                "A": part(0), "B": part(1), "C": part(2)}
 
     b.note(f"attention: {G} groups software-pipelined across groups")
-    with b.single_slot():
-        _pipeline_groups(b, G, init, start, stages)
+    # I one group ahead (its DMA latency hidden); I(g+1) takes group g-1's set after C(g-1)
+    pipelined(b, G, GROUP_STAGES, body, depth=2, hint="qg")
     return bufs
 
 
@@ -280,66 +284,13 @@ def _causal_groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J
                                          _diag(k, blocks, kbs, masks), p0)))
         p0 = (p0 + len(kbs)) % 2
 
-    def init(g: int) -> None:
-        blocks, p, _ = steps[g]
-        with b.replica("I"):
-            _init(b, sq, bidx, sets[g % 2], blocks, D, p, l0=_l0(k))
+    def body(g: int, u: int):
+        blocks, p, (first, middle, last) = steps[g]
+        return {"I": lambda: _init(b, sq, bidx, sets[u], blocks, D, p, l0=_l0(k)),
+                "A": first, "B": middle, "C": last}
 
-    def start(g: int):
-        first, middle, last = steps[g][2]
-        with b.replica("A"):
-            first()
-
-        def c():
-            with b.replica("C"):
-                last()
-        return middle, c
-
-    init(0)
-    middle, last = start(0)
-    for g in range(1, G):
-        init(g)
-        middle()
-        middle, nlast = start(g)
-        last()
-        last = nlast
-    middle()
-    last()
+    pipelined(b, G, CAUSAL_STAGES, body, depth=2, hint="cg", loop=False)
     return True
-
-
-def _pipeline_groups(b: TirBuilder, G: int, init, start, stages) -> None:
-    """Issue order I0 A0 I1 B0 | A1 C0 I2 B1 | A2 C1 I3 B2 | ... | C(G-1), with I = ``init``
-    (state and Q loads: one group ahead, so their DMA latency is hidden), A = ``start`` (the
-    first key block), B its returned middle, C the last stage; the group loop is unrolled by two
-    (the state sets alternate; I(g+1) reuses group g-1's set after C(g-1) has read it)."""
-    init(aff(0), 0)
-    middle, last = start(aff(0), 0)
-    init(aff(1), 1)
-    middle()
-    Lg = (G - 2) // 2                        # loop iterations: groups 2i+1 and 2i+2
-    if Lg:
-        with b.single_slot_loop(Lg, "qg") as i:
-            for r in (1, 2):
-                g = 2 * i + r
-                nxt_middle, _ = start(g, r % 2)
-                with b.replica("C"):
-                    stages(g - 1, (r - 1) % 2)[1][2]()  # C(g-1)
-                init(g + 1, (r + 1) % 2)
-                nxt_middle()
-        last_c = stages(aff(2 * Lg), 0)[1][2]
-
-        def last():
-            with b.replica("C"):
-                last_c()
-    for g in range(2 * Lg + 1, G):           # the rest, unrolled
-        m, l = start(aff(g), g % 2)
-        last()
-        if g + 1 < G:
-            init(aff(g + 1), (g + 1) % 2)
-        m()
-        last = l
-    last()
 
 
 def _blocks(g0: Affine, gw: int) -> list:

@@ -1,0 +1,115 @@
+"""Software pipelining as a construct of the tile IR: a tiler writes one iteration's work as
+named stages, and the construct owns the issue order, the unrolling and the slot rotation.
+
+A pipelined loop over ``n`` iterations has stages, each with a *lag*; in step ``t`` the stage
+``(name, lag)`` works on iteration ``t - lag`` (when that is in ``0 .. n-1``), and within a step
+the stages are issued in the order given. So with ``[("A", 0), ("C", 1), ("I", -1)]`` step
+``t`` issues A(t) C(t-1) I(t+1): iteration t-1's last stage behind, iteration t+1's loads one
+step ahead (into the set C(t-1) has just released), and every in-order engine finds the next
+iteration's early work queued before the instructions that wait. Steps run from ``min(lag)`` to ``n - 1 + max(lag)``:
+
+    prologue   the steps where some stage has no iteration yet (unrolled)
+    steady     every stage active: a loop of ``depth`` steps per trip (``loop=True``), each copy
+               with static slots; the steps left over after the whole trips are unrolled
+    epilogue   the steps where some stage has run out of iterations (unrolled)
+
+The body: ``body(i, slot)`` returns the stages of iteration ``i`` as ``{name: callable}``; ``i``
+is an ``int`` in unrolled steps and an ``Affine`` in the loop, ``slot = i % depth`` is always a
+static int, so a tile that crosses stages is taken from one of ``depth`` sets the tiler made,
+and a set is reused by iteration ``i + depth`` only after
+iteration ``i``'s last stage: every stage of iteration ``i`` is issued before any stage of
+iteration ``i + depth`` (checked; ``depth = max(lag) - min(lag)`` is enough when the latest
+stage comes first in the step, as I(t+1) after C(t-1) above).
+
+Invariants
+- Every stage of every iteration in ``0 .. n-1`` is issued exactly once, in step order, and
+  within a step in the given stage order.
+- ``body`` is called once per iteration and static copy: the stages of one iteration issued in
+  the same unrolled step sequence (or the same copy of the loop body) share one call, so
+  closures may carry state from an early stage to a later one; a stage issued in another
+  static copy than its iteration's earlier stages gets a call of its own.
+- Every copy of a stage is scheduled as its first copy (``TirBuilder.replica``, keyed per
+  construct and stage) unless the stage says ``same_schedule=False``; tiles allocated inside the
+  construct get one slot (``TirBuilder.single_slot``): the stage sets rotate, not the pools.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lowering.errors import LoweringError
+from lowering.tir.affine import Affine, aff
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a pipelined body: in step ``t`` it works on iteration ``t - lag``."""
+
+    name: str
+    lag: int
+    same_schedule: bool = True
+
+
+def steps(n: int, stages: Sequence[Stage]) -> list[list[tuple[Stage, int]]]:
+    """The issue order as a list of steps, each a list of (stage, iteration): the construct's
+    order with every step unrolled (what ``pipelined`` emits, before any loop is formed)."""
+    lo, hi = min(s.lag for s in stages), max(s.lag for s in stages)
+    return [[(s, t - s.lag) for s in stages if 0 <= t - s.lag < n] for t in range(lo, n + hi)]
+
+
+def pipelined(b, n: int, stages: Sequence[Stage],
+              body: Callable[[int | Affine, int], Mapping[str, Callable[[], None]]], *,
+              depth: int = 2, hint: str = "p", loop: bool = True) -> None:
+    """Emit the pipelined loop (module docstring) into the builder ``b``."""
+    if n < 1:
+        raise LoweringError(f"{b.tag}: pipelined loop {hint} of {n} iterations")
+    names = [s.name for s in stages]
+    if not stages or len(set(names)) != len(names):
+        raise LoweringError(f"{b.tag}: pipelined loop {hint}: stage names must be distinct and "
+                            f"at least one, got {names}")
+    lo, hi = min(s.lag for s in stages), max(s.lag for s in stages)
+    late = [(s.lag, x, s.name) for x, s in enumerate(stages)]
+    clash = [(a, c) for a in late for c in late if a[:2] >= (depth + c[0], c[1])]
+    if clash:
+        (_, _, a), (_, _, c) = clash[0]
+        raise LoweringError(f"{b.tag}: pipelined loop {hint}: depth {depth} does not cover the "
+                            f"lags {lo} .. {hi}: stage {c} of iteration i + {depth} (its set) "
+                            f"would be issued before stage {a} of iteration i")
+    key = f"{b.prefix}pipe{next(_ids)}"
+    memo: dict[object, Mapping[str, Callable[[], None]]] = {}
+
+    def issue(s: Stage, i: int | Affine, slot: int) -> None:
+        fns = memo.get(i)
+        if fns is None:
+            fns = memo[i] = body(i, slot)
+        if s.same_schedule:
+            with b.replica(f"{key}/{s.name}"):
+                fns[s.name]()
+        else:
+            fns[s.name]()
+
+    def unrolled(t0: int, t1: int) -> None:
+        for t in range(t0, t1):
+            for s in stages:
+                i = t - s.lag
+                if 0 <= i < n:
+                    issue(s, i, i % depth)
+
+    with b.single_slot():
+        steady = n + lo - hi                       # steps with every stage active
+        trips = steady // depth if loop else 0
+        if trips < 1:
+            unrolled(lo, n + hi)
+            return
+        unrolled(lo, hi)
+        with b.single_slot_loop(trips, hint) as v:
+            for j in range(depth):                 # one static copy per step of a trip
+                memo.clear()
+                for s in stages:
+                    c = hi + j - s.lag             # iteration = depth * v + c
+                    issue(s, aff(v) * depth + c, c % depth)
+        memo.clear()
+        unrolled(hi + trips * depth, n + hi)
