@@ -45,33 +45,24 @@ from lowering.kir import KKind, KOp, KProgram, ScatterKAttrs, TensorRef, view_as
 MAX_ITEMS = 4096
 # On (both rows): with every load of a one-row kernel's streamed weights in a slot of its own
 # (tiling/matmul._stream_ahead), the weight stream runs through the attention, the out
-# projection and the norm, where the DMA engines idled: decode_gpt2 trn3 707.5 -> 686.2 us
-# (branch h_dec; with all-but-the-last slots, on: trn3 719.4, "values": 723.0; all slots with
-# "values": 698.5, all slots and off: 738.9); with the LM head's slots too (tiling/stream.
-# stream_loads) trn3 684.1, trn2 922.8 -> 915.9. With all-but-the-last slots it measured slower,
-# as it still does (earlier figures, off against on: latest, with the one-row matmuls' streamed weights loaded ahead,
-# branch dec d948760: decode_gpt2 trn2 957.9 us off, 979.1 on; trn3 748.4 off, 833.6 on;
-# before that, with the one-row bias loaded once and x^T by one DMA:
-# decode_gpt2 trn2 1020.5 us off, 1105.6 on; trn3 818.6 off, 901.6 on: after the QKV
-# projection the in-order VectorE runs the position masks, the mask term and the new-key
-# selects, ~11 us per layer on trn3, against ~9 us of cache loads it takes off the chain;
-# earlier, with the paired K^T loads and the prescaled scores: decode_gpt2
-# trn2 1076.0 us off, 1114.4 on; trn3 883.3 off, 979.9 on: the attention's position masks and
-# mask term run on the in-order VectorE after the QKV projection's epilogue, ~5.5 us on the
-# chain per layer on trn3; earlier: trn2 1090.5 us off, 1130.4 on; earlier figures:
-# trn2 1176.4 us off; on: 1213.4 before the cache loads were
-# prefetchable; trn3 1009.8 off, 1037.4 on). tir/analysis.weight_loads now counts the cache loads
-# as prefetchable (the cache is written only after them) and tir/plan.py gives their tiles an
-# early lifetime (CACHE_STREAMS_AHEAD): trn2 1221-1262 us, whatever the lifetime. What is left:
-# (1) the attention's compute after the QKV projection (q -> scores -> new-key select -> score
-# mask -> softmax -> products) is ~18 us per layer, against ~10 us after the cache loads without
-# the pass, so hiding the 3 MB of loads saves little; (2) the early cache loads share the DMA
-# engines with the weight stream and delay the projection's small loads behind them on the
-# in-order engines (tir/schedule.py's queue choice, not this pass).
-# With the query and output rows by TensorE transposes (tiling/attention_decode.py) both modes
-# still measure slower than off on decode_gpt2 (figures in the commit message): the weight
-# stream's backlog on the in-order DMA engines and the early cache loads delay the chain's
-# small transfers, and the score selects on 12 partitions sit on VectorE's chain).
+# projection and the norm, where the DMA engines idled, and on measured faster than off and
+# than "values". With all-but-the-last slots it measured slower than off, as it did before
+# every slot was ahead: after the QKV projection the in-order VectorE runs the position masks,
+# the mask term and the new-key selects, longer per layer than the cache loads it takes off
+# the chain.
+# tir/analysis.weight_loads counts the cache loads as prefetchable (the cache is written only
+# after them) and tir/plan.py gives their tiles an early lifetime (CACHE_STREAMS_AHEAD); that
+# alone left on slower than off, whatever the lifetime, because (1) the attention's compute
+# after the QKV projection (q -> scores -> new-key select -> score mask -> softmax ->
+# products) takes longer than its compute after the cache loads without the pass, so hiding
+# the 3 MB of loads saves little; (2) the early cache loads share the DMA engines with the
+# weight stream and delay the projection's small loads behind them on the in-order engines
+# (tir/schedule.py's queue choice, not this pass).
+# With the query and output rows by TensorE transposes (tiling/attention_decode.py), before
+# every slot was ahead, both modes still measured slower than off on decode_gpt2 (figures in
+# the commit message): the weight stream's backlog on the in-order DMA engines and the early
+# cache loads delay the chain's small transfers, and the score selects on 12 partitions sit on
+# VectorE's chain. (The figures of these measurements: docs/decisions.md.)
 ENABLED: bool | str = True   # False, "values" or True (module docstring)
 
 

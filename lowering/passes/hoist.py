@@ -23,9 +23,9 @@ from lowering.kir import KKind, KOp, KProgram, Role
 
 MAX_ELEMS = 128
 MAX_PASSED = 3      # kernels a small one moves past: GPT-2 decode's norm, QKV projection and
-#                     position update (decode_gpt2 trn2 1159.7 us unmoved; past 1: 1167.0, 2: 1143.9,
-#                     3: 1134.1, 4: 1141.5, 6: 1138.9; to its inputs, all at the start: 1164.0 --
-#                     their GpSimdE instructions then delay the first layer)
+#                     position update (fewer or more measured slower, and so did moving them to
+#                     their inputs, all at the start: their GpSimdE instructions then delay the
+#                     first layer)
 
 
 def _bufs(refs) -> set[str]:

@@ -9,15 +9,14 @@ operand of a MATMUL through its transpose (``x @ W.T``, an ``nn.Linear`` weight,
 head: B is K-contiguous, which a matmul otherwise gets by DMA transposes at
 ``dma_transpose_efficiency`` of the plain rate, or where there are none (trn1, 4-byte types) by
 TensorE transposes evacuated through PSUM) is stored transposed, so that B's rows are
-contiguous and load with plain DMAs at the full rate. Measured with every such weight stored
-transposed on trn2/trn3 too (it used to be trn1 and 4-byte types only): Llama 2-layer d2048 b1
-s128 bf16 trn2 2899.5 -> 2703.1 us (the 128k-vocabulary LM head), BERT-base b1 s128 bf16 trn2
-616.4 -> 588.2 us.
+contiguous and load with plain DMAs at the full rate. Every such weight is stored transposed
+on trn2/trn3 too (it used to be trn1 and 4-byte types only): their DMA transposes run below the
+plain rate, which a large weight (a 128k-vocabulary LM head) pays on every call.
 
 When the input has other readers too (a tied embedding: the LM head reads ``wte.T``, the
 lookup gathers rows of ``wte``), those keep the input as given and the matmuls read a second
 resident copy stored transposed (``CompiledGraph.input_copies``: the runtime uploads it once
-beside the plain one); GPT-2 small b1 s128 bf16 trn3 649.0 -> 632.3 us.
+beside the plain one).
 
 Invariants
 - Only a resident 2-d input is changed, and only for readers that are MATMUL kernels taking it

@@ -79,8 +79,7 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
                           f"value width Dv={Dv} > {ATTENTION_MAX_DV} (one PSUM bank)")
     t = b.target
     # Q^T, K^T by DMA transposes even from SBUF-resident tensors: TensorE transposes would put
-    # their PSUM copies on the VectorE/ScalarE queues the softmax keeps busy (GPT-2: 1160 us
-    # against 1100 us with DMA transposes)
+    # their PSUM copies on the VectorE/ScalarE queues the softmax keeps busy
     sq = _Side(Q, Q.strides[-1], Q.strides[-2], Sq, operand_form(Q.strides[-1], Q.strides[-2], Sq, Q.dtype, t), tp_bufs=1)
     sk = _Side(KT, KT.strides[-2], KT.strides[-1], Sk, operand_form(KT.strides[-2], KT.strides[-1], Sk, KT.dtype, t),
                tp_bufs=1)
@@ -220,8 +219,8 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
     """The full groups of an unmasked attention, software-pipelined across groups: group g+1's
     state, Q loads and first key block (products, row max, exp) are issued before group g's last
     key block's second products and its results, so ScalarE starts the next group's exps while
-    TensorE finishes the previous group (without it every group boundary drains the pipeline:
-    3.5 us of ScalarE idle per group at [8, 2048, 128]). Two sets of group state alternate (the
+    TensorE finishes the previous group (without it every group boundary drains the pipeline
+    and ScalarE idles there). Two sets of group state alternate (the
     group loop is unrolled by two); score banks, probabilities and exp factors are shared by all
     groups, which needs an even number of key blocks (the next group's first block takes the
     parity-0 slots that the previous group's second-to-last block has released), and Q and K
@@ -233,7 +232,7 @@ def _groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J: int, 
     nb = len(kbs)
     if G < 2 or nb < 2 or nb % 2 or {sq.form, sk.form} & {PE_T, RES_T}:
         # (TensorE-transposed Q/K take a PSUM bank per load site: unrolled groups multiply
-        # the sites past PSUM, trn1 sdpa [1,8,2048,128] 1771 -> 1841 us)
+        # the sites past PSUM)
         return None
     dt = sq.ref.dtype
     tmpl = _blocks(aff(0), gw)
@@ -442,7 +441,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     blocks = [(aff(j * QB), min(QB, Sq - j * QB)) for j in range(-(-Sq // QB))]
     nd = -(-D // 128)
     # (fp32 transposes here, one copy per 128 keys: measured faster for these short blocks
-    # than P's dtype and one copy, GPT-2 1099 against 1133 us)
+    # than P's dtype and one copy)
     o_col = -(-_pt_bytes(-(-kw // 128), F32) // 4)     # fp32 column behind the P^T transposes
     shared = o_col * 4 + Dv * 4 <= b.target.psum_bank_bytes   # scores and output in one bank
     banks = len(blocks) * (1 if shared else 2)
@@ -480,8 +479,7 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # Rows resident in SBUF (the projection ran in this partition) are transposed on TensorE
     # instead, all pairs before the first product: TensorE is idle then and the copies out of
     # PSUM precede the softmax work on VectorE/ScalarE, where 12 SBUF -> SBUF DMA transposes
-    # would share the DMA engines with the weight stream, served in issue order (GPT-2 small
-    # trn2 899.7 -> 880.1 us)
+    # would share the DMA engines with the weight stream, served in issue order
     Q, KT = sq.ref, sk.ref
     prescale = False
     # a mask shared by every head (score = scale * S + bias): evaluated once, added per head

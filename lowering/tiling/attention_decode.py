@@ -21,14 +21,13 @@ products:
 An additive score term (ACC + X, X free of ACC: GPT-2's ``where(mask, 0, -inf)``) is evaluated
 for every bank before the products (``_additive``), so only the add waits for the scores.
 K^T comes by DMA transpose bank by bank (every head's first 512 keys, then the next 512), so
-the first bank's products and score expression run while the rest arrive (decode_gpt2 trn2
-1134.1 -> 1090.5 us against head by head), the two heads of a pair by one DMA transpose over all
+the first bank's products and score expression run while the rest arrive (instead of head by
+head), the two heads of a pair by one DMA transpose over all
 128 partitions (``_load_kt_pair``: half the transfers, every DMA engine); V of a head in one DMA
 ([128 keys, chunks x Dv]). With an additive term and a scale that is a power of two in fp32
 (GPT-2's 1/8), the scale goes into the query blocks (exact) and each bank's score tile is one
-add of the term to the products in PSUM (decode_gpt2 trn2 1087.5 -> 1076.0 us, trn3 903.7 ->
-891.0 with the paired loads); scores that come scaled take VectorE's exponential where it is
-the faster engine (NC-v4: trn3 891.0 -> 883.3 us).
+add of the term to the products in PSUM; scores that come scaled take VectorE's exponential
+where it is the faster engine (NC-v4).
 A query row resident in SBUF (the QKV projection's output) reaches the pairs' [128, H/2] by one
 TensorE transpose per pair (``_q_rows``), and an output row resident in SBUF (the next matmul's
 input) is assembled by one transpose per pair into a PSUM row and one copy (``_resident_row``):

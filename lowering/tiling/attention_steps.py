@@ -189,9 +189,8 @@ def _v_rows(vt, sub: Affine, s0: Affine, sw: int, Dv: int) -> TAP:
 def _load_v(b: TirBuilder, V, bidx, k0: Affine, kw: int, Dv: int, vt=None, stride: int | None = None):
     """V [kw keys on partitions in 128-row pieces, Dv] of one key block (into ``vt`` when
     given, its pieces ``stride`` columns apart, default Dv). (Reading a resident V in place, as
-    the matmul operand, measured slower on GPT-2 than this copy: 1170 vs 1100 us, in the
-    key-block loop; the short heads of ``attention._items`` read it in place: GPT-2 small
-    trn3 688.8 -> 678.5 us, trn2 unchanged.)"""
+    the matmul operand, measured slower on GPT-2 than this copy in the key-block loop; the
+    short heads of ``attention._items`` read it in place, which measured faster there.)"""
     nsub = -(-kw // 128)
     vt = vt if vt is not None else b.tile("v", Memory.SBUF, min(kw, 128), nsub * Dv, V.dtype, 2)
     for s0, sw in b.tiled(kw, 128, "vs"):

@@ -382,12 +382,11 @@ def _stream_ahead(b: TirBuilder, shape: MatmulShape, c: Blocking, strm: _Side) -
     the loads run during the kernels before it (the attention, the norms and the chain of
     one-row kernels, where the DMA engines idle otherwise), up to the lifetimes
     ``tir/plan.py`` gives weight buffers (``WEIGHT_STREAMS_AHEAD``). With a decode step's
-    cache loads off the chain (``passes/decode_cache.py`` on) decode_gpt2 trn3 takes 686.2 us
-    with every load ahead, 719.4 with all but the last; with them on the chain (off) 738.9
-    and 707.5: there the last load, waiting for the kernel's first products, kept the stream
-    at most one kernel ahead and the DMA engines (which serve transfers in issue order) free
-    for the cache loads on the chain (earlier, off: every load ahead 799.3, all but the last
-    753.6, three slots 801.0)."""
+    cache loads off the chain (``passes/decode_cache.py`` on) every load ahead measured faster
+    than all but the last; with them on the chain (off) all but the last measured faster:
+    there the last load, waiting for the kernel's first products, kept the stream at most one
+    kernel ahead and the DMA engines (which serve transfers in issue order) free for the cache
+    loads on the chain."""
     buf = b.buffers.get(strm.ref.buffer)
     if (c.stream or shape.M != 1 or buf is None or buf.role != "input"
             or b.is_resident(strm.ref.buffer) or not _ahead(b, strm.ref) or shape.k_pack > 1):
@@ -437,8 +436,8 @@ def fold_row_bias(k: KOp) -> tuple[Expr | None, list[int]]:
     bias[1, N]`` per cell, so the bias row is loaded once per group (one partition) instead of
     a [128, 512] broadcast per cell. With one row (M == 1, a decode step) the bias view's row
     stride does not matter: there is no other row for it to differ on, so the row is loaded
-    once instead of [1, 512] per output tile on the kernel's chain (decode_gpt2 trn3 883.3 ->
-    844.4 us). Returns (new epilogue, folded input indices)."""
+    once instead of [1, 512] per output tile on the kernel's chain. Returns (new epilogue,
+    folded input indices)."""
     epi = k.attrs.epilogue
     if epi is None:
         return None, []

@@ -7,7 +7,7 @@ A group of the usual form (``matmul._emit``) accumulates ``block x group`` outpu
 every cell), so that each streamed K tile is used by every cell as it arrives; then every cell
 completes at the group's last K tile and all of their epilogues run after the last product,
 one after another on the evacuation engines, while TensorE waits for the next kernel (GPT-2's
-QKV projection on trn3: five [128, 512] bias adds, 1.9 us after its last product).
+QKV projection on trn3: five [128, 512] bias adds after its last product).
 
 When every K tile of both operands is in SBUF before the group's products start (a resident
 block of all of K, and a streamed side transposed once up front, ``matmul_once.transpose_once``),
@@ -164,8 +164,7 @@ def residual_plus_bias(b: TirBuilder, k: KOp, pre: dict, bidx) -> tuple[KOp, lis
         b.dma(t.ap(), src)
         view = t.ap()
     # on GpSimdE, idle while the products run (on VectorE it would sit between the epilogues of
-    # the cells before; GPT-2 small trn3: 595.7 us against 579.6); in fp32 (bf16: 579.6 too, but
-    # rounded once more)
+    # the cells before); in fp32 (bf16 measured the same, and it rounds once more)
     rb = b.tile("rb", Memory.SBUF, M, N, DType.FP32, 1)
     b.tensor_tensor(rb.ap(), pre[bias.index].ap(M, dims=((1, N),)), view, AluOp.ADD,
                     engines=(EngineKind.GPSIMD,))

@@ -22,8 +22,8 @@ def transpose_once(shape: MatmulShape, c: Blocking, t, strm) -> bool:
     by side in one tile that every block reads (instead of ``stream_bufs`` slots re-filled per
     block and K tile), when that tile fits next to the rest of the kernel. TensorE then runs
     the transposes back to back, their PSUM copies pipelined behind them, and the products
-    without waiting for a copy (GPT-2 small trn2 1010 -> 984 us, BERT-base trn1 1863 -> 1844
-    us; and with several blocks each K tile is transposed once instead of once per block)."""
+    without waiting for a copy (and with several blocks each K tile is transposed once instead
+    of once per block)."""
     st = TN if c.resident == "A" else TM
     if strm.form != RES_T or c.stream or strm.F > c.group * st or shape.K <= TK or shape.k_pack > 1:
         return False
@@ -32,8 +32,8 @@ def transpose_once(shape: MatmulShape, c: Blocking, t, strm) -> bool:
     return footprint(shape, c, t)[0] + max(0, extra) <= int(t.sbuf_bytes_per_partition * SBUF_SHARE)
 
 
-UNROLL_KT = 8        # K tiles up to which the up-front transposes are unrolled (``load_once``;
-#                      GPT-2 small trn3 579.6 -> 568.7 us: fc1's first transpose no longer waits
+UNROLL_KT = 8        # K tiles up to which the up-front transposes are unrolled (``load_once``:
+#                      each waits for its own piece only, so fc1's first transpose no longer waits
 #                      for the norm's last column piece, and TensorE keeps its speed, above the
 #                      power ramp's 50% utilisation, across the norm)
 ONCE_TP_BUFS = 4     # PSUM slots of the up-front transposes (``once_tp_bufs``), at most

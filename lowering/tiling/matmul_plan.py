@@ -348,10 +348,10 @@ def estimate(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float,
     pe = B * Mt * Nt * Km * pr.mm + r[3] + q[3]
     if str_form == PE_T:
         # the streamed side is transposed K tile by K tile right before its products: TensorE
-        # waits for each tile's round trip through PSUM and the copy out of it (measured on
-        # trn1 mm 4096^3: resident=B estimated 1695 us without it, simulated 2635 us). Rows
-        # resident in SBUF (RES_T) are left out: the model-sized matmuls that take them
-        # measured slower with it (gpt2-small trn3 1237 -> 1274 us)
+        # waits for each tile's round trip through PSUM and the copy out of it (without it a
+        # large trn1 matmul's estimate fell far below its simulated time). Rows resident in
+        # SBUF (RES_T) are left out: the model-sized matmuls that take them measured slower
+        # with it
         pe += str_n * -(-str_f // 128) * pr.tp_trip
     evac = (n_out * sum(pr.evac) / len(pr.evac) * max(1, s.epi_tiles) + r[4] + q[4]) / 2
     # exposed: the first block's first loads; single-buffered blocks wait for the previous block
@@ -396,7 +396,7 @@ def paced_first_group(r, blocks: int, q, groups: int, group_pe: float) -> float:
     kernels (``MatmulShape.a_ahead``: a model's weights on the weight stream).
     Only the transposed form's score counts it so far: in the usual form's, it reorders
     choices the simulator does not confirm (a resident A of a few rows against B streamed per K
-    tile, [8, 2100] @ [2100, 1500] on trn3: 18.9 -> 24.7 us), so that score is left as it was."""
+    tile, measured slower on [8, 2100] @ [2100, 1500]), so that score is left as it was."""
     if blocks <= 0 or groups <= 0:
         return 0.0
     return max(0.0, max(r[0], r[2]) / blocks - max(group_pe, max(q[0], q[2]) / groups))
@@ -454,7 +454,7 @@ def ev_dtype(s: MatmulShape) -> DType:
     the output type when the epilogue only casts, or reads the accumulator only through casts
     to the output type (``acc_cast``: GPT-2's ``residual + cast(acc)`` and ``gelu(cast(acc))``
     once their biases are folded): the rounding it would do anyway, and a 2-byte transpose
-    costs a quarter of an fp32 one (decode_gpt2 trn3 753.6 -> 748.4 us); else fp32 (exact)."""
+    costs a quarter of an fp32 one; else fp32 (exact)."""
     o = s.out_dtype
     return o if (s.cast_only or s.acc_cast) and o.is_float and o.itemsize in (2, 4) else DType.FP32
 
@@ -539,8 +539,8 @@ def _estimate_transposed(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> 
     exposed = nb * stall + (0.0 if s.a_ahead else paced_first_group(r, B * nblocks, q, nb, group_mm))
     if c.out == "dma":
         # a store in element runs holds every DMA engine for its whole data phase: the next
-        # group's streamed loads wait behind it (fp32 [200, 2100] @ [2100, 1500] on trn3: its
-        # stores 3.1 us per group, TensorE waiting 2.1 us of them)
+        # group's streamed loads wait behind it, and TensorE waits for them (fp32 [200, 2100]
+        # @ [2100, 1500] on trn3)
         exposed += n_st * o[0]
     if nblocks > 1 and c.block_bufs == 1:
         exposed += (nblocks - 1) * B * max(0.0, r[0] / max(1, B * nblocks) - group_mm)
@@ -681,8 +681,8 @@ def candidates(s: MatmulShape, t: Target) -> list[Blocking]:
             for grp in range(1, min(Nt, 8) + 1):
                 if blk * grp <= t.psum_banks // 2 or blk > 32:
                     continue
-                # (chunks of at least four K tiles: measured, two-tile chunks run 5-13% past
-                # their estimate, their rows' 512-byte DMA runs and per-chunk adds)
+                # (chunks of at least four K tiles: two-tile chunks measured slower than their
+                # estimate, their rows' 512-byte DMA runs and per-chunk adds)
                 for kacc in sorted({min(Kt, 4), min(Kt, 8)}):
                     out.append(Blocking("C", blk, grp, 1, OUTRES_BANKS, kacc=kacc))
     return out

@@ -82,8 +82,8 @@ class APrologue:
     @staticmethod
     def _transposed(b: TirBuilder, name: str, v, K: int, kt_n: int):
         """The columns of plain K tiles by one load of the vector as [Kt, 128] rows (contiguous
-        runs; the column layout loaded directly is one 2-byte run per element, 27 us of GPT-2
-        small's DMA time on trn2): on a target with 2-byte DMA transposes, one DMA transpose of
+        runs; the column layout loaded directly is one 2-byte run per element): on a target
+        with 2-byte DMA transposes, one DMA transpose of
         those rows (two or more whole rows: one row is a vector, not a 2-D transpose) (a weight load: it runs ahead with the weight stream, touching no compute
         engine); else one TensorE transpose into PSUM, copied out in fp32 on ScalarE (an
         instruction that, issued in program order after the producing layer norm's work, held
@@ -107,7 +107,7 @@ class APrologue:
         t = b.tile(f"a{name}", Memory.SBUF, TK, kt_n, F32, 1)
         # copied out on ScalarE: VectorE's queue holds the producing layer norm's statistics
         # (bn_stats / bn_aggr run on VectorE only), which the copy would wait behind although
-        # it needs only the weights (GPT-2 small trn3 632.3 -> 625.9 us)
+        # it needs only the weights
         if full:
             b.tensor_copy(t.ap(TK, dims=((1, full),)), ps.ap(TK, dims=((1, full),)), engines=(SCALAR,))
         if rem:

@@ -174,7 +174,7 @@ def choose(b: TirBuilder, C: int, ch: int | None, xdt: DType, wdt: DType, ydt: D
     throughput) plus one row tile's makespan. Statistics by ``stats_only`` only, when given.
     Row tiles that never follow each other (every group of one, as a [128, 768] GPT-2 norm) are
     latency-bound: every ``cv`` on the grid is scored by the makespan (the two column parts run
-    side by side: GPT-2 small trn2 964 -> 936 us against no split). Memoised per arguments."""
+    side by side). Memoised per arguments."""
     return _choose(b.target, C, ch, xdt, wdt, ydt, tuple(ops), tuple(groups), stats_only)
 
 

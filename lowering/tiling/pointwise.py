@@ -107,8 +107,8 @@ def tile_pointwise(b: TirBuilder, k: KOp) -> None:
             fmax = _chunk(b, k, reg, used, slot_of, trans, shared, fmax)
         # a store of an SBUF-resident tensor (DMA only): one transfer per outer index, unrolled,
         # so they take distinct queues and run together (a loop keeps one queue, whose
-        # transfers complete one after the other: GPT-2's 12-head cache tensors took 16 us each
-        # and held the next layer's weights out of their bytes)
+        # transfers complete one after the other: GPT-2's 12-head cache tensors, stored so,
+        # held the next layer's weights out of their bytes)
         root = _copied_load(expr, out.dtype)
         unroll = (not shared and not trans and root is not None
                   and b.is_resident(k.ins[root.index].buffer) and not b.is_resident(out.buffer)

@@ -74,13 +74,12 @@ def broadcast_row(b: TirBuilder, w, dims, C: int, dtype: DType):
     """A [P, C] tile of ``dtype`` whose every partition holds the row ``w`` (``dims``: its
     (size, stride) axes), the cheaper way by the target's numbers (``pe_broadcast_pays``):
     - a stride-0 DMA writes the row P times over the DMA engines (P x C x itemsize bytes, on
-      the weight stream's queue: 31 us of GPT-2 small's DMA time on trn2, 88 us of BERT-base's
-      on trn1, where DMA runs at 0.48 of its nominal rate);
+      the weight stream's queue; on trn1 DMA runs at 0.48 of its nominal rate);
     - or the row is loaded once into one partition and spread over the partitions on TensorE,
       ``ones[1, P].T @ row[1, C]`` into PSUM (exact: one product per element), then copied out
       by ScalarE 512 columns at a time, while VectorE starts the statistics (GpSimdE cannot
-      read PSUM). BERT-base b1 s128 trn1 1658 -> 1581 us; on trn2/trn3 the DMA is cheaper and
-      the copies would sit on the norm's engines (BERT-base trn2 640 -> 681 us)."""
+      read PSUM). It pays on trn1; on trn2/trn3 the DMA is cheaper and the copies would sit on
+      the norm's engines."""
     P = b.target.sbuf_partitions
     wt = b.tile("lnw", Memory.SBUF, P, C, dtype)
     if not pe_broadcast_pays(b.target, C, w.dtype.itemsize):

@@ -145,8 +145,8 @@ def stream_loads(shape: MatmulShape, c: Blocking) -> int:
     there is a partial one). A partial last group of the usual form (its tile aliases the
     full ones' slots, so it loads after them whatever the slots) is left out of the count,
     so that a one-row kernel with one (GPT-2's LM head, N = 50257) still streams ahead
-    (``matmul._stream_ahead``): decode_gpt2 trn3 686.2 -> 684.1 us, trn2 954.0 -> 915.9 (its
-    three slots had the LM head's loads wait for the last layer's MLP)."""
+    (``matmul._stream_ahead``; with only three slots the LM head's loads waited for the last
+    layer's MLP)."""
     TK, TN, TM = 128, 512, 128
     Kt = -(-shape.K // TK)
     if c.swap:

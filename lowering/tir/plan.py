@@ -7,10 +7,9 @@ kernel's loads start while this one computes); a buffer filled from weights (HBM
 instruction writes) lives from the start of the kernel after the ``WEIGHT_STREAMS_AHEAD``-th
 previous *weight-streaming* kernel (one that loads at least ``WEIGHT_STREAM_BYTES`` of weights; the
 first stream's buffers from the start), so a matmul's weights stream in during the previous
-matmul and the norm or attention kernels before it (GPT-2 small trn2: 1096 -> 1079 us from the
-previous stream's start, 983 -> 976 us from after the second previous one: an attention
-between two matmuls left HBM idle for 12 us per layer; from after the third previous one,
-with the attention's transposes on TensorE: 858.7 -> 850.9 us), while about three kernels'
+matmul and the norm or attention kernels before it (from the previous stream's start only,
+an attention between two matmuls left HBM idle; from after the third previous one since the
+attention's transposes run on TensorE), while about three kernels'
 weights are in flight on the in-order DMA engines; if that does not fit, the same with the
 weights fewer streams ahead (down to one); a buffer filled from data the program writes only later
 (a decode step's KV cache read before its one-row update) lives from the kernel of the
@@ -44,19 +43,18 @@ from runtime_sim.isa import Memory
 from runtime_sim.targets import Target
 
 LIFETIME_PAD = 2     # top-level statements
-KERNEL_PADS = (1,)   # kernels ahead of the first user whose bytes a buffer stays clear of (2: GPT-2
-#                      1125 us, 3: 1238 us against 1099: deeper prefetch queues more transfers
-#                      ahead of the critical ones on the in-order DMA engines)
+KERNEL_PADS = (1,)   # kernels ahead of the first user whose bytes a buffer stays clear of (2 and
+#                      3 measured slower: deeper prefetch queues more transfers ahead of the
+#                      critical ones on the in-order DMA engines)
 SBUF_ALIGN = 64
 WEIGHT_STREAM_BYTES = 64 * 1024   # a kernel loading less (norm gains, biases) is not a weight stream
 WEIGHT_STREAMS_AHEAD = 3  # a weight buffer lives from the kernel after the 3rd previous stream
-#                           (GPT-2 small trn2 858.7 -> 850.9 us against 2, 927.4 with 4: SBUF full)
+#                           (2 measured slower; 4 fills SBUF)
 CACHE_STREAMS_AHEAD = 4   # a buffer of data written later (a KV cache read before its update)
 #                          lives from the kernel of the 4th previous weight stream: in gpt2 decode,
 #                          the previous layer's QKV projection, so the cache loads can fill the HBM
-#                          idle during that layer's attention (decode_gpt2 trn2 with decode_cache on:
-#                          1221.3 us; from the kernel before only: 1222.1, 1st: 1261.8, 2nd: 1431.1,
-#                          3rd: 1237.4, 5th: 1247.8)
+#                          idle during that layer's attention (from the kernel before only, or from
+#                          the 1st, 2nd, 3rd or 5th previous stream, measured slower)
 
 
 @dataclass

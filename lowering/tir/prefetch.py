@@ -23,10 +23,9 @@ block's pieces load side by side into one slot per block (``<slots>.blk``), then
 (SBUF and PSUM lifetime modes, weight streams ahead; the copies of the loop's PSUM buffers share
 their bytes), and no more blocks than the DMA queues' idle time before the loop can load
 (``dma_idle_ns``: the makespan of the compute there, from the simulator's cost table, minus the
-transfers' data phases). Measured: GPT-2 small b1 s128 bf16 on trn3, 4 blocks, 599.7 -> 585.0
-us; its decode step over a 1024-token cache on trn3, 4 blocks, 679.8 -> 654.3 us; on trn2 the
-estimate finds 13.6 us of idle before the prefill's LM head (2 blocks: 800.6 -> 802.8 us) and
-none in the decode step.
+transfers' data phases). Where the kernels before the loop keep the DMA engines busy (GPT-2
+small on trn2) the estimate finds little or no idle time there, and few or no blocks are
+prefetched.
 
 Invariants
 - Values are unchanged: every block's products are computed once, from the same bytes of the
@@ -54,12 +53,12 @@ from runtime_sim.costs import instr_cost
 from runtime_sim.isa import EngineKind, Memory, dma_queue
 from runtime_sim.targets import Target
 
-BLOCK_SPACING = 4   # weight-streaming kernels between two blocks' placements (GPT-2 small
-#                     trn3, 4 blocks: 585.3 us; every 2nd stream: 586.6)
+BLOCK_SPACING = 4   # weight-streaming kernels between two blocks' placements (a block every
+#                     2nd stream measured slower)
 STREAM_SLOTS = 3    # the streaming loop's slots when blocks are prefetched: two blocks in flight
 #                     while the products use the third, enough for the stream to run on through
-#                     up to 3 prefetched blocks' products (GPT-2 small trn3: 5 slots leave room for
-#                     2 blocks, 595.3 us; 3 slots, 4 blocks: 585.3; 2 slots, 4 blocks: 589.1)
+#                     up to 3 prefetched blocks' products (5 slots leave SBUF room for 2 blocks
+#                     only; 2 slots measured slower)
 
 
 @dataclasses.dataclass(frozen=True)

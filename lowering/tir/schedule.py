@@ -33,8 +33,8 @@ pieces of about one fixed phase: ``tiling/stream.paced_pieces``) all take one qu
 not a kernel's loads into several refilled buffers, which would hold each other up),
 the *weight stream*: issued in program order, i.e. in the order the kernels consume them, so
 the next kernel's weights never share the engines with (and delay) the current kernel's
-(engines serve transfers in issue order; BERT-base trn1 1952 -> 1863 us, GPT-2 small trn2
-1059 -> 1047 us); small ones alternate between the prefetch lanes by kernel.
+(engines serve transfers in issue order); small ones alternate between the prefetch lanes
+by kernel.
 
 Invariants
 - Only the queue is chosen; correctness never depends on it (the sync pass derives every wait
@@ -116,8 +116,7 @@ def _stream_loads(tp: TProgram, st: Structure, target: Target, q: Queue) -> set[
     back to back keeps the engines that busy, and no busier: paced pieces), unless the kernel refills more than one weight buffer (counting a buffer
     with its tail aliases) by loads of at least ``BIG_LOAD`` bytes, as a GEMM streaming both
     operands does: on one in-order queue a load waiting for its slot would hold up the other
-    operand's (trn1 NKI-tutorial GEMM 6865 -> 11076 us). A buffer holding its whole weight
-    tensor is never refilled."""
+    operand's. A buffer holding its whole weight tensor is never refilled."""
     per: dict[str, list[int]] = defaultdict(list)
     for sid in sorted(st.info):
         ins = st.info[sid].ins
