@@ -20,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOWERING = ROOT / "lowering"
 
 # Files allowed to keep a figure for now, with the reason.
-EXEMPT = {
-    # ALIAS_MIN_BYTES's comment: builder.py is being edited by another change (issue 26), which
-    # takes that figure out; drop this entry with it.
-    "lowering/tir/builder.py",
-}
+EXEMPT: set[str] = set()   # files allowed to keep a figure (none)
 
 NUM = r"\d+(?:\.\d+)?"
 UNIT = r"(?:us|ms)\b"

@@ -36,8 +36,8 @@ from runtime_sim.targets import Target
 ELEMENTWISE = (EngineKind.VECTOR, EngineKind.GPSIMD)
 COPY_ENGINES = (EngineKind.VECTOR, EngineKind.GPSIMD, EngineKind.SCALAR)
 # SBUF bytes per partition (all slots) below which a tail tile does not alias its loop's tile
-# (``TirBuilder._variant_of``; GPT-2 small trn3: a projection's 1 KiB epilogue tile made the last
-# cell's bias add wait 0.34 us for the cell before's residual add, 584.97 -> 582.41 us)
+# (``TirBuilder._variant_of``): sharing a small tile's bytes saves little SBUF and adds a false
+# dependency (a projection's last cell's bias add waited for the cell before's residual add)
 ALIAS_MIN_BYTES = 4096
 
 
