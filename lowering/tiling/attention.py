@@ -54,7 +54,7 @@ from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
-from lowering.tir.pipelined import Stage, pipelined
+from lowering.tir.pipelined import Stage, phases, pipelined
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in bf16
@@ -64,6 +64,9 @@ PE_MASK = -2.0 ** 126   # a hidden key's score on TensorE: finite and exact in b
 # (scheduled each on its own)
 GROUP_STAGES = (Stage("A", 0), Stage("C", 1), Stage("I", -1), Stage("B", 0))
 CAUSAL_STAGES = (Stage("I", 0), Stage("B", 1, same_schedule=False), Stage("A", 0), Stage("C", 1))
+# a group's key blocks: block b's early stage (products, row max, exp, statistics) before block
+# b-1's late stage (P^T transposes, second products, accumulator update)
+KEY_STAGES = (Stage("early", 0, same_schedule=False), Stage("late", 1, same_schedule=False))
 
 
 def tile_attention(b: TirBuilder, k: KOp) -> None:
@@ -368,9 +371,11 @@ def _diag(k: KOp, blocks, kbs, masks: dict | None) -> list:
 
 
 def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
-    """The key-block pipeline of one group as three stages: ``first`` (block 0's early stage),
-    ``middle`` (every later block's early stage and every block's late stage but the last's),
-    ``last`` (the last block's late stage and the group's results).
+    """The key-block pipeline of one group (``KEY_STAGES`` on the tile IR's construct) as its
+    three phases: the prologue (block 0's early stage), the steady state (every later block's
+    early stage and every block's late stage but the last's; a loop over the full blocks before
+    the first masked one) and the epilogue with the group's results (the last block's late
+    stage, then ``_finish``), so that a group pipeline can issue them as its own stages.
 
     Block b's *early* stage (products S = Q K^T, row max, exp, statistics) is issued before
     block b-1's *late* stage (P^T transposes, second products, accumulator update), so every
@@ -395,29 +400,23 @@ def _steps(b: TirBuilder, k: KOp, sk: _Side, pipe, kbs, diag, p0: int = 0):
         vt = _load_v(b, V, bidx, k0, kw, Dv)
         _late(b, k, pipe, u, vt, kw)
 
-    def first() -> None:
-        early(0, kbs[0][1], 0, kbs[0][0])
+    def body(i: int | Affine, u: int):
+        """Key block i's stages; in the loop (affine i) a full block without a mask."""
+        if isinstance(i, int):
+            (k0, kw), bi = kbs[i], i
+        else:
+            (k0, kw), bi = (i * KB, KB), None
+        return {"early": lambda: early(bi, kw, u, k0), "late": lambda: late(u, k0, kw)}
 
-    def middle() -> None:
-        # loop iterations: early 2i+1, late 2i, early 2i+2, late 2i+1 (full, unmasked blocks only)
-        nclean = min(full, clean)
-        L = (nclean - 1) // 2 if nclean >= 3 else 0
-        if L:
-            with b.loop(L, "kb") as i:
-                early(None, KB, 1, (2 * i + 1) * KB)
-                late(0, 2 * i * KB, KB)
-                early(None, KB, 0, (2 * i + 2) * KB)
-                late(1, (2 * i + 1) * KB, KB)
-        for bi in range(2 * L, nb - 1):         # the rest, unrolled: block 2L's early stage is done
-            early(bi + 1, kbs[bi + 1][1], (bi + 1) % 2, kbs[bi + 1][0])
-            late(bi % 2, kbs[bi][0], kbs[bi][1])
+    p = phases(b, nb, KEY_STAGES, body, depth=2, hint="kb", uniform=min(full, clean),
+               one_slot=False)
 
     def last() -> None:
-        late((nb - 1) % 2, kbs[nb - 1][0], kbs[nb - 1][1])
+        p.epilogue()
         for j, (q0, qr) in enumerate(blocks):
             _finish(b, k, st[j], (nb + p0) % 2, bidx, q0, qr, Dv)
 
-    return first, middle, last
+    return p.prologue, p.steady, last
 
 
 def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, D: int, kw: int,

@@ -36,12 +36,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lowering.errors import LoweringError
 from lowering.tir.affine import Affine, aff
 
 _ids = itertools.count()
+# body(iteration, slot) -> {stage name: the callable that issues that stage of that iteration}
+Body = Callable[[int | Affine, int], Mapping[str, Callable[[], None]]]
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,34 @@ def steps(n: int, stages: Sequence[Stage]) -> list[list[tuple[Stage, int]]]:
     return [[(s, t - s.lag) for s in stages if 0 <= t - s.lag < n] for t in range(lo, n + hi)]
 
 
-def pipelined(b, n: int, stages: Sequence[Stage],
-              body: Callable[[int | Affine, int], Mapping[str, Callable[[], None]]], *,
-              depth: int = 2, hint: str = "p", loop: bool = True) -> None:
-    """Emit the pipelined loop (module docstring) into the builder ``b``."""
+class Phases(NamedTuple):
+    """The three parts of a pipelined loop, to be issued in this order (a stage of an enclosing
+    pipeline may take one of them, as a group's key-block pipeline is split into the group's
+    stages)."""
+
+    prologue: Callable[[], None]
+    steady: Callable[[], None]
+    epilogue: Callable[[], None]
+
+
+def pipelined(b, n: int, stages: Sequence[Stage], body: Body, **kw) -> None:
+    """Emit the pipelined loop (module docstring) into the builder ``b``: ``phases`` issued at
+    once."""
+    p = phases(b, n, stages, body, **kw)
+    p.prologue()
+    p.steady()
+    p.epilogue()
+
+
+def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hint: str = "p",
+           loop: bool = True, uniform: int | None = None, one_slot: bool = True) -> Phases:
+    """The pipelined loop (module docstring) as its prologue (the steps before every stage is
+    active), steady state (the loop of ``depth`` static copies per trip, when ``loop`` and at
+    least one trip, then the leftover steps) and epilogue (the steps after the first stage has
+    run out). ``uniform``: only iterations below it have one body whatever their index (the
+    loop covers none past it; default all). ``one_slot``: tiles allocated directly in the
+    construct (and its loop) get one slot, the stage sets rotating instead; else they keep
+    their pools' slots and the loop is a plain one."""
     if n < 1:
         raise LoweringError(f"{b.tag}: pipelined loop {hint} of {n} iterations")
     names = [s.name for s in stages]
@@ -92,24 +120,28 @@ def pipelined(b, n: int, stages: Sequence[Stage],
             fns[s.name]()
 
     def unrolled(t0: int, t1: int) -> None:
-        for t in range(t0, t1):
-            for s in stages:
-                i = t - s.lag
-                if 0 <= i < n:
-                    issue(s, i, i % depth)
-
-    with b.single_slot():
-        steady = n + lo - hi                       # steps with every stage active
-        trips = steady // depth if loop else 0
-        if trips < 1:
-            unrolled(lo, n + hi)
-            return
-        unrolled(lo, hi)
-        with b.single_slot_loop(trips, hint) as v:
-            for j in range(depth):                 # one static copy per step of a trip
-                memo.clear()
+        with b.single_slot() if one_slot else nullcontext():
+            for t in range(t0, t1):
                 for s in stages:
-                    c = hi + j - s.lag             # iteration = depth * v + c
-                    issue(s, aff(v) * depth + c, c % depth)
-        memo.clear()
-        unrolled(hi + trips * depth, n + hi)
+                    i = t - s.lag
+                    if 0 <= i < n:
+                        issue(s, i, i % depth)
+
+    p_end = min(hi, n + lo)                    # the prologue: steps lo .. p_end - 1
+    e_start = max(p_end, n + lo)               # the epilogue: steps e_start .. n + hi - 1
+    steady = min(n, n if uniform is None else uniform) + lo - hi   # loop-eligible steps
+    trips = steady // depth if loop and steady > 0 else 0
+
+    def middle() -> None:
+        if trips:
+            opened = b.single_slot_loop if one_slot else b.loop
+            with b.single_slot() if one_slot else nullcontext(), opened(trips, hint) as v:
+                for j in range(depth):         # one static copy per step of a trip
+                    memo.clear()
+                    for s in stages:
+                        c = hi + j - s.lag     # iteration = depth * v + c
+                        issue(s, aff(v) * depth + c, c % depth)
+            memo.clear()
+        unrolled(p_end + trips * depth, e_start)
+
+    return Phases(lambda: unrolled(lo, p_end), middle, lambda: unrolled(e_start, n + hi))
