@@ -634,22 +634,16 @@ def _items(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer, n: int, Sq: int, 
     # in step t), so TensorE never waits for a P^T copy between an item's transposes and the
     # next item's; with U = 2 item t+1's exp is issued in step t itself, so they stay in step t
     ahead = 1 if U >= 3 else 0
-    for t in range(min(U - 1, n)):
-        early(aff(t), t)
-    if ahead:
-        late_t(aff(0), 0)
-    Lp = (n - U + 1) // U if n >= U else 0
-    if Lp:
-        with b.loop(Lp, "it") as i:
-            for r in range(U):
-                late_t(U * i + r + ahead, (r + ahead) % U)
-                rls = recips(r)
-                early(U * i + r + U - 1, (r + U - 1) % U)
-                late(U * i + r, r, rls)
-    for t in range(U * Lp, n):               # the rest, unrolled
-        if t + ahead < n:
-            late_t(aff(t + ahead), (t + ahead) % U)
-        rls = recips(t % U)
-        if t + U - 1 < n:
-            early(aff(t + U - 1), (t + U - 1) % U)
-        late(aff(t), t % U, rls)
+
+    def body(t: int | Affine, u: int):
+        """Item t's stages; ``recips`` (its normalisers) is issued in the step of its ``late``,
+        before the step's ``early``, and hands them over."""
+        item, rls = aff(t), []
+        return {"late_t": lambda: late_t(item, u), "recips": lambda: rls.extend(recips(u)),
+                "early": lambda: early(item, u), "late": lambda: late(item, u, rls)}
+
+    # step t: late_t(t + ahead), recips(t), early(t + U - 1), late(t); the prologue queues the
+    # first U - 1 items' early stages before item 0's transposes
+    stages = (Stage("late_t", -ahead, same_schedule=False), Stage("recips", 0, same_schedule=False),
+              Stage("early", 1 - U, same_schedule=False), Stage("late", 0, same_schedule=False))
+    pipelined(b, n, stages, body, depth=U, hint="it", one_slot=False, fill=True)

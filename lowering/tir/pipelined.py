@@ -57,11 +57,18 @@ class Stage:
     same_schedule: bool = True
 
 
-def steps(n: int, stages: Sequence[Stage]) -> list[list[tuple[Stage, int]]]:
+def steps(n: int, stages: Sequence[Stage], fill: bool = False) -> list[list[tuple[Stage, int]]]:
     """The issue order as a list of steps, each a list of (stage, iteration): the construct's
-    order with every step unrolled (what ``pipelined`` emits, before any loop is formed)."""
+    order with every step unrolled (what ``pipelined`` emits, before any loop is formed); with
+    ``fill`` the prologue's steps are one list, in ``phases``' fill order."""
     lo, hi = min(s.lag for s in stages), max(s.lag for s in stages)
-    return [[(s, t - s.lag) for s in stages if 0 <= t - s.lag < n] for t in range(lo, n + hi)]
+    out = [[(s, t - s.lag) for s in stages if 0 <= t - s.lag < n] for t in range(lo, n + hi)]
+    if not fill:
+        return out
+    p_end = min(hi, n + lo)
+    pro = [(s, t - s.lag) for s in sorted(stages, key=lambda s: s.lag)
+           for t in range(lo, p_end) if 0 <= t - s.lag < n]
+    return [pro] + out[p_end - lo:]
 
 
 class Phases(NamedTuple):
@@ -84,14 +91,18 @@ def pipelined(b, n: int, stages: Sequence[Stage], body: Body, **kw) -> None:
 
 
 def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hint: str = "p",
-           loop: bool = True, uniform: int | None = None, one_slot: bool = True) -> Phases:
+           loop: bool = True, uniform: int | None = None, one_slot: bool = True,
+           fill: bool = False) -> Phases:
     """The pipelined loop (module docstring) as its prologue (the steps before every stage is
     active), steady state (the loop of ``depth`` static copies per trip, when ``loop`` and at
     least one trip, then the leftover steps) and epilogue (the steps after the first stage has
     run out). ``uniform``: only iterations below it have one body whatever their index (the
     loop covers none past it; default all). ``one_slot``: tiles allocated directly in the
     construct (and its loop) get one slot, the stage sets rotating instead; else they keep
-    their pools' slots and the loop is a plain one."""
+    their pools' slots and the loop is a plain one. ``fill``: the prologue fills the pipeline
+    from its leading stage, each stage (most negative lag first) issuing all its prologue
+    iterations before the next stage, instead of step by step (so the first iterations' early
+    work is all queued before any later stage waits on it)."""
     if n < 1:
         raise LoweringError(f"{b.tag}: pipelined loop {hint} of {n} iterations")
     names = [s.name for s in stages]
@@ -144,4 +155,14 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
             memo.clear()
         unrolled(p_end + trips * depth, e_start)
 
-    return Phases(lambda: unrolled(lo, p_end), middle, lambda: unrolled(e_start, n + hi))
+    def prologue() -> None:
+        if not fill:
+            unrolled(lo, p_end)
+            return
+        with b.single_slot() if one_slot else nullcontext():
+            for s in sorted(stages, key=lambda s: s.lag):
+                for t in range(lo, p_end):
+                    if 0 <= t - s.lag < n:
+                        issue(s, t - s.lag, (t - s.lag) % depth)
+
+    return Phases(prologue, middle, lambda: unrolled(e_start, n + hi))

@@ -20,7 +20,7 @@ F32 = DType.FP32
 GROUPS = (Stage("A", 0), Stage("C", 1), Stage("I", -1), Stage("B", 0))   # attention's groups
 
 
-def _build(n: int, stages, depth: int = 2, loop: bool = True):
+def _build(n: int, stages, depth: int = 2, loop: bool = True, fill: bool = False):
     b = TirBuilder(get_target("trn2"))
     S = len(stages)
     b.hbm_tensor("x", n * S * 4, F32, "input")
@@ -35,7 +35,7 @@ def _build(n: int, stages, depth: int = 2, loop: bool = True):
             return lambda: b.dma(sets[slot][name].ap(), hbm_ap("x", F32, i * S + x, 1, 1, ()))
         return {s.name: stage(x, s.name) for x, s in enumerate(stages)}
 
-    pipelined(b, n, stages, body, depth=depth, hint="p", loop=loop)
+    pipelined(b, n, stages, body, depth=depth, hint="p", loop=loop, fill=fill)
     return b.program(("x",), ()), calls
 
 
@@ -55,8 +55,9 @@ def _order(tp, stages):
     return [(stages[e % S].name, e // S, buf) for e, buf in _expand(tp.body)]
 
 
-def _expected(n, stages, depth):
-    return [(s.name, i, f"{s.name}{i % depth}") for step in steps(n, stages) for s, i in step]
+def _expected(n, stages, depth, fill=False):
+    return [(s.name, i, f"{s.name}{i % depth}") for step in steps(n, stages, fill)
+            for s, i in step]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 9])
@@ -67,6 +68,20 @@ def test_issue_order_and_slots_are_the_unrolled_steps(n, loop):
     assert got == _expected(n, GROUPS, 2)
     # every stage of every iteration exactly once
     assert sorted((s, i) for s, i, _ in got) == sorted((s.name, i) for s in GROUPS for i in range(n))
+
+
+ITEMS = (Stage("late_t", -1), Stage("recips", 0), Stage("early", -3), Stage("late", 0))
+
+
+@pytest.mark.parametrize("n", [4, 5, 9, 13])
+def test_fill_queues_the_leading_stage_first_in_the_prologue(n):
+    """attention's items, 4 deep: early(0), early(1), early(2), then late_t(0); then steps."""
+    tp, _ = _build(n, ITEMS, depth=4, fill=True)
+    got = _order(tp, ITEMS)
+    assert got == _expected(n, ITEMS, 4, fill=True)
+    assert [(s, i) for s, i, _ in got[:4]] == [("early", 0), ("early", 1), ("early", 2),
+                                                ("late_t", 0)]
+    assert got != _expected(n, ITEMS, 4)          # step by step: late_t(0) before early(2)
 
 
 def test_a_known_wrong_order_fails_the_comparison():
