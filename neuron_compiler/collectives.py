@@ -10,6 +10,14 @@ model, ``comm_analysis.estimate_nccl_collective_runtime_from_fx_node``, sizes th
 group (gloo on the CPU; ranks may be processes on one machine or many) computes the values, and
 records the modelled time of that call on the target in the open profiles.
 
+DTensor (``torch.distributed.tensor``, ``parallelize_module``, transformers' ``tp_plan``) reaches
+the same ops: a redistribution under tracing calls funcol (Partial -> Replicate: all_reduce;
+Shard -> Replicate: all_gather_into_tensor; Partial -> Shard: reduce_scatter_tensor; Shard(i) ->
+Shard(j) on a CPU mesh: all_gather and a chunk), and the backward of each op is another
+``_c10d_functional`` op (torch registers their autograd). torch's older differentiable variants,
+``_c10d_functional_autograd.{all_gather_into_tensor, reduce_scatter_tensor,
+all_to_all_single}``, are kept for code that calls them directly (docs/dtensor.md).
+
 Invariants
 - Partitioning (``partition.py``) keeps a collective node, and its wait, in the outer graph and
   counts both as device nodes, never as fallbacks; ``fallback="error"`` does not refuse them.
@@ -40,11 +48,13 @@ from runtime_sim.collectives import collective_cost
 COLLECTIVE_RANGE = "neuron collective: "   # prefix of the profiler range of a collective call
 
 _c10d = torch.ops._c10d_functional
+_c10d_autograd = torch.ops._c10d_functional_autograd   # torch's older differentiable variants
 # op -> the kind of collective the model times ("wait": the completion of one)
 COLLECTIVE_KINDS: dict[object, str] = {
     _c10d.all_reduce.default: "all_reduce",
     _c10d.all_reduce_.default: "all_reduce",
     _c10d.all_reduce_coalesced.default: "all_reduce",
+    _c10d.all_reduce_coalesced_.default: "all_reduce",
     _c10d.all_gather_into_tensor.default: "all_gather",
     _c10d.all_gather_into_tensor_out.default: "all_gather",
     _c10d.all_gather_into_tensor_coalesced.default: "all_gather",
@@ -55,6 +65,9 @@ COLLECTIVE_KINDS: dict[object, str] = {
     _c10d.broadcast.default: "broadcast",
     _c10d.broadcast_.default: "broadcast",
     _c10d.wait_tensor.default: "wait",
+    _c10d_autograd.all_gather_into_tensor.default: "all_gather",
+    _c10d_autograd.reduce_scatter_tensor.default: "reduce_scatter",
+    _c10d_autograd.all_to_all_single.default: "all_to_all",
 }
 
 
