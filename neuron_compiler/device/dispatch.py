@@ -1,7 +1,9 @@
 """Where each ATen op on ``neuron`` tensors goes (``NeuronTensor.__torch_dispatch__``).
 
 In order:
-0. A composite op (``CompositeImplicitAutograd``: ``aten.to``, ``reshape``, ... reach here under
+0. funcol's eager result wrapper (``_c10d_functional._wrap_tensor_autograd``): the collective's
+   output, waited for (``wait_tensor`` on the payload), as a device tensor.
+   A composite op (``CompositeImplicitAutograd``: ``aten.to``, ``reshape``, ... reach here under
    ``inference_mode``) is decomposed into the ops below.
 1. A trace (Dynamo / AOTAutograd: some payload is a fake or functional tensor): the op runs on
    the payloads as they are and its tensor results are wrapped; nothing is simulated.
@@ -37,6 +39,11 @@ from neuron_compiler.device.transfers import charge_user_copy
 aten = torch.ops.aten
 
 
+def _is_collective_wrapper(func: torch._ops.OpOverload) -> bool:
+    """``_c10d_functional._wrap_tensor_autograd`` (registered when funcol is imported)."""
+    return func.__name__ == "_wrap_tensor_autograd.default" and func.namespace == "_c10d_functional"
+
+
 def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Run ``func`` on arguments holding ``neuron`` tensors (module docstring)."""
     single_threaded_backward()
@@ -44,6 +51,11 @@ def dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     devs = [a for a in flat if isinstance(a, NeuronTensor)]
     if any(not is_real(t.payload) for t in devs):
         return _traced(func, args, kwargs)
+    if _is_collective_wrapper(func):
+        # funcol's eager result wrapper (an AsyncCollectiveTensor, which has no storage of its
+        # own): the device result is the collective's output once waited for, as under a trace
+        (t,) = args
+        return wrap(torch.ops._c10d_functional.wait_tensor.default(payload_of(t)))
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         out = func.decompose(*args, **kwargs)      # under inference_mode: aten.to, reshape, ...
         if out is not NotImplemented:
