@@ -1,5 +1,5 @@
 """A layer norm's affine folded into the matmuls that read it (lowering/passes/norm_fold.py,
-lowering/tiling/matmul_prologue.py).
+lowering/tiling/matmul/prologue.py).
 
 Checked: values match eager through the simulator over tile edges (M, K, N not multiples of
 the tile sizes, and K groups), on the targets whose A^T tiles come by TensorE transpose (trn1),
@@ -17,7 +17,7 @@ import neuron_compiler
 from lowering.kir import (HbmTensor, KKind, KOp, KProgram, LayerNormKAttrs, MatmulKAttrs, Role,
                           TensorRef)
 from lowering.passes.norm_fold import fold_norm_affine
-from lowering.tiling import matmul_prologue
+from lowering.tiling.matmul import prologue as matmul_prologue
 from neuron_compiler.runtime import PROGRAM_CACHE
 from neuron_compiler.testing import assert_ran_on_device
 from runtime_sim import loops

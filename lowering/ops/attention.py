@@ -11,7 +11,7 @@ and matching them again.
 
     out[n, h] = softmax(scale * q[n, h] @ k[n, h]^T [causal: keys k <= query q]) @ v[n, h]
 
-Engine: TensorE (both products), ScalarE exp, VectorE row max/sum (``tiling/attention.py``).
+Engine: TensorE (both products), ScalarE exp, VectorE row max/sum (``tiling/attention/kernel.py``).
 
 Invariants
 - The kernel is the one the pattern fusion makes of the decomposed op: ``safe`` softmax (torch's

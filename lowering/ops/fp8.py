@@ -8,7 +8,7 @@
 
 Engine: TensorE ``matmul`` with fp8 stationary and moving tiles (K <= 128, M <= 128, N <= 512),
 fp32 accumulation in PSUM over the K tiles; the scales, bias and cast form the epilogue, evaluated
-on VectorE/ScalarE while PSUM is evacuated (``tiling/matmul.py``). Operands whose K axis is
+on VectorE/ScalarE while PSUM is evacuated (``tiling/matmul/kernel.py``). Operands whose K axis is
 contiguous are transposed on TensorE (DMA transpose handles 2-byte types only).
 
 Numerics: fp8 values are exact in fp32, TensorE accumulates in fp32 as eager's CPU kernel does,

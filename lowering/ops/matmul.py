@@ -3,7 +3,7 @@
 Engine: TensorE ``matmul`` (stationary = A^T tile [K<=128, M<=128], moving = B tile
 [K<=128, N<=512], fp32 accumulation in one PSUM bank over the K tiles); the epilogue (bias, alpha,
 beta, cast, and fused elementwise consumers) runs on VectorE/ScalarE while evacuating PSUM.
-Tiling: any M, N, K, B; see ``tiling/matmul.py``.
+Tiling: any M, N, K, B; see ``tiling/matmul/kernel.py``.
 """
 from __future__ import annotations
 

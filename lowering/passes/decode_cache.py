@@ -17,7 +17,7 @@ the kernels before it::
 
 Invariants
 - Applies to an ATTENTION kernel that the decode tiler takes with the new rows
-  (``attention_decode.decode_fits``) whose KT and V buffers (two different ones) were last
+  (``attention.decode.decode_fits``) whose KT and V buffers (two different ones) were last
   written, before it, by a SCATTER each (``_row_update``): not accumulating; one index value for
   every lookup (the index view's axes of size > 1 have stride 0); its table a ``(*I, V, D)`` view
   whose lookups are the attention's batch items in row-major order (lookup t's row slice starts
@@ -58,7 +58,7 @@ MAX_ITEMS = 4096
 # the 3 MB of loads saves little; (2) the early cache loads share the DMA engines with the
 # weight stream and delay the projection's small loads behind them on the in-order engines
 # (tir/schedule.py's queue choice, not this pass).
-# With the query and output rows by TensorE transposes (tiling/attention_decode.py), before
+# With the query and output rows by TensorE transposes (tiling/attention/decode.py), before
 # every slot was ahead, both modes still measured slower than off on decode_gpt2 (figures in
 # the commit message): the weight stream's backlog on the in-order DMA engines and the early
 # cache loads delay the chain's small transfers, and the score selects on 12 partitions sit on
@@ -122,7 +122,7 @@ def _row_update(kp: KProgram, a: int, x: TensorRef, key_axis: int, feat_axis: in
 def attend_before_cache_update(kp: KProgram, target) -> list[str]:
     """Apply the rewrite wherever it holds (module docstring); returns one line per attention
     rewritten."""
-    from lowering.tiling.attention_decode import new_rows_fit
+    from lowering.tiling.attention.decode import new_rows_fit
     done: list[str] = []
     if not ENABLED:
         return done

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from lowering.kir import KKind, KProgram, Role
-from lowering.tiling.attention import tile_attention
+from lowering.tiling.attention.kernel import tile_attention
 from lowering.tiling.conv import tile_conv
 from lowering.tiling.conv_backward import tile_conv_wgrad
 from lowering.tiling.gather import tile_gather
-from lowering.tiling.matmul import tile_matmul
+from lowering.tiling.matmul.kernel import tile_matmul
 from lowering.tiling.norm_backward import tile_layer_norm_bwd
 from lowering.tiling.pointwise import tile_pointwise
 from lowering.tiling.rand import tile_rand

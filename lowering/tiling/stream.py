@@ -51,7 +51,7 @@ from runtime_sim.isa import (AP, DmaAttrs, DType, EngineKind, Instr, Memory, Op,
 from runtime_sim.targets import Target
 
 if TYPE_CHECKING:
-    from lowering.tiling.matmul_plan import Blocking, MatmulShape
+    from lowering.tiling.matmul.plan import Blocking, MatmulShape
 
 
 def chunk_candidates(n: int, f_max: int) -> list[int]:
@@ -141,7 +141,7 @@ def paced_pieces(t: Target, partitions: int, elems: int, itemsize: int, transpos
 def stream_loads(shape: MatmulShape, c: Blocking) -> int:
     """Transfers into the streamed side's slots over the kernel (``_emit``'s ``str`` tiles, one
     per K tile of each group of each block; the transposed form's ``wst`` chunks of ``kb`` K
-    tiles, matmul_transposed.py), full groups and chunks only (the transposed form: 0 when
+    tiles, matmul/transposed.py), full groups and chunks only (the transposed form: 0 when
     there is a partial one). A partial last group of the usual form (its tile aliases the
     full ones' slots, so it loads after them whatever the slots) is left out of the count,
     so that a one-row kernel with one (GPT-2's LM head, N = 50257) still streams ahead

@@ -1,4 +1,4 @@
-"""Causal attention on the two-phase path (``lowering/tiling/attention_rows.py``): short causal
+"""Causal attention on the two-phase path (``lowering/tiling/attention/rows.py``): short causal
 rows go through the pipeline in units of query blocks that share a parity's score banks; a
 unit whose first bank is a full key block takes its P^T by DMA transposes on trn2; the
 diagonal masks are [128, 128] windows; when the cost model says so (always on a target without
@@ -86,14 +86,14 @@ def test_dma_transposes_skip_a_first_bank_narrower_than_a_key_block_on_trn2():
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_row_sums_come_from_the_second_product_when_the_plan_says_so(causal):
-    """With the plan's ``ones`` (``attention_plan.exp_plan``, priced by the cost model) V
+    """With the plan's ``ones`` (``attention.plan.exp_plan``, priced by the cost model) V
     carries a column of ones: the exps sum nothing and the store divides by the output's last
     column; without it ScalarE's exps sum (VectorE's exponential sums for free). trn2 (no
     VectorE exponential) takes the ones column; trn3 keeps the exps' sums at 1100 keys (three
     key blocks, one exp on VectorE) and takes the ones column at 2048 (four, exps split two
     and two). Values match eager on every case, over a partial last key block."""
-    from lowering.tiling.attention_plan import exp_plan
-    from lowering.tiling.attention_steps import KB
+    from lowering.tiling.attention.plan import exp_plan
+    from lowering.tiling.attention.steps import KB
     from runtime_sim.isa import DType
     from runtime_sim.targets import TARGETS
     shape = (1, 2, 1100, 1100, 64) if causal else (1, 2, 384, 1100, 64)

@@ -1,5 +1,5 @@
 """Decode attention (one query per head over a KV cache): every head of a batch item at once,
-heads on partitions (tiling/attention_decode.py). Shapes cross the tile edges: keys 130 / 700 /
+heads on partitions (tiling/attention/decode.py). Shapes cross the tile edges: keys 130 / 700 /
 1024 / 2048 (128-key chunks and 512-key banks, partial ones), head widths 32-128, heads 2-16;
 masks as loads broadcast over heads or per head; matches eager, and a wrong result fails."""
 from __future__ import annotations

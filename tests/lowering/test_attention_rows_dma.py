@@ -1,6 +1,6 @@
-"""P^T by DMA transposes on the two-phase attention path (tiling/attention_rows.py), trn2: a
+"""P^T by DMA transposes on the two-phase attention path (tiling/attention/rows.py), trn2: a
 unit of four full key blocks takes its first two banks' P^T by SBUF -> SBUF DMA transposes
-(``attention_plan.dma_transposes``), and its second products run in the order the P^T lands
+(``attention.plan.dma_transposes``), and its second products run in the order the P^T lands
 (the first DMA bank, the TensorE banks, the second DMA bank): the accumulation group starts at
 the first product issued, whichever bank that is. A DMA bank's exp runs per 128 keys, each
 piece's transfer behind it.

@@ -1,6 +1,6 @@
-"""The row maxes of the two-phase attention path (tiling/attention_rows.py) with scores in PSUM:
+"""The row maxes of the two-phase attention path (tiling/attention/rows.py) with scores in PSUM:
 VectorE takes the elementwise max of each score bank's two halves into SBUF, GpSimdE (which
-cannot read PSUM) the row max of that (``attention_steps._half_max``). A max that missed either
+cannot read PSUM) the row max of that (``attention.steps._half_max``). A max that missed either
 half would let an exp overflow: each row's largest score (about 128 after the scale) sits in
 the first half of one key block or in the second half of another, depending on the row.
 """

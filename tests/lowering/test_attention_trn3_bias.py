@@ -1,5 +1,5 @@
 """A mask shared by every head (GPT-2's ``where(mask[1, 1, S, S], 0, -inf)`` added to the
-scaled scores, ``tiling/attention_bias.py``): evaluated once per query block before the head
+scaled scores, ``tiling/attention/bias.py``): evaluated once per query block before the head
 loop and added to each head's product in one instruction, against eager through the simulator.
 
 Shapes cross the tile edges: 130 queries and keys (a full query block and a partial one; one

@@ -1,6 +1,6 @@
 """SDPA on trn3 with VectorE's fast exponential: K^T is scaled by the softmax scale on load,
 and the next head's K^T/V blocks load one key block per query unit of the current head, their
-scale on the engine that least lengthens a unit's busiest engine (``attention_plan.
+scale on the engine that least lengthens a unit's busiest engine (``attention.plan.
 spare_engine``), against eager through the simulator (functional mode: the race detector checks
 the K/V sets' reuse across heads).
 
@@ -41,8 +41,8 @@ def test_scale_goes_where_the_unit_has_room():
     cheapest instruction there (VectorE's 4x bf16 mode) lengthens the unit; ScalarE's does not,
     as long as ScalarE has that much room. With ScalarE as busy as VectorE, VectorE's cheaper
     instruction is the better place."""
-    from lowering.tiling.attention_plan import block_busy, exp_plan, spare_engine
-    from lowering.tiling.attention_steps import KB
+    from lowering.tiling.attention.plan import block_busy, exp_plan, spare_engine
+    from lowering.tiling.attention.steps import KB
     from runtime_sim.isa import AluOp, DType, EngineKind, Memory
     from runtime_sim.targets import TARGETS
     t = TARGETS["trn3"]

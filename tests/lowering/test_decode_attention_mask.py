@@ -1,6 +1,6 @@
 """Decode attention with GPT-2's additive mask (``where(mask, 0, -inf)`` added to the scores):
 a score scale that is a power of two in fp32 (1/sqrt(64)) goes into the query blocks and each
-bank's scores are one add of the mask term (tiling/attention_decode.py, ``_pow2``); other scales
+bank's scores are one add of the mask term (tiling/attention/decode.py, ``_pow2``); other scales
 keep the multiply; on NC-v4 the exps take VectorE's exponential. Paired heads' K^T come by one
 DMA transpose over 128 partitions (``_load_kt_pair``). Matches eager, masked keys (a fully
 masked row included) and bank edges; a wrong result fails."""

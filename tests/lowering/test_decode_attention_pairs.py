@@ -1,5 +1,5 @@
 """Decode attention with heads of 64 features: the two heads of a partition slot (partitions
-0-63 and 64-127) share each score product (tiling/attention_decode.py, ``paired``); an odd
+0-63 and 64-127) share each score product (tiling/attention/decode.py, ``paired``); an odd
 head count leaves the last slot's upper half unwritten, and its product reads the lower half
 only. Matches eager over 128-key chunk and 512-key bank edges; a wrong result fails."""
 from __future__ import annotations

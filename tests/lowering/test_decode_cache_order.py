@@ -1,6 +1,6 @@
 """A decode attention reads the KV cache before its one-row update (``passes/decode_cache.py``)
 and puts the new key and value rows in by value at the runtime position
-(``tiling/attention_decode.py``, ``new_kv``). Against eager through the simulator: positions at
+(``tiling/attention/decode.py``, ``new_kv``). Against eager through the simulator: positions at
 0, 127, 128 and the last key (128-key chunks and 512-key score banks crossed), caches whose stale
 row at the position differs from the new one (a wrong position, a stale row read or a dropped new
 row fails), the mask of GPT-2's static cache (keys after the position hidden by value), and the

@@ -1,5 +1,5 @@
 """A decode block whose query row comes from the QKV projection and whose output row feeds the
-next matmul, both resident in SBUF (tiling/attention_decode.py): the query reaches [128, pairs]
+next matmul, both resident in SBUF (tiling/attention/decode.py): the query reaches [128, pairs]
 by TensorE transposes (``_q_rows``, no SBUF -> SBUF DMA) and the output is assembled into the
 resident row by one transpose per head pair (``_resident_row``, no store DMA). Against eager
 through the simulator, with the static cache's mask and its one-row update (the positions

@@ -6,7 +6,7 @@ fp8 results are compared bit for bit (``_bits``): device and eager round the sam
 once; bf16/fp32 results of ``_scaled_mm`` at the per-dtype tolerances of
 ``neuron_compiler.testing``, which ``test_tolerances_can_fail`` checks against a result that
 drops the last K tile. On trn2/trn3 ``_scaled_mm`` runs TensorE's double-row mode (K tiles of
-256, ``lowering/tiling/matmul_fp8.py``): tile-edge shapes, trn1 without it, a program that drops
+256, ``lowering/tiling/matmul/fp8.py``): tile-edge shapes, trn1 without it, a program that drops
 one packed row failing the comparison, and the TensorE time halved against bf16.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_tolerances_can_fail():
         _bits(wrong.view(E4M3), want.float().to(E4M3))
 
 
-# ---- TensorE's double-row fp8 mode (lowering/tiling/matmul_fp8.py) --------------------------
+# ---- TensorE's double-row fp8 mode (lowering/tiling/matmul/fp8.py) --------------------------
 
 def _quantized(M, K, N, seed):
     g = torch.Generator().manual_seed(seed)
@@ -187,7 +187,7 @@ def test_scaled_mm_double_row_through_torch_compile_runs_on_the_device(target):
 def test_double_row_tolerance_catches_a_dropped_packed_row(monkeypatch):
     """A known-wrong program: every double-row operand reads its first packed row twice (stride 0
     along the packed axis), dropping the second half of each K tile; the comparison fails."""
-    from lowering.tiling import matmul_fp8
+    from lowering.tiling.matmul import fp8 as matmul_fp8
     ap = matmul_fp8.KPack.ap
 
     def drop_second_row(self, tile, kt, elem_offset, fw, width):

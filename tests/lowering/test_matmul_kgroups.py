@@ -1,4 +1,4 @@
-"""K groups (lowering/tiling/matmul.py ``_kgroup``): a resident operand with short rows loads G
+"""K groups (lowering/tiling/matmul/kernel.py ``_kgroup``): a resident operand with short rows loads G
 K tiles per DMA, partition p holding G consecutive rows, and the streamed operand's TensorE
 transposes read the matching columns G apart. Checked against eager over M and N tile edges,
 with the grouping visible in the dump, and not applied where K has a partial tile."""
@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lowering.tiling.matmul as mm
-from lowering.tiling import matmul_plan
+import lowering.tiling.matmul.kernel as mm
+from lowering.tiling.matmul import plan as matmul_plan
 from lowering_helpers import assert_close, check, rand
 
 
 @pytest.fixture
 def usual_form(monkeypatch):
     """The usual form only: with a partial m-tile (M = 130) the planner takes the transposed
-    form (matmul_transposed.py, no K groups), whose products cost 130 columns per 128 n
+    form (matmul/transposed.py, no K groups), whose products cost 130 columns per 128 n
     instead of two m-tiles' 512 per 512 n."""
     orig = matmul_plan.choose_blocking
 

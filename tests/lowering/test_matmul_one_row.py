@@ -1,7 +1,7 @@
 """Matmuls of one row (a decode step's projections: x [1, K] @ W [K, N] + bias): the row bias
 loaded once (``matmul.fold_row_bias``: with one output row no other row can differ, so the
 bias view's row stride does not matter), and the streamed x^T of a resident-B blocking loaded
-by one DMA of all its K tiles (``matmul_plan.stream_whole``) instead of one [128, 1] transfer
+by one DMA of all its K tiles (``matmul.plan.stream_whole``) instead of one [128, 1] transfer
 per K tile.
 
 Against eager through the simulator on shapes crossing tile edges (K a multiple of 128 and
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lowering.tiling.matmul as mm
-from lowering.tiling import matmul_plan
+import lowering.tiling.matmul.kernel as mm
+from lowering.tiling.matmul import plan as matmul_plan
 from lowering_helpers import assert_close, check, rand
 from runtime_sim.isa import DType
 from runtime_sim.targets import get_target
@@ -198,7 +198,7 @@ def test_one_row_weights_streamed_ahead(case):
 def test_stream_loads_counts_full_groups_only():
     s = matmul_plan.MatmulShape(1, 1, 3072, 768, DType.BF16, DType.BF16, matmul_plan.DIRECT,
                                 matmul_plan.DIRECT, (), 1, cast_only=True)
-    assert mm.stream_loads(s, matmul_plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
+    assert mm.stream_loads(s, matmul.plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
     from dataclasses import replace
     # a partial last group (N = 3000: one full group of 1536 and a partial one) is left out
     assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 1 * 6
@@ -216,7 +216,7 @@ def test_transposed_cells_leave_psum_in_the_output_type(case):
     """The transposed form (decode: GPT-2's second MLP matmul) with an epilogue that reads the
     accumulator only as ``cast(acc)`` to the output type once the bias is folded (``residual +
     cast(acc)``, ``gelu(cast(acc))``): its cells leave PSUM rounded to bf16, the rounding the
-    cast does anyway (``matmul_plan.ev_dtype``), and the values match eager."""
+    cast does anyway (``matmul.plan.ev_dtype``), and the values match eager."""
     K, N, target, epi = case
     x = rand(1, K, dtype=torch.bfloat16, seed=K)
     w = rand(K, N, dtype=torch.bfloat16, seed=N, low=-0.1, high=0.1)

@@ -1,4 +1,4 @@
-"""Matmuls whose output block stays in SBUF (``resident="C"``, tiling/matmul_outres.py): both
+"""Matmuls whose output block stays in SBUF (``resident="C"``, tiling/matmul/outres.py): both
 operands stream in chunks of K, every cell adds its chunk's PSUM partial into an fp32
 accumulator. Forced onto shapes that cross every tile edge (M, N, K not multiples of 128 / 512,
 a partial last chunk), with each operand form, against eager."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lowering.tiling.matmul as mm
-from lowering.tiling import matmul_plan
+import lowering.tiling.matmul.kernel as mm
+from lowering.tiling.matmul import plan as matmul_plan
 from lowering_helpers import assert_close, lower_and_run
 
 

@@ -1,6 +1,6 @@
 """A projection's bias and the residual stream summed before the products
-(``matmul_cells.residual_plus_bias``: each output tile's evacuation is one add reading PSUM), and
-the up-front A^T transposes of a norm's output unrolled (``matmul_once.load_once``, ``UNROLL_KT``: each
+(``matmul.cells.residual_plus_bias``: each output tile's evacuation is one add reading PSUM), and
+the up-front A^T transposes of a norm's output unrolled (``matmul.once.load_once``, ``UNROLL_KT``: each
 waits only for its own column piece). Checked against eager through torch.compile on trn3 with
 M = 100 rows (a partial m-tile) and N = 768 (a partial 512-column cell), with the sum's tile and
 the unrolled transposes' PSUM cells in the program, and a lost residual or column block caught."""

@@ -1,4 +1,4 @@
-"""Cell-major matmul products (``lowering/tiling/matmul_cells.py``, ``matmul_plan.cell_tail``):
+"""Cell-major matmul products (``lowering/tiling/matmul/cells.py``, ``matmul.plan.cell_tail``):
 where every K tile of both operands is in SBUF when a group starts (a weight loaded ahead, an
 activation transposed once up front), each output cell runs all its K tiles and its epilogue
 follows at once, under the next cell's products.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import neuron_compiler
-from lowering.tiling.matmul_plan import DIRECT, RES_T, Blocking, MatmulShape, cell_tail
+from lowering.tiling.matmul.plan import DIRECT, RES_T, Blocking, MatmulShape, cell_tail
 from lowering.tir.plan import WEIGHT_STREAMS_AHEAD
 from neuron_compiler.testing import assert_ran_on_device
 from runtime_sim.isa import DType

@@ -1,4 +1,4 @@
-"""The transposed matmul form (``Blocking.swap``, lowering/tiling/matmul_transposed.py): out^T =
+"""The transposed matmul form (``Blocking.swap``, lowering/tiling/matmul/transposed.py): out^T =
 B^T A^T, B tiles [128 k, 128 n] stationary and A^T tiles [128 k, m] moving, so a product costs
 its moving size m (at least the 64-cycle LoadStationary minimum) instead of 512 columns of B.
 
@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lowering.tiling.matmul as mm
-from lowering.tiling import matmul_plan
+import lowering.tiling.matmul.kernel as mm
+from lowering.tiling.matmul import plan as matmul_plan
 from lowering_helpers import assert_close, check, lower_and_run, rand
 from runtime_sim.costs import instr_cost
 from runtime_sim.isa import DType, EngineKind, Op, Queue
@@ -71,7 +71,7 @@ CASES = [  # (M, K, N, dtype, target, forced fields)
     (8, 1000, 1300, torch.bfloat16, "trn3", {"out": "pe", "kb": 4}),      # a partial last chunk
     (33, 700, 600, torch.bfloat16, "trn2", {"out": "pe", "kb": 1}),
     (33, 2100, 300, torch.float32, "trn2", {"out": "dma", "kb": 2}),
-    (8, 640, 1100, torch.bfloat16, "trn3", {"a_form": matmul_plan.PE_T}),  # x rows, TensorE transposes
+    (8, 640, 1100, torch.bfloat16, "trn3", {"a_form": matmul.plan.PE_T}),  # x rows, TensorE transposes
     (8, 1024, 700, torch.bfloat16, "trn2", {"whole": True}),   # x^T by one DMA transpose of all of K
     (520, 300, 1024, torch.bfloat16, "trn2", {"out": "pe"}),   # two m-tiles of 512, one of 8 rows
     (520, 200, 1000, torch.float32, "trn3", {"out": "dma"}),

@@ -1,4 +1,4 @@
-"""Wide output stores (lowering/tiling/matmul.py ``_wide_rows``): a matmul whose output goes to
+"""Wide output stores (lowering/tiling/matmul/kernel.py ``_wide_rows``): a matmul whose output goes to
 HBM row-major evacuates each m-tile of a group into one [rows, group columns] tile and stores
 it with one DMA, instead of one DMA of 512 columns (1 KiB runs in bf16) per PSUM tile (GPT-2's
 logits). Checked against eager through torch.compile (weights resident, as a model's are) over

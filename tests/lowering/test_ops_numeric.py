@@ -461,7 +461,7 @@ def test_factories(name, dtype):
 def test_matmul_epilogue_with_iota(case):
     """An elementwise consumer of mm/bmm that reads an on-device iota (arange, tril, causal
     mask) is fused into the matmul epilogue (regression: this used to raise KeyError in
-    tiling/matmul.py)."""
+    tiling/matmul/kernel.py)."""
     fns = {
         "arange": (lambda a, b: (a @ b) + torch.arange(8, dtype=FP32), (4, 8), (8, 8)),
         "tril": (lambda a, b: (a @ b) * torch.ones(8, 8).tril(), (8, 8), (8, 8)),

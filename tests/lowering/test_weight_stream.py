@@ -4,12 +4,12 @@
   of about one DMA fixed phase of data each, never shorter than ``PACE_MIN`` of it, so the
   one-queue weight stream issues no faster than the engines drain it;
 - the row bias of a matmul added when each tile leaves PSUM, from one broadcast tile, instead
-  of a ones-row product per tile on TensorE (``matmul_plan.bias_by_products``), and only where
+  of a ones-row product per tile on TensorE (``matmul.plan.bias_by_products``), and only where
   the weight stream keeps up with the compute;
 - a weight operand that does not fit whole keeps a prefix of its blocks in slots of their own,
   its partial last block in bytes of its own (``matmul._whole_weights``, ``_emit``);
 - the up-front transposes of a resident streamed side get the PSUM banks the blocking leaves
-  free (``matmul_once.once_tp_bufs``);
+  free (``matmul.once.once_tp_bufs``);
 - kernel lifetimes fall back to weights fewer streams ahead before coarse lifetimes
   (``tir.plan.plan_memory``).
 
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import neuron_compiler
-from lowering.tiling.matmul_once import once_tp_bufs as _once_tp_bufs
-from lowering.tiling.matmul_plan import (DIRECT, RES_T, Blocking, MatmulShape, bias_by_products,
+from lowering.tiling.matmul.once import once_tp_bufs as _once_tp_bufs
+from lowering.tiling.matmul.plan import (DIRECT, RES_T, Blocking, MatmulShape, bias_by_products,
                                          footprint)
 from lowering.tiling.stream import PACE_MIN, paced_pieces
 from lowering.tir.plan import WEIGHT_STREAMS_AHEAD

@@ -9,7 +9,7 @@ Invariants
 """
 from __future__ import annotations
 
-from lowering.tiling.matmul_plan import PE_T, RES_T, SBUF_SHARE, Blocking, MatmulShape, footprint
+from lowering.tiling.matmul.plan import PE_T, RES_T, SBUF_SHARE, Blocking, MatmulShape, footprint
 from lowering.tir.affine import aff
 from lowering.tir.builder import Tile, TirBuilder
 from runtime_sim.isa import DType, Memory

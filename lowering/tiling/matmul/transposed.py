@@ -30,7 +30,7 @@ Invariants
   every cell of the group once per K tile.
 - The copies out of PSUM round to the output type only when the epilogue reads the
   accumulator through casts to that type alone (a bare cast, or ``MatmulShape.acc_cast``:
-  ``residual + cast(acc)``; ``matmul_plan.ev_dtype``; the transposes and the epilogue's cast are
+  ``residual + cast(acc)``; ``matmul.plan.ev_dtype``; the transposes and the epilogue's cast are
   then exact), else they stay fp32: the result is the usual form's, value for value.
 - The short-run store reads epilogue inputs and writes the output column-wise in HBM; a tensor
   resident in SBUF has rows on its partitions, so ``out="dma"`` is not a candidate when the
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from lowering.tiling.matmul_plan import BANK, DIRECT, TA, TB, Blocking
+from lowering.tiling.matmul.plan import BANK, DIRECT, TA, TB, Blocking
 from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import DType, Memory
 
@@ -56,7 +56,7 @@ def emit_transposed(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], fold
                     epilogue, bias_row, out_ap, ev: DType) -> None:
     """The loop nest above. ``sa``/``sb``: matmul.py's ``_Side`` views of A and B;
     ``epilogue``: ``matmul._epilogue``; ``bias_row``: ``matmul._bias_row``; ``out_ap``:
-    ``matmul.out_ap``; ``ev``: the type cells leave PSUM as (``matmul_plan.ev_dtype``)."""
+    ``matmul.out_ap``; ``ev``: the type cells leave PSUM as (``matmul.plan.ev_dtype``)."""
     A = k.ins[0]
     *batch, M, K = A.shape
     N = k.ins[1].shape[-1]

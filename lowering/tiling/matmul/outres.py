@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from lowering.tiling.matmul_plan import PE_T, RES_T, Blocking
+from lowering.tiling.matmul.plan import PE_T, RES_T, Blocking
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
 from runtime_sim.isa import AluOp, DType, EngineKind, Memory

@@ -1,10 +1,10 @@
-"""Tiling of MATMUL kernels on TensorE: blocked loop nests chosen by ``matmul_plan``.
+"""Tiling of MATMUL kernels on TensorE: blocked loop nests chosen by ``matmul.plan``.
 
 ``out[b] = A[b] @ B[b]`` over any leading batch axes, with A [M, K], B [K, N]. TensorE computes
 ``psum[m, n] (+)= stationary[k, m].T @ moving[k, n]`` with K on partitions (<= 128), the
 stationary free size M <= 128 and the moving free size N <= 512 (one fp32 PSUM bank). Both
 operands are needed as [K on partitions, free] tiles: A^T for the stationary side, B for the
-moving side. Each side is obtained by its *form* (``matmul_plan.operand_form``): a direct DMA
+moving side. Each side is obtained by its *form* (``matmul.plan.operand_form``): a direct DMA
 when the free axis is contiguous in HBM; a DMA transpose (2-byte types, trn2+) when K is the
 contiguous axis (a row-major A, or the W^T of a linear layer); else rows loaded row-major and
 transposed on TensorE through PSUM.
@@ -19,30 +19,30 @@ Loop nest (resident A; resident B is the mirror image), per batch index:
             for m-tile, n-tile: epilogue(psum) -> SBUF -> store
 Where every K tile of both sides is in SBUF when a group starts (a weight loaded ahead, an
 activation transposed once), the group's products run cell-major instead, each cell's epilogue
-under the next cell's products (``matmul_cells.py``, ``matmul_plan.cell_tail``).
+under the next cell's products (``matmul/cells.py``, ``matmul.plan.cell_tail``).
 The epilogue (bias, activation, cast, fused consumers) is evaluated while evacuating PSUM; a
-row bias is either folded into the accumulation, its row loaded once, whole (``matmul_cells.bias_row``), or
-added while evacuating from one broadcast tile per kernel (``matmul_cells.bias_bcast``), whichever
-``matmul_plan.bias_by_products`` prefers; weights come in paced pieces of about one DMA fixed
+row bias is either folded into the accumulation, its row loaded once, whole (``matmul.cells.bias_row``), or
+added while evacuating from one broadcast tile per kernel (``matmul.cells.bias_bcast``), whichever
+``matmul.plan.bias_by_products`` prefers; weights come in paced pieces of about one DMA fixed
 phase each (``stream.paced_pieces``, ``_Side.pieces``); a weight operand too big to keep whole
 keeps a prefix of its blocks in slots of their own (``_whole_weights``); an output going to
 HBM in short 512-column runs is evacuated per m-tile into one tile of the group's columns and
 stored by one DMA (``_wide_rows``). A per-K scale/shift of A (a folded layer-norm affine) is
-applied where A^T tiles are made (``matmul_prologue.py``). A resident block
+applied where A^T tiles are made (``matmul/prologue.py``). A resident block
 of short plain rows loads G K tiles per DMA (``_kgroup``: K groups, G consecutive rows per
 partition), the K loops then running over groups and tiles within them.
 Partial tiles (M, N, K not multiples of the tile sizes) are the peeled tails of each loop.
 A third form keeps the output block in SBUF and streams both operands in chunks of K
-(``resident="C"``, matmul_outres.py) when PSUM would bound the block. A fourth, transposed form
+(``resident="C"``, matmul/outres.py) when PSUM would bound the block. A fourth, transposed form
 computes ``out^T = B^T A^T`` with B tiles [128 k, 128 n] as the stationary operand and A^T tiles
-[128 k, <= 512 m] as the moving one (``Blocking.swap``, matmul_transposed.py): a product costs
+[128 k, <= 512 m] as the moving one (``Blocking.swap``, matmul/transposed.py): a product costs
 its moving size m instead of 512 columns of B, for few rows (a decode step) or a partial last
 m-tile; it is a candidate only where that saves TensorE time, and never for fp8 double-row K
 tiles (the note says so). fp8 operands on trn2/trn3 take K tiles of 256 in TensorE's double-row
-mode (matmul_fp8.py; not in the third or fourth form). A resident block of a few rows whose K
+mode (matmul/fp8.py; not in the third or fourth form). A resident block of a few rows whose K
 tiles, loaded one by one, would each be bound by the DMA's fixed phase comes by one DMA of all
 of K (``Blocking.whole``, ``_Side.load_whole``: a decode step's x^T); so does a streamed side of
-a few such rows (``matmul_plan.stream_whole``), and one row resident in SBUF reaches [128, K/128]
+a few such rows (``matmul.plan.stream_whole``), and one row resident in SBUF reaches [128, K/128]
 by TensorE transposes where those beat the DMA's fixed phase (``_Side._transpose_row``). A
 one-row kernel's streamed weights get a slot for every load (``_stream_ahead``).
 """
@@ -54,18 +54,18 @@ from dataclasses import dataclass, replace
 from lowering.errors import Unsupported
 from lowering.kir import EOp, Expr, KOp, MatmulKAttrs
 from lowering.tiling.exprgen import ExprGen, count_intermediates
-from lowering.tiling.matmul_cells import (Slice, acc_cast, bias_bcast, bias_products, bias_row,
+from lowering.tiling.matmul.cells import (Slice, acc_cast, bias_bcast, bias_products, bias_row,
                                           residual_plus_bias,
                                           boff, cell_operands, cell_tile, emit_cells)
-from lowering.tiling.matmul_fp8 import KPack, k_pack
-from lowering.tiling.matmul_once import load_once, once_tp_bufs, transpose_once
-from lowering.tiling.matmul_outres import emit_outres
-from lowering.tiling.matmul_prologue import APrologue, Prologue
-from lowering.tiling.matmul_plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
+from lowering.tiling.matmul.fp8 import KPack, k_pack
+from lowering.tiling.matmul.once import load_once, once_tp_bufs, transpose_once
+from lowering.tiling.matmul.outres import emit_outres
+from lowering.tiling.matmul.prologue import APrologue, Prologue
+from lowering.tiling.matmul.plan import (DIRECT, DMA_T, PE_T, RES_T, Blocking, MatmulShape,
                                          SBUF_SHARE, bias_by_products, choose_blocking, ev_dtype,
                                          stream_whole,
                                          cell_tail, footprint, operand_form, staged, AHEAD_SHARE)
-from lowering.tiling.matmul_transposed import emit_transposed
+from lowering.tiling.matmul.transposed import emit_transposed
 from lowering.tiling.stream import paced_pieces, row_by_transposes, stream_loads
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
@@ -90,14 +90,14 @@ class _Side:
     F: int
     form: str
     tp_bufs: int = 2      # PSUM slots per TensorE-transpose load site
-    pro: Prologue | None = None     # made as its tiles leave PSUM or arrive (matmul_prologue.py)
+    pro: Prologue | None = None     # made as its tiles leave PSUM or arrive (matmul/prologue.py)
 
     def base(self, bidx: tuple[Affine, ...]) -> Affine:
         return self.ref.offset + sum((i * st for i, st in zip(bidx, self.ref.strides[:-2])), aff(0))
 
     def stage(self, b: TirBuilder, bbase: Affine, f0: Affine, fw: int, K: int, always: bool = False,
               k0: Affine | int = 0, bufs: int = 2, tile: Tile | None = None, tile_off: int = 0):
-        """PE_T operands whose rows fit (``matmul_plan.staged``, or any PE_T operand with
+        """PE_T operands whose rows fit (``matmul.plan.staged``, or any PE_T operand with
         ``always``): rows f0 .. f0+fw of X^T, K columns from ``k0`` (default: all of K), in one
         tile ([128 rows, K] per 128 of fw, one DMA for all of them when every chunk is full), for
         ``load`` to transpose from (its k0 then counts from the staged ``k0``); None otherwise
@@ -189,7 +189,7 @@ class _Side:
         return self.kstride == 1 and self.fstride == K and K % TK == 0
 
     def load_whole(self, b: TirBuilder, dst: Tile, bbase: Affine, f0: Affine, fw: int, K: int) -> None:
-        """Rows f0 .. f0+fw of X^T, all K tiles, by one DMA (``matmul_plan.whole_block``), K tile
+        """Rows f0 .. f0+fw of X^T, all K tiles, by one DMA (``matmul.plan.whole_block``), K tile
         j at element ``j * fw`` (the layout of one load per K tile): a direct operand by one
         strided DMA; one read by DMA transposes (rows back to back, ``packed``) by one 2-D
         transpose of the rows viewed as [fw * K/128, 128] (row ``f * Kt + j`` is K tile j of row
@@ -275,7 +275,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
     prologue = bool(k.attrs.prologue_inputs)
     used = sorted(epi.loads()) if epi is not None else []
     kp = KPack(k_pack(A.dtype, t))
-    no_swap = "fp8 double-row K tiles (matmul_fp8.py)" if kp.pack > 1 else ""
+    no_swap = "fp8 double-row K tiles (matmul/fp8.py)" if kp.pack > 1 else ""
     no_dma_out = ("the output or an epilogue input is resident in SBUF (rows on partitions: "
                   "no column-wise store)" if any(b.is_resident(x.buffer) for x in
                                                  [out] + [k.ins[i] for i in used]) else "")
@@ -334,7 +334,7 @@ def tile_matmul(b: TirBuilder, k: KOp) -> None:
         ctail = cell_tail(shape, best, t, WEIGHT_STREAMS_AHEAD) if once else 0
         if ctail:
             b.note("matmul: cell-major products, each cell's epilogue under the next cell's "
-                   "products (matmul_cells.py)")
+                   "products (matmul/cells.py)")
         _emit(b, k, sa, sb, best, used, folded, once, kp, tuple(bcast), ctail, swhole)
 
 
@@ -494,10 +494,10 @@ def _prod(xs) -> int:
 def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[int],
           folded: list[int], once: bool = False, kp: KPack = KPack(),
           bcast: tuple[int, ...] = (), ctail: int = 0, swhole: bool = False) -> None:
-    """The resident/streamed loop nest; ``once`` (``matmul_once.transpose_once``): the streamed side's K
+    """The resident/streamed loop nest; ``once`` (``matmul.once.transpose_once``): the streamed side's K
     tiles are transposed into one tile before the block loop and read by every block; ``kp``:
-    the K packing (``matmul_fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
-    the last ``ctail`` K tiles of a group run cell-major (``matmul_cells.py``)."""
+    the K packing (``matmul.fp8``: fp8 double-row K tiles of 256); ``ctail``: with ``once``,
+    the last ``ctail`` K tiles of a group run cell-major (``matmul/cells.py``)."""
     A = k.ins[0]
     *batch, M, K = A.shape
     dt = A.dtype
@@ -516,9 +516,9 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
         rows = {fi: bias_row(b, k, fi, bidx) for fi in folded}
         pre = {fi: bias_bcast(b, k, fi, bidx, _ahead(b, k.ins[fi])) for fi in bcast}
         pair = residual_plus_bias(b, k, pre, bidx) if pre and c.resident != "C" else None
-        if pair is not None:      # the epilogue as one add reading PSUM (matmul_cells.py)
+        if pair is not None:      # the epilogue as one add reading PSUM (matmul/cells.py)
             k, used = pair
-        if swhole:      # one DMA of all K tiles (``matmul_plan.stream_whole``)
+        if swhole:      # one DMA of all K tiles (``matmul.plan.stream_whole``)
             tall = b.tile("strT", Memory.SBUF, TK, Kt * strm.F, dt)
             strm.load_whole(b, tall, sbase, aff(0), strm.F, K)
         elif once:
@@ -568,7 +568,7 @@ def _emit(b: TirBuilder, k: KOp, sa: _Side, sb: _Side, c: Blocking, used: list[i
                         for j0, jw in b.tiled(sw, st, "j"):
                             kp.matmul(b, *cell_operands(kp, c, acc, blk, sblk, kt, koff, i0, iw, j0,
                                                         jw, rw, sw, rt, st, nr, ns), first)
-                if split < nch:      # the last K tiles cell-major (matmul_cells.py)
+                if split < nch:      # the last K tiles cell-major (matmul/cells.py)
                     emit_cells(b, kp, c, acc, blk, tall, strm.F,
                                lambda: _ktiles(b, K, G, "kc", TK, lo=split),
                                rw, sw, r0, s0, rt, st, nr, ns, [rows[fi] for fi in folded],
@@ -679,10 +679,10 @@ def _epilogue(b: TirBuilder, k: KOp, used: list[int], bidx, m0: Affine, mt: int,
     ``into``: an SBUF access of the output's dtype to compute the result into (default: a
     tile of the epilogue's own). ``store=False`` (with ``into``): leave the result there and
     return it for the caller to store (None when the output is resident in SBUF: done).
-    ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul_transposed.py): N
+    ``tr``: the tile is transposed, ``acc`` [nt on partitions, mt] (matmul/transposed.py): N
     runs on partitions and M along the free dim, inputs and output are read and written
     column-wise (never resident: ``MatmulShape.no_dma_out``). ``pre``: inputs already in
-    SBUF for the whole kernel (``matmul_cells.bias_bcast``), by input index."""
+    SBUF for the whole kernel (``matmul.cells.bias_bcast``), by input index."""
     out = k.outs[0]
     P, F = (nt, mt) if tr else (mt, nt)
     p0, f0 = (n0, m0) if tr else (m0, n0)

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from lowering.kir import EOp, Expr, KOp
-from lowering.tiling.attention_steps import F32, _score_tile
+from lowering.tiling.attention.steps import F32, _score_tile
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder
 from runtime_sim.isa import AluOp, DType, EngineKind, Memory

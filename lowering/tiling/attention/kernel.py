@@ -22,7 +22,7 @@ Across groups (long sequences, ``_groups`` / ``_causal_groups``): group g+1's st
 and first key block are issued ahead of group g's last stage, on two alternating sets of group
 state and one set of score banks shared by every group; the unrolled copies of each stage are
 ``TirBuilder.replica`` blocks (scheduled alike, as one loop body) with one slot per tile
-(``single_slot``). The steps on one key block are in ``attention_steps.py``.
+(``single_slot``). The steps on one key block are in ``attention/steps.py``.
 
 m starts at the lowest finite fp32 value, so fully masked rows never compute inf - inf: their
 sum stays 0 and O / l is 0 / 0 = NaN as in eager softmax, or 0 with ``safe`` (torch's
@@ -41,16 +41,16 @@ import numpy as np
 
 from lowering.errors import Unsupported
 from lowering.kir import ATTENTION_MAX_DV, AttentionKAttrs, KOp
-from lowering.tiling.attention_bias import bias_tiles, invariant_bias, pe_bias_tiles
-from lowering.tiling.attention_decode import decode_fits, tile_decode
-from lowering.tiling.attention_rows import rows_fits, tile_rows
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _boff, _cols,
+from lowering.tiling.attention.bias import bias_tiles, invariant_bias, pe_bias_tiles
+from lowering.tiling.attention.decode import decode_fits, tile_decode
+from lowering.tiling.attention.rows import rows_fits, tile_rows
+from lowering.tiling.attention.steps import (F32, KB, LOWEST, QB, TINY, _Cols, _Part, _Rows, _boff, _cols,
                                              _diag_offsets, _early, _finish, _late, _load_k, _load_v, _mask_tile,
                                              _o_shares_bank, _pt_bytes, _qk, _score_tile, _store,
                                              _transpose_block, _v_rows)
-from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_prologue import ScaleBy
-from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
+from lowering.tiling.matmul.kernel import _Side
+from lowering.tiling.matmul.prologue import ScaleBy
+from lowering.tiling.matmul.plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP

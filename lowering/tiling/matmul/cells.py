@@ -10,7 +10,7 @@ one after another on the evacuation engines, while TensorE waits for the next ke
 QKV projection on trn3: five [128, 512] bias adds after its last product).
 
 When every K tile of both operands is in SBUF before the group's products start (a resident
-block of all of K, and a streamed side transposed once up front, ``matmul_once.transpose_once``),
+block of all of K, and a streamed side transposed once up front, ``matmul.once.transpose_once``),
 the products can run cell-major instead (for each cell, every K tile), and each cell's
 epilogue runs as soon as its last product is done, under the next cell's products: only the
 last cell's epilogue follows the group. The same products accumulate in the same order per
@@ -20,14 +20,14 @@ Invariants
 - A cell's accumulation group opens at its first K tile (``start_when``) and closes with its
   last product (a folded row bias's ones-row product comes last, as in the K-major order).
 - Cell-major order is emitted only where ``cellwise`` says every K tile is in SBUF
-  (``matmul_plan.cellwise`` prices it, ``matmul_plan.estimate``'s drain).
+  (``matmul.plan.cellwise`` prices it, ``matmul.plan.estimate``'s drain).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from lowering.kir import EOp, Expr, KOp
-from lowering.tiling.matmul_plan import Blocking
+from lowering.tiling.matmul.plan import Blocking
 from lowering.tiling.stream import paced_pieces
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import Tile, TirBuilder, hbm_ap
@@ -42,7 +42,7 @@ def cell_operands(kp, c: Blocking, acc: Tile, blk, sblk, kt: int, koff, i0, iw: 
                   ) -> tuple[TAP, TAP, TAP]:
     """(destination, stationary, moving) of the product of K tile (``kt`` rows; the resident
     block's K tile at ``koff``) for the cell at resident offset ``i0`` and streamed offset
-    ``j0``; ``kp``: the K packing (``matmul_fp8.KPack``)."""
+    ``j0``; ``kp``: the K packing (``matmul.fp8.KPack``)."""
     ia, ja = i0 // rt, j0 // st          # tile indices (affine)
     if c.resident == "A":
         cell = (ia * ns + ja) * TN
@@ -115,7 +115,7 @@ def bias_row(b: TirBuilder, k: KOp, fi: int, bidx) -> Tile:
 
 def bias_bcast(b: TirBuilder, k: KOp, fi: int, bidx, ahead: bool) -> Tile:
     """A row bias (``matmul.fold_row_bias``'s inputs) added when evacuating PSUM instead
-    (``matmul_plan.bias_by_products``): the whole row on every partition of an m-tile, loaded
+    (``matmul.plan.bias_by_products``): the whole row on every partition of an m-tile, loaded
     once per batch index before the blocks by one DMA reading it with partition stride 0 (a
     weight, ``ahead``: it streams ahead with the kernel's weights, in paced pieces,
     ``stream.paced_pieces``), each output tile's epilogue reading its columns."""
@@ -206,7 +206,7 @@ def boff(ref, bidx) -> Affine:
 def acc_cast(epi: Expr | None, dt: DType) -> bool:
     """The epilogue reads the accumulator only as ``cast(acc)`` to ``dt`` (GPT-2's MLP:
     ``gelu(cast(acc))`` once its bias is folded): the accumulator may leave PSUM rounded to
-    ``dt``, the rounding that cast does anyway (``matmul_plan.ev_dtype``)."""
+    ``dt``, the rounding that cast does anyway (``matmul.plan.ev_dtype``)."""
     def acc(e: Expr) -> bool:       # the accumulator, or a cast of it to fp32 (its own type)
         return e.op is EOp.ACC or (e.op is EOp.CAST and e.dtype is DType.FP32 and acc(e.args[0]))
 

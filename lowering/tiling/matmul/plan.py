@@ -10,8 +10,8 @@ streams the other:
 The PSUM accumulators of one group (block x group tiles, one bank each) stay in PSUM for the
 whole K loop, so a block is at most ``psum_banks`` tiles. ``resident="C"`` keeps the output
 block (``block`` m-tiles x ``group`` n-tiles) in SBUF as fp32 accumulators instead and streams
-both operands in chunks of ``kacc`` K tiles (``matmul_outres.py``): bounded by SBUF, not PSUM.
-A *transposed* candidate (``swap``, ``matmul_transposed.py``) computes ``out^T = B^T A^T``: B
+both operands in chunks of ``kacc`` K tiles (``matmul/outres.py``): bounded by SBUF, not PSUM.
+A *transposed* candidate (``swap``, ``matmul/transposed.py``) computes ``out^T = B^T A^T``: B
 tiles [128 k, 128 n] are the stationary operand and A^T tiles [128 k, <= 512 m] the moving one,
 so an instruction costs its moving size M (at least the 64-cycle LoadStationary minimum) instead
 of 512 columns of B; A^T stays resident (blocks of m-tiles of 512), B streams in groups of
@@ -84,7 +84,7 @@ class MatmulShape:
     epi_inputs: tuple[DType, ...] = ()   # full-shape epilogue inputs
     epi_tiles: int = 2    # SBUF tiles the epilogue evaluates per output tile
     no_outres: bool = False   # no resident="C" candidates (a row bias folded into PSUM)
-    k_pack: int = 1       # K rows per partition of a K tile (2: fp8 double-row, matmul_fp8.py)
+    k_pack: int = 1       # K rows per partition of a K tile (2: fp8 double-row, matmul/fp8.py)
     no_swap: str = ""     # why the transposed form is refused ("" when it is a candidate)
     no_dma_out: str = ""  # why its short-run store (out="dma") is refused
     cast_only: bool = False  # the epilogue only casts the accumulator (no epilogue, or a cast)
@@ -460,7 +460,7 @@ def ev_dtype(s: MatmulShape) -> DType:
 
 
 def _estimate_transposed(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> tuple[float, dict]:
-    """The transposed form (``matmul_transposed.py``): per block of A^T, every group of B
+    """The transposed form (``matmul/transposed.py``): per block of A^T, every group of B
     n-tiles streams through in chunks of ``kb`` K tiles; each product costs its own moving
     width (``_Probe.matmul``); the cells go back to [m, n] by TensorE transposes and the usual
     epilogue (``out="pe"``) or by the epilogue on [n, m] and element-run stores (``"dma"``)."""
@@ -570,7 +570,7 @@ def stream_slots(s: MatmulShape, c: Blocking, t: Target, pr: _Probe) -> int:
 
 
 def cell_tail(s: MatmulShape, c: Blocking, t: Target, ahead: int) -> int:
-    """K tiles at the end of a group whose products run cell-major (``matmul_cells.py``; only
+    """K tiles at the end of a group whose products run cell-major (``matmul/cells.py``; only
     where every K tile of both sides is in SBUF when the group starts): all of them when the
     resident operand is a weight the schedule loads ahead (``ahead``: weight-streaming kernels,
     ``tir.plan.WEIGHT_STREAMS_AHEAD``) and ``ahead`` kernels' weights of its size fit the share
@@ -603,7 +603,7 @@ def footprint(s: MatmulShape, c: Blocking, t: Target) -> tuple[int, int]:
             if form in (PE_T, RES_T):
                 if form == PE_T:     # a chunk's rows (A: two slots, staged two chunks ahead)
                     sb += slots * -(-F // 128) * min(s.K, c.kacc * 128) * isz
-                tps += 1             # one bank: matmul_outres.TP_BUFS slots of [128, 128]
+                tps += 1             # one bank: matmul.outres.TP_BUFS slots of [128, 128]
         return sb, c.acc_bufs + tps
     if c.swap:
         return _footprint_transposed(s, c, t)

@@ -1,4 +1,4 @@
-"""Choices of the two-phase attention path (``attention_rows.py``), each made by pricing
+"""Choices of the two-phase attention path (``attention/rows.py``), each made by pricing
 candidate tile bodies with the simulator's cost table (``estimate.profile``): which key blocks'
 exps go to VectorE's fast exponential, which P^T copies to ScalarE (NC-v4) and whether the row
 sums come from the second product (``exp_plan``, by the softmax pipeline's time per query
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lowering.tiling.attention_steps import F32, KB, MDT, QB, _cols, _half_max, _ones_column
+from lowering.tiling.attention.steps import F32, KB, MDT, QB, _cols, _half_max, _ones_column
 from lowering.tiling.estimate import profile, scratch
 from lowering.tir.builder import hbm_ap
 from lowering.tir.schedule import probe_instr

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowering.tiling.matmul_plan import DIRECT, PE_T, RES_T
+from lowering.tiling.matmul.plan import DIRECT, PE_T, RES_T
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from lowering.tir.ir import TAP

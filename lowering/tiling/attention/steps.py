@@ -1,4 +1,4 @@
-"""The steps of flash attention on one key block (tiling/attention.py composes them): K^T and
+"""The steps of flash attention on one key block (tiling/attention/kernel.py composes them): K^T and
 V loads, the first product, the online-softmax phases (row max on VectorE/GpSimdE, exp and row
 sums on ScalarE, statistics updates), the P^T transposes through the score bank, the second
 product with the accumulator update, and a query block's results (normalisation and epilogue).
@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from lowering.kir import EOp, Expr, KOp
 from lowering.tiling.exprgen import ExprGen
-from lowering.tiling.matmul import _Side
+from lowering.tiling.matmul.kernel import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder, hbm_ap
 from lowering.tir.ir import TAP
@@ -260,7 +260,7 @@ def _ones_column(pdt: DType, Dv: int, t) -> bool:
     column of ones (P @ [V | 1] = [P V | sum P], one more moving column) instead of its exps'
     sums: when the output [128, Dv + 1] still fits a PSUM bank, sharing the last score bank
     whenever [128, Dv] would. Whether it does is the cost model's choice
-    (``attention_plan.exp_plan``)."""
+    (``attention.plan.exp_plan``)."""
     return ((Dv + 1) * 4 <= t.psum_bank_bytes
             and _o_shares_bank(pdt, Dv + 1, t) == _o_shares_bank(pdt, Dv, t))
 

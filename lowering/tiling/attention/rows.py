@@ -1,5 +1,5 @@
 """Attention whose whole score row fits PSUM: an exact two-phase softmax per query block, no
-running statistics (tiling/attention.py dispatches here).
+running statistics (tiling/attention/kernel.py dispatches here).
 
 When every key of a query block fits the score banks of one parity (``Sk <= 4 * 512`` keys in
 four [128, 512] fp32 banks), a query block needs no online softmax: its scores stay in PSUM
@@ -52,12 +52,12 @@ Invariants
 from __future__ import annotations
 
 from lowering.kir import KOp
-from lowering.tiling.attention_plan import (block_busy, dma_transposes, exp_plan, norm_engine,
+from lowering.tiling.attention.plan import (block_busy, dma_transposes, exp_plan, norm_engine,
                                             spare_engine)
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
+from lowering.tiling.attention.steps import (F32, KB, LOWEST, MDT, QB, TINY, _Cols, _cols, _diag_offsets, _half_max,
                                              _load_k, _load_v, _mask_tile, _o_shares_bank,
                                              _pt_bytes, _score_tile, _store, _transpose_block, _v_rows)
-from lowering.tiling.matmul import _Side
+from lowering.tiling.matmul.kernel import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory

@@ -1,5 +1,5 @@
 """Decode attention: one query per head (an LLM's decode step over its KV cache), every head of a
-batch item at once, heads on partitions (tiling/attention.py dispatches here).
+batch item at once, heads on partitions (tiling/attention/kernel.py dispatches here).
 
 With one query row per head, the per-head flash-attention loop runs [1, 512] instructions whose
 fixed costs dwarf their work. Here the H heads of a batch item share every instruction but the
@@ -67,12 +67,12 @@ from contextlib import ExitStack, contextmanager
 
 from lowering.errors import LoweringError
 from lowering.kir import EOp, Expr, KOp
-from lowering.tiling.attention_rows import MAX_KEY_BLOCKS
-from lowering.tiling.attention_steps import (F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part,
+from lowering.tiling.attention.rows import MAX_KEY_BLOCKS
+from lowering.tiling.attention.steps import (F32, KB, LOWEST, TINY, _boff, _cols, _only_casts, _Part,
                                              _row_broadcast, _score_tile)
 from lowering.tiling.exprgen import ExprGen
-from lowering.tiling.matmul import _Side
-from lowering.tiling.matmul_plan import DMA_T, PE_T, RES_T, operand_form
+from lowering.tiling.matmul.kernel import _Side
+from lowering.tiling.matmul.plan import DMA_T, PE_T, RES_T, operand_form
 from lowering.tir.affine import aff
 from lowering.tir.builder import TirBuilder, hbm_ap
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory, Op, SelectAttrs
@@ -433,7 +433,7 @@ def _additive(score: Expr | None) -> Expr | None:
 def _bias_tile(b: TirBuilder, k: KOp, x: Expr, bidx, H: int, k0: int, kw: int, p_axis: int):
     """``x`` (no ACC in it) on the [H, kw] block of keys from ``k0`` in its own dtype: heads on
     partitions (output axis ``p_axis``), the query index 0; its LOAD and INDEX leaves as
-    ``attention_steps._score_tile`` reads them."""
+    ``attention.steps._score_tile`` reads them."""
     out_rank = len(k.outs[0].shape)
     loads: dict[int, object] = {}
 
