@@ -60,9 +60,15 @@ from lowering.tiling.attention.steps import (F32, KB, LOWEST, MDT, QB, TINY, _Co
 from lowering.tiling.matmul.kernel import _Side
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import ELEMENTWISE, TirBuilder
+from lowering.tir.pipelined import Stage, pipelined
 from runtime_sim.isa import ActFunc, AluOp, DType, EngineKind, Memory
 
 MAX_KEY_BLOCKS = 4
+# a row of units (every item's units in its order, items one after another), step t: unit t's
+# late stage, the next item's K/V loads placed at unit t, unit t+1's products and row max
+# beside unit t's transposes, unit t's remaining transposes, unit t+1's exps, unit t's rest
+ROW_STAGES = tuple(Stage(n, lag, same_schedule=False)
+                   for n, lag in (("L", 0), ("KV", 0), ("E", -1), ("TP", 0), ("X", -1), ("R", 0)))
 
 
 def rows_fits(k: KOp, Sq: int, Sk: int, Dv: int, t, tp_banks: int) -> bool:
@@ -440,51 +446,71 @@ def tile_rows(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, outer: tuple[Affine, 
         after the short rows."""
         return list(range(NU))[::-1 if hh % 2 else 1]
 
-    def item(h: Affine, hh: int, last: bool) -> None:
-        """Item h (its K/V in set hh): every unit's late stage, each after the next unit's
-        early stage (the next item's first, with its K/V loads, unless ``last``)."""
-        od, nod = order(hh), order(1 - hh)
-        for p, i in enumerate(od):
-            u = (hh * NU + p) % 2
-            tp, sums, rest = late(h, hh, i, u, od[p + 1] if p + 1 < NU else nod[0])
-            # with background transposes, unit i's transposes run beside unit i+1's products
-            between = tp if interleave else None
-            exps = None
-            if not last and prescale:
+    N, depth = nh * NU, 2 * NU       # units of every item in a row; one trip: two items
+    box: dict[int, tuple] = {}       # slot -> (tp, sums) of the unit whose late stage ran last
+
+    def unit(g: int | Affine, slot: int):
+        """(item, K/V set, position in the item's order, unit id) of unit ``g`` of the row."""
+        hh, p = slot // NU % 2, slot % NU
+        return (g - slot) // depth * 2 + slot // NU, hh, p, order(hh)[p]
+
+    def body(g: int | Affine, slot: int):
+        """Unit g's stages (step t: L(t) KV(t) E(t+1) TP(t) X(t+1) R(t)): its late stage (L:
+        transposes and the rest, made, TP and R issue them), the next item's K^T and V loads
+        placed at this unit (KV), its early stage (E: products beside the previous unit's
+        transposes, row max and statistics) and exps (X)."""
+        h, hh, p, i = unit(g, slot)
+        u, last = slot % 2, isinstance(h, int) and h == nh - 1   # the loop holds no last item
+        h = aff(h)
+        at: dict = {}
+        nxt_id = order(hh)[p + 1] if p + 1 < NU else order(1 - hh)[0]
+
+        def late_stage() -> None:
+            at["late"] = late(h, hh, i, u, nxt_id)
+            box[slot] = at["late"][:2]
+
+        def kv_stage() -> None:
+            if last:
+                return
+            if prescale:
                 # the next item's K^T (scaled on load) and V: one key block per unit from the
                 # first, so each scale takes one instruction's room in its engine's queue
                 cs = tuple(c for c in range(nk) if min(c, NU - 1) == p)
                 if cs:
                     load_kv(h + 1, 1 - hh, cs=cs)
-            elif not last and p == NU - 1:
+            elif p == NU - 1:
                 # the next item's K^T and V ahead of its first products, with the last unit
                 load_kv(h + 1, 1 - hh)
-            if p + 1 < NU:
-                nxt = (h, od[p + 2]) if p + 2 < NU else None if last else (h + 1, nod[0])
-                exps = early(h, hh, od[p + 1], (u + 1) % 2, nxt, between=between, before_m=sums)
-            elif not last:
-                exps = early(h + 1, 1 - hh, nod[0], (u + 1) % 2, (h + 1, nod[1 % NU]), between=between,
-                             before_m=sums)
-            else:
-                between = None
+
+        def early_stage() -> None:
+            if isinstance(g, int) and g == 0:
+                # the first products wait for the first Q^T and the K^T blocks only: those
+                # loads go first, the first row's Q^T and the first K^T block ahead of the rest
+                load_q(aff(0), 0, 0, rows=(0,))
+                load_kv(aff(0), 0, v=False, cs=(0,))
+                load_q(aff(0), 0, 0, rows=tuple(range(1, len(units[0]))))
+                load_kv(aff(0), 0, v=False, cs=tuple(range(1, nk)))
+                at["exps"] = early(aff(0), 0, 0, 0, (aff(0), 1 % NU))
+                return
+            tp, sums = box[(slot - 1) % depth]
+            # with background transposes, the previous unit's transposes run beside this
+            # unit's products
+            nh2, _, _, ni = unit(g + 1, (slot + 1) % depth)
+            nxt = None if isinstance(g, int) and g + 1 >= N else (nh2, ni)
+            at["exps"] = early(h, hh, i, u, nxt, between=tp if interleave else None,
+                               before_m=sums)
+
+        def tp_stage() -> None:
+            tp = at["late"][0]
             for s in range(nk):     # (those no product of the next unit ran beside)
                 tp(s)
-            if exps is not None:
-                exps()
-            rest()
 
-    # the first products wait for the first Q^T and the K^T blocks only: those loads go first,
-    # the first row's Q^T and the first K^T block ahead of the rest
-    load_q(aff(0), 0, 0, rows=(0,))
-    load_kv(aff(0), 0, v=False, cs=(0,))
-    load_q(aff(0), 0, 0, rows=tuple(range(1, len(units[0]))))
-    load_kv(aff(0), 0, v=False, cs=tuple(range(1, nk)))
-    early(aff(0), 0, 0, 0, (aff(0), 1 % NU))()
-    load_kv(aff(0), 0, k=False)
-    pairs = (nh - 1) // 2            # loop iterations: items 2i, 2i+1, each followed by another
-    if pairs:
-        with b.single_slot_loop(pairs, "h") as i:
-            item(2 * i, 0, False)
-            item(2 * i + 1, 1, False)
-    for h in range(2 * pairs, nh):   # the rest, unrolled (the last one starts no successor)
-        item(aff(h), h % 2, h == nh - 1)
+        def exps_stage() -> None:
+            at["exps"]()
+            if isinstance(g, int) and g == 0:
+                load_kv(aff(0), 0, k=False)
+
+        return {"L": late_stage, "KV": kv_stage, "E": early_stage, "TP": tp_stage,
+                "X": exps_stage, "R": lambda: at["late"][2]()}
+
+    pipelined(b, N, ROW_STAGES, body, depth=depth, hint="h")
