@@ -106,7 +106,7 @@ class TirBuilder:
         self.prefix = ""
         self._stack: list[list[Stmt]] = [[]]
         self._open: list[str] = []          # open loop variables, outermost first
-        self._single_scopes: set[str] = set()   # loops whose tiles get one slot (single_slot)
+        self._single_scopes: set[str] = set()   # loops whose tiles get one slot (_single_slot)
         self._replicas: dict[str, list[tuple[int, Op]]] = {}   # key -> first copy's (sid, op)
         self._copying: list = []                # open replica blocks: [first copy, position]
         self._counts: dict[str, int] = {}
@@ -226,8 +226,10 @@ class TirBuilder:
             if body:
                 self._stack[-1].append(Loop(var, count, tuple(body)))
 
+    # -- the pipelining construct's hooks (lowering/tir/pipelined.py alone calls them; a tiler
+    # -- pipelines through the construct, tests/lowering/test_pipelined.py checks) ------------
     @contextlib.contextmanager
-    def replica(self, key: str) -> Iterator[None]:
+    def _replica(self, key: str) -> Iterator[None]:
         """The instructions emitted inside repeat, in order, those emitted inside the first block
         under the same ``key`` (a hand-unrolled iteration of one body): each gets
         ``copy_of`` = its counterpart's sid, so the schedule pass treats them as one loop body
@@ -245,9 +247,9 @@ class TirBuilder:
                 self._replicas[key] = rec[2]
 
     @contextlib.contextmanager
-    def single_slot(self) -> Iterator[None]:
+    def _single_slot(self) -> Iterator[None]:
         """Inside the block, tiles allocated directly in the loops open at its start, or in loops
-        opened by ``single_slot_loop``, get one slot whatever they ask for: for bodies unrolled
+        opened by ``_single_slot_loop``, get one slot whatever they ask for: for bodies unrolled
         so that a tile's uses in consecutive iterations are far apart (a second slot would only
         cost SBUF). Loops opened otherwise inside the block keep their tiles' slots."""
         added = set(self._open) - self._single_scopes
@@ -258,8 +260,8 @@ class TirBuilder:
             self._single_scopes -= added
 
     @contextlib.contextmanager
-    def single_slot_loop(self, count: int, hint: str = "i") -> Iterator[Affine]:
-        """``loop`` whose directly allocated tiles get one slot (see ``single_slot``)."""
+    def _single_slot_loop(self, count: int, hint: str = "i") -> Iterator[Affine]:
+        """``loop`` whose directly allocated tiles get one slot (see ``_single_slot``)."""
         with self.loop(count, hint) as v:
             mine = self._open[-1] if count > 1 else None
             if mine is not None:

@@ -124,7 +124,7 @@ class TInstr:
     start_when: tuple[Affine, ...] = ()
     dyn_attrs: tuple[tuple[str, Affine], ...] = ()
     tag: str = ""
-    # the instruction of an earlier unrolled copy of the same code (TirBuilder.replica) that
+    # the instruction of an earlier unrolled copy of the same code (TirBuilder._replica) that
     # this one repeats: the schedule pass gives both the same engine, as one loop body would
     copy_of: int | None = None
 

@@ -28,9 +28,9 @@ Invariants
   the same unrolled step sequence (or the same copy of the loop body) share one call, so
   closures may carry state from an early stage to a later one; a stage issued in another
   static copy than its iteration's earlier stages gets a call of its own.
-- Every copy of a stage is scheduled as its first copy (``TirBuilder.replica``, keyed per
+- Every copy of a stage is scheduled as its first copy (``TirBuilder._replica``, keyed per
   construct and stage) unless the stage says ``same_schedule=False``; tiles allocated inside the
-  construct get one slot (``TirBuilder.single_slot``): the stage sets rotate, not the pools.
+  construct get one slot (``TirBuilder._single_slot``): the stage sets rotate, not the pools.
 """
 from __future__ import annotations
 
@@ -125,13 +125,13 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
         if fns is None:
             fns = memo[i] = body(i, slot)
         if s.same_schedule:
-            with b.replica(f"{key}/{s.name}"):
+            with b._replica(f"{key}/{s.name}"):
                 fns[s.name]()
         else:
             fns[s.name]()
 
     def unrolled(t0: int, t1: int) -> None:
-        with b.single_slot() if one_slot else nullcontext():
+        with b._single_slot() if one_slot else nullcontext():
             for t in range(t0, t1):
                 for s in stages:
                     i = t - s.lag
@@ -145,8 +145,8 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
 
     def middle() -> None:
         if trips:
-            opened = b.single_slot_loop if one_slot else b.loop
-            with b.single_slot() if one_slot else nullcontext(), opened(trips, hint) as v:
+            opened = b._single_slot_loop if one_slot else b.loop
+            with b._single_slot() if one_slot else nullcontext(), opened(trips, hint) as v:
                 for j in range(depth):         # one static copy per step of a trip
                     memo.clear()
                     for s in stages:
@@ -159,7 +159,7 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
         if not fill:
             unrolled(lo, p_end)
             return
-        with b.single_slot() if one_slot else nullcontext():
+        with b._single_slot() if one_slot else nullcontext():
             for s in sorted(stages, key=lambda s: s.lag):
                 for t in range(lo, p_end):
                     if 0 <= t - s.lag < n:

@@ -15,7 +15,7 @@ loop body as an assembly line:
   lowest: a matmul's epilogues, one top-level statement per output cell, spread over the
   engines that can run them instead of each cell's choosing the same one;
 - an instruction of a hand-unrolled copy of a body (``TInstr.copy_of``, from
-  ``TirBuilder.replica``) takes the engine of its counterpart in the first copy, as every
+  ``TirBuilder._replica``) takes the engine of its counterpart in the first copy, as every
   iteration of a loop body does (fresh greedy choices let the balance drift from copy to copy:
   one copy's updates all on GpSimdE, the next one's on VectorE). Estimates come from the simulator's cost table
   (``runtime_sim.costs.instr_cost``) on the instruction's first iteration.

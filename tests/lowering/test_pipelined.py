@@ -139,3 +139,14 @@ def test_golden_text_of_a_pipelined_loop(request):
     0 then 0, 1), the unrolled rest; review a diff of this file like code."""
     tp, _ = _build(6, (Stage("use", 0), Stage("load", -1)))
     assert_golden("pipelined_loop", {"tir.txt": str(tp)}, ("tir.txt",), request.config)
+
+
+def test_no_tiler_unrolls_a_pipeline_by_hand():
+    """The builder's construct hooks are called from the construct alone."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "lowering"
+    hooks = re.compile(r"\._(replica|single_slot_loop|single_slot)\(")
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if hooks.search(p.read_text()))
+    assert users == ["tir/pipelined.py"], users

@@ -1,5 +1,5 @@
-"""Hand-unrolled copies of one body (TirBuilder.replica) are scheduled alike, as the iterations
-of a loop are; single_slot gives tiles of far-apart uses one slot."""
+"""Hand-unrolled copies of one body (TirBuilder._replica) are scheduled alike, as the iterations
+of a loop are; _single_slot gives tiles of far-apart uses one slot."""
 from __future__ import annotations
 
 from lowering.tir.analysis import Structure
@@ -26,7 +26,7 @@ def _copies(n: int, replicate: bool, width: int = 512, target: str = "trn2"):
         for _ in range(n):
             before = b._sid
             if replicate:
-                with b.replica("body"):
+                with b._replica("body"):
                     _body(b, t, width)
             else:
                 _body(b, t, width)
@@ -63,10 +63,10 @@ def test_a_copy_with_another_op_at_a_position_is_scheduled_on_its_own():
     b = TirBuilder(get_target("trn2"))
     t = b.tile("x", Memory.SBUF, 128, 64, F32)
     b.memset(t.ap(), 0.0)
-    with b.replica("r"):
+    with b._replica("r"):
         b.tensor_scalar(t.ap(), t.ap(), AluOp.ADD, 1.0)
         b.tensor_scalar(t.ap(), t.ap(), AluOp.ADD, 2.0)
-    with b.replica("r"):
+    with b._replica("r"):
         a = b.tensor_tensor(t.ap(), t.ap(), t.ap(), AluOp.ADD)   # position 0: another op
         c = b.tensor_scalar(t.ap(), t.ap(), AluOp.ADD, 3.0)      # position 1: same op
         d = b.tensor_scalar(t.ap(), t.ap(), AluOp.ADD, 4.0)      # past the first copy's end
@@ -76,9 +76,9 @@ def test_a_copy_with_another_op_at_a_position_is_scheduled_on_its_own():
 def test_single_slot_blocks_give_one_slot_and_inner_loops_keep_theirs():
     b = TirBuilder(get_target("trn2"))
     with b.loop(4, "o"):
-        with b.single_slot():
+        with b._single_slot():
             one = b.tile("a", Memory.SBUF, 128, 64, F32)
-            with b.single_slot_loop(3, "s"):
+            with b._single_slot_loop(3, "s"):
                 two = b.tile("b", Memory.SBUF, 128, 64, F32)
             with b.loop(3, "i"):
                 kept = b.tile("c", Memory.SBUF, 128, 64, F32)

@@ -21,8 +21,8 @@ interleave TensorE would wait for every exp). J and U come from the PSUM budget.
 Across groups (long sequences, ``_groups`` / ``_causal_groups``): group g+1's state, Q loads
 and first key block are issued ahead of group g's last stage, on two alternating sets of group
 state and one set of score banks shared by every group; the unrolled copies of each stage are
-``TirBuilder.replica`` blocks (scheduled alike, as one loop body) with one slot per tile
-(``single_slot``). The steps on one key block are in ``attention/steps.py``.
+``TirBuilder._replica`` blocks (scheduled alike, as one loop body) with one slot per tile
+(``_single_slot``). The steps on one key block are in ``attention/steps.py``.
 
 m starts at the lowest finite fp32 value, so fully masked rows never compute inf - inf: their
 sum stays 0 and O / l is 0 / 0 = NaN as in eager softmax, or 0 with ``safe`` (torch's
@@ -139,12 +139,14 @@ def tile_attention(b: TirBuilder, k: KOp) -> None:
             # (one slot per tile and one set of score banks for all the groups: every group
             # has its own code, and its own banks would not fit PSUM side by side)
             shared = _key_bufs(b, k, _blocks(aff(0), min(J * QB, Sq)), 2)
-            with b.single_slot():
-                if not _causal_groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv, masks, shared):
-                    for g in range(-(-Sq // (J * QB))):
-                        g0 = g * J * QB
-                        _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0), D, Sk, Dv, masks,
-                               shared)
+            if not _causal_groups(b, k, sq, sk, bidx, Sq, J, D, Sk, Dv, masks, shared):
+                def one(g: int, _u: int):
+                    g0 = g * J * QB
+                    return {"G": lambda: _group(b, k, sq, sk, bidx, aff(g0), min(J * QB, Sq - g0),
+                                                D, Sk, Dv, masks, shared)}
+                # the groups one after another (a pipeline of one stage), one slot per tile
+                pipelined(b, -(-Sq // (J * QB)), (Stage("G", 0, same_schedule=False),), one,
+                          depth=1, hint="cg", loop=False)
 
 
 def _resident_v(b: TirBuilder, V, bidx, kw: int, Dv: int):
@@ -277,7 +279,7 @@ def _causal_groups(b: TirBuilder, k: KOp, sq: _Side, sk: _Side, bidx, Sq: int, J
         return False
     b.note(f"attention: {G} causal groups software-pipelined across groups")
     tmpl = _blocks(aff(0), gw)
-    sets = [_state(b, tmpl, D, Dv, sq.ref.dtype, tag=f"c{u}_") for u in range(2)]
+    sets = [_state(b, tmpl, D, Dv, sq.ref.dtype, tag=f"c{u}_", bufs=1) for u in range(2)]
     steps, p0 = [], 0
     for g in range(G):
         blocks = _blocks(aff(g * gw), gw)
@@ -305,16 +307,17 @@ def _key_blocks(Sk: int) -> list:
     return [(aff(i * KB), KB) for i in range(full)] + ([(aff(full * KB), tail)] if tail else [])
 
 
-def _state(b: TirBuilder, blocks, D: int, Dv: int, dt: DType, tag: str = "") -> list:
+def _state(b: TirBuilder, blocks, D: int, Dv: int, dt: DType, tag: str = "",
+           bufs: int = 2) -> list:
     """Per query block: Q^T, running -max and sum in two slots each (a key block reads one and
-    writes the other), the fp32 accumulator O."""
+    writes the other), the fp32 accumulator O; ``bufs`` slots per tile in a loop."""
     nd = -(-D // 128)
     st = []
     for j, (q0, qr) in enumerate(blocks):
-        qt = b.tile(f"{tag}qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt)
-        nm = [b.tile(f"{tag}nm{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
-        l = [b.tile(f"{tag}l{j}_{u}", Memory.SBUF, qr, 1, F32) for u in range(2)]
-        acc = b.tile(f"{tag}o{j}", Memory.SBUF, qr, Dv, F32)
+        qt = b.tile(f"{tag}qt{j}", Memory.SBUF, min(D, 128), nd * qr, dt, bufs)
+        nm = [b.tile(f"{tag}nm{j}_{u}", Memory.SBUF, qr, 1, F32, bufs) for u in range(2)]
+        l = [b.tile(f"{tag}l{j}_{u}", Memory.SBUF, qr, 1, F32, bufs) for u in range(2)]
+        acc = b.tile(f"{tag}o{j}", Memory.SBUF, qr, Dv, F32, bufs)
         st.append((qt, nm, l, acc))
     return st
 
