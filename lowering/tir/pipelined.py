@@ -91,13 +91,14 @@ def pipelined(b, n: int, stages: Sequence[Stage], body: Body, **kw) -> None:
 
 
 def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hint: str = "p",
-           loop: bool = True, uniform: int | None = None, one_slot: bool = True,
-           fill: bool = False) -> Phases:
+           loop: bool = True, uniform: int | None = None, loop_from: int = 0,
+           one_slot: bool = True, fill: bool = False) -> Phases:
     """The pipelined loop (module docstring) as its prologue (the steps before every stage is
     active), steady state (the loop of ``depth`` static copies per trip, when ``loop`` and at
     least one trip, then the leftover steps) and epilogue (the steps after the first stage has
-    run out). ``uniform``: only iterations below it have one body whatever their index (the
-    loop covers none past it; default all). ``one_slot``: tiles allocated directly in the
+    run out). Only iterations in ``loop_from .. uniform - 1`` have one body whatever their
+    index (default all): the loop covers no step with an iteration outside them, the steps
+    before it are unrolled. ``one_slot``: tiles allocated directly in the
     construct (and its loop) get one slot, the stage sets rotating instead; else they keep
     their pools' slots and the loop is a plain one. ``fill``: the prologue fills the pipeline
     from its leading stage, each stage (most negative lag first) issuing all its prologue
@@ -140,20 +141,25 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
 
     p_end = min(hi, n + lo)                    # the prologue: steps lo .. p_end - 1
     e_start = max(p_end, n + lo)               # the epilogue: steps e_start .. n + hi - 1
-    steady = min(n, n if uniform is None else uniform) + lo - hi   # loop-eligible steps
+    # loop-eligible steps: loop_from + hi .. every iteration of each in loop_from .. uniform - 1
+    steady = min(n, n if uniform is None else uniform) + lo - hi - loop_from
     trips = steady // depth if loop and steady > 0 else 0
+    t0 = max(p_end, loop_from + hi)            # the loop's first step
 
     def middle() -> None:
         if trips:
+            unrolled(p_end, t0)
             opened = b._single_slot_loop if one_slot else b.loop
             with b._single_slot() if one_slot else nullcontext(), opened(trips, hint) as v:
                 for j in range(depth):         # one static copy per step of a trip
                     memo.clear()
                     for s in stages:
-                        c = hi + j - s.lag     # iteration = depth * v + c
+                        c = t0 + j - s.lag     # iteration = depth * v + c
                         issue(s, aff(v) * depth + c, c % depth)
             memo.clear()
-        unrolled(p_end + trips * depth, e_start)
+            unrolled(t0 + trips * depth, e_start)
+        else:
+            unrolled(p_end, e_start)
 
     def prologue() -> None:
         if not fill:

@@ -27,6 +27,8 @@ price is one [128, 512] fp32 add per cell and chunk. What keeps TensorE busy acr
 - along a row of blocks (same m-block) the chunk order alternates (``snake``): a block starts
   with the chunk its predecessor ended with, whose A^T and the next chunk's staged rows are
   still in place, so the seam between blocks loads and transposes no A at all.
+The chunks of a block and the blocks of a row are pipelines of one stage on the tile IR's
+construct (``lowering/tir/pipelined.py``: the first one alone, a loop over pairs, the rest).
 Invariants: chunk ``c`` keeps its A^T in half ``c % 2`` and its rows in slot ``c % 2``, the
 chunk at position ``p`` of a block its B in half ``p % 2`` (static offsets, so the sync pass
 sees the halves apart; an even number of chunks keeps the B halves apart at the seams, else no
@@ -41,6 +43,7 @@ from contextlib import ExitStack
 from lowering.tiling.matmul.plan import PE_T, RES_T, Blocking
 from lowering.tir.affine import Affine, aff
 from lowering.tir.builder import TirBuilder
+from lowering.tir.pipelined import Stage, pipelined
 from runtime_sim.isa import AluOp, DType, EngineKind, Memory
 
 F32 = DType.FP32
@@ -51,6 +54,10 @@ COPY_ENGINES = (EngineKind.SCALAR, EngineKind.VECTOR)
 # the copies out of PSUM of consecutive transposes alternate ScalarE / VectorE
 TP_COPY_ENGINES = ((EngineKind.SCALAR,), (EngineKind.VECTOR,))
 TP_BUFS = 4     # PSUM slots per TensorE-transpose load site (the transposes sit between products)
+# a block's K chunks, one stage each (A^T of the next chunk is transposed inside a chunk's step)
+CHUNK_STAGES = (Stage("chunk", 0, same_schedule=False),)
+# a row of output blocks, one stage each (the next block's first chunk loads under this one's last)
+BLOCK_STAGES = (Stage("block", 0, same_schedule=False),)
 
 
 def _pieces(n: int, step: int) -> list[tuple[int, int]]:
@@ -92,17 +99,15 @@ def emit_outres(b: TirBuilder, k, sa, sb, c: Blocking, used: list[int], epilogue
         for r0, rw in b.tiled(M, c.block * TM, "cm"):
             # the n-blocks of a row of blocks: the first, then pairs (one loop: the modes after
             # the first repeat with period two), the rest
-            j = 0
+            def body(j: int | Affine, slot: int, r0=r0, rw=rw):
+                if isinstance(j, int):
+                    return {"block": lambda: block(r0, rw, aff(j * W), W, modes[j])}
+                e = 1 + (slot - 1) % 2      # the static block of this parity in the loop (1, 2)
+                return {"block": lambda: block(r0, rw, j * W, W, modes[e])}
+
             if nfull:
-                block(r0, rw, aff(0), W, modes[0])
-                j = 1
-            if nfull - 1 >= 2:
-                with b.loop((nfull - 1) // 2, "cn") as q:
-                    block(r0, rw, q * (2 * W) + W, W, modes[1])
-                    block(r0, rw, q * (2 * W) + 2 * W, W, modes[2])
-                j = 1 + 2 * ((nfull - 1) // 2)
-            for jj in range(j, nfull):
-                block(r0, rw, aff(jj * W), W, modes[jj])
+                pipelined(b, nfull, BLOCK_STAGES, body, depth=2, hint="cn", loop_from=1,
+                          one_slot=False)
             if tail:
                 block(r0, rw, aff(nfull * W), tail, modes[nfull])
 
@@ -241,20 +246,20 @@ def _block(b, k, used, epilogue, out_ap, bidx, abase, bbase, acc, banks, oa, ob,
                     assert not any(results), "an m-tile's cells are either all resident or all stored"
 
     # positions 1 .. L in a loop over pairs: those whose next two chunks exist and are full
-    # (the same code every iteration); the rest one by one
+    # (the same code every iteration); the rest one by one; a position's halves by its parity
     full = [p for p in range(1, C) if p + 2 < C and all(width[order[q]] == chunk for q in (p, p + 1, p + 2))]
     L = 0
     while L + 1 in full:
         L += 1
-    pairs = L // 2
-    step(0, order[0], aff(order[0] * chunk))
-    if pairs:
-        with b.loop(pairs, "kp") as q:
-            for e in (1, 2):
-                c = order[e]            # the parity of the chunk at position 2q + e
-                step(e, c, q * (2 * sgn * chunk) + order[e] * chunk)
-    for pos in range(2 * pairs + 1, C):
-        step(pos, order[pos], aff(order[pos] * chunk))
+
+    def body(pos: int | Affine, slot: int):
+        if isinstance(pos, int):
+            return {"chunk": lambda: step(pos, order[pos], aff(order[pos] * chunk))}
+        e = 1 + (slot - 1) % 2          # the static position of this parity in the loop (1, 2)
+        return {"chunk": lambda: step(e, order[e], (pos - e) * (sgn * chunk) + order[e] * chunk)}
+
+    pipelined(b, C, CHUNK_STAGES, body, depth=2, hint="kp", uniform=L + 1, loop_from=1,
+              one_slot=False)
 
 
 def snake(n_blocks: int, chunks: int) -> list[tuple[bool, bool]]:
