@@ -20,7 +20,7 @@ F32 = DType.FP32
 GROUPS = (Stage("A", 0), Stage("C", 1), Stage("I", -1), Stage("B", 0))   # attention's groups
 
 
-def _build(n: int, stages, depth: int = 2, loop: bool = True, fill: bool = False):
+def _build(n: int, stages, depth: int = 2, loop: bool = True, fill: bool = False, **kw):
     b = TirBuilder(get_target("trn2"))
     S = len(stages)
     b.hbm_tensor("x", n * S * 4, F32, "input")
@@ -35,7 +35,7 @@ def _build(n: int, stages, depth: int = 2, loop: bool = True, fill: bool = False
             return lambda: b.dma(sets[slot][name].ap(), hbm_ap("x", F32, i * S + x, 1, 1, ()))
         return {s.name: stage(x, s.name) for x, s in enumerate(stages)}
 
-    pipelined(b, n, stages, body, depth=depth, hint="p", loop=loop, fill=fill)
+    pipelined(b, n, stages, body, depth=depth, hint="p", loop=loop, fill=fill, **kw)
     return b.program(("x",), ()), calls
 
 
@@ -82,6 +82,19 @@ def test_fill_queues_the_leading_stage_first_in_the_prologue(n):
     assert [(s, i) for s, i, _ in got[:4]] == [("early", 0), ("early", 1), ("early", 2),
                                                 ("late_t", 0)]
     assert got != _expected(n, ITEMS, 4)          # step by step: late_t(0) before early(2)
+
+
+@pytest.mark.parametrize("n,uniform,trips", [(8, 8, 3), (8, 6, 2), (8, 3, 1), (8, 2, 0), (2, 2, 0)])
+def test_loop_from_and_uniform_bound_the_loop(n, uniform, trips):
+    """One stage (outres' chunks): iteration 0 alone, the loop over pairs of iterations in
+    1 .. uniform - 1, the rest one by one; the order is the steps' whatever the bounds."""
+    one = (Stage("c", 0),)
+    tp, _ = _build(n, one, uniform=uniform, loop_from=1)
+    assert _order(tp, one) == _expected(n, one, 2)
+    loops = [st for st in tp.body if isinstance(st, Loop)]
+    assert [lp.count for lp in loops] == ([trips] if trips > 1 else [])   # one trip: no loop
+    if trips > 1:
+        assert not isinstance(tp.body[0], Loop)      # iteration 0 before the loop
 
 
 def test_a_known_wrong_order_fails_the_comparison():
