@@ -4,7 +4,8 @@ with its all_reduce / all_gather as torch functional collectives (device operati
 
 ``shard_decoder(model, world, rank=0, group=None)`` rewrites a transformers Llama-family causal LM
 (``LlamaForCausalLM`` and models with the same layer names: ``self_attn.{q,k,v,o}_proj``,
-``mlp.{gate,up,down}_proj``, ``lm_head``) in place into rank ``rank`` of ``world``:
+``mlp.{gate,up,down}_proj``, ``lm_head``) in place into rank ``rank`` of ``world`` (GPT-2's
+fused ``attn.c_attn`` and ``Conv1D`` layers: ``_shard_gpt2``, the same scheme):
 - q/k/v and gate/up are column-parallel: rank r keeps query heads [r*H/N, (r+1)*H/N), the
   key/value heads of those queries [r*KV/N, (r+1)*KV/N) and rows [r*I/N, (r+1)*I/N) of the MLP;
 - o_proj and down_proj are row-parallel: rank r keeps the matching input columns, and an
@@ -29,8 +30,9 @@ seeded random values (normal(0, 0.02), norms 1): shapes and timing are the model
 Invariants
 - With ``world`` real ranks (gloo) and the same full weights on each, every rank's sharded
   model returns the unsharded model's outputs (up to the summation order of the all_reduce).
-- ``world`` must divide the attention heads, the key/value heads, the intermediate size and,
-  when the lm_head is sharded, the vocabulary; otherwise ``TPError`` names the size.
+- ``world`` must divide the attention heads, the key/value heads and the intermediate size;
+  otherwise ``TPError`` names the size. A vocabulary it does not divide (GPT-2's 50,257) is
+  padded with zero rows to the next multiple and the gathered logits are cut back to it.
 - ``world == 1`` leaves the model unchanged.
 """
 from __future__ import annotations
@@ -62,11 +64,12 @@ class RowParallel(nn.Module):
 
 
 class GatherParallel(nn.Module):
-    """A column-parallel linear layer whose output is all-gathered on its last dimension."""
+    """A column-parallel linear layer whose output is all-gathered on its last dimension (and
+    cut to ``size`` features when the shards were padded to a multiple of the world)."""
 
-    def __init__(self, linear: nn.Linear, group: str, world: int):
+    def __init__(self, linear: nn.Linear, group: str, world: int, size: int | None = None):
         super().__init__()
-        self.linear, self.group, self.world = linear, group, world
+        self.linear, self.group, self.world, self.size = linear, group, world, size
 
     @property
     def weight(self) -> torch.Tensor:        # transformers ties / inspects lm_head.weight
@@ -75,7 +78,8 @@ class GatherParallel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear(x).contiguous()
         g = _c10d.wait_tensor(_c10d.all_gather_into_tensor(y, self.world, self.group))
-        return torch.cat(torch.chunk(g, self.world, dim=0), dim=-1)   # gathered on dim 0
+        out = torch.cat(torch.chunk(g, self.world, dim=0), dim=-1)   # gathered on dim 0
+        return out if self.size is None else out[..., :self.size]
 
 
 def fake_group(world: int) -> object:
@@ -126,6 +130,28 @@ def _rows(lin: nn.Linear, cols: slice) -> nn.Linear:
     return _linear(lin, lin.weight[:, cols], lin.bias)
 
 
+def _as_linear(conv: nn.Module) -> nn.Linear:
+    """transformers' ``Conv1D`` (``x @ W + b``, W [in, out]) as the ``nn.Linear`` it is."""
+    return _linear(conv, conv.weight.t(), conv.bias)
+
+
+def _vocab_shard(head: nn.Linear, world: int, rank: int) -> tuple[nn.Linear, int | None]:
+    """Rank ``rank``'s rows of a vocabulary-parallel head; a vocabulary the world does not
+    divide is padded with zero rows to the next multiple (Megatron's padded vocabulary), and the
+    gathered logits are cut back to it (the size returned, else None)."""
+    vocab = head.out_features
+    per = -(-vocab // world)
+    lo, hi = rank * per, min((rank + 1) * per, vocab)
+    w = head.weight[lo:hi]
+    b = None if head.bias is None else head.bias[lo:hi]
+    if hi - lo < per:                      # the padding rows (zeros), in the last ranks
+        pad = per - (hi - lo)
+        w = torch.cat([w, torch.zeros(pad, w.shape[1], dtype=w.dtype, device=w.device)])
+        if b is not None:
+            b = torch.cat([b, torch.zeros(pad, dtype=b.dtype, device=b.device)])
+    return _linear(head, w, b), (None if vocab % world == 0 else vocab)
+
+
 def materialize(model: nn.Module, seed: int = 0) -> None:
     """Meta parameters and buffers become real ones with seeded random values (docstring)."""
     metas = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -166,6 +192,8 @@ def shard_decoder(model: nn.Module, world: int, rank: int = 0, group: object = N
         raise TPError(f"tensor parallel: rank must be in [0, {world}), got {rank}")
     group = dist.group.WORLD if group is None else group
     group = getattr(group, "group_name", group)     # a name: the model stays deep-copyable
+    if any(hasattr(m, "c_attn") and hasattr(m, "c_proj") for m in model.modules()):
+        return _shard_gpt2(model, world, rank, group, shard_lm_head, seed)
     cfg = model.config
     heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or \
         cfg.num_attention_heads
@@ -193,13 +221,55 @@ def shard_decoder(model: nn.Module, world: int, rank: int = 0, group: object = N
             m.intermediate_size = inter
     head = getattr(model, "lm_head", None)
     if shard_lm_head and isinstance(head, nn.Linear):
-        vocab = _div("the vocabulary (lm_head)", head.out_features, world)
         if getattr(cfg, "tie_word_embeddings", False):
             cfg.tie_word_embeddings = False
-        model.lm_head = GatherParallel(_cols(head, slice(rank * vocab, (rank + 1) * vocab)), group,
-                                       world)
+        shard, size = _vocab_shard(head, world, rank)
+        model.lm_head = GatherParallel(shard, group, world, size)
     cfg.head_dim = head_dim
     cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size = h, k, inter
+    cfg.tensor_parallel = {"world": world, "rank": rank}
+    materialize(model, seed + rank)
+    return model
+
+
+def _shard_gpt2(model: nn.Module, world: int, rank: int, group: str, shard_lm_head: bool,
+                seed: int) -> nn.Module:
+    """GPT-2's layers (``attn.c_attn`` fused q|k|v and ``attn.c_proj``, ``mlp.c_fc`` and
+    ``mlp.c_proj``, all ``Conv1D``) as Megatron shards them: c_attn column-parallel with the
+    rank's heads of q, k and v kept fused (rank r: features [r*E/N, (r+1)*E/N) of each third),
+    c_proj row-parallel + all_reduce; c_fc column-, mlp.c_proj row-parallel + all_reduce; the
+    (tied) lm_head vocabulary-parallel, padded to a multiple of the world."""
+    cfg = model.config
+    heads, E = cfg.num_attention_heads, cfg.hidden_size
+    head_dim = E // heads
+    h = _div("the attention heads", heads, world)
+    layers = [m for m in model.modules() if hasattr(m, "attn") and hasattr(m, "mlp")
+              and hasattr(m.attn, "c_attn")]
+    if any(getattr(m.attn, "is_cross_attention", False) for m in layers):
+        raise TPError("tensor parallel: GPT-2 cross-attention layers are not sharded")
+    inner = layers[0].mlp.c_fc.nf
+    mid = _div("the MLP's inner size", inner, world)
+    e0, e1 = rank * h * head_dim, (rank + 1) * h * head_dim
+    for layer in layers:
+        a, m = layer.attn, layer.mlp
+        qkv = _as_linear(a.c_attn)
+        thirds = [slice(j * E + e0, j * E + e1) for j in range(3)]
+        a.c_attn = _linear(qkv, torch.cat([qkv.weight[t] for t in thirds]),
+                           None if qkv.bias is None else torch.cat([qkv.bias[t] for t in thirds]))
+        a.c_proj = RowParallel(_rows(_as_linear(a.c_proj), slice(e0, e1)), group)
+        a.split_size = a.embed_dim = h * head_dim
+        a.num_heads = h
+        m.c_fc = _cols(_as_linear(m.c_fc), slice(rank * mid, (rank + 1) * mid))
+        m.c_proj = RowParallel(_rows(_as_linear(m.c_proj), slice(rank * mid, (rank + 1) * mid)),
+                               group)
+    head = getattr(model, "lm_head", None)
+    if shard_lm_head and isinstance(head, nn.Linear):
+        cfg.tie_word_embeddings = False
+        shard, size = _vocab_shard(head, world, rank)
+        model.lm_head = GatherParallel(shard, group, world, size)
+    cfg.head_dim = head_dim
+    cfg.num_attention_heads = h
+    cfg.n_inner = mid
     cfg.tensor_parallel = {"world": world, "rank": rank}
     materialize(model, seed + rank)
     return model

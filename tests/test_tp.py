@@ -155,3 +155,19 @@ def test_per_replica_cost_scales_with_the_cores_a_replica_holds():
         8 * one["usd_per_million_inferences"])
     with pytest.raises(ValueError, match="does not fit"):
         per_replica(one, 64, "test")
+
+
+def test_gpt2_shard_keeps_the_ranks_heads_of_the_fused_qkv_and_pads_the_vocabulary(group2):
+    import transformers as T
+    cfg = T.GPT2Config(n_layer=1, n_embd=64, n_head=4, n_positions=32, vocab_size=101)
+    model = T.GPT2LMHeadModel(cfg).eval()
+    full_qkv = model.transformer.h[0].attn.c_attn.weight.detach().clone()    # [in, 3E]
+    tp.shard_decoder(model, 2, 1, group2)
+    a = model.transformer.h[0].attn
+    # rank 1: features 32..63 of q, of k and of v, still one fused projection
+    want = torch.cat([full_qkv[:, 32:64], full_qkv[:, 96:128], full_qkv[:, 160:192]], dim=1).t()
+    assert torch.equal(a.c_attn.weight, want)
+    assert (a.split_size, a.num_heads, model.config.num_attention_heads) == (32, 2, 2)
+    head = model.lm_head
+    assert head.size == 101 and head.linear.out_features == 51      # 101 padded to 102
+    assert torch.count_nonzero(head.linear.weight[-1]) == 0          # the padding row

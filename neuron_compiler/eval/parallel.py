@@ -5,8 +5,9 @@ rank 0 of the parallel group and compiled and timed as usual; its collectives ar
 operations timed by the topology model (``runtime_sim.collectives``) as among all the group's
 ranks.
 - ``--tp N``: ``neuron_compiler.tp.shard_decoder`` (Megatron column/row parallel q/k/v/o and
-  gate/up/down with an all_reduce after o_proj and down_proj; a vocabulary-parallel lm_head whose
-  logits are all-gathered), in a single-process group of N ranks (``tp.fake_group``).
+  gate/up/down with an all_reduce after o_proj and down_proj, GPT-2's fused c_attn / c_proj /
+  c_fc / mlp.c_proj alike; a vocabulary-parallel lm_head whose logits are all-gathered), in a
+  single-process group of N ranks (``tp.fake_group``).
 - ``--dp N``: every rank holds the whole model and its own batch. An inference call has no
   collective, so one rank's latency is every rank's and the group serves N times the throughput
   of one (``throughput_per_s`` x N in ``model.parallel``). With ``--train``, the gradient
@@ -30,7 +31,8 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024   # torch DistributedDataParallel bucket_cap
 NOT_CHECKED = ("--tp: one rank of {n} simulated with a single-process group (its all_reduce "
                "returns the rank's partial sums, its all_gather leaves the other ranks' logits "
                "unset), so the tokens and logits are not the model's and are not compared; the "
-               "sharded values are checked by tests/distributed/test_tp_llama.py on two gloo ranks")
+               "sharded values are checked by tests/distributed/test_tp_llama.py and "
+               "test_tp_gpt2.py on two gloo ranks")
 
 
 def apply_tp(loaded: object, world: int) -> dict:
@@ -40,14 +42,16 @@ def apply_tp(loaded: object, world: int) -> dict:
         materialize(loaded.model)      # a model built on the meta device (zoo:llama3-8b)
         return {}
     if not hasattr(loaded.model, "config"):
-        raise ValueError("--tp needs a transformers Llama-family model (with .config, "
-                         f"self_attn and mlp layers), got {type(loaded.model).__name__}")
+        raise ValueError("--tp needs a transformers Llama-family or GPT-2 model (with .config "
+                         f"and its decoder layers), got {type(loaded.model).__name__}")
     group = fake_group(world)
     shard_decoder(loaded.model, world, 0, group)
     return {"tp": world, "rank_simulated": 0,
-            "scheme": "Megatron: q/k/v, gate/up column-parallel; o_proj, down_proj row-parallel "
-                      "+ all_reduce; lm_head vocabulary-parallel + all_gather; embeddings, norms "
-                      "replicated",
+            "scheme": ("Megatron: c_attn (q|k|v), c_fc column-parallel; c_proj, mlp.c_proj "
+                       "row-parallel + all_reduce" if hasattr(loaded.model, "transformer") else
+                       "Megatron: q/k/v, gate/up column-parallel; o_proj, down_proj row-parallel "
+                       "+ all_reduce") + "; lm_head vocabulary-parallel + all_gather; embeddings, "
+                      "norms replicated",
             "collectives": "timed by runtime_sim.collectives among the group's ranks"}
 
 
