@@ -1,7 +1,7 @@
 """``neuron_compiler.tp`` in one process (a fake process group of N ranks) and ``neuron-eval --tp``.
 
 The values of a sharded model against the unsharded one are checked on two real gloo ranks in
-tests/distributed/test_tp_llama.py; here: the shapes of a shard, its errors, the model built on
+tests/distributed/test_tp_models.py; here: the shapes of a shard, its errors, the model built on
 the meta device, the timed collectives of one rank of N, and the CLI.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ Invariants
 - The values are one rank's: with the single-process group an all_reduce returns its input and
   an all_gather leaves the other ranks' parts unset, so the generated tokens are not the
   model's. Accuracy is therefore not judged under ``--tp`` (``accuracy.not_checked`` says why;
-  ``tests/distributed/test_tp_llama.py`` checks the sharded values on two gloo ranks).
+  ``tests/distributed/test_tp_models.py`` checks the sharded values on two gloo ranks).
 - ``--tp 1`` and ``--dp 1`` change nothing.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024   # torch DistributedDataParallel bucket_cap
 NOT_CHECKED = ("--tp: one rank of {n} simulated with a single-process group (its all_reduce "
                "returns the rank's partial sums, its all_gather leaves the other ranks' logits "
                "unset), so the tokens and logits are not the model's and are not compared; the "
-               "sharded values are checked by tests/distributed/test_tp_llama.py and "
-               "test_tp_gpt2.py on two gloo ranks")
+               "sharded values are checked by tests/distributed/test_tp_models.py on two gloo "
+               "ranks")
 
 
 def apply_tp(loaded: object, world: int) -> dict:
