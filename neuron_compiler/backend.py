@@ -174,7 +174,7 @@ def compile_aten_graph(gm: GraphModule, kind: str, opts: NeuronOptions, name: st
                          device_nodes=plan.device_nodes, fallback_nodes=plan.fallback_nodes,
                          fallbacks=plan.fallbacks, partitions=plan.device_partitions,
                          dump_dir=dump.path if dump is not None else None,
-                         assumptions=host_assumptions(opts))
+                         assumptions=host_assumptions(opts), lnc=opts.lnc)
     if dump is not None:
         dump.write("fx_graph_partitioned.py", readable(plan.gm))
         dump.write("partitions.txt", format_plan(plan, title=f"{name} (target {opts.target})"))

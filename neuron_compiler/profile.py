@@ -90,6 +90,7 @@ class GraphRecord:
     dump_dir: str | None = None
     calls_started: int = 0        # calls of this graph in the process (the first is warm-up)
     assumptions: object | None = None   # neuron_compiler.assumptions.HostAssumptions
+    lnc: int | None = None        # the compile's option lnc: its collectives place ranks by it
 
 
 @dataclass(frozen=True)

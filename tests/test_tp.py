@@ -112,12 +112,13 @@ def test_neuron_eval_tp_prints_ttft_tpot_with_collectives(tmp_path, capsys):
                                        + lat["fallback_us"] + lat["call_overhead_us"]
                                        + lat["collective_us"], rel=1e-6)
     assert "--tp 2: rank 0 of 2 simulated" in text and "collectives us" in text
-    # a replica is 2 ranks x LNC=2 physical cores: 32 of them on the instance's 128 cores
+    # a replica is 2 ranks x LNC=1 physical core (the compile's lnc): 64 of them on the
+    # instance's 128 cores
     c = r["targets"]["trn2"]["cost"]
-    assert (c["cores_per_replica"], c["replicas"]) == (4, 32)
+    assert (c["cores_per_replica"], c["replicas"]) == (2, 64)
     assert c["usd_per_million_inferences"] == pytest.approx(
-        36 / 3600 / (32 * 1e6 / lat["p50"]) * 1e6, rel=1e-9)
-    assert "one replica per 4 NeuronCores" in c["assumption"]
+        36 / 3600 / (64 * 1e6 / lat["p50"]) * 1e6, rel=1e-9)
+    assert "one replica per 2 NeuronCores" in c["assumption"]
 
 
 def test_neuron_eval_tp_usage_errors(capsys):
@@ -171,3 +172,29 @@ def test_gpt2_shard_keeps_the_ranks_heads_of_the_fused_qkv_and_pads_the_vocabula
     head = model.lm_head
     assert head.size == 101 and head.linear.out_features == 51      # 101 padded to 102
     assert torch.count_nonzero(head.linear.weight[-1]) == 0          # the padding row
+
+
+def test_collectives_place_ranks_by_the_compiles_lnc(group2):
+    """A rank is a logical core of the compile's ``lnc``: its collectives say so, and at lnc=2
+    a rank drives twice the CC channels (a large all_reduce takes less time)."""
+    import torch.distributed._functional_collectives as funcol
+
+    import neuron_compiler
+    x = torch.randn(1024, 1024)          # 4 MiB: bound by the CC channels, not the hop latency
+    got = {}
+    for lnc in (1, 2):
+        torch._dynamo.reset()
+        f = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", group2), backend="neuron",
+                          options={"sim_mode": "timing", "lnc": lnc})
+        with neuron_compiler.profile() as prof:
+            f(x)
+        (c,) = prof.to_dict()["collectives"]
+        got[lnc] = (c["lnc"], c["time_per_call_us"])
+    assert got[1][0] == 1 and got[2][0] == 2, got
+    assert got[2][1] < got[1][1], got
+
+
+def test_neuron_eval_lnc_2_refuses_trn1(capsys):
+    from neuron_compiler.eval.cli import main
+    assert main(["zoo:llama", "--lnc", "2", "--targets", "trn1,trn2"]) == 2
+    assert "only lnc=1" in capsys.readouterr().err

@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"{what}, for one dtype or all (repeatable)")
     p.add_argument("--price", action="append", default=[], metavar="INSTANCE=USD_PER_HOUR",
                    help="override an on-demand price (repeatable)")
+    p.add_argument("--lnc", type=int, choices=(1, 2), default=None,
+                   help="physical NeuronCores per logical core (backend option lnc; default 1; "
+                        "2 on trn2/trn3 only, as AWS ships them): each device partition is "
+                        "split over the pair where it can be, and collectives place the ranks "
+                        "by it")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor parallel over N ranks (transformers Llama-family models): "
                         "rank 0's shard is compiled and simulated, its all_reduce/all_gather "
@@ -152,6 +157,9 @@ def _config(args: argparse.Namespace):
         raise _UsageError(f"--tp and --dp must be >= 1 (got {args.tp}, {args.dp})")
     if args.tp > 1 and args.dp > 1:
         raise _UsageError("--tp and --dp cannot be combined yet: choose one")
+    if args.lnc == 2 and "trn1" in targets:
+        raise _UsageError("--lnc 2: on trn1 only lnc=1 is supported (compiler error EARG001); "
+                          "drop trn1 from --targets or use --lnc 1")
     if args.generate and args.train:
         raise _UsageError("--generate and --train cannot be combined: choose one")
     if args.generate < 0:
@@ -175,7 +183,7 @@ def _config(args: argparse.Namespace):
                      sim_mode=args.sim_mode, fallback=args.fallback, thresholds=thresholds,
                      prices=overrides, progress=progress, train=args.train,
                      generate=args.generate, prompt_len=args.prompt_len, buckets=args.buckets,
-                     auto_cast=args.auto_cast, **host)
+                     auto_cast=args.auto_cast, lnc=args.lnc, **host)
     limits = Limits(args.max_slowdown, args.max_memory_growth, args.max_share_drop,
                     args.max_compile_slowdown)
     return cfg, limits
@@ -272,7 +280,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail("the model does not compile", exc, EXIT_COMPILE)
     if args.tp > 1 or args.dp > 1:
         from neuron_compiler.eval.parallel import finish
-        finish(report, args.tp, args.dp, parallel, args.train)
+        finish(report, args.tp, args.dp, parallel, args.train, args.lnc or 1)
     if baseline is not None:
         report["regressions"], report["baseline"] = comparison(report, baseline, limits,
                                                                args.baseline)

@@ -79,6 +79,7 @@ class EvalConfig:
     buckets: str | None = None            # --buckets: "auto" or "L1,L2,..." (None: no padding)
     auto_cast: str = "none"                                   # the backend option
     host_link_gbps: float | None = None                       # backend options; None: default
+    lnc: int | None = None                                    # --lnc (None: the option's default)
     call_overhead_us: float | None = None
 
     def effective_thresholds(self) -> dict[str, Thresholds]:
@@ -183,7 +184,7 @@ def target_options(cfg: EvalConfig, target: str) -> dict:
     """The backend options of ``target``'s compile (the host options only when set)."""
     options = {"target": target, "sim_mode": cfg.sim_mode, "fallback": cfg.fallback,
                "auto_cast": cfg.auto_cast}
-    for key in ("host_link_gbps", "call_overhead_us"):   # only when set (module docstring)
+    for key in ("host_link_gbps", "call_overhead_us", "lnc"):   # only when set (docstring)
         if getattr(cfg, key) is not None:
             options[key] = getattr(cfg, key)
     return options

@@ -76,7 +76,7 @@ def dp_entry(report: dict, world: int, train: bool) -> dict:
     return out
 
 
-def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool) -> None:
+def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool, lnc: int = 1) -> None:
     """Record the parallel setting in the report (and the accuracy note of ``--tp``)."""
     if dp > 1:
         parallel = {**parallel, **dp_entry(report, dp, train)}
@@ -84,7 +84,7 @@ def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool) -> None:
         return
     report["model"]["parallel"] = parallel
     if tp > 1:
-        tp_costs(report, tp)
+        tp_costs(report, tp, lnc)
         acc = report.setdefault("accuracy", {})
         acc["not_checked"] = NOT_CHECKED.format(n=tp)
         acc["not_checked_outputs"] = acc.get("outputs", [])   # kept, not judged
@@ -92,20 +92,17 @@ def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool) -> None:
         acc["passed"] = True
 
 
-def tp_costs(report: dict, tp: int) -> None:
-    """Each target's cost for a replica of ``tp`` ranks: a rank is one logical core of the
-    target's default LNC (``Interconnect.default_lnc``, where the collective model places the
-    ranks), so a replica occupies ``tp`` x LNC physical NeuronCores of the instance."""
+def tp_costs(report: dict, tp: int, lnc: int = 1) -> None:
+    """Each target's cost for a replica of ``tp`` ranks: a rank is one logical core of ``lnc``
+    physical cores (the compile's option, by which the collectives place the ranks too), so a
+    replica occupies ``tp`` x ``lnc`` physical NeuronCores of the instance."""
     from neuron_compiler.eval.prices import per_replica
-    from runtime_sim.targets import get_interconnect
-    for name, t in report.get("targets", {}).items():
+    for t in report.get("targets", {}).values():
         if "cost" not in t:
             continue
-        lnc = get_interconnect(name).default_lnc
         t["cost"] = per_replica(t["cost"], tp * lnc,
-                                f"--tp {tp} ranks x LNC={lnc} physical cores per rank, "
-                                f"as the collective model places them; the compute of a "
-                                f"rank is simulated on one physical core")
+                                f"--tp {tp} ranks x LNC={lnc} physical cores per rank, the "
+                                "compile's lnc, by which the collectives place the ranks too")
 
 
 def text(parallel: dict) -> str:
