@@ -198,7 +198,7 @@ def test_one_row_weights_streamed_ahead(case):
 def test_stream_loads_counts_full_groups_only():
     s = matmul_plan.MatmulShape(1, 1, 3072, 768, DType.BF16, DType.BF16, matmul_plan.DIRECT,
                                 matmul_plan.DIRECT, (), 1, cast_only=True)
-    assert mm.stream_loads(s, matmul.plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
+    assert mm.stream_loads(s, matmul_plan.Blocking("A", 1, 3, 2, 2)) == 2 * 6   # 2 groups x 6 K
     from dataclasses import replace
     # a partial last group (N = 3000: one full group of 1536 and a partial one) is left out
     assert mm.stream_loads(replace(s, N=3000), matmul_plan.Blocking("A", 1, 3, 2, 2)) == 1 * 6

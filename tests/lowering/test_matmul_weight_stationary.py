@@ -71,7 +71,7 @@ CASES = [  # (M, K, N, dtype, target, forced fields)
     (8, 1000, 1300, torch.bfloat16, "trn3", {"out": "pe", "kb": 4}),      # a partial last chunk
     (33, 700, 600, torch.bfloat16, "trn2", {"out": "pe", "kb": 1}),
     (33, 2100, 300, torch.float32, "trn2", {"out": "dma", "kb": 2}),
-    (8, 640, 1100, torch.bfloat16, "trn3", {"a_form": matmul.plan.PE_T}),  # x rows, TensorE transposes
+    (8, 640, 1100, torch.bfloat16, "trn3", {"a_form": matmul_plan.PE_T}),  # x rows, TensorE transposes
     (8, 1024, 700, torch.bfloat16, "trn2", {"whole": True}),   # x^T by one DMA transpose of all of K
     (520, 300, 1024, torch.bfloat16, "trn2", {"out": "pe"}),   # two m-tiles of 512, one of 8 rows
     (520, 200, 1000, torch.float32, "trn3", {"out": "dma"}),
