@@ -70,17 +70,15 @@ GRAD_RTOL = 1e-4
 GRAD_CANCELLATION = 1e-5
 
 
-def hook_record(name: str, target: str, lnc: int | None = None) -> GraphRecord:
-    """The record under which a hook's collectives are filed (no compute nodes of its own)."""
-    rec = GraphRecord(name=name, kind=HOOK_KIND, target=target, device_nodes=0,
-                      fallback_nodes=0, fallbacks=(), partitions=())
-    if lnc is not None:
-        rec.lnc = lnc  # type: ignore[attr-defined]   # read by record_collective
-    return rec
+def hook_record(name: str, target: str, lnc: int = 1) -> GraphRecord:
+    """The record under which a hook's collectives are filed (no compute nodes of its own),
+    placed by ``lnc``: the compiled module's option (the backend's default, 1)."""
+    return GraphRecord(name=name, kind=HOOK_KIND, target=target, device_nodes=0,
+                       fallback_nodes=0, fallbacks=(), partitions=(), lnc=lnc)
 
 
 # ---- DDP ---------------------------------------------------------------------------------------
-def ddp_hook(target: str = "trn2", lnc: int | None = None, group: object = None) -> Callable:
+def ddp_hook(target: str = "trn2", lnc: int = 1, group: object = None) -> Callable:
     """A DDP comm hook ``hook(state, bucket)``: torch's default all_reduce of the bucket, timed
     (module docstring). ``group``: the process group (default: the default group)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -99,9 +97,9 @@ def ddp_hook(target: str = "trn2", lnc: int | None = None, group: object = None)
     return hook
 
 
-def time_ddp(ddp: nn.Module, target: str = "trn2", lnc: int | None = None) -> nn.Module:
+def time_ddp(ddp: nn.Module, target: str = "trn2", lnc: int = 1) -> nn.Module:
     """Register ``ddp_hook`` on a ``DistributedDataParallel`` (once: DDP takes one comm hook);
-    ``target`` should be the compiled module's. Returns ``ddp``."""
+    ``target`` and ``lnc`` should be the compiled module's. Returns ``ddp``."""
     ddp.register_comm_hook(None, ddp_hook(target, lnc, ddp.process_group))  # type: ignore[operator]
     return ddp
 
@@ -142,7 +140,7 @@ def _fsdp_comms() -> tuple[type, type]:
     return TimedAllGather, TimedReduceScatter
 
 
-def time_fsdp(model: nn.Module, target: str = "trn2", lnc: int | None = None) -> nn.Module:
+def time_fsdp(model: nn.Module, target: str = "trn2", lnc: int = 1) -> nn.Module:
     """Time the all_gather and reduce_scatter of every FSDP2 module of ``model`` (module
     docstring); call after ``fully_shard``. Returns ``model``."""
     from torch.distributed.fsdp import FSDPModule

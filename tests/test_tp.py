@@ -143,7 +143,7 @@ def test_neuron_eval_dp_train_times_the_gradient_all_reduce(tmp_path, capsys):
         4 * t["throughput_per_s"])
     grad = r["model"]["weight_bytes"]          # every parameter of zoo:mlp is trained
     assert par["dp_gradient_bytes"] == grad and par["dp_buckets"] == 1
-    want = collective_cost("all_reduce", grad, 4, "trn2").total_ns / 1e3
+    want = collective_cost("all_reduce", grad, 4, "trn2", 1).total_ns / 1e3
     assert par["dp_gradient_all_reduce_us"]["trn2"] == pytest.approx(want)
 
 

@@ -55,7 +55,7 @@ def apply_tp(loaded: object, world: int) -> dict:
             "collectives": "timed by runtime_sim.collectives among the group's ranks"}
 
 
-def dp_entry(report: dict, world: int, train: bool) -> dict:
+def dp_entry(report: dict, world: int, train: bool, lnc: int = 1) -> dict:
     """``model.parallel`` for ``--dp``: throughput of the group and, with ``--train``, the
     gradient all_reduce of a DDP step per target (module docstring)."""
     from runtime_sim.collectives import collective_cost
@@ -71,7 +71,7 @@ def dp_entry(report: dict, world: int, train: bool) -> dict:
         out["dp_gradient_bytes"] = grad
         out["dp_buckets"] = len(buckets)
         out["dp_gradient_all_reduce_us"] = {
-            name: sum(collective_cost("all_reduce", b, world, name).total_ns for b in buckets)
+            name: sum(collective_cost("all_reduce", b, world, name, lnc).total_ns for b in buckets)
             / 1e3 for name in report.get("targets", {})}
     return out
 
@@ -79,7 +79,7 @@ def dp_entry(report: dict, world: int, train: bool) -> dict:
 def finish(report: dict, tp: int, dp: int, parallel: dict, train: bool, lnc: int = 1) -> None:
     """Record the parallel setting in the report (and the accuracy note of ``--tp``)."""
     if dp > 1:
-        parallel = {**parallel, **dp_entry(report, dp, train)}
+        parallel = {**parallel, **dp_entry(report, dp, train, lnc)}
     if not parallel:
         return
     report["model"]["parallel"] = parallel

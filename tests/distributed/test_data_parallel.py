@@ -96,7 +96,7 @@ def test_ddp_bucket_all_reduce_is_timed_through_the_comm_hook(ranks):
 def test_ddp_hook_time_is_the_collective_model(ranks):
     from runtime_sim.collectives import collective_cost
     for c in ranks[0]["ddp"]["collectives"]:
-        want = collective_cost("all_reduce", c["bytes"], WORLD, "trn2").total_ns / 1e3
+        want = collective_cost("all_reduce", c["bytes"], WORLD, "trn2", 1).total_ns / 1e3
         assert c["time_per_call_us"] == pytest.approx(want)
 
 
