@@ -36,8 +36,11 @@ def test_machine_error_at_run_time_names_partition_and_op(fresh_dynamo, mode):
     PROGRAM_CACHE.clear()
     f = torch.compile(lambda x, w: torch.relu(x @ w) * 2.0, backend="neuron",
                       options={"sim_mode": mode})
-    x, w = torch.randn(64, 96), torch.randn(96, 80)
-    torch.testing.assert_close(f(x, w), torch.relu(x @ w) * 2.0)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 96, generator=g), torch.randn(96, 80, generator=g)
+    # fp32 products summed in another order than the CPU's: the project's fp32 tolerance (an
+    # unseeded draw once gave a 4e-5 relative difference on a near-cancelling element)
+    torch.testing.assert_close(f(x, w), torch.relu(x @ w) * 2.0, rtol=1e-4, atol=1e-4)
     progs = _programs()
     assert len(progs) == 1
     compiled = progs[0].compiled
