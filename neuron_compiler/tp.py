@@ -152,6 +152,16 @@ def _vocab_shard(head: nn.Linear, world: int, rank: int) -> tuple[nn.Linear, int
     return _linear(head, w, b), (None if vocab % world == 0 else vocab)
 
 
+def _shard_head(model: nn.Module, world: int, rank: int, group: str) -> None:
+    """A linear ``lm_head`` becomes vocabulary-parallel (``_vocab_shard``, then gathered); a
+    tied head is untied first (the rank's rows are its own copy)."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        model.config.tie_word_embeddings = False
+        shard, size = _vocab_shard(head, world, rank)
+        model.lm_head = GatherParallel(shard, group, world, size)
+
+
 def materialize(model: nn.Module, seed: int = 0) -> None:
     """Meta parameters and buffers become real ones with seeded random values (docstring)."""
     metas = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -219,12 +229,8 @@ def shard_decoder(model: nn.Module, world: int, rank: int = 0, group: object = N
             a.num_key_value_heads = k
         if hasattr(m, "intermediate_size"):
             m.intermediate_size = inter
-    head = getattr(model, "lm_head", None)
-    if shard_lm_head and isinstance(head, nn.Linear):
-        if getattr(cfg, "tie_word_embeddings", False):
-            cfg.tie_word_embeddings = False
-        shard, size = _vocab_shard(head, world, rank)
-        model.lm_head = GatherParallel(shard, group, world, size)
+    if shard_lm_head:
+        _shard_head(model, world, rank, group)
     cfg.head_dim = head_dim
     cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size = h, k, inter
     cfg.tensor_parallel = {"world": world, "rank": rank}
@@ -262,11 +268,8 @@ def _shard_gpt2(model: nn.Module, world: int, rank: int, group: str, shard_lm_he
         m.c_fc = _cols(_as_linear(m.c_fc), slice(rank * mid, (rank + 1) * mid))
         m.c_proj = RowParallel(_rows(_as_linear(m.c_proj), slice(rank * mid, (rank + 1) * mid)),
                                group)
-    head = getattr(model, "lm_head", None)
-    if shard_lm_head and isinstance(head, nn.Linear):
-        cfg.tie_word_embeddings = False
-        shard, size = _vocab_shard(head, world, rank)
-        model.lm_head = GatherParallel(shard, group, world, size)
+    if shard_lm_head:
+        _shard_head(model, world, rank, group)
     cfg.head_dim = head_dim
     cfg.num_attention_heads = h
     cfg.n_inner = mid

@@ -57,18 +57,27 @@ class Stage:
     same_schedule: bool = True
 
 
+def _step(n: int, stages: Sequence[Stage], t: int) -> list[tuple[Stage, int]]:
+    """Step ``t``: (stage, iteration) of every stage with an iteration in ``0 .. n-1``."""
+    return [(s, t - s.lag) for s in stages if 0 <= t - s.lag < n]
+
+
+def _filled(n: int, stages: Sequence[Stage], t0: int, t1: int) -> list[tuple[Stage, int]]:
+    """Steps ``t0 .. t1 - 1`` in fill order: stage by stage, the most negative lag first."""
+    return [(s, t - s.lag) for s in sorted(stages, key=lambda s: s.lag)
+            for t in range(t0, t1) if 0 <= t - s.lag < n]
+
+
 def steps(n: int, stages: Sequence[Stage], fill: bool = False) -> list[list[tuple[Stage, int]]]:
     """The issue order as a list of steps, each a list of (stage, iteration): the construct's
     order with every step unrolled (what ``pipelined`` emits, before any loop is formed); with
     ``fill`` the prologue's steps are one list, in ``phases``' fill order."""
     lo, hi = min(s.lag for s in stages), max(s.lag for s in stages)
-    out = [[(s, t - s.lag) for s in stages if 0 <= t - s.lag < n] for t in range(lo, n + hi)]
+    out = [_step(n, stages, t) for t in range(lo, n + hi)]
     if not fill:
         return out
     p_end = min(hi, n + lo)
-    pro = [(s, t - s.lag) for s in sorted(stages, key=lambda s: s.lag)
-           for t in range(lo, p_end) if 0 <= t - s.lag < n]
-    return [pro] + out[p_end - lo:]
+    return [_filled(n, stages, lo, p_end)] + out[p_end - lo:]
 
 
 class Phases(NamedTuple):
@@ -131,20 +140,20 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
         else:
             fns[s.name]()
 
-    def unrolled(t0: int, t1: int) -> None:
+    def run(order: list[tuple[Stage, int]]) -> None:
         with b._single_slot() if one_slot else nullcontext():
-            for t in range(t0, t1):
-                for s in stages:
-                    i = t - s.lag
-                    if 0 <= i < n:
-                        issue(s, i, i % depth)
+            for s, i in order:
+                issue(s, i, i % depth)
+
+    def unrolled(t0: int, t1: int) -> None:
+        run([x for t in range(t0, t1) for x in _step(n, stages, t)])
 
     p_end = min(hi, n + lo)                    # the prologue: steps lo .. p_end - 1
     e_start = max(p_end, n + lo)               # the epilogue: steps e_start .. n + hi - 1
     # loop-eligible steps: loop_from + hi .. every iteration of each in loop_from .. uniform - 1
     steady = min(n, n if uniform is None else uniform) + lo - hi - loop_from
     trips = steady // depth if loop and steady > 0 else 0
-    t0 = max(p_end, loop_from + hi)            # the loop's first step
+    t0 = loop_from + hi                        # the loop's first step (p_end <= hi)
 
     def middle() -> None:
         if trips:
@@ -162,13 +171,9 @@ def phases(b, n: int, stages: Sequence[Stage], body: Body, *, depth: int = 2, hi
             unrolled(p_end, e_start)
 
     def prologue() -> None:
-        if not fill:
+        if fill:
+            run(_filled(n, stages, lo, p_end))
+        else:
             unrolled(lo, p_end)
-            return
-        with b._single_slot() if one_slot else nullcontext():
-            for s in sorted(stages, key=lambda s: s.lag):
-                for t in range(lo, p_end):
-                    if 0 <= t - s.lag < n:
-                        issue(s, t - s.lag, (t - s.lag) % depth)
 
     return Phases(prologue, middle, lambda: unrolled(e_start, n + hi))

@@ -174,13 +174,12 @@ def kv_cache_info(cache: object) -> dict | None:
 class _Recorder:
     """Replaces ``model.forward``: each call runs ``forward`` inside its own profile (when
     ``profiled``) and, for each call index in ``count_at``, inside a counting dispatch mode of
-    its own (``counters[index]``; ``counter`` is the last one entered)."""
+    its own (``counters[index]``)."""
 
     def __init__(self, forward: Callable, original: Callable, profiled: bool):
         self.forward, self.profiled = forward, profiled
         self.calls: list[dict] = []
         self.count_at: tuple[int | tuple[int, ...], Callable[[], object]] | None = None
-        self.counter: object = None
         self.counters: dict[int, object] = {}
         call = self._call
         # generate() inspects forward's signature (``logits_to_keep``, ...): keep it
@@ -191,7 +190,7 @@ class _Recorder:
         with contextlib.ExitStack() as stack:
             prof = stack.enter_context(neuron_compiler.profile()) if self.profiled else None
             if self.count_at is not None and i in _indices(self.count_at[0]):
-                self.counter = self.counters[i] = stack.enter_context(self.count_at[1]())
+                self.counters[i] = stack.enter_context(self.count_at[1]())
             t0 = time.perf_counter()
             out = self.forward(*args, **kwargs)
             wall = time.perf_counter() - t0
@@ -306,7 +305,7 @@ def run_generate(loaded: LoadedModel, ref: dict, model_info: dict, target: str,
     except Exception as exc:
         raise CompileFailure(target, exc) from exc
     prefill, decode = calls[0], calls[1:]
-    per_target = target_entry(target, cfg, options, model_info, warm, decode, rec.counter,
+    per_target = target_entry(target, cfg, options, model_info, warm, decode, rec.counters.get(n - 1),
                               model_info["generate"]["decode_flops"])
     kv = kv_cache_info(_cache(out))
     mem = per_target["memory"]
