@@ -2,14 +2,17 @@
 
 ``run_ranks(fn, out_dir, world)`` spawns ``world`` processes; each opens a gloo process group
 (file store in ``out_dir``), sets ``NEURON_TEST_OUT=out_dir``, calls ``fn(rank)`` (a module-level
-function returning a JSON-ready dict), closes the group and writes the dict; a rank that raised
-returns ``{"error": traceback}``. The tests assert on the list, one dict per rank.
+function returning a JSON-ready dict), writes the dict and closes the group; a rank that raised
+returns ``{"error": traceback}``. The tests assert on the list, one dict per rank. A rank killed
+by a signal after writing its dict (gloo's teardown) is a warning, not a failure; killed before,
+or exiting with an error code, it fails the run.
 """
 from __future__ import annotations
 
 import json
 import os
 import traceback
+import warnings
 from datetime import timedelta
 from collections.abc import Callable
 
@@ -27,6 +30,9 @@ def _worker(rank: int, fn: Callable[[int], dict], out_dir: str, world: int) -> N
     except Exception:                         # reported by the tests, not lost in the child
         result = {"error": traceback.format_exc()}
     finally:
+        # the result first: what ``fn`` did is kept whatever the teardown below does
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
         if dist.is_initialized():
             # both ranks done before either tears the group down: a rank that exits while the
             # other still has a collective in flight aborts in gloo's threads ("terminate called
@@ -37,13 +43,20 @@ def _worker(rank: int, fn: Callable[[int], dict], out_dir: str, world: int) -> N
             except Exception:
                 pass
             dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
 
 
 def run_ranks(fn: Callable[[int], dict], out_dir: str, world: int) -> list[dict]:
     """What ``fn`` returned on each rank; fails (naming the rank) if one raised."""
-    mp.spawn(_worker, args=(fn, str(out_dir), world), nprocs=world, join=True)
+    try:
+        mp.spawn(_worker, args=(fn, str(out_dir), world), nprocs=world, join=True)
+    except mp.ProcessExitedException as exc:
+        # a rank killed by a signal after it wrote its result died in gloo's teardown (the
+        # abort above, seen under load), not in ``fn``: its result stands, the crash is said
+        missing = [r for r in range(world)
+                   if not os.path.exists(os.path.join(out_dir, f"rank{r}.json"))]
+        if missing or exc.signal_name is None:
+            raise
+        warnings.warn(f"run_ranks: {exc} after every rank wrote its result (gloo teardown)")
     results = []
     for r in range(world):
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:
